@@ -1,0 +1,59 @@
+"""``quant-studio-cli``: the headless face of Quant Studio over ``studio.core``.
+
+Each subcommand lives in its own module under ``studio.commands`` and exposes
+``register(subparsers)``; the handler it installs returns an exit code. A ``StudioError`` becomes
+one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from studio import __version__
+from studio.core.errors import StudioError
+
+# Subcommand modules, in the order they are listed in --help.
+COMMANDS = ("inspect", "export", "eval", "chat", "hub")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="quant-studio-cli",
+        description="Inspect, quantize, evaluate and export LLMs (the command-line face of Quant Studio).",
+    )
+    parser.add_argument("--version", action="version", version=f"quant-studio {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"studio.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name == f"studio.commands.{name}":
+                continue  # not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except StudioError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

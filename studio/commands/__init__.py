@@ -1,0 +1,1 @@
+"""Subcommands of ``quant-studio-cli``; each module has ``register(subparsers)``."""

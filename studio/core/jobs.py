@@ -1,0 +1,64 @@
+"""Progress and cooperative cancellation for background work, shared by the GUI, the CLI and tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class JobCancelled(Exception):
+    """Raised by ``JobContext.check_cancelled`` once the job has been asked to stop."""
+
+
+ProgressSink = Callable[[int, int, str], None]
+LogSink = Callable[[str], None]
+
+
+@dataclass
+class JobContext:
+    """What a core function gets to report progress and notice cancellation.
+
+    ``report`` is throttled (at most one call to the sink every ``min_interval`` seconds, plus the
+    final one) so a tight loop cannot flood a GUI event queue.
+    """
+
+    on_progress: ProgressSink | None = None
+    on_log: LogSink | None = None
+    min_interval: float = 0.05
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _last: float = field(default=0.0, repr=False)
+
+    def report(self, done: int, total: int, msg: str = "") -> None:
+        """Report that ``done`` of ``total`` units are finished."""
+        if self.on_progress is None:
+            return
+        now = time.monotonic()
+        if done >= total or now - self._last >= self.min_interval:
+            self._last = now
+            self.on_progress(done, total, msg)
+
+    def log(self, msg: str) -> None:
+        """Append one line to the job's log."""
+        if self.on_log is not None:
+            self.on_log(msg)
+
+    def cancel(self) -> None:
+        """Ask the job to stop at its next check."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether cancellation has been requested."""
+        return self._cancel.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if the job has been asked to stop."""
+        if self._cancel.is_set():
+            raise JobCancelled()
+
+
+def null_context() -> JobContext:
+    """A context that reports nowhere and is never cancelled."""
+    return JobContext()

@@ -1,0 +1,90 @@
+"""Typed description of an opened checkpoint: its tensors, their roles and layers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+
+class Role(str, Enum):
+    """What a tensor does in the network, independent of the architecture's naming."""
+
+    TOKEN_EMBD = "token_embd"
+    POS_EMBD = "pos_embd"
+    TYPE_EMBD = "type_embd"
+    ATTN_Q = "attn_q"
+    ATTN_K = "attn_k"
+    ATTN_V = "attn_v"
+    ATTN_QKV = "attn_qkv"
+    ATTN_OUT = "attn_output"
+    FFN_GATE = "ffn_gate"
+    FFN_UP = "ffn_up"
+    FFN_GATE_UP = "ffn_gate_up"
+    FFN_DOWN = "ffn_down"
+    NORM = "norm"
+    OUTPUT = "output"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+
+
+class CheckpointFormat(str, Enum):
+    """How the weights are stored on disk."""
+
+    SAFETENSORS = "safetensors"
+    PYTORCH = "pytorch"
+    GGUF = "gguf"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a checkpoint, known from the file header alone (no data read)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # safetensors spelling for HF checkpoints ("F32", "BF16", ...), GGML type name for GGUF
+    nbytes: int
+    file: Path
+    role: Role = Role.UNKNOWN
+    layer: int | None = None
+    # True for a 2-D weight stored (in_features, out_features) instead of nn.Linear's (out, in):
+    # GPT-2's Conv1D layers. Exporters must transpose it before writing GGUF.
+    transposed: bool = False
+
+    @property
+    def n_elements(self) -> int:
+        """Number of elements (1 for a 0-d scalar)."""
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What we know about a checkpoint without reading any tensor data."""
+
+    path: Path
+    format: CheckpointFormat
+    architecture: str  # e.g. "LlamaForCausalLM"; "unknown" when the config does not say
+    model_type: str  # config.json's model_type, e.g. "llama"
+    config: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    n_layers: int
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def parameters(self) -> int:
+        """Total number of elements over all tensors."""
+        return sum(t.n_elements for t in self.tensors)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Total bytes of tensor data as stored."""
+        return sum(t.nbytes for t in self.tensors)
+
+    def tensor(self, name: str) -> TensorInfo:
+        """The tensor called ``name``; KeyError if there is none."""
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
