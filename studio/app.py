@@ -1,0 +1,158 @@
+"""Composition root of the GUI: builds the real services, the settings and the window, and runs Qt.
+
+``quant-studio [MODEL] [--demo]``. Only PySide6 and the thin Qt layer are imported before the window
+shows; torch, transformers, llama_cpp and huggingface_hub are imported later, inside workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ORGANIZATION = "QuantStudio"
+APPLICATION = "Quant Studio"
+HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "huggingface_hub")
+BENCH_T0_ENV = "QUANT_STUDIO_BENCH_T0"  # wall-clock time (time.time()) at which the bench launched us
+
+log = logging.getLogger("studio")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line options of the GUI."""
+    parser = argparse.ArgumentParser(
+        prog="quant-studio", description="Quant Studio: inspect, plan and quantize LLMs."
+    )
+    parser.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="a model folder, a GGUF file, or a Hub id already in the local Hugging Face cache",
+    )
+    parser.add_argument(
+        "--demo", action="store_true", help="build the small demo model locally (no network) and open it"
+    )
+    parser.add_argument(
+        "--ctx", type=int, default=None, metavar="N", help="context length for the memory estimates"
+    )
+    parser.add_argument(
+        "--settings", metavar="FILE", help="keep settings in this INI file instead of the user's settings"
+    )
+    parser.add_argument("--select", metavar="TENSOR", help="select this tensor once the model is open")
+    parser.add_argument("--size", metavar="WxH", help="initial window size, e.g. 1600x1000 (screenshots)")
+    # Benchmark hook: print a JSON line once the window has been shown, then quit.
+    parser.add_argument("--bench-startup", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def build_services():  # -> studio.qt.services.Services
+    """The real core services; their modules are imported on first use, in a worker."""
+    from studio.qt.services import real_services
+
+    return real_services()
+
+
+def _configure_logging() -> Path | None:
+    """Warnings to stderr; everything from INFO up to a rotating log file in the user's data folder."""
+    from PySide6.QtCore import QStandardPaths
+
+    root = logging.getLogger()
+    if root.handlers:  # configured by the embedding process (tests)
+        return None
+    root.setLevel(logging.INFO)
+    stderr = logging.StreamHandler()
+    stderr.setLevel(logging.WARNING)
+    stderr.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(stderr)
+    folder = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppLocalDataLocation)
+    if not folder:
+        return None
+    try:
+        path = Path(folder) / "logs" / "quant-studio.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.handlers.RotatingFileHandler(
+            path, maxBytes=2_000_000, backupCount=3, encoding="utf-8"
+        )
+    except OSError:
+        return None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    return path
+
+
+def _bench_report(t_main: float) -> None:
+    """Print one JSON line describing the start-up (for bench/startup.py)."""
+    import resource
+
+    now = time.time()
+    t0 = os.environ.get(BENCH_T0_ENV)
+    report = {
+        "shown_since_launch_s": (now - float(t0)) if t0 else None,
+        "shown_since_main_s": time.perf_counter() - t_main,
+        "heavy_modules_loaded": [m for m in HEAVY_MODULES if m in sys.modules],
+        "torch_imported": "torch" in sys.modules,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "modules_loaded": len(sys.modules),
+    }
+    print(json.dumps(report), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the GUI; returns the process exit status."""
+    t_main = time.perf_counter()
+    args, qt_args = build_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+
+    from PySide6.QtCore import QCoreApplication, QSettings, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from studio.qt.icons import app_icon
+    from studio.qt.main_window import MainWindow
+
+    QCoreApplication.setOrganizationName(ORGANIZATION)
+    QCoreApplication.setApplicationName(APPLICATION)
+    app = QApplication.instance() or QApplication([sys.argv[0], *qt_args])
+    QApplication.setDesktopFileName("quant-studio")
+    app.setWindowIcon(app_icon())
+    _configure_logging()
+
+    settings = QSettings(args.settings, QSettings.Format.IniFormat) if args.settings else QSettings()
+    window = MainWindow(build_services(), settings=settings)
+    if args.ctx:
+        window.state.set_context_length(args.ctx)
+    if args.size:
+        w, _, h = args.size.lower().partition("x")
+        window.resize(int(w), int(h))
+    app.aboutToQuit.connect(window.shutdown)
+    window.show()
+
+    if args.bench_startup:
+        # Runs once the event loop has processed the show and first paint.
+        def finish() -> None:
+            _bench_report(t_main)
+            window.close()
+            app.quit()
+
+        QTimer.singleShot(0, finish)
+    elif args.demo:
+        window.open_demo()
+    elif args.model:
+        window.open_path(args.model)
+    if args.select:
+        name = args.select
+
+        def select_once(_checkpoint: object) -> None:
+            window.state.modelOpened.disconnect(select_once)
+            window.state.select_tensor(name)
+
+        window.state.modelOpened.connect(select_once)
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

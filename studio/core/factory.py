@@ -1,0 +1,813 @@
+"""Tiny random-weight checkpoints in Hugging Face layout, with real offline tokenizers, for tests and the demo.
+
+``make_tiny_model(out_dir, "llama")`` writes config.json, safetensors weights (optionally sharded with
+an index), a tokenizer trained on ``resources/text/multilingual.txt`` and a chat template, plus
+``quant_studio_factory.json`` that records which input channels carry planted outliers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import functools
+import io
+import itertools
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from studio.core.errors import StudioError
+from studio.core.jobs import JobContext, null_context
+
+if TYPE_CHECKING:  # heavy imports stay lazy: the GUI imports this module before torch is wanted
+    import torch
+
+ARCHITECTURES: tuple[str, ...] = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "phi3",
+    "gpt2",
+    "bert",
+)
+"""Architectures ``make_tiny_model`` can build."""
+
+FACTORY_INFO_NAME = "quant_studio_factory.json"
+"""Side file in every factory checkpoint that records the arguments and planted outliers."""
+
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+TEXT_PATH = Path(__file__).resolve().parents[2] / "resources" / "text" / "multilingual.txt"
+"""The multilingual sample text the tokenizers are trained on."""
+
+_OUTLIER_FACTOR_RANGE = (20.0, 50.0)
+
+# Qwen2's pre-tokenizer regex, as in its tokenizer.json: splits letters, single digits, punctuation, newlines.
+QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+ZEPHYR_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
+)
+MISTRAL_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] + eos_token }}"
+    "{%- else %}{{- '[INST] ' + message['content'] + ' [/INST] Understood.' + eos_token }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+GEMMA_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else 'user' %}"
+    "{{- '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+PHI3_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- else %}{{- eos_token }}{%- endif %}"
+)
+
+
+class FactoryError(StudioError):
+    """The tiny-model factory was asked for something it cannot build."""
+
+
+@dataclass(frozen=True)
+class FactoryInfo:
+    """What ``make_tiny_model`` built: its arguments and the planted outlier channels."""
+
+    arch: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab_size: int
+    seed: int
+    dtype: str
+    shards: int
+    outlier_channels: tuple[int, ...]
+    outlier_factors: tuple[float, ...]
+    outlier_tensors: tuple[str, ...]
+    outlier_norms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _ArchSpec:
+    model_type: str
+    tokenizer: str  # "spm", "bpe-qwen", "bpe-gpt2", "wordpiece"
+    gated: bool
+    tie: bool
+    gqa: bool
+    offset_norm: bool  # Gemma's RMSNorm multiplies by (1 + weight)
+    causal: bool = True
+
+
+_SPECS: dict[str, _ArchSpec] = {
+    "llama": _ArchSpec("llama", "spm", gated=True, tie=False, gqa=True, offset_norm=False),
+    "mistral": _ArchSpec("mistral", "spm", gated=True, tie=False, gqa=True, offset_norm=False),
+    "qwen2": _ArchSpec("qwen2", "bpe-qwen", gated=True, tie=True, gqa=True, offset_norm=False),
+    "qwen3": _ArchSpec("qwen3", "bpe-qwen", gated=True, tie=True, gqa=True, offset_norm=False),
+    "gemma": _ArchSpec("gemma", "spm-gemma", gated=True, tie=True, gqa=True, offset_norm=True),
+    "gemma2": _ArchSpec("gemma2", "spm-gemma", gated=True, tie=True, gqa=True, offset_norm=True),
+    "phi3": _ArchSpec("phi3", "spm-phi3", gated=True, tie=False, gqa=True, offset_norm=False),
+    "gpt2": _ArchSpec("gpt2", "bpe-gpt2", gated=False, tie=True, gqa=False, offset_norm=False),
+    "bert": _ArchSpec("bert", "wordpiece", gated=False, tie=True, gqa=False, offset_norm=False, causal=False),
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def sample_text() -> str:
+    """The multilingual sample text shipped in resources/text (English, German, French, CJK, code, emoji)."""
+    try:
+        return TEXT_PATH.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FactoryError(
+            f"The sample text {TEXT_PATH} could not be read ({exc.strerror}).",
+            hint="Reinstall Quant Studio so that its resources folder is present.",
+        ) from exc
+
+
+def _text_lines() -> list[str]:
+    return [line for line in sample_text().splitlines() if line.strip()]
+
+
+@functools.lru_cache(maxsize=16)
+def _train_spm(flavour: str, vocab_size: int) -> bytes:
+    """Train a SentencePiece BPE model with byte fallback; returns the serialized tokenizer.model.
+
+    Cached per process because every test model of the same flavour shares it.
+    """
+    import sentencepiece as spm
+
+    ids: dict[str, int | str] = {"unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": -1}
+    user_symbols: list[str] = []
+    add_dummy_prefix = True
+    if flavour == "spm-gemma":
+        # Gemma: <pad>=0, <eos>=1, <bos>=2, <unk>=3, no dummy prefix, turn markers in the vocabulary.
+        ids = {"pad_id": 0, "eos_id": 1, "bos_id": 2, "unk_id": 3, "pad_piece": "<pad>", "eos_piece": "<eos>"}
+        ids["bos_piece"] = "<bos>"
+        user_symbols = ["<mask>", "<start_of_turn>", "<end_of_turn>"]
+        add_dummy_prefix = False
+    buf = io.BytesIO()
+    lines = _text_lines()
+    # SentencePiece's BPE trainer accepts no coverage below 0.98; with the CJK part of the sample text
+    # that puts the smallest vocabulary at about 720 pieces (256 of them bytes).
+    coverage = max(0.98, _char_coverage(lines, vocab_size - 256 - 8 - len(user_symbols) - 64))
+    trainer_args: dict[str, Any] = dict(
+        sentence_iterator=iter(lines),
+        model_writer=buf,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        byte_fallback=True,
+        character_coverage=coverage,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=add_dummy_prefix,
+        split_digits=True,
+        # Whitespace-only pieces make SentencePiece and the tokenizers BPE split runs of spaces differently.
+        allow_whitespace_only_pieces=False,
+        user_defined_symbols=user_symbols,
+        num_threads=1,  # deterministic
+        shuffle_input_sentence=False,
+        max_sentence_length=1 << 16,
+        minloglevel=2,
+        **ids,
+    )
+    try:
+        spm.SentencePieceTrainer.train(**trainer_args)
+    except RuntimeError as exc:
+        raise FactoryError(
+            f"A SentencePiece vocabulary of {vocab_size} pieces cannot hold the sample text's characters.",
+            hint="Use a vocab_size of 768 or more (1024 is the default).",
+        ) from exc
+    return buf.getvalue()
+
+
+def _char_coverage(lines: list[str], room: int) -> float:
+    """The SentencePiece character_coverage that keeps at most ``room`` distinct characters.
+
+    Rarer characters are left to the byte-fallback pieces; SentencePiece refuses to train when the
+    kept characters alone exceed the vocabulary.
+    """
+    counts = collections.Counter(ch for line in lines for ch in line)
+    if len(counts) <= room:
+        return 1.0
+    if room < 1:
+        return 0.98
+    freq = sorted(counts.values(), reverse=True)
+    kept = sum(freq[:room])
+    # Halfway between the last kept and the first dropped character, to stay clear of rounding.
+    return (kept - freq[room - 1] / 2) / sum(freq)
+
+
+@functools.lru_cache(maxsize=16)
+def _train_bpe(flavour: str, vocab_size: int) -> str:
+    """Train a byte-level BPE (Qwen2 or GPT-2 pre-tokenization); returns the tokenizer JSON."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if flavour == "bpe-qwen":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([line + "\n" for line in _text_lines()], trainer=trainer)
+    return tok.to_str()
+
+
+@functools.lru_cache(maxsize=16)
+def _train_wordpiece(vocab_size: int) -> str:
+    """Train a BERT WordPiece vocabulary; returns the tokenizer JSON."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        show_progress=False,
+        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    )
+    tok.train_from_iterator(_text_lines(), trainer=trainer)
+    return tok.to_str()
+
+
+def _spm_vocab_and_merges(model_bytes: bytes) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocabulary (piece -> id) and BPE merges of a SentencePiece BPE model, without protobuf.
+
+    A merge (left, right) is ranked by the id of the piece it makes, which is how SentencePiece
+    orders BPE pieces (score = -id), so the tokenizers BPE gives the same ids.
+    """
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    mergeable = {
+        piece: i
+        for piece, i in vocab.items()
+        if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i) or sp.is_unused(i))
+    }
+    ranked: list[tuple[int, int, int, str, str]] = []
+    for piece, pid in mergeable.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in mergeable and right in mergeable:
+                ranked.append((pid, mergeable[left], mergeable[right], left, right))
+    ranked.sort()
+    return vocab, [(left, right) for _, _, _, left, right in ranked]
+
+
+def _special_ids(tok: Any) -> dict[str, int | None]:
+    return {
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }
+
+
+def _add_specials(tok: Any, extra: list[str], **named: str) -> None:
+    """Append special tokens after the learned vocabulary (transformers 5 calls them "extra", 4 "additional")."""
+    import inspect
+
+    from tokenizers import AddedToken
+
+    # Add in the given order first: add_special_tokens would add named tokens (eos, pad) before the rest.
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra], special_tokens=True)
+    params = inspect.signature(tok.add_special_tokens).parameters
+    if "replace_extra_special_tokens" in params:
+        tok.add_special_tokens({"extra_special_tokens": extra, **named}, replace_extra_special_tokens=False)
+    else:
+        tok.add_special_tokens(
+            {"additional_special_tokens": extra, **named}, replace_additional_special_tokens=False
+        )
+
+
+def build_tokenizer(arch: str, vocab_size: int | None = None) -> tuple[Any, bytes | None, str | None]:
+    """Build the offline tokenizer of ``arch``: (transformers tokenizer, tokenizer.model bytes or None, chat template)."""
+    spec = _spec(arch)
+    kind = spec.tokenizer
+    if kind.startswith("spm"):
+        size = vocab_size or 1024
+        model_bytes = _train_spm("spm-gemma" if kind == "spm-gemma" else "spm", size)
+        vocab, merges = _spm_vocab_and_merges(model_bytes)
+        if kind == "spm-gemma":
+            from transformers import GemmaTokenizer
+
+            tok = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, add_eos_token=False)
+            _add_specials(tok, ["<start_of_turn>", "<end_of_turn>"])
+            return tok, model_bytes, GEMMA_TEMPLATE
+        from transformers import LlamaTokenizer
+
+        if kind == "spm-phi3":
+            # Phi-3 keeps Llama's SentencePiece model and appends its chat markers after it.
+            tok = LlamaTokenizer(
+                vocab=vocab, merges=merges, add_bos_token=False, legacy=False, add_prefix_space=True
+            )
+            extra = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
+            _add_specials(tok, extra, pad_token="<|endoftext|>", eos_token="<|end|>")
+            return tok, model_bytes, PHI3_TEMPLATE
+        tok = LlamaTokenizer(
+            vocab=vocab, merges=merges, add_bos_token=True, legacy=False, add_prefix_space=True
+        )
+        return tok, model_bytes, (MISTRAL_TEMPLATE if arch == "mistral" else ZEPHYR_TEMPLATE)
+
+    if kind.startswith("bpe"):
+        size = vocab_size or 1024
+        data = json.loads(_train_bpe(kind, size))
+        vocab = data["model"]["vocab"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in data["model"]["merges"]]
+        if kind == "bpe-qwen":
+            from transformers import Qwen2Tokenizer
+
+            # Qwen's order: <|endoftext|>, <|im_start|>, <|im_end|> right after the learned vocabulary, as
+            # added tokens only (not in the BPE vocab), as in Qwen's own tokenizer.json. The constructor
+            # adds its eos first, so it starts with <|endoftext|> and eos moves to <|im_end|> afterwards.
+            specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+            tok = Qwen2Tokenizer(
+                vocab=vocab,
+                merges=merges,
+                eos_token="<|endoftext|>",
+                pad_token="<|endoftext|>",
+                unk_token=None,
+                bos_token=None,
+            )
+            _add_specials(tok, specials, eos_token="<|im_end|>")
+            return tok, None, CHATML_TEMPLATE
+        from transformers import GPT2Tokenizer
+
+        tok = GPT2Tokenizer(vocab=vocab, merges=merges)
+        tok.add_special_tokens({"eos_token": "<|endoftext|>"})
+        return tok, None, None
+
+    from transformers import BertTokenizer
+
+    data = json.loads(_train_wordpiece(vocab_size or 1024))
+    tok = BertTokenizer(vocab=dict(data["model"]["vocab"]), do_lower_case=True)
+    return tok, None, None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Models
+
+
+def _spec(arch: str) -> _ArchSpec:
+    try:
+        return _SPECS[arch]
+    except KeyError:
+        raise FactoryError(
+            f"The tiny-model factory cannot build architecture {arch!r}.",
+            hint=f"Choose one of {', '.join(ARCHITECTURES)}.",
+        ) from None
+
+
+def _default_heads(hidden: int) -> int:
+    for head_dim in (64, 32):
+        if hidden % head_dim == 0 and hidden // head_dim >= 2:
+            return hidden // head_dim
+    raise FactoryError(
+        f"Hidden size {hidden} cannot be split into heads of at least 32 dimensions.",
+        hint="Use a multiple of 32 (at least 64).",
+    )
+
+
+def _config_kwargs(
+    spec: _ArchSpec,
+    *,
+    hidden: int,
+    layers: int,
+    intermediate: int,
+    heads: int,
+    kv_heads: int,
+    vocab: int,
+    positions: int,
+    tie: bool,
+    special: dict[str, int | None],
+) -> dict[str, Any]:
+    head_dim = hidden // heads
+    if spec.model_type == "gpt2":
+        return dict(
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_inner=intermediate,
+            n_positions=positions,
+            vocab_size=vocab,
+            tie_word_embeddings=tie,
+            **special,
+        )
+    if spec.model_type == "bert":
+        return dict(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate,
+            max_position_embeddings=positions,
+            vocab_size=vocab,
+            tie_word_embeddings=tie,
+            pad_token_id=special["pad_token_id"],
+        )
+    kw: dict[str, Any] = dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=positions,
+        vocab_size=vocab,
+        tie_word_embeddings=tie,
+        **special,
+    )
+    if spec.model_type in ("qwen3", "gemma", "gemma2"):
+        kw["head_dim"] = head_dim
+    if spec.model_type == "mistral":
+        kw["sliding_window"] = None
+    if spec.model_type == "gemma2":
+        kw["query_pre_attn_scalar"] = head_dim
+        kw["sliding_window"] = min(4096, positions)
+    if spec.model_type == "phi3":
+        kw["original_max_position_embeddings"] = positions
+    return kw
+
+
+def _norm_for_inputs(arch: str, names: set[str], layer: int) -> list[tuple[str, list[str], int]]:
+    """For one layer: (norm weight feeding the inputs, weights reading those inputs, input axis)."""
+    if arch == "gpt2":
+        p = f"transformer.h.{layer}"
+        out = [
+            (f"{p}.ln_1.weight", [f"{p}.attn.c_attn.weight"], 0),  # Conv1D stores (in, out)
+            (f"{p}.ln_2.weight", [f"{p}.mlp.c_fc.weight"], 0),
+        ]
+    elif arch == "bert":
+        # Post-norm: the layer reads the previous layer's output LayerNorm (or the embeddings').
+        p = f"encoder.layer.{layer}"
+        prev = (
+            "embeddings.LayerNorm.weight"
+            if layer == 0
+            else f"encoder.layer.{layer - 1}.output.LayerNorm.weight"
+        )
+        qkv = [f"{p}.attention.self.{x}.weight" for x in ("query", "key", "value")]
+        out = [
+            (prev, qkv, 1),
+            (f"{p}.attention.output.LayerNorm.weight", [f"{p}.intermediate.dense.weight"], 1),
+        ]
+    else:
+        p = f"model.layers.{layer}"
+        if arch == "phi3":
+            attn, mlp = [f"{p}.self_attn.qkv_proj.weight"], [f"{p}.mlp.gate_up_proj.weight"]
+        else:
+            attn = [f"{p}.self_attn.{x}_proj.weight" for x in ("q", "k", "v")]
+            mlp = [f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up")]
+        mlp_norm = (
+            f"{p}.pre_feedforward_layernorm.weight"
+            if arch == "gemma2"
+            else f"{p}.post_attention_layernorm.weight"
+        )
+        out = [(f"{p}.input_layernorm.weight", attn, 1), (mlp_norm, mlp, 1)]
+    for norm, weights, _ in out:
+        missing = [n for n in [norm, *weights] if n not in names]
+        if missing:
+            raise FactoryError(f"The {arch} model has no tensor {missing[0]!r}; the factory is out of date.")
+    return out
+
+
+def _init_weights(
+    model: torch.nn.Module, arch: str, spec: _ArchSpec, tie: bool, gen: torch.Generator
+) -> None:
+    """Overwrite every parameter from ``gen`` with fan-in scaled values so activations stay near unit size.
+
+    Two choices keep next-token distributions realistic (neither flat nor one-hot): token embeddings
+    enter the residual stream small (element std 2/sqrt(hidden), 0.3 for Gemma, which scales them by
+    sqrt(hidden)), so the layers and not the input token decide the output; and the head gives logits
+    of std about 3 (through the final norm's gain when the head is tied to the embedding).
+    """
+    import torch
+
+    hidden = model.config.hidden_size
+    emb_std = 0.3 / hidden if spec.offset_norm else 2.0 / math.sqrt(hidden)
+    final_gain = 3.0 / (emb_std * math.sqrt(hidden)) if tie else 1.0
+    final_norm = {"gpt2": "transformer.ln_f.weight", "bert": ""}.get(arch, "model.norm.weight")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            shape = tuple(param.shape)
+            if param.ndim >= 2:
+                if "position" in name or name.endswith("wpe.weight") or "token_type" in name:
+                    std = 0.3 / math.sqrt(hidden)
+                elif "lm_head" in name:
+                    std = 3.0 / math.sqrt(hidden)
+                elif "embed" in name or name.endswith("wte.weight"):
+                    std = 1.0 if arch == "bert" else emb_std  # BERT normalizes its embeddings at once
+                else:
+                    fan_in = shape[0] if arch == "gpt2" else shape[1]  # GPT-2's Conv1D stores (in, out)
+                    std = 1.0 / math.sqrt(fan_in)
+                values = torch.randn(shape, generator=gen) * std
+            elif name.endswith("bias"):
+                values = torch.randn(shape, generator=gen) * 0.02
+            else:  # norm weights: a gain around 1 (stored as gain - 1 for Gemma's 1 + w)
+                gain = final_gain if name == final_norm else 1.0
+                values = gain * (1.0 + torch.randn(shape, generator=gen) * 0.05)
+                if spec.offset_norm:
+                    values = values - 1.0
+            param.copy_(values.to(param.dtype))
+
+
+def _plant_outliers(
+    model: torch.nn.Module, arch: str, spec: _ArchSpec, layers: int, hidden: int, gen: torch.Generator
+) -> tuple[tuple[int, ...], tuple[float, ...], tuple[str, ...], tuple[str, ...]]:
+    """Make a few input channels large in the norms and in the weights that read them.
+
+    The planted weights are then rescaled as a whole so their expected output size is what it was
+    before planting: the outlier channels dominate without blowing up activations.
+    """
+    import torch
+
+    count = max(2, hidden // 128)
+    channels = sorted(torch.randperm(hidden, generator=gen)[:count].tolist())
+    lo, hi = _OUTLIER_FACTOR_RANGE
+    factors = [round(lo + (hi - lo) * i / max(1, count - 1), 2) for i in range(count)]
+    params = dict(model.named_parameters())
+    idx = torch.tensor(channels)
+    fac = torch.tensor(factors)
+    planted_w: list[str] = []
+    planted_n: list[str] = []
+    with torch.no_grad():
+        for layer in range(layers):
+            for norm_name, weight_names, axis in _norm_for_inputs(arch, set(params), layer):
+                norm = params[norm_name]
+                gain = (1.0 + norm) if spec.offset_norm else norm.clone()
+                old_gain = gain.clone()
+                gain[idx] = gain[idx] * fac
+                norm.copy_(gain - 1.0 if spec.offset_norm else gain)
+                if norm_name not in planted_n:
+                    planted_n.append(norm_name)
+                for wname in weight_names:
+                    w = params[wname]
+                    before = _expected_out_energy(w, old_gain, axis)
+                    if axis == 1:
+                        w[:, idx] *= fac
+                    else:
+                        w[idx, :] *= fac[:, None]
+                    after = _expected_out_energy(w, gain, axis)
+                    w.mul_(torch.sqrt(before / after))
+                    planted_w.append(wname)
+    return tuple(channels), tuple(factors), tuple(planted_w), tuple(planted_n)
+
+
+def _expected_out_energy(w: torch.Tensor, gain: torch.Tensor, axis: int) -> torch.Tensor:
+    # E|Wx|^2 for x_j with variance gain_j^2: sum_j |column j|^2 gain_j^2.
+    col = (w.float() ** 2).sum(dim=0 if axis == 1 else 1)
+    return (col * gain.float() ** 2).sum()
+
+
+def _reshard(folder: Path, shards: int) -> None:
+    """Split the single model.safetensors into ``shards`` files of similar size plus the index json."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    single = folder / "model.safetensors"
+    with safe_open(str(single), framework="pt") as f:
+        names = list(f.keys())
+        tensors = {n: f.get_tensor(n) for n in names}
+        metadata = f.metadata() or {"format": "pt"}
+    if len(names) < shards:
+        raise FactoryError(f"A model with {len(names)} tensors cannot be split into {shards} shards.")
+    sizes = [tensors[n].numel() * tensors[n].element_size() for n in names]
+    total = sum(sizes)
+    cumulative = list(itertools.accumulate(sizes))
+    # Contiguous groups cut where the running total crosses k/shards of the whole, never empty.
+    bounds = [0]
+    for k in range(1, shards):
+        cut = bisect.bisect_left(cumulative, total * k / shards) + 1
+        cut = min(max(cut, bounds[-1] + 1), len(names) - (shards - k))
+        bounds.append(cut)
+    bounds.append(len(names))
+    groups = [names[bounds[i] : bounds[i + 1]] for i in range(shards)]
+    weight_map: dict[str, str] = {}
+    for i, group in enumerate(groups):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n].contiguous() for n in group}, str(folder / fname), metadata=metadata)
+        weight_map.update({n: fname for n in group})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    single.unlink()
+
+
+def _save_tokenizer(tok: Any, folder: Path, spm_bytes: bytes | None, template: str | None) -> None:
+    tok.save_pretrained(str(folder))
+    if spm_bytes is not None:
+        # llama.cpp's converter and SentencePiece users read this file; keep it next to tokenizer.json.
+        (folder / "tokenizer.model").write_bytes(spm_bytes)
+        import sentencepiece as spm
+
+        base = spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()
+        added = {t: i for t, i in sorted(tok.get_added_vocab().items(), key=lambda kv: kv[1]) if i >= base}
+        if added:
+            # Tokens past the SentencePiece model (Phi-3's chat markers) are listed here too, as in
+            # the real repositories, for readers of tokenizer.model such as gguf's SentencePieceVocab.
+            (folder / "added_tokens.json").write_text(json.dumps(added, indent=2) + "\n", encoding="utf-8")
+    jinja = folder / "chat_template.jinja"
+    if jinja.exists():
+        jinja.unlink()
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg.pop("chat_template", None)
+    if template is not None:
+        # In tokenizer_config.json, where both older and newer readers (and GGUF exporters) look.
+        cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def make_tiny_model(
+    out_dir: str | os.PathLike[str],
+    arch: str = "llama",
+    *,
+    hidden: int = 256,
+    layers: int = 2,
+    intermediate: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    vocab_size: int | None = None,
+    outliers: bool = True,
+    seed: int = 0,
+    shards: int = 1,
+    dtype: str = "float32",
+    tie_embeddings: bool | None = None,
+    max_positions: int | None = None,
+    ctx: JobContext | None = None,
+) -> Path:
+    """Build a random tiny ``arch`` checkpoint with a trained tokenizer in ``out_dir`` and return its path.
+
+    ``vocab_size`` is the tokenizer's training target (default 1024); the config's vocab_size equals
+    the tokenizer's length. ``out_dir`` must not exist or be empty; it is filled atomically.
+    """
+    spec = _spec(arch)
+    ctx = ctx or null_context()
+    if dtype not in DTYPES:
+        raise FactoryError(
+            f"Unknown dtype {dtype!r} for a tiny model.", hint=f"Use one of {', '.join(DTYPES)}."
+        )
+    if layers < 1 or shards < 1:
+        raise FactoryError("A tiny model needs at least one layer and one shard.")
+    heads = heads or _default_heads(hidden)
+    if hidden % heads or hidden // heads < 32 or (hidden // heads) % 2:
+        raise FactoryError(
+            f"{heads} heads do not split hidden size {hidden} into even heads of at least 32 dimensions."
+        )
+    if kv_heads is None:
+        kv_heads = heads // 2 if spec.gqa and heads % 2 == 0 else heads
+    if heads % kv_heads or (not spec.gqa and kv_heads != heads):
+        raise FactoryError(f"{kv_heads} key/value heads do not fit {heads} attention heads for {arch}.")
+    intermediate = intermediate or (3 * hidden if spec.gated else 4 * hidden)
+    positions = max_positions or (512 if arch == "bert" else 1024)
+    tie = spec.tie if tie_embeddings is None else tie_embeddings
+    if arch in ("gemma", "gemma2") and not tie:
+        raise FactoryError(f"{arch} always ties its output head to the token embedding.")
+
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FactoryError(
+            f"The folder {out} already exists and is not empty.", hint="Choose a new or empty folder."
+        )
+    steps = 5
+    ctx.report(0, steps, f"Training the {arch} tokenizer")
+    tok, spm_bytes, template = build_tokenizer(arch, vocab_size)
+    ctx.check_cancelled()
+
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    ctx.report(1, steps, f"Building a {layers}-layer {arch} model")
+    cfg = AutoConfig.for_model(
+        spec.model_type,
+        **_config_kwargs(
+            spec,
+            hidden=hidden,
+            layers=layers,
+            intermediate=intermediate,
+            heads=heads,
+            kv_heads=kv_heads,
+            vocab=len(tok),
+            positions=positions,
+            tie=tie,
+            special=_special_ids(tok),
+        ),
+    )
+    # Model construction draws from torch's global generator; fork it so callers' seeds are untouched,
+    # then overwrite every parameter from our own seeded generator.
+    with torch.random.fork_rng(devices=[]):
+        auto = AutoModelForCausalLM if spec.causal else AutoModel
+        model = auto.from_config(cfg, trust_remote_code=False, dtype=torch.float32)
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    _init_weights(model, arch, spec, tie, gen)
+    if tie and hasattr(model, "tie_weights"):
+        model.tie_weights()
+    planted: tuple[tuple[int, ...], tuple[float, ...], tuple[str, ...], tuple[str, ...]] = ((), (), (), ())
+    if outliers:
+        planted = _plant_outliers(model, arch, spec, layers, hidden, gen)
+    ctx.check_cancelled()
+    model = model.to(getattr(torch, dtype))
+
+    ctx.report(2, steps, "Saving weights")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        model.save_pretrained(str(tmp))
+        if shards > 1:
+            _reshard(tmp, shards)
+        ctx.check_cancelled()
+        ctx.report(3, steps, "Saving the tokenizer")
+        tok.model_max_length = positions
+        _save_tokenizer(tok, tmp, spm_bytes, template)
+        info = FactoryInfo(
+            arch=arch,
+            hidden=hidden,
+            layers=layers,
+            heads=heads,
+            kv_heads=kv_heads,
+            intermediate=intermediate,
+            vocab_size=len(tok),
+            seed=seed,
+            dtype=dtype,
+            shards=shards,
+            outlier_channels=planted[0],
+            outlier_factors=planted[1],
+            outlier_tensors=planted[2],
+            outlier_norms=planted[3],
+        )
+        (tmp / FACTORY_INFO_NAME).write_text(
+            json.dumps(_info_to_json(info), indent=2) + "\n", encoding="utf-8"
+        )
+        ctx.report(4, steps, "Finishing")
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    ctx.report(steps, steps, f"Built {arch} in {out}")
+    return out
+
+
+def _info_to_json(info: FactoryInfo) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(info).items()}
+
+
+def read_factory_info(model_dir: str | os.PathLike[str]) -> FactoryInfo | None:
+    """The ``FactoryInfo`` of a factory-built checkpoint, or None for any other folder."""
+    path = Path(model_dir) / FACTORY_INFO_NAME
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    fields = FactoryInfo.__dataclass_fields__
+    return FactoryInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields})
+
+
+def iter_architectures() -> Iterator[str]:
+    """The architectures this transformers installation can build (all of ``ARCHITECTURES`` normally)."""
+    from transformers import CONFIG_MAPPING
+
+    for arch in ARCHITECTURES:
+        if _SPECS[arch].model_type in CONFIG_MAPPING:
+            yield arch

@@ -1,0 +1,160 @@
+"""The one shared state of the window: what is open, selected and planned, announced by typed signals.
+
+Panels read from it and call its setters; they never import each other. The main window (the
+controller) reacts to the same signals to start background work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+class StudioState(QObject):
+    """Current model, hardware, selection, plan and results of the studio window."""
+
+    modelOpened = Signal(object)  # Checkpoint (its .info is a ModelInfo)
+    modelClosed = Signal()
+    tensorSelected = Signal(str)  # tensor name; "" when the selection was cleared
+    planChanged = Signal(object)  # the current plan (studio.core.quant plan object)
+    resultReady = Signal(object)  # a finished job's result that panels may show (stats, preview, export)
+    hardwareChanged = Signal(object)  # HardwareInfo
+    estimatesChanged = Signal(object)  # tuple[Estimate, ...] for the open model, hardware and context length
+    contextLengthChanged = Signal(int)
+    themeChanged = Signal(bool)  # True when the palette is dark
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._checkpoint: Any = None
+        self._model_name = ""
+        self._hardware: Any = None
+        self._estimates: tuple[Any, ...] = ()
+        self._selected = ""
+        self._plan: Any = None
+        self._ctx_len = DEFAULT_CONTEXT_LENGTH
+        self._dark = False
+
+    # -- model ------------------------------------------------------------------------------------
+
+    @property
+    def checkpoint(self) -> Any:
+        """The open ``Checkpoint``, or None."""
+        return self._checkpoint
+
+    @property
+    def info(self) -> Any:
+        """The open model's ``ModelInfo``, or None."""
+        return None if self._checkpoint is None else self._checkpoint.info
+
+    @property
+    def model_name(self) -> str:
+        """A short name for the open model (folder, file or repo id), or "" when none is open."""
+        return self._model_name
+
+    def set_checkpoint(self, checkpoint: Any, name: str = "") -> None:
+        """Make ``checkpoint`` the open model (shown as ``name``), closing the previous one."""
+        old = self._checkpoint
+        self._checkpoint = None
+        self._model_name = ""
+        self._selected = ""
+        self._estimates = ()
+        if old is not None:
+            _close_quietly(old)
+            self.modelClosed.emit()
+        if checkpoint is not None:
+            self._checkpoint = checkpoint
+            self._model_name = name or Path(checkpoint.info.path).name
+            self.modelOpened.emit(checkpoint)
+
+    def close_model(self) -> None:
+        """Close the open model, if any."""
+        self.set_checkpoint(None)
+
+    # -- selection, plan, results ------------------------------------------------------------------
+
+    @property
+    def selected_tensor(self) -> str:
+        """Name of the selected tensor, or ""."""
+        return self._selected
+
+    def select_tensor(self, name: str) -> None:
+        """Select a tensor by name (announced only when it changes)."""
+        if name != self._selected:
+            self._selected = name
+            self.tensorSelected.emit(name)
+
+    @property
+    def plan(self) -> Any:
+        """The current precision plan, or None."""
+        return self._plan
+
+    def set_plan(self, plan: Any) -> None:
+        """Replace the current plan."""
+        self._plan = plan
+        self.planChanged.emit(plan)
+
+    def publish_result(self, result: Any) -> None:
+        """Announce a result (statistics, preview, export outcome) for the panels that show it."""
+        self.resultReady.emit(result)
+
+    # -- machine and estimates ---------------------------------------------------------------------
+
+    @property
+    def hardware(self) -> Any:
+        """The detected ``HardwareInfo``, or None until detection finished."""
+        return self._hardware
+
+    def set_hardware(self, hardware: Any) -> None:
+        """Record the detected hardware."""
+        self._hardware = hardware
+        self.hardwareChanged.emit(hardware)
+
+    @property
+    def context_length(self) -> int:
+        """Context length the memory estimates are made for."""
+        return self._ctx_len
+
+    def set_context_length(self, n: int) -> None:
+        """Change the context length of the estimates."""
+        if n != self._ctx_len:
+            self._ctx_len = int(n)
+            self.contextLengthChanged.emit(self._ctx_len)
+
+    @property
+    def estimates(self) -> tuple[Any, ...]:
+        """Estimates for the open model on this machine, or () when not known."""
+        return self._estimates
+
+    def set_estimates(self, estimates: tuple[Any, ...]) -> None:
+        """Record new estimates."""
+        self._estimates = tuple(estimates)
+        self.estimatesChanged.emit(self._estimates)
+
+    # -- theme ------------------------------------------------------------------------------------
+
+    @property
+    def dark(self) -> bool:
+        """Whether the window currently uses a dark palette."""
+        return self._dark
+
+    def set_dark(self, dark: bool) -> None:
+        """Record the palette's darkness (plots follow it)."""
+        if dark != self._dark:
+            self._dark = dark
+            self.themeChanged.emit(dark)
+
+
+def _close_quietly(checkpoint: Any) -> None:
+    close = getattr(checkpoint, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception:  # closing a file must never break switching models
+        import logging
+
+        logging.getLogger(__name__).exception("closing %r failed", checkpoint)

@@ -1,0 +1,430 @@
+"""The main window over real factory models: tree, summary, estimates, errors, recent models, title."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+
+from studio.qt.fmt import human_bytes
+from studio.qt.main_window import APP_TITLE, RECENT_KEY
+from studio.qt.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_ROLE
+from studio.qt.summary import verdict_colour
+
+PRESETS = ["F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"]
+OPEN_TIMEOUT_MS = 30_000
+
+
+def _safetensors_names(folder: Path) -> set[str]:
+    """Tensor names read straight from the safetensors files, independently of studio.core."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in folder.glob("*.safetensors"):
+        with safe_open(str(f), framework="numpy") as st:
+            names.update(st.keys())
+    return names
+
+
+def _open(qtbot, win, path: Path) -> None:
+    job = win.open_path(path)
+    assert job is not None
+    qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
+
+
+def _tree_rows(win) -> dict[str, dict[str, str]]:
+    """Every tensor row of the tree: full name -> {group, name cell, role cell}."""
+    model = win.model_tree.model
+    rows: dict[str, dict[str, str]] = {}
+    for g in range(model.rowCount()):
+        group = model.index(g, COL_NAME)
+        for r in range(model.rowCount(group)):
+            name_idx = model.index(r, COL_NAME, group)
+            full = name_idx.data(NAME_ROLE)
+            rows[full] = {
+                "group": group.data(),
+                "role": model.index(r, COL_ROLE, group).data(),
+            }
+    return rows
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_opening_a_factory_model_fills_the_tree_with_every_tensor(qtbot, make_window, tiny_models, arch):
+    path = tiny_models(arch)
+    win = make_window()
+    assert win.model_tree.model.rowCount() == 0
+    _open(qtbot, win, path)
+
+    info = win.state.info
+    rows = _tree_rows(win)
+    expected = _safetensors_names(path)
+    assert len(rows) == win.model_tree.model.tensor_count() == len(info.tensors)
+    assert set(rows) == expected
+    # One group per layer plus the model-level group, each tensor under its own layer.
+    groups = {row["group"] for row in rows.values()}
+    assert groups == {GLOBAL_GROUP} | {f"Layer {i}" for i in range(info.n_layers)}
+    for t in info.tensors:
+        assert rows[t.name]["group"] == (GLOBAL_GROUP if t.layer is None else f"Layer {t.layer}")
+        assert rows[t.name]["role"] == t.role.value
+    roles = {row["role"] for row in rows.values()}
+    assert "unknown" not in roles
+    assert {"token_embd", "norm"} <= roles
+
+
+def test_roles_are_the_architectures_roles(qtbot, make_window, tiny_models):
+    win = make_window()
+    _open(qtbot, win, tiny_models("llama"))
+    rows = _tree_rows(win)
+    assert rows["model.layers.0.self_attn.q_proj.weight"]["role"] == "attn_q"
+    assert rows["model.layers.1.mlp.down_proj.weight"]["role"] == "ffn_down"
+    assert rows["model.layers.1.mlp.down_proj.weight"]["group"] == "Layer 1"
+    assert rows["model.embed_tokens.weight"]["group"] == GLOBAL_GROUP
+
+
+def test_selecting_a_tensor_in_the_tree_selects_it_in_the_state(qtbot, make_window, tiny_models):
+    win = make_window()
+    _open(qtbot, win, tiny_models("llama"))
+    name = "model.layers.1.mlp.up_proj.weight"
+    with qtbot.waitSignal(win.state.tensorSelected, timeout=2000) as sig:
+        view = win.model_tree.view
+        view.setCurrentIndex(win.model_tree.proxy.mapFromSource(win.model_tree.model.index_of(name)))
+    assert sig.args == [name]
+    assert win.state.selected_tensor == name
+    # And the other way round: a selection made elsewhere moves the tree's current row.
+    other = "model.layers.0.self_attn.k_proj.weight"
+    win.state.select_tensor(other)
+    assert win.model_tree.view.currentIndex().siblingAtColumn(COL_NAME).data(NAME_ROLE) == other
+
+
+def test_summary_shows_the_estimates_and_the_context_length_recomputes(qtbot, make_window, tiny_models):
+    from studio.core.estimate import estimate_presets
+
+    win = make_window()
+    _open(qtbot, win, tiny_models("llama"))
+    qtbot.waitUntil(lambda: win.summary.estimate_table.rowCount() > 0, timeout=OPEN_TIMEOUT_MS)
+    table = win.summary.estimate_table
+    assert [table.item(r, 0).text() for r in range(table.rowCount())] == PRESETS
+
+    info, hw = win.state.info, win.state.hardware
+    expected = estimate_presets(info, hw, ctx_len=win.state.context_length)
+    for r, est in enumerate(expected):
+        assert table.item(r, 1).text() == human_bytes(est.file_bytes)
+        assert table.item(r, 3).text() == human_bytes(est.memory_bytes)
+        assert table.item(r, 4).background().color() == verdict_colour(est.verdict)
+    facts = win.summary.fact_labels
+    assert facts["Architecture"].text() == info.architecture
+    assert facts["Layers"].text() == str(info.n_layers)
+    assert f"{info.parameters:,}" in facts["Parameters"].text()
+
+    # A longer context means a bigger KV cache: the memory column follows the spin box.
+    before = [table.item(r, 3).text() for r in range(table.rowCount())]
+    win.summary.ctx_spin.setValue(131072)
+    assert win.state.context_length == 131072
+    longer = estimate_presets(info, hw, ctx_len=131072)
+    after = [table.item(r, 3).text() for r in range(table.rowCount())]
+    assert after == [human_bytes(e.memory_bytes) for e in longer]
+    assert after != before
+    assert "131,072" in table.horizontalHeaderItem(3).text()
+
+
+def test_window_title_names_the_open_model(qtbot, make_window, tiny_models):
+    win = make_window()
+    assert win.windowTitle() == APP_TITLE
+    path = tiny_models("llama")
+    _open(qtbot, win, path)
+    assert win.windowTitle() == f"{path.name} — {APP_TITLE}"
+    win.state.close_model()
+    assert win.windowTitle() == APP_TITLE
+    assert win.model_tree.model.rowCount() == 0
+    assert win.summary.stack.currentIndex() == 0  # the welcome page again
+
+
+def test_a_bad_folder_shows_one_sentence_in_a_dialog_and_the_window_still_answers(
+    qtbot, make_window, tiny_models, dialogs, tmp_path
+):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    win = make_window()
+    win.open_path(empty)
+    qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=OPEN_TIMEOUT_MS)
+    kind, title, text = dialogs.calls[0]
+    assert kind == "warning"
+    assert "empty-model" in text
+    assert "Traceback" not in text and "\n" not in text.strip()
+    assert win.state.checkpoint is None
+    assert win.windowTitle() == APP_TITLE
+    # Still answers: the next open works.
+    _open(qtbot, win, tiny_models("llama"))
+    assert win.model_tree.model.tensor_count() > 0
+
+
+def test_an_unexpected_exception_is_logged_and_shown_as_one_sentence(
+    qtbot, make_window, real_services, dialogs, tmp_path, caplog
+):
+    def broken_open(path, ctx, allow_pickle):
+        raise ValueError("boom\nsecond line")
+
+    win = make_window(dataclasses.replace(real_services, open_model=broken_open))
+    win.open_path(tmp_path)
+    qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=5000)
+    text = dialogs.calls[0][2]
+    assert "ValueError: boom" in text and "\n" not in text and "second line" not in text
+    assert any("unexpected error" in rec.getMessage() and rec.exc_info for rec in caplog.records)
+
+
+def test_recent_models_are_remembered_across_windows(qtbot, make_window, tiny_models, settings_path):
+    llama, gpt2 = tiny_models("llama"), tiny_models("gpt2")
+    first = make_window()
+    _open(qtbot, first, llama)
+    qtbot.waitUntil(lambda: first.jobs.active_jobs("open") == [], timeout=5000)
+    _open_next(qtbot, first, gpt2)
+    first.close()
+
+    # A gone path in the list is pruned when the menu is built.
+    settings = QSettings(str(settings_path), QSettings.Format.IniFormat)
+    settings.setValue(RECENT_KEY, [*settings.value(RECENT_KEY), str(Path("/nonexistent/model"))])
+    settings.sync()
+
+    second = make_window()
+    second.recent_menu.aboutToShow.emit()
+    paths = [a.data() for a in second.recent_menu.actions() if a.data()]
+    assert paths == [str(gpt2.resolve()), str(llama.resolve())]  # most recent first, the gone one dropped
+    assert second.recent_models() == paths
+    # Choosing one opens it.
+    second.recent_menu.actions()[1].trigger()
+    qtbot.waitUntil(lambda: second.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
+    assert second.windowTitle().startswith(llama.name)
+
+
+def _open_next(qtbot, win, path: Path) -> None:
+    old = win.state.checkpoint
+    assert win.open_path(path) is not None
+    qtbot.waitUntil(
+        lambda: win.state.checkpoint is not None and win.state.checkpoint is not old, timeout=OPEN_TIMEOUT_MS
+    )
+
+
+def test_open_demo_model_builds_and_opens(qtbot, make_window, real_services, tiny_models):
+    built = []
+
+    def demo(ctx):
+        ctx.report(1, 2, "building")
+        built.append(True)
+        return tiny_models("qwen2")
+
+    win = make_window(dataclasses.replace(real_services, demo_model_path=demo))
+    win.act_open_demo.trigger()
+    qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
+    assert built == [True]
+    assert win.state.info.model_type == "qwen2"
+    assert win.windowTitle() == f"Demo model — {APP_TITLE}"
+
+
+def test_layout_and_geometry_are_remembered(qtbot, make_window, settings_path):
+    first = make_window()
+    dock = first.dock("ModelTreeDock")
+    first.removeDockWidget(dock)
+    first.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+    dock.show()
+    first.close()
+    second = make_window()
+    assert second.dockWidgetArea(second.dock("ModelTreeDock")) == Qt.DockWidgetArea.RightDockWidgetArea
+    second.reset_layout()
+    assert second.dockWidgetArea(second.dock("ModelTreeDock")) == Qt.DockWidgetArea.LeftDockWidgetArea
+
+
+def test_the_window_shows_before_heavy_modules_are_imported(tmp_path):
+    """``quant-studio`` shows its window without importing torch, transformers, llama_cpp or the hub client."""
+    env = {**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "studio.app", "--bench-startup", "--settings", str(tmp_path / "s.ini")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["heavy_modules_loaded"] == []
+    assert report["torch_imported"] is False
+
+
+def test_tensor_panel_shows_the_selected_tensor_and_its_type_per_preset(qtbot, make_window, tiny_models):
+    win = make_window()
+    _open(qtbot, win, tiny_models("llama"))
+    qtbot.waitUntil(lambda: bool(win.state.estimates), timeout=OPEN_TIMEOUT_MS)
+    panel = win.tensor_panel
+    assert panel.details.isHidden()
+    name = "model.layers.0.mlp.down_proj.weight"
+    win.state.select_tensor(name)
+    t = win.state.info.tensor(name)
+    assert not panel.details.isHidden()
+    assert panel.values["Name"].text() == name
+    assert panel.values["Role"].text() == "ffn_down"
+    assert panel.values["Shape"].text() == " × ".join(map(str, t.shape))
+    table = panel.types_table
+    shown = {table.item(r, 0).text(): table.item(r, 1).text() for r in range(table.rowCount())}
+    assert shown == {e.preset: e.types[name] for e in win.state.estimates}
+    assert shown["Q8_0"] == "Q8_0"
+
+
+def test_a_second_open_while_one_runs_is_ignored(qtbot, make_window, real_services, tiny_models):
+    import threading
+
+    gate = threading.Event()
+
+    def slow_open(path, ctx, allow_pickle):
+        gate.wait(5)
+        return real_services.open_model(path, ctx, allow_pickle)
+
+    win = make_window(dataclasses.replace(real_services, open_model=slow_open))
+    first = win.open_path(tiny_models("llama"))
+    assert first is not None
+    assert win.open_path(tiny_models("gpt2")) is None  # rapid second click: ignored, no crash
+    assert not win.job_progress.isHidden()  # the progress indicator shows while opening
+    gate.set()
+    qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
+    assert win.state.info.model_type == "llama"
+    qtbot.waitUntil(lambda: win.job_progress.isHidden(), timeout=5000)
+
+
+def test_quitting_while_an_important_job_runs_asks_then_cancels_and_joins(qtbot, make_window, dialogs):
+    import threading
+
+    from PySide6.QtCore import QThreadPool
+    from PySide6.QtWidgets import QMessageBox
+
+    win = make_window()
+    qtbot.waitUntil(lambda: not win.jobs.busy, timeout=10_000)  # hardware detection done
+    running = threading.Event()
+
+    def export_like(ctx):
+        running.set()
+        while True:
+            ctx.check_cancelled()
+            ctx.report(1, 100, "writing")
+            threading.Event().wait(0.01)
+
+    job = win.jobs.submit("Exporting", export_like, kind="export", confirm_on_quit=True)
+    assert running.wait(5)
+    dialogs.answer = QMessageBox.StandardButton.No
+    assert not win.close()
+    assert win.isVisible() and job.active
+    dialogs.answer = QMessageBox.StandardButton.Yes
+    assert win.close()
+    assert [c[0] for c in dialogs.calls] == ["question", "question"]
+    assert QThreadPool.globalInstance().activeThreadCount() == 0
+    qtbot.waitUntil(lambda: not job.active, timeout=2000)
+
+
+def test_pickle_weights_open_only_after_the_user_opts_in(qtbot, make_window, dialogs, tiny_models, tmp_path):
+    import shutil
+
+    import torch
+    from PySide6.QtWidgets import QMessageBox
+
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    shutil.copy(tiny_models("llama") / "config.json", folder / "config.json")
+    torch.save({"model.embed_tokens.weight": torch.zeros(8, 4)}, folder / "pytorch_model.bin")
+
+    win = make_window()
+    dialogs.answer = QMessageBox.StandardButton.Cancel
+    win.open_path(folder)
+    qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=OPEN_TIMEOUT_MS)
+    assert dialogs.calls[0][0] == "question" and "pytorch_model.bin" in dialogs.calls[0][2]
+    qtbot.waitUntil(lambda: not win.jobs.active_jobs("open"), timeout=5000)
+    assert win.state.checkpoint is None
+
+    dialogs.answer = QMessageBox.StandardButton.Open
+    win.open_path(folder)
+    qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
+    assert win.model_tree.model.tensor_count() == 1
+    # The summary says, visibly, that this was a pickle opened with weights_only=True.
+    assert not win.summary.warnings_label.isHidden()
+    assert "weights_only=True" in win.summary.warnings_label.text()
+
+
+def test_the_theme_flag_follows_the_palette(qtbot, make_window):
+    from PySide6.QtGui import QColor, QPalette
+
+    win = make_window()
+    seen = []
+    win.state.themeChanged.connect(seen.append)
+    dark = QPalette(win.palette())
+    dark.setColor(QPalette.ColorRole.Window, QColor(30, 30, 30))
+    dark.setColor(QPalette.ColorRole.WindowText, QColor(230, 230, 230))
+    light_before = win.state.dark
+    win.setPalette(dark)
+    assert win.state.dark is True
+    if not light_before:
+        assert seen == [True]
+
+
+def _write_tiny_gguf(path: Path) -> list[str]:
+    """A two-layer llama-like GGUF written with gguf-py (independent of our writer)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_head_count(2)
+    names = ["token_embd.weight", "output_norm.weight"]
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), np.float32))
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    for i in range(2):
+        for part in ("attn_q", "ffn_down"):
+            name = f"blk.{i}.{part}.weight"
+            w.add_tensor(name, np.full((64, 64), 0.5, np.float32))
+            names.append(name)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return names
+
+
+def test_a_gguf_file_opens_with_layers_and_roles(qtbot, make_window, tmp_path):
+    path = tmp_path / "tiny.gguf"
+    names = _write_tiny_gguf(path)
+    win = make_window()
+    _open(qtbot, win, path)
+    rows = _tree_rows(win)
+    assert set(rows) == set(names)
+    assert rows["blk.1.ffn_down.weight"] == {"group": "Layer 1", "role": "ffn_down"}
+    assert rows["blk.0.attn_q.weight"]["role"] == "attn_q"
+    assert rows["token_embd.weight"] == {"group": GLOBAL_GROUP, "role": "token_embd"}
+    assert win.windowTitle() == f"tiny.gguf — {APP_TITLE}"
+    assert win.summary.fact_labels["Format"].text() == "gguf"
+
+
+def test_a_text_file_named_gguf_is_refused_with_a_dialog(qtbot, make_window, dialogs, tmp_path):
+    fake = tmp_path / "notes.gguf"
+    fake.write_text("these are not weights\n")
+    win = make_window()
+    win.open_path(fake)
+    qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=OPEN_TIMEOUT_MS)
+    kind, _title, text = dialogs.calls[0]
+    assert kind == "warning" and "notes.gguf" in text and "\n" not in text
+    assert win.state.checkpoint is None
+
+
+def test_file_menu_shortcuts(make_window):
+    from PySide6.QtGui import QKeySequence
+
+    win = make_window()
+    assert win.act_open_folder.shortcut() == QKeySequence("Ctrl+O")
+    assert win.act_quit.shortcut() == QKeySequence("Ctrl+Q")
+    texts = [a.text() for a in win.file_menu.actions()]
+    assert texts[:3] == ["Open &folder…", "Open &GGUF…", "Open &demo model"]
+    assert "&Quit" in texts
+    win.act_quit.trigger()
+    assert not win.isVisible()
