@@ -1,0 +1,154 @@
+"""``quant-studio-cli inspect MODEL``: what a checkpoint holds and what each preset would need."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+from studio.core.errors import StudioError
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``inspect`` subcommand."""
+    p = subparsers.add_parser(
+        "inspect",
+        help="list a model's tensors and estimate file size and memory per preset",
+        description=(
+            "Open a model (a Hugging Face folder, a Hub id already in the local cache, a .safetensors "
+            "or .gguf file) without loading its weights; print its architecture, layers, parameters, "
+            "tensors per role and, for each preset, the GGUF file size, the memory to run it and "
+            "whether that fits this machine."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="model folder, .safetensors/.gguf file, or cached Hub id")
+    p.add_argument(
+        "--ctx", type=int, default=4096, metavar="N", help="context length for the KV cache (default 4096)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="open a pickle pytorch_model.bin (loaded with torch.load(weights_only=True))",
+    )
+    p.set_defaults(handler=run)
+
+
+def _mib(n: int) -> str:
+    if n >= 1024**3:
+        return f"{n / 1024**3:.2f} GiB"
+    return f"{n / 1024**2:.1f} MiB"
+
+
+def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[str, Any]:
+    """The inspect report as a JSON-ready dict (what ``--json`` prints)."""
+    from studio.core.estimate import estimate_presets
+    from studio.core.hardware import detect
+    from studio.core.model import open_model
+
+    if ctx_len <= 0:
+        raise StudioError(f"--ctx must be a positive number of tokens, not {ctx_len}.")
+    with open_model(model, allow_pickle=allow_pickle) as ck:
+        info = ck.info
+    hw = detect(probe_torch=False)
+    estimates = estimate_presets(info, hw, ctx_len)
+    roles = Counter(t.role.value for t in info.tensors)
+    return {
+        "path": str(info.path),
+        "format": info.format.value,
+        "architecture": info.architecture,
+        "model_type": info.model_type,
+        "layers": info.n_layers,
+        "parameters": info.parameters,
+        "weight_bytes": info.weight_bytes,
+        "files": sorted({str(t.file) for t in info.tensors}),
+        "roles": dict(sorted(roles.items())),
+        "tensors": [
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "dtype": t.dtype,
+                "role": t.role.value,
+                "layer": t.layer,
+                "bytes": t.nbytes,
+                "transposed": t.transposed,
+            }
+            for t in info.tensors
+        ],
+        "warnings": list(info.warnings),
+        "hardware": {
+            "cpu": hw.cpu_name,
+            "cpu_cores": hw.cpu_cores,
+            "ram_total_bytes": hw.ram_total_bytes,
+            "ram_available_bytes": hw.ram_available_bytes,
+            "gpus": [
+                {
+                    "name": g.name,
+                    "backend": g.backend.value,
+                    "total_bytes": g.total_bytes,
+                    "free_bytes": g.free_bytes,
+                    "unified": g.unified,
+                }
+                for g in hw.gpus
+            ],
+        },
+        "ctx": ctx_len,
+        "estimates": [
+            {
+                "preset": e.preset,
+                "file_bytes": e.file_bytes,
+                "tensor_bytes": e.tensor_bytes,
+                "memory_bytes": e.memory_bytes,
+                "kv_bytes": e.kv_bytes,
+                "overhead_bytes": e.overhead_bytes,
+                "bits_per_weight": round(e.bits_per_weight, 3),
+                "verdict": e.verdict.value,
+                "gpu_layers": e.gpu_layers,
+                "fallbacks": e.n_fallbacks,
+                "exact": e.exact,
+            }
+            for e in estimates
+        ],
+    }
+
+
+def format_text(r: dict[str, Any]) -> str:
+    """The report as readable text."""
+    lines = [
+        f"Model:        {r['path']} ({r['format']}, {len(r['files'])} file{'s' if len(r['files']) != 1 else ''})",
+        f"Architecture: {r['architecture']} (model_type {r['model_type']}), {r['layers']} layers",
+        f"Parameters:   {r['parameters']:,} ({_mib(r['weight_bytes'])} stored)",
+        f"Tensors:      {len(r['tensors'])}",
+    ]
+    for role, n in sorted(r["roles"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {role:<14}{n:>6}")
+    if r["warnings"]:
+        lines.append("Warnings:")
+        lines += [f"  - {w}" for w in r["warnings"]]
+    hw = r["hardware"]
+    gpus = ", ".join(f"{g['name']} {_mib(g['free_bytes'])} free" for g in hw["gpus"]) or "none"
+    lines.append(
+        f"Hardware:     GPU {gpus}; RAM {_mib(hw['ram_available_bytes'])} free of {_mib(hw['ram_total_bytes'])}"
+    )
+    lines.append(f"Estimates (context {r['ctx']} tokens; memory = weights + KV cache + overhead):")
+    lines.append(f"  {'preset':<8}{'file':>12}{'memory':>12}{'bpw':>7}  verdict")
+    for e in r["estimates"]:
+        note = "" if e["exact"] else "  (approximate)"
+        lines.append(
+            f"  {e['preset']:<8}{_mib(e['file_bytes']):>12}{_mib(e['memory_bytes']):>12}"
+            f"{e['bits_per_weight']:>7.2f}  {e['verdict']}{note}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``inspect``."""
+    r = report(args.model, args.ctx, args.allow_pickle)
+    if args.json:
+        json.dump(r, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print(format_text(r))
+    return 0

@@ -1,0 +1,373 @@
+"""File size and run-time memory per preset, and whether that fits this machine.
+
+File size: every exported tensor's bytes in the GGUF type the preset gives it (the types come from
+``studio.core.quant.presets.preset_types``, which applies llama.cpp's per-tensor rules and its
+fallbacks for rows that are not a multiple of the block size), plus a header allowance.
+
+Run-time memory (llama.cpp), stated model:
+    weights (the tensor bytes above)
+  + KV cache = layers x 2 (K and V) x kv_heads x head_dim x context x 2 bytes (F16 cache);
+    zero for encoder-only models (BERT), which keep no cache
+  + overhead = 5 % of the weights + 64 MiB fixed + vocab x 512 x 4 bytes
+    (compute buffers; the last term is the logits scratch of one 512-token batch, which dominates
+    for large vocabularies; encoder-only models have no LM head and skip it).
+The verdict compares that with the free memory ``studio.core.hardware`` reports now.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from studio.core.hardware import HardwareInfo
+from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+
+PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
+
+OVERHEAD_FRACTION = 0.05
+OVERHEAD_FIXED_BYTES = 64 * 1024**2
+OVERHEAD_BATCH_TOKENS = 512
+KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default F16 KV cache
+MPS_WORKING_SET_FRACTION = 0.75  # Metal lets the GPU wire about this share of unified RAM
+
+# Header allowance: fixed metadata, per-tensor info and the tokenizer arrays (a token string with its
+# u64 length, its f32 score and i32 type average about 24 bytes).
+HEADER_FIXED_BYTES = 8 * 1024
+HEADER_BYTES_PER_TOKEN = 24
+HEADER_BYTES_PER_TENSOR = 8 + 4 + 4 + 8 + 32  # lengths, type, offset, worst alignment padding
+
+_ENCODER_ONLY = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert", "jina_bert"})
+
+
+class Verdict(str, Enum):
+    """How a model at a preset would run on the detected hardware."""
+
+    FITS_GPU = "fits on the GPU"
+    PARTIAL_OFFLOAD = "fits with partial offload"
+    CPU_ONLY = "CPU only"
+    DOES_NOT_FIT = "does not fit"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Size and memory of one preset, with the verdict for the hardware it was computed for."""
+
+    preset: str
+    file_bytes: int  # tensor_bytes + header_bytes
+    tensor_bytes: int
+    header_bytes: int
+    kv_bytes: int
+    overhead_bytes: int
+    memory_bytes: int  # tensor_bytes + kv_bytes + overhead_bytes
+    verdict: Verdict
+    bits_per_weight: float
+    gpu_layers: int  # suggested n_gpu_layers for llama.cpp (0 = CPU only)
+    ctx_len: int
+    n_fallbacks: int = 0  # tensors whose rows forced a different type than the preset's own
+    exact: bool = True  # False: generic per-type estimate (architecture the exporter cannot map)
+    types: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+
+# ----------------------------------------------------------------------------------- type sizes
+
+
+def _quant_sizes() -> dict[str, tuple[int, int]]:
+    import gguf
+
+    return {q.name: (int(b), int(s)) for q, (b, s) in gguf.GGML_QUANT_SIZES.items()}
+
+
+def type_bytes(
+    n_elements: int, row: int, type_name: str, _sizes: dict[str, tuple[int, int]] | None = None
+) -> int:
+    """Bytes of ``n_elements`` values (rows of ``row``) stored as GGUF type ``type_name``."""
+    sizes = _sizes or _quant_sizes()
+    block, size = sizes[type_name]
+    if row % block:
+        raise ValueError(f"rows of {row} do not fit {type_name} blocks of {block}")
+    return n_elements // block * size
+
+
+def gguf_row(t: TensorInfo) -> int:
+    """ggml's ne[0] once exported: the last axis, or the first for a transposed (Conv1D) weight."""
+    if not t.shape:
+        return 1
+    return t.shape[0] if t.transposed and len(t.shape) == 2 else t.shape[-1]
+
+
+# ------------------------------------------------------------------------- preset -> tensor types
+
+
+def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
+    """(tensor -> GGUF type, exact). Exact: the exporter's llama.cpp rules applied to this model.
+
+    For what the exporter cannot map (an unknown architecture, a GGUF file) every 2-D float tensor gets
+    the preset's default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.
+    """
+    from studio.core.errors import StudioError
+    from studio.core.quant.presets import preset_types
+
+    if info.format is not CheckpointFormat.GGUF:
+        try:
+            return preset_types(info, preset), True
+        except StudioError:
+            pass
+    return _generic_types(info, preset), False
+
+
+def _generic_types(info: ModelInfo, preset: str) -> dict[str, str]:
+    from studio.core.quant.presets import PRESETS as TYPES_OF
+    from studio.core.quant.presets import fallback_type
+
+    base = TYPES_OF[preset].default_type
+    out: dict[str, str] = {}
+    for t in info.tensors:
+        if t.dtype not in _FLOAT_DTYPES and info.format is not CheckpointFormat.GGUF:
+            continue  # integer buffers (position ids) are not exported
+        if len(t.shape) < 2 or t.role in (Role.NORM, Role.POS_EMBD, Role.TYPE_EMBD) or t.n_elements == 0:
+            out[t.name] = "F32"
+        else:
+            out[t.name] = fallback_type(base, gguf_row(t))[0]
+    return out
+
+
+_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2"})
+
+
+# ------------------------------------------------------------------------------------- estimates
+
+
+def _cfg_int(cfg: dict[str, Any], *keys: str) -> int | None:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def kv_cache_bytes(config: dict[str, Any], n_layers: int, ctx_len: int) -> int:
+    """F16 KV cache bytes for ``ctx_len`` tokens; 0 for encoder-only models."""
+    if config.get("model_type") in _ENCODER_ONLY:
+        return 0
+    hidden = _cfg_int(config, "hidden_size", "n_embd", "d_model")
+    heads = _cfg_int(config, "num_attention_heads", "n_head")
+    kv_heads = _cfg_int(config, "num_key_value_heads", "n_head_kv") or heads
+    head_dim = _cfg_int(config, "head_dim") or (hidden // heads if hidden and heads else None)
+    if not (kv_heads and head_dim and n_layers):
+        return 0
+    return n_layers * 2 * kv_heads * head_dim * ctx_len * KV_BYTES_PER_ELEMENT
+
+
+def _overhead(weights: int, config: dict[str, Any]) -> int:
+    # Encoder-only models have no LM head, so no logits scratch.
+    vocab = 0 if config.get("model_type") in _ENCODER_ONLY else (_cfg_int(config, "vocab_size") or 0)
+    return int(OVERHEAD_FRACTION * weights) + OVERHEAD_FIXED_BYTES + vocab * OVERHEAD_BATCH_TOKENS * 4
+
+
+def verdict_for(memory: int, hw: HardwareInfo) -> Verdict:
+    """Where ``memory`` bytes would run on ``hw``."""
+    if hw.gpus and all(g.unified for g in hw.gpus):
+        budget = min(hw.gpu_free_bytes, int(MPS_WORKING_SET_FRACTION * hw.ram_total_bytes))
+        if memory <= budget:
+            return Verdict.FITS_GPU
+        return Verdict.PARTIAL_OFFLOAD if memory <= hw.ram_available_bytes else Verdict.DOES_NOT_FIT
+    if hw.gpus:
+        if memory <= hw.gpu_free_bytes:
+            return Verdict.FITS_GPU
+        if memory <= hw.gpu_free_bytes + hw.ram_available_bytes:
+            return Verdict.PARTIAL_OFFLOAD
+        return Verdict.DOES_NOT_FIT
+    return Verdict.CPU_ONLY if memory <= hw.ram_available_bytes else Verdict.DOES_NOT_FIT
+
+
+def _gpu_layers(verdict: Verdict, hw: HardwareInfo, n_layers: int, layer_bytes: int, rest: int) -> int:
+    if verdict is Verdict.FITS_GPU:
+        return n_layers
+    if verdict is not Verdict.PARTIAL_OFFLOAD or layer_bytes <= 0 or not hw.gpus:
+        return 0
+    budget = hw.gpu_free_bytes
+    if all(g.unified for g in hw.gpus):
+        budget = min(budget, int(MPS_WORKING_SET_FRACTION * hw.ram_total_bytes))
+    return max(0, min(n_layers, (budget - rest) // layer_bytes))
+
+
+def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
+    """The estimate for one preset (one of ``PRESETS``)."""
+    from studio.core.quant.presets import PRESETS as TYPES_OF
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    sizes = _quant_sizes()
+    types, exact = _preset_types(info, preset)
+    by_name = {t.name: t for t in info.tensors}
+    tensor_bytes = 0
+    n_el = 0
+    per_layer: dict[int, int] = {}
+    base = TYPES_OF[preset].default_type
+    n_fallbacks = 0
+    for name, typ in types.items():
+        t = by_name[name]
+        b = type_bytes(t.n_elements, gguf_row(t), typ, sizes)
+        tensor_bytes += b
+        n_el += t.n_elements
+        if t.layer is not None:
+            per_layer[t.layer] = per_layer.get(t.layer, 0) + b
+        # Rows the preset's own block size cannot tile get another type (llama.cpp's fallback).
+        if len(t.shape) >= 2 and typ != "F32" and gguf_row(t) % sizes[base][0]:
+            n_fallbacks += 1
+    vocab = _cfg_int(info.config, "vocab_size") or 0
+    header = (
+        HEADER_FIXED_BYTES
+        + sum(HEADER_BYTES_PER_TENSOR + len(n) for n in types)
+        + vocab * HEADER_BYTES_PER_TOKEN
+    )
+    n_layers = info.n_layers or (max(per_layer) + 1 if per_layer else 0)
+    kv = kv_cache_bytes(info.config, n_layers, ctx_len)
+    overhead = _overhead(tensor_bytes, info.config)
+    memory = tensor_bytes + kv + overhead
+    verdict = verdict_for(memory, hw)
+    layer_bytes = (max(per_layer.values()) if per_layer else 0) + (kv // n_layers if n_layers else 0)
+    rest = tensor_bytes - sum(per_layer.values()) + overhead
+    return Estimate(
+        preset=preset,
+        file_bytes=tensor_bytes + header,
+        tensor_bytes=tensor_bytes,
+        header_bytes=header,
+        kv_bytes=kv,
+        overhead_bytes=overhead,
+        memory_bytes=memory,
+        verdict=verdict,
+        bits_per_weight=8 * tensor_bytes / n_el if n_el else 0.0,
+        gpu_layers=_gpu_layers(verdict, hw, n_layers, layer_bytes, rest),
+        ctx_len=ctx_len,
+        n_fallbacks=n_fallbacks,
+        exact=exact,
+        types=dict(types),
+    )
+
+
+def estimate_presets(info: ModelInfo, hw: HardwareInfo, ctx_len: int = 4096) -> tuple[Estimate, ...]:
+    """Estimates for every preset in ``PRESETS``, in that order."""
+    return tuple(estimate_preset(info, p, hw, ctx_len) for p in PRESETS)
+
+
+# ---------------------------------------------------------------------------- config-only models
+
+_UNGATED = frozenset({"gpt2", "bert", "gpt_neox", "opt", "falcon", "phi", "gptj", "bloom", "starcoder2"})
+
+
+def synthetic_info(config: dict[str, Any]) -> ModelInfo | None:
+    """A ModelInfo with the tensors of a standard Llama-layout decoder of this config's sizes (no files).
+
+    It is named as Llama so the exporter's preset rules apply; None when the config lacks the sizes.
+    """
+    h = _cfg_int(config, "hidden_size", "n_embd", "d_model")
+    n_layers = _cfg_int(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _cfg_int(config, "num_attention_heads", "n_head")
+    vocab = _cfg_int(config, "vocab_size")
+    if not (h and n_layers and heads and vocab):
+        return None
+    kv = _cfg_int(config, "num_key_value_heads", "n_head_kv") or heads
+    hd = _cfg_int(config, "head_dim") or h // heads
+    ffn = _cfg_int(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * h
+    model_type = config.get("model_type")
+    gated = model_type not in _UNGATED
+    tied = bool(config.get("tie_word_embeddings", model_type in ("gpt2", "gemma", "gemma2", "bert")))
+    nowhere = Path("<config>")
+
+    def t(name: str, shape: tuple[int, ...], role: Role, layer: int | None = None) -> TensorInfo:
+        return TensorInfo(name, shape, "F16", 2 * math.prod(shape), nowhere, role, layer)
+
+    tensors = [t("model.embed_tokens.weight", (vocab, h), Role.TOKEN_EMBD)]
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        tensors += [
+            t(p + "input_layernorm.weight", (h,), Role.NORM, i),
+            t(p + "self_attn.q_proj.weight", (heads * hd, h), Role.ATTN_Q, i),
+            t(p + "self_attn.k_proj.weight", (kv * hd, h), Role.ATTN_K, i),
+            t(p + "self_attn.v_proj.weight", (kv * hd, h), Role.ATTN_V, i),
+            t(p + "self_attn.o_proj.weight", (h, heads * hd), Role.ATTN_OUT, i),
+            t(p + "post_attention_layernorm.weight", (h,), Role.NORM, i),
+            t(p + "mlp.up_proj.weight", (ffn, h), Role.FFN_UP, i),
+            t(p + "mlp.down_proj.weight", (h, ffn), Role.FFN_DOWN, i),
+        ]
+        if gated:
+            tensors.append(t(p + "mlp.gate_proj.weight", (ffn, h), Role.FFN_GATE, i))
+    tensors.append(t("model.norm.weight", (h,), Role.NORM))
+    if not tied:
+        tensors.append(t("lm_head.weight", (vocab, h), Role.OUTPUT))
+    archs = config.get("architectures")
+    cfg = {**config, "model_type": "llama", "tie_word_embeddings": tied, "num_key_value_heads": kv}
+    return ModelInfo(
+        path=nowhere,
+        format=CheckpointFormat.SAFETENSORS,
+        architecture=archs[0] if isinstance(archs, list) and archs else "unknown",
+        model_type="llama",
+        config=cfg,
+        tensors=tuple(tensors),
+        n_layers=n_layers,
+    )
+
+
+# Average bits per weight of llama.cpp presets on 7-8B Llama models, for configs we cannot expand.
+_TYPICAL_BPW = {
+    "F16": 16.0,
+    "Q8_0": 8.5,
+    "Q6_K": 6.56,
+    "Q5_K_M": 5.69,
+    "Q4_K_M": 4.89,
+    "Q4_0": 4.55,
+    "Q3_K_M": 3.91,
+    "Q2_K": 3.35,
+}
+
+
+def estimate_from_config(
+    config: dict[str, Any], n_params: int, hw: HardwareInfo, ctx_len: int = 4096
+) -> tuple[Estimate, ...]:
+    """Estimates for a model known only by its config.json and parameter count (e.g. from the Hub).
+
+    A standard decoder is expanded from the config; if its parameter count is more than 15 % away
+    from ``n_params`` the tensor bytes are scaled to ``n_params``; if the config lacks the shapes,
+    typical bits per weight are used.
+    """
+    info = synthetic_info(config)
+    n_layers = (info.n_layers if info else _cfg_int(config, "num_hidden_layers", "n_layer")) or 0
+    vocab = _cfg_int(config, "vocab_size") or 0
+    out = []
+    for preset in PRESETS:
+        if info is not None:
+            e = estimate_preset(info, preset, hw, ctx_len)
+            scale = n_params / info.parameters if info.parameters and n_params else 1.0
+            if abs(scale - 1.0) <= 0.15:
+                out.append(e)
+                continue
+            tensor_bytes = int(e.tensor_bytes * scale)
+            header = e.header_bytes
+        else:
+            tensor_bytes = int(n_params * _TYPICAL_BPW[preset] / 8)
+            header = HEADER_FIXED_BYTES + vocab * HEADER_BYTES_PER_TOKEN
+        kv = kv_cache_bytes(config, n_layers, ctx_len)
+        overhead = _overhead(tensor_bytes, config)
+        memory = tensor_bytes + kv + overhead
+        verdict = verdict_for(memory, hw)
+        layer_bytes = (tensor_bytes + kv) // n_layers if n_layers else 0
+        out.append(
+            Estimate(
+                preset=preset,
+                file_bytes=tensor_bytes + header,
+                tensor_bytes=tensor_bytes,
+                header_bytes=header,
+                kv_bytes=kv,
+                overhead_bytes=overhead,
+                memory_bytes=memory,
+                verdict=verdict,
+                bits_per_weight=8 * tensor_bytes / n_params if n_params else 0.0,
+                gpu_layers=_gpu_layers(verdict, hw, n_layers, layer_bytes, overhead),
+                ctx_len=ctx_len,
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,28 @@
+"""Open checkpoints lazily and describe their tensors: ``open_model(path) -> Checkpoint``.
+
+``Checkpoint.info`` (a ``ModelInfo``) is known from headers and config.json alone; tensor data is read
+only by ``Checkpoint.read`` / ``read_torch`` / ``read_raw``.
+"""
+
+from studio.core.model.checkpoint import (
+    Checkpoint,
+    GGUFCheckpoint,
+    PickleCheckpoint,
+    SafetensorsCheckpoint,
+    open_model,
+    resolve_model_path,
+)
+from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointFormat",
+    "GGUFCheckpoint",
+    "ModelInfo",
+    "PickleCheckpoint",
+    "Role",
+    "SafetensorsCheckpoint",
+    "TensorInfo",
+    "open_model",
+    "resolve_model_path",
+]
