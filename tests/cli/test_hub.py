@@ -1,0 +1,71 @@
+"""``quant-studio-cli hub`` against the fake Hub."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from studio.cli import main
+from tests.core.hub.fakehub import FakeHub, prepare_env
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    with FakeHub() as server:
+        server.cache_dir = prepare_env(monkeypatch, tmp_path, server)
+        # No token from a keyring or a login file on the test machine.
+        monkeypatch.setattr("studio.core.hub.auth.get_token", lambda: (None, None))
+        yield server
+
+
+def _run(capsys, *argv):
+    code = main(["hub", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_search_json_and_table(hub, capsys):
+    code, out, _ = _run(capsys, "search", "tiny", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [d["id"] for d in data] == ["tiny-org/tiny-llama", "tiny-org/tiny-llama-GGUF"]
+    assert data[0]["downloads"] == 1500 and data[0]["params"] == 65792
+    code, out, _ = _run(capsys, "search", "tiny", "--sort", "likes", "--limit", "1")
+    assert code == 0 and "tiny-org/tiny-llama-GGUF" in out and "tiny-org/tiny-llama " not in out
+
+
+def test_info_json(hub, capsys):
+    code, out, _ = _run(capsys, "info", "tiny-org/tiny-llama-GGUF", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["id"] == "tiny-org/tiny-llama-GGUF"
+    assert {f["name"]: f["quant_type"] for f in data["files"]}["tiny-llama-IQ4_XS.gguf"] == "IQ4_XS"
+    code, out, _ = _run(capsys, "info", "tiny-org/tiny-llama")
+    assert code == 0 and "apache-2.0" in out and "model.safetensors" in out
+
+
+def test_download_json_then_cache_list_and_delete(hub, capsys):
+    code, out, err = _run(capsys, "download", "tiny-org/tiny-llama", "--include", "*.json", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    path = Path(data["path"])
+    assert (path / "config.json").read_bytes() == hub.repos["tiny-org/tiny-llama"].files["config.json"]
+    assert sorted(data["files"]) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    code, out, _ = _run(capsys, "download", "tiny-org/tiny-llama")
+    assert code == 0 and Path(out.strip()) == path and (path / "model.safetensors").is_file()
+    code, out, _ = _run(capsys, "cache", "--json")
+    assert code == 0 and [m["repo_id"] for m in json.loads(out)] == ["tiny-org/tiny-llama"]
+    code, out, _ = _run(capsys, "cache", "--delete", "tiny-org/tiny-llama")
+    assert code == 0 and "deleted tiny-org/tiny-llama" in out
+    code, out, _ = _run(capsys, "cache", "--json")
+    assert json.loads(out) == []
+
+
+def test_errors_are_one_line_exit_2(hub, capsys):
+    code, out, err = _run(capsys, "download", "nobody/nothing")
+    assert code == 2
+    assert err.strip().count("\n") == 0 and "does not exist on the Hub" in err
+    code, _, err = _run(capsys, "download", "gated-org/gated-llama")
+    assert code == 2 and "gated" in err and "Traceback" not in err
