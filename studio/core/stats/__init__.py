@@ -1,0 +1,5 @@
+"""Statistics over tensors: quantization error metrics and friends."""
+
+from studio.core.stats.metrics import ErrorMetrics, error_metrics
+
+__all__ = ["ErrorMetrics", "error_metrics"]

@@ -1,0 +1,98 @@
+"""Dockable panels of the studio window: inspector, overview, preview, plan editor, jobs, device selector.
+
+Each panel is a self-contained ``QWidget`` built as ``Panel(state, jobs, parent=None, ...)`` from the
+shared ``StudioState`` and the window's ``JobManager``; panels never import each other and talk only
+through the state's signals. Computation runs in ``studio.core`` inside jobs; results come back to the
+GUI thread through the job manager's queued signals.
+
+The panel classes are imported lazily (pyqtgraph costs ~0.2 s) so that importing this package is free.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from PySide6.QtCore import QCoreApplication, QThread
+
+__all__ = [
+    "DeviceSelector",
+    "InspectorPanel",
+    "JobsPanel",
+    "OverviewPanel",
+    "PlanEditorPanel",
+    "PreviewPanel",
+    "assert_gui_thread",
+    "make_array_feed",
+]
+
+_LAZY = {
+    "InspectorPanel": "studio.qt.panels.inspector",
+    "OverviewPanel": "studio.qt.panels.overview",
+    "PreviewPanel": "studio.qt.panels.preview",
+    "PlanEditorPanel": "studio.qt.panels.plan_editor",
+    "JobsPanel": "studio.qt.panels.jobs_panel",
+    "DeviceSelector": "studio.qt.panels.device_selector",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(module), name)
+
+
+def assert_gui_thread(what: str = "A UI method") -> None:
+    """Raise RuntimeError unless called on the application's GUI thread (FAULTS 51: widgets only there)."""
+    app = QCoreApplication.instance()
+    if app is not None and QThread.currentThread() is not app.thread():
+        raise RuntimeError(
+            f"{what} was called from a worker thread; results must reach widgets through signals."
+        )
+
+
+def plot_colors(dark: bool) -> dict[str, Any]:
+    """Colours of plots for a light or dark window."""
+    if dark:
+        return {
+            "bg": "#1e1e1e",
+            "fg": "#d0d0d0",
+            "main": "#4ea3ff",
+            "second": "#ffb454",
+            "outlier": "#ff4d4d",
+        }
+    return {"bg": "#ffffff", "fg": "#303030", "main": "#1f6fd0", "second": "#e07b00", "outlier": "#d00000"}
+
+
+def style_plot(widget: Any, dark: bool) -> None:
+    """Apply the light/dark background and axis colours to a pyqtgraph ``PlotWidget``."""
+    import pyqtgraph as pg
+
+    c = plot_colors(dark)
+    widget.setBackground(c["bg"])
+    item = widget.getPlotItem()
+    for name in ("left", "bottom"):
+        ax = item.getAxis(name)
+        ax.setPen(pg.mkPen(c["fg"]))
+        ax.setTextPen(pg.mkPen(c["fg"]))
+
+
+def make_array_feed(parent: Any = None) -> Any:
+    """An ``ArrayFeed``: ``publish(arr)`` from any thread emits ``arrays`` with a read-only copy (FAULTS 52).
+
+    A worker that keeps writing into its buffer can never tear what the GUI is drawing, because the
+    GUI only ever receives a snapshot that nobody else holds.
+    """
+    import numpy as np
+    from PySide6.QtCore import QObject, Signal
+
+    class ArrayFeed(QObject):
+        arrays = Signal(object)
+
+        def publish(self, arr: Any) -> None:
+            snap = np.array(arr, copy=True)
+            snap.flags.writeable = False
+            self.arrays.emit(snap)
+
+    return ArrayFeed(parent)

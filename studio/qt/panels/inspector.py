@@ -1,0 +1,403 @@
+"""Weight inspector: histogram, per-channel absmax with outliers, |W| heat map and a statistics table.
+
+Statistics are computed by ``studio.core.stats.tensor_stats`` in a job (streamed from the memory-mapped
+file, cached per tensor); this widget only draws what comes back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QRectF, Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QGridLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.stats.cache import StatsCache
+from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
+from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+
+__all__ = ["InspectorPanel", "rule_from_widgets"]
+
+_RULE_CHOICES = (
+    ("k × median", OutlierKind.K_MEDIAN, 5.0),
+    ("|x| > t  (LLM.int8)", OutlierKind.ABS, 6.0),
+)
+
+
+def rule_from_widgets(combo: QComboBox, spin: QDoubleSpinBox) -> OutlierRule:
+    """The outlier rule a (kind combo, value spin box) pair describes."""
+    _, kind, _ = _RULE_CHOICES[max(0, combo.currentIndex())]
+    return OutlierRule(kind, float(spin.value()))
+
+
+def make_rule_widgets(parent: QWidget) -> tuple[QComboBox, QDoubleSpinBox]:
+    """A combo for the outlier rule's kind and a spin box for its k or threshold."""
+    combo = QComboBox(parent)
+    for label, _, _ in _RULE_CHOICES:
+        combo.addItem(label)
+    spin = QDoubleSpinBox(parent)
+    spin.setRange(0.01, 1e6)
+    spin.setDecimals(2)
+    spin.setValue(_RULE_CHOICES[0][2])
+    spin.setToolTip("k for 'k × median', or the magnitude t for '|x| > t'")
+
+    def kind_changed(i: int) -> None:
+        spin.setValue(_RULE_CHOICES[i][2])
+
+    combo.currentIndexChanged.connect(kind_changed)
+    return combo, spin
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return f"{v:.6g}"
+
+
+class _ChannelPlot:
+    """absmax per channel as a line, the outliers as red dots, the threshold as a dashed line."""
+
+    def __init__(self, widget: pg.PlotWidget, title: str, xlabel: str) -> None:
+        self.widget = widget
+        item = widget.getPlotItem()
+        item.setTitle(title)
+        item.setLabel("bottom", xlabel)
+        item.setLabel("left", "absmax")
+        item.setDownsampling(auto=True, mode="peak")
+        item.setClipToView(True)
+        self.curve = item.plot([], [], pen=pg.mkPen("#1f6fd0"))
+        self.outliers = pg.ScatterPlotItem(size=6, pen=None, brush=pg.mkBrush("#d00000"))
+        item.addItem(self.outliers)
+        self.threshold = pg.InfiniteLine(
+            angle=0, movable=False, pen=pg.mkPen("#d00000", style=Qt.PenStyle.DashLine)
+        )
+        item.addItem(self.threshold)
+        self.mask = np.zeros(0, bool)
+
+    def show(self, values: np.ndarray, rule: OutlierRule) -> None:
+        x = np.arange(values.size, dtype=np.float64)
+        self.curve.setData(x, values)
+        self.highlight(values, rule)
+
+    def highlight(self, values: np.ndarray, rule: OutlierRule) -> None:
+        self.mask = rule.mask(values)
+        med = float(np.median(values)) if values.size else 0.0
+        self.threshold.setValue(rule.threshold(med))
+        idx = np.flatnonzero(self.mask)
+        self.outliers.setData(x=idx.astype(np.float64), y=values[idx].astype(np.float64))
+
+    def clear(self) -> None:
+        self.curve.setData([], [])
+        self.outliers.setData(x=[], y=[])
+        self.mask = np.zeros(0, bool)
+
+    def recolor(self, dark: bool) -> None:
+        c = plot_colors(dark)
+        style_plot(self.widget, dark)
+        self.curve.setPen(pg.mkPen(c["main"]))
+        self.outliers.setBrush(pg.mkBrush(c["outlier"]))
+        self.threshold.setPen(pg.mkPen(c["outlier"], style=Qt.PenStyle.DashLine))
+
+
+class _SmoothImageItem(pg.ImageItem):
+    """An image drawn with bilinear scaling: shrunk to fewer screen pixels than it has columns, a
+    lone outlier column is blended in (and, saturated by the levels, stays visible) instead of being
+    dropped by nearest-neighbour sampling."""
+
+    def paint(self, p: Any, *args: Any) -> None:
+        p.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, True)
+        super().paint(p, *args)
+
+
+class InspectorPanel(QWidget):
+    """Statistics of the selected tensor; recomputed (or taken from the cache) on every selection."""
+
+    statsShown = Signal(str)  # tensor name, after its plots were drawn
+    errorShown = Signal(str)  # the sentence shown for a failed computation
+
+    def __init__(
+        self,
+        state: Any,
+        jobs: Any,
+        parent: QWidget | None = None,
+        *,
+        cache: StatsCache | None = None,
+        bins: int = DEFAULT_BINS,
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.jobs = jobs
+        self.cache = cache if cache is not None else StatsCache()
+        self.bins = bins
+        self.stats: TensorStats | None = None
+        self._draw_token = 0
+        self._job: Any = None
+        self._job_name = ""
+        self.jobs_started = 0
+        self._build()
+        state.tensorSelected.connect(self._on_tensor_selected)
+        state.modelOpened.connect(self._on_model_opened)
+        state.modelClosed.connect(self.clear)
+        state.themeChanged.connect(self._apply_theme)
+        self._apply_theme(bool(getattr(state, "dark", False)))
+        if state.checkpoint is not None and state.selected_tensor:
+            self.request(state.selected_tensor)  # built lazily after the user already chose one
+
+    # -- layout -----------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.title = QLabel("Select a tensor in the model tree to see its statistics.", self)
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.status = QLabel("", self)
+        self.status.setWordWrap(True)
+        self.rule_combo, self.rule_spin = make_rule_widgets(self)
+        self.rule_combo.currentIndexChanged.connect(self._rule_changed)
+        self.rule_spin.valueChanged.connect(self._rule_changed)
+
+        top = QHBoxLayout()
+        top.addWidget(self.title, 1)
+        top.addWidget(QLabel("Outliers:", self))
+        top.addWidget(self.rule_combo)
+        top.addWidget(self.rule_spin)
+
+        self.hist_plot = pg.PlotWidget(self)
+        hp = self.hist_plot.getPlotItem()
+        hp.setTitle("Weight histogram")
+        hp.setLabel("left", "log10(1 + count)")
+        hp.setLabel("bottom", "value")
+        self.hist_item = hp.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0, brush=(31, 111, 208, 80))
+        self.out_plot = pg.PlotWidget(self)
+        self.out_channels = _ChannelPlot(self.out_plot, "absmax per output channel", "output channel")
+        self.in_plot = pg.PlotWidget(self)
+        self.in_channels = _ChannelPlot(self.in_plot, "absmax per input channel", "input channel")
+        self.heat_plot = pg.PlotWidget(self)
+        self.heat_plot.getPlotItem().setTitle("|W| (block max)")
+        self.heat_plot.getPlotItem().setLabel("bottom", "input channel")
+        self.heat_plot.getPlotItem().setLabel("left", "output channel")
+        self.heat_plot.getPlotItem().invertY(True)
+        self.heat_item = _SmoothImageItem(axisOrder="row-major")
+        self.heat_item.setColorMap(pg.colormap.get("viridis"))
+        self.heat_plot.addItem(self.heat_item)
+
+        grid = QGridLayout()
+        grid.addWidget(self.hist_plot, 0, 0)
+        grid.addWidget(self.heat_plot, 0, 1)
+        grid.addWidget(self.out_plot, 1, 0)
+        grid.addWidget(self.in_plot, 1, 1)
+        plots = QWidget(self)
+        plots.setLayout(grid)
+
+        self.table = QTableWidget(0, 2, self)
+        self.table.setHorizontalHeaderLabels(["statistic", "value"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+
+        split = QSplitter(Qt.Orientation.Horizontal, self)
+        split.addWidget(plots)
+        split.addWidget(self.table)
+        split.setStretchFactor(0, 4)
+        split.setStretchFactor(1, 1)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addWidget(self.status)
+        lay.addWidget(split, 1)
+
+    # -- public -----------------------------------------------------------------------------------
+
+    @property
+    def rule(self) -> OutlierRule:
+        """The outlier rule chosen in the panel."""
+        return rule_from_widgets(self.rule_combo, self.rule_spin)
+
+    @property
+    def busy(self) -> bool:
+        """Whether statistics are being computed."""
+        return self._job is not None and self._job.active
+
+    @Slot()
+    def clear(self) -> None:
+        """Forget the shown tensor (the model was closed)."""
+        assert_gui_thread("InspectorPanel.clear")
+        self._cancel_job()
+        self._draw_token += 1
+        self.stats = None
+        self.hist_item.setData([0.0, 1.0], [0.0], stepMode="center")
+        self.out_channels.clear()
+        self.in_channels.clear()
+        self.heat_item.clear()
+        self.table.setRowCount(0)
+        self.title.setText("Select a tensor in the model tree to see its statistics.")
+        self.status.setText("")
+
+    def show_stats(self, stats: TensorStats, *, staged: bool = True) -> None:
+        """Draw ``stats`` (GUI thread only); ``statsShown`` follows once every plot holds its data.
+
+        Staged: one plot per event-loop turn, so the first (expensive) paint of four plots never
+        blocks the GUI thread in one piece.
+        """
+        assert_gui_thread("InspectorPanel.show_stats")
+        self.stats = stats
+        self._draw_token += 1
+        token = self._draw_token
+        rule = self.rule
+
+        def draw_hist() -> None:
+            self.hist_item.setData(stats.hist.edges, stats.hist.log_counts(), stepMode="center", fillLevel=0)
+            shape = " × ".join(str(s) for s in stats.shape)
+            self.title.setText(f"<b>{stats.name}</b>  ({shape})")
+            self.status.setText("")
+
+        def draw_heat() -> None:
+            if stats.heatmap is None:
+                self.heat_item.clear()
+                return
+            lo, hi = stats.heat_levels()
+            # Clipped to the levels: pyqtgraph 0.14 wraps float values far above the top level
+            # back into dark colours, which would hide exactly the strongest outlier columns.
+            self.heat_item.setImage(np.minimum(stats.heatmap, hi), autoLevels=False, levels=(lo, hi))
+            self.heat_item.setRect(QRectF(0, 0, len(stats.absmax_in), len(stats.absmax_out)))
+
+        steps = [
+            draw_hist,
+            lambda: self.out_channels.show(stats.absmax_out, rule),
+            lambda: self.in_channels.show(stats.absmax_in, rule),
+            draw_heat,
+            lambda: self._fill_table(stats, rule),
+        ]
+
+        def run(i: int) -> None:
+            if token != self._draw_token:
+                return  # another tensor (or a clear) came in between
+            steps[i]()
+            if i + 1 == len(steps):
+                self.statsShown.emit(stats.name)
+            elif staged:
+                QTimer.singleShot(0, self, lambda: run(i + 1))
+            else:
+                run(i + 1)
+
+        run(0)
+
+    # -- slots ------------------------------------------------------------------------------------
+
+    @Slot(object)
+    def _on_model_opened(self, _checkpoint: Any) -> None:
+        self.clear()
+
+    @Slot(str)
+    def _on_tensor_selected(self, name: str) -> None:
+        assert_gui_thread("InspectorPanel._on_tensor_selected")
+        if not name:
+            self.clear()
+            return
+        self.request(name)
+
+    def request(self, name: str) -> None:
+        """Compute (or fetch from the cache) and show the statistics of ``name``."""
+        ckpt = self.state.checkpoint
+        if ckpt is None or name not in ckpt:
+            return
+        if self.busy and self._job_name == name:
+            return  # already on its way (FAULTS 50: repeated requests start one job)
+        self._cancel_job()
+        self._job_name = name
+        self.status.setText(f"Computing statistics of {name}…")
+        cache, bins = self.cache, self.bins
+
+        def work(ctx: Any) -> TensorStats:
+            return tensor_stats(ckpt, name, cache=cache, bins=bins, ctx=ctx)
+
+        self.jobs_started += 1
+        self._job = self.jobs.submit(
+            f"Statistics of {name}",
+            work,
+            kind="statistics",
+            on_success=lambda st, n=name: self._on_done(n, st),
+            on_error=lambda msg, n=name: self._on_error(n, msg),
+        )
+
+    def _on_done(self, name: str, stats: TensorStats) -> None:
+        if name != self._job_name:
+            return  # a stale result: the user has moved on
+        self.show_stats(stats)
+
+    def _on_error(self, name: str, message: str) -> None:
+        assert_gui_thread("InspectorPanel._on_error")
+        if name != self._job_name:
+            return
+        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        self.errorShown.emit(message)
+
+    def _cancel_job(self) -> None:
+        if self._job is not None and self._job.active:
+            self._job.cancel()
+        self._job = None
+        self._job_name = ""
+
+    @Slot()
+    def _rule_changed(self, *_: Any) -> None:
+        if self.stats is None:
+            return
+        rule = self.rule
+        self.out_channels.highlight(self.stats.absmax_out, rule)
+        self.in_channels.highlight(self.stats.absmax_in, rule)
+        self._fill_table(self.stats, rule)
+
+    @Slot(bool)
+    def _apply_theme(self, dark: bool) -> None:
+        c = plot_colors(dark)
+        for w in (self.hist_plot, self.heat_plot):
+            style_plot(w, dark)
+        self.hist_item.setPen(pg.mkPen(c["main"]))
+        self.out_channels.recolor(dark)
+        self.in_channels.recolor(dark)
+
+    # -- table ------------------------------------------------------------------------------------
+
+    def _fill_table(self, s: TensorStats, rule: OutlierRule) -> None:
+        n_out = int(self.out_channels.mask.sum())
+        n_in = int(self.in_channels.mask.sum())
+        rows = [
+            ("shape", " × ".join(str(d) for d in s.shape)),
+            ("elements", f"{s.n:,}"),
+            ("min", _fmt(s.min)),
+            ("max", _fmt(s.max)),
+            ("mean", _fmt(s.mean)),
+            ("std", _fmt(s.std)),
+            ("excess kurtosis", _fmt(s.kurtosis)),
+            ("median |x|", _fmt(s.median_abs)),
+            (f"outlier share ({rule.label()})", f"{100 * s.element_outlier_share(rule):.4g} %"),
+            ("outlier output channels", f"{n_out} of {s.absmax_out.size}"),
+            ("outlier input channels", f"{n_in} of {s.absmax_in.size}"),
+            ("max / median scale (out)", _fmt(s.scale_ratio("out"))),
+            ("max / median scale (in)", _fmt(s.scale_ratio("in"))),
+            ("NaN / inf", f"{s.n_nonfinite:,}"),
+        ]
+        self.table.setRowCount(len(rows))
+        for i, (k, v) in enumerate(rows):
+            self.table.setItem(i, 0, QTableWidgetItem(k))
+            self.table.setItem(i, 1, QTableWidgetItem(v))
+
+    def table_value(self, key: str) -> str:
+        """The text shown for statistic ``key`` (for tests and screenshots)."""
+        for i in range(self.table.rowCount()):
+            if self.table.item(i, 0).text() == key:
+                return self.table.item(i, 1).text()
+        raise KeyError(key)

@@ -1,0 +1,248 @@
+"""Model overview: one per-tensor statistic over all layers and roles; clicking a point selects that tensor.
+
+The summaries come from ``studio.core.stats.overview.model_overview`` run in a job (statistics are
+shared with the inspector through the same cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Signal, Slot
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from studio.core.model.types import Role
+from studio.core.stats.cache import StatsCache
+from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
+from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
+
+__all__ = ["OverviewPanel", "role_color"]
+
+_ROLE_COLORS = {
+    Role.TOKEN_EMBD: "#7f7f7f",
+    Role.ATTN_Q: "#1f77b4",
+    Role.ATTN_K: "#17becf",
+    Role.ATTN_V: "#2ca02c",
+    Role.ATTN_QKV: "#1f77b4",
+    Role.ATTN_OUT: "#9467bd",
+    Role.FFN_GATE: "#ff7f0e",
+    Role.FFN_UP: "#bcbd22",
+    Role.FFN_GATE_UP: "#ff7f0e",
+    Role.FFN_DOWN: "#d62728",
+    Role.OUTPUT: "#8c564b",
+}
+
+
+def role_color(role: Role) -> str:
+    """The colour of a role's points."""
+    return _ROLE_COLORS.get(role, "#e377c2")
+
+
+class OverviewPanel(QWidget):
+    """A scatter of one statistic per weight matrix; hard tensors stand out, a click selects one."""
+
+    overviewShown = Signal(object)  # the ModelOverview drawn
+    errorShown = Signal(str)
+
+    def __init__(
+        self, state: Any, jobs: Any, parent: QWidget | None = None, *, cache: StatsCache | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.jobs = jobs
+        self.cache = cache if cache is not None else StatsCache()
+        self.overview: ModelOverview | None = None
+        self._job: Any = None
+        self.jobs_started = 0
+        self._names: list[str] = []
+        self._build()
+        state.modelOpened.connect(lambda _c: self.clear())
+        state.modelClosed.connect(self.clear)
+        state.tensorSelected.connect(self._mark_selected)
+        state.themeChanged.connect(self._apply_theme)
+        self._apply_theme(bool(getattr(state, "dark", False)))
+        self._update_enabled()
+
+    def _build(self) -> None:
+        self.metric_combo = QComboBox(self)
+        for m in OverviewMetric:
+            self.metric_combo.addItem(m.label)
+        self.metric_combo.currentIndexChanged.connect(self._redraw)
+        self.rule_combo, self.rule_spin = make_rule_widgets(self)
+        self.run_button = QPushButton("Analyze all tensors", self)
+        self.run_button.setToolTip("Compute statistics of every weight matrix (in the background)")
+        self.run_button.clicked.connect(self.start)
+        self.status = QLabel("Open a model, then analyze it to see which tensors are hard to quantize.", self)
+        self.status.setWordWrap(True)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Show:", self))
+        top.addWidget(self.metric_combo)
+        top.addWidget(QLabel("Outliers:", self))
+        top.addWidget(self.rule_combo)
+        top.addWidget(self.rule_spin)
+        top.addStretch(1)
+        top.addWidget(self.run_button)
+
+        self.plot = pg.PlotWidget(self)
+        pi = self.plot.getPlotItem()
+        pi.setLabel("bottom", "tensor (by layer)")
+        pi.showGrid(x=False, y=True, alpha=0.3)
+        self.scatter = pg.ScatterPlotItem(size=9, hoverable=True, tip=self._tip)
+        self.scatter.sigClicked.connect(self._on_clicked)
+        pi.addItem(self.scatter)
+        self.selected_marker = pg.ScatterPlotItem(size=16, pen=pg.mkPen("#d00000", width=2), brush=None)
+        pi.addItem(self.selected_marker)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addWidget(self.status)
+        lay.addWidget(self.plot, 1)
+
+    # -- public -----------------------------------------------------------------------------------
+
+    @property
+    def metric(self) -> OverviewMetric:
+        """The statistic plotted."""
+        return list(OverviewMetric)[max(0, self.metric_combo.currentIndex())]
+
+    def set_metric(self, metric: OverviewMetric) -> None:
+        """Plot ``metric``."""
+        self.metric_combo.setCurrentIndex(list(OverviewMetric).index(metric))
+
+    @property
+    def busy(self) -> bool:
+        """Whether the analysis runs."""
+        return self._job is not None and self._job.active
+
+    @Slot()
+    def start(self) -> None:
+        """Analyze every weight matrix of the open model (ignored while an analysis runs)."""
+        assert_gui_thread("OverviewPanel.start")
+        ckpt = self.state.checkpoint
+        if ckpt is None or self.busy:
+            return
+        rule = rule_from_widgets(self.rule_combo, self.rule_spin)
+        cache = self.cache
+
+        def work(ctx: Any) -> ModelOverview:
+            return model_overview(ckpt, rule=rule, cache=cache, ctx=ctx)
+
+        self.jobs_started += 1
+        self.status.setText("Analyzing every weight matrix…")
+        self._job = self.jobs.submit(
+            "Statistics of all tensors",
+            work,
+            kind="statistics",
+            on_success=lambda ov, c=ckpt: self._on_done(c, ov),
+            on_error=self._on_error,
+            on_cancel=self._on_cancel,
+        )
+        self._update_enabled()
+
+    @Slot()
+    def clear(self) -> None:
+        """Forget the overview (another model was opened)."""
+        assert_gui_thread("OverviewPanel.clear")
+        if self.busy:
+            self._job.cancel()
+        self._job = None
+        self.overview = None
+        self._names = []
+        self.scatter.setData([])
+        self.selected_marker.setData([])
+        self.status.setText("Analyze the model to see which tensors are hard to quantize.")
+        self._update_enabled()
+
+    def show_overview(self, overview: ModelOverview) -> None:
+        """Draw ``overview`` (GUI thread only)."""
+        assert_gui_thread("OverviewPanel.show_overview")
+        self.overview = overview
+        self._redraw()
+        worst = overview.worst(self.metric, 3)
+        names = ", ".join(t.name for t in worst)
+        self.status.setText(f"{len(overview.tensors)} tensors; highest {self.metric.label}: {names}")
+        self.overviewShown.emit(overview)
+
+    def point_position(self, name: str) -> tuple[float, float]:
+        """Where tensor ``name`` is drawn (for tests and tooltips)."""
+        i = self._names.index(name)
+        x, y = self.scatter.getData()
+        return float(x[i]), float(y[i])
+
+    # -- slots ------------------------------------------------------------------------------------
+
+    def _on_done(self, ckpt: Any, overview: ModelOverview) -> None:
+        self._update_enabled()
+        if ckpt is not self.state.checkpoint:
+            return  # the model changed meanwhile
+        self.show_overview(overview)
+
+    def _on_error(self, message: str) -> None:
+        assert_gui_thread("OverviewPanel._on_error")
+        self._update_enabled()
+        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        self.errorShown.emit(message)
+
+    def _on_cancel(self) -> None:
+        self._update_enabled()
+        self.status.setText("Analysis cancelled.")
+
+    @Slot()
+    def _redraw(self, *_: Any) -> None:
+        ov = self.overview
+        if ov is None:
+            return
+        values = ov.values(self.metric)
+        self._names = ov.names()
+        finite = np.where(np.isfinite(values), values, 0.0)
+        spots = [
+            {
+                "pos": (float(i), float(v)),
+                "data": t.name,
+                "brush": pg.mkBrush(role_color(t.role)),
+                "pen": pg.mkPen(None),
+            }
+            for i, (t, v) in enumerate(zip(ov.tensors, finite, strict=True))
+        ]
+        self.scatter.setData(spots)
+        self.plot.getPlotItem().setLabel("left", self.metric.label)
+        self._set_layer_ticks(ov)
+        self._mark_selected(self.state.selected_tensor)
+
+    def _set_layer_ticks(self, ov: ModelOverview) -> None:
+        ticks = []
+        last = object()
+        for i, t in enumerate(ov.tensors):
+            if t.layer != last:
+                ticks.append((float(i), "–" if t.layer is None else str(t.layer)))
+                last = t.layer
+        self.plot.getPlotItem().getAxis("bottom").setTicks([ticks])
+
+    def _tip(self, x: float, y: float, data: Any) -> str:
+        return f"{data}\n{self.metric.label}: {y:.4g}"
+
+    def _on_clicked(self, _item: Any, points: Any, *_: Any) -> None:
+        if points is None or len(points) == 0:
+            return
+        name = points[0].data()
+        if name:
+            self.state.select_tensor(str(name))
+
+    @Slot(str)
+    def _mark_selected(self, name: str) -> None:
+        if name in self._names:
+            x, y = self.point_position(name)
+            self.selected_marker.setData([x], [y])
+        else:
+            self.selected_marker.setData([])
+
+    def _update_enabled(self) -> None:
+        self.run_button.setEnabled(self.state.checkpoint is not None and not self.busy)
+
+    @Slot(bool)
+    def _apply_theme(self, dark: bool) -> None:
+        style_plot(self.plot, dark)
+        self.selected_marker.setPen(pg.mkPen(plot_colors(dark)["outlier"], width=2))

@@ -1,0 +1,649 @@
+"""Precision plan editor: layers × tensor roles, a GGUF type per cell, presets, rules, undo/redo, JSON.
+
+Plans are ``studio.core.quant.plan.Plan`` objects; sizes come from ``Plan.summary`` and the fit verdict
+from ``studio.core.estimate``. Every change makes a new (immutable) plan, pushed on a ``QUndoStack``
+and announced through ``StudioState.set_plan``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal, Slot
+from PySide6.QtGui import QAction, QBrush, QColor, QKeySequence, QUndoCommand, QUndoStack
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QStyledItemDelegate,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import StudioError
+from studio.core.model.types import Role
+from studio.core.quant.plan import Plan, plan_from_preset, plan_uniform
+from studio.core.quant.presets import PRESETS, TYPE_SIZES, Fallback, allows_quantization, fallback_type
+from studio.qt.fmt import human_bytes
+from studio.qt.panels import assert_gui_thread
+
+__all__ = ["PlanEditorPanel", "PlanTableModel", "TypeDelegate", "replace_types"]
+
+TYPES: tuple[str, ...] = tuple(TYPE_SIZES)
+DEFAULT_PRESET = "Q4_K_M"
+# Uniform plans offered next to llama.cpp's presets: INT8 and INT4 everywhere.
+_UNIFORM = {
+    "INT8 (Q8_0 everywhere)": "Q8_0",
+    "INT4 (Q4_K everywhere)": "Q4_K",
+    "INT4 (Q4_0 everywhere)": "Q4_0",
+}
+_ROLE_ORDER = (
+    Role.TOKEN_EMBD,
+    Role.ATTN_Q,
+    Role.ATTN_K,
+    Role.ATTN_V,
+    Role.ATTN_QKV,
+    Role.ATTN_OUT,
+    Role.FFN_GATE,
+    Role.FFN_UP,
+    Role.FFN_GATE_UP,
+    Role.FFN_DOWN,
+    Role.OUTPUT,
+    Role.POS_EMBD,
+    Role.TYPE_EMBD,
+    Role.OTHER,
+    Role.UNKNOWN,
+)
+_FALLBACK_BRUSH = QBrush(QColor(255, 190, 90, 150))
+_MIXED = "mixed"
+
+
+def replace_types(plan: Plan, layout_by_name: Mapping[str, Any], changes: Mapping[str, str]) -> Plan:
+    """``plan`` with the tensors in ``changes`` asked to take new types, llama.cpp's fallbacks applied.
+
+    The fallback decision is the core's (``presets.fallback_type``); this only assembles the new plan.
+    """
+    types = dict(plan.types)
+    fallbacks: list[Fallback] = [f for f in plan.fallbacks if f.tensor not in changes]
+    for name, wanted in changes.items():
+        tm = layout_by_name[name]
+        got, why = fallback_type(wanted, tm.n_per_row)
+        types[name] = got
+        if why is not None:
+            fallbacks.append(Fallback(name, tm.gguf_name, wanted, got, why))
+    recipe = dict(plan.recipe)
+    recipe["edited"] = True
+    base = plan.name if plan.name.endswith("(edited)") else f"{plan.name} (edited)"
+    return Plan(
+        types, name=base, ftype=plan.ftype, fallbacks=tuple(fallbacks), notes=plan.notes, recipe=recipe
+    )
+
+
+class _PlanCommand(QUndoCommand):
+    def __init__(self, panel: PlanEditorPanel, old: Plan, new: Plan, text: str) -> None:
+        super().__init__(text)
+        self._panel, self._old, self._new = panel, old, new
+
+    def redo(self) -> None:
+        self._panel._set_plan(self._new)
+
+    def undo(self) -> None:
+        self._panel._set_plan(self._old)
+
+
+class PlanTableModel(QAbstractTableModel):
+    """Layers (rows) × roles (columns); each cell holds the quantizable tensors of that layer and role."""
+
+    cellEdited = Signal(int, int, str)  # row, column, type asked for
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.rows: list[int | None] = []
+        self.roles: list[Role] = []
+        self.cells: dict[tuple[int, int], list[str]] = {}
+        self.plan: Plan | None = None
+        self._fallbacks: dict[str, Fallback] = {}
+
+    def set_layout(self, layout: Any, roles_by_name: Mapping[str, Role]) -> None:
+        """Build the grid from the exported tensors of a model."""
+        self.beginResetModel()
+        editable = [
+            tm
+            for tm in layout.tensors
+            if allows_quantization(tm.gguf_name, len(tm.shape)) and math.prod(tm.shape) > 0
+        ]
+        layers = sorted({tm.layer for tm in editable if tm.layer is not None})
+        self.rows = ([None] if any(tm.layer is None for tm in editable) else []) + layers
+        present = {roles_by_name.get(tm.hf_name, Role.UNKNOWN) for tm in editable}
+        self.roles = [r for r in _ROLE_ORDER if r in present]
+        self.cells = {}
+        for tm in editable:
+            key = (self.rows.index(tm.layer), self.roles.index(roles_by_name.get(tm.hf_name, Role.UNKNOWN)))
+            self.cells.setdefault(key, []).append(tm.hf_name)
+        self.endResetModel()
+
+    def set_plan(self, plan: Plan | None) -> None:
+        """Show ``plan``'s types."""
+        self.plan = plan
+        self._fallbacks = {f.tensor: f for f in plan.fallbacks} if plan is not None else {}
+        if self.rows and self.roles:
+            self.dataChanged.emit(self.index(0, 0), self.index(len(self.rows) - 1, len(self.roles) - 1))
+
+    def tensors_at(self, row: int, column: int) -> list[str]:
+        """HF names of the tensors in a cell."""
+        return list(self.cells.get((row, column), ()))
+
+    def cell_type(self, row: int, column: int) -> str:
+        """The type shown in a cell ("" when empty, "mixed" when its tensors differ)."""
+        names = self.cells.get((row, column))
+        if not names or self.plan is None:
+            return ""
+        types = {self.plan.types.get(n, "F32") for n in names}
+        return types.pop() if len(types) == 1 else _MIXED
+
+    def cell_fallbacks(self, row: int, column: int) -> list[Fallback]:
+        """Fallbacks applied to a cell's tensors."""
+        return [self._fallbacks[n] for n in self.cells.get((row, column), ()) if n in self._fallbacks]
+
+    # -- Qt model API
+    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.roles)
+
+    def headerData(
+        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if role != Qt.ItemDataRole.DisplayRole:
+            return None
+        if orientation == Qt.Orientation.Horizontal:
+            return self.roles[section].value if 0 <= section < len(self.roles) else None
+        if 0 <= section < len(self.rows):
+            layer = self.rows[section]
+            return "model" if layer is None else f"layer {layer}"
+        return None
+
+    def flags(self, index: QModelIndex | QPersistentModelIndex) -> Qt.ItemFlag:
+        if not index.isValid() or (index.row(), index.column()) not in self.cells:
+            return Qt.ItemFlag.NoItemFlags
+        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable | Qt.ItemFlag.ItemIsEditable
+
+    def data(
+        self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if not index.isValid():
+            return None
+        r, c = index.row(), index.column()
+        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
+            t = self.cell_type(r, c)
+            if role == Qt.ItemDataRole.DisplayRole and t and self.cell_fallbacks(r, c):
+                return f"{t} ⚠"
+            return t
+        if role == Qt.ItemDataRole.BackgroundRole:
+            return _FALLBACK_BRUSH if self.cell_fallbacks(r, c) else None
+        if role == Qt.ItemDataRole.ToolTipRole:
+            names = self.cells.get((r, c))
+            if not names:
+                return None
+            lines = [f"{n}: {self.plan.types.get(n, 'F32') if self.plan else '?'}" for n in names]
+            lines += [
+                f"fallback: {f.tensor} wanted {f.wanted}, got {f.got} ({f.reason})"
+                for f in self.cell_fallbacks(r, c)
+            ]
+            return "\n".join(lines)
+        if role == Qt.ItemDataRole.TextAlignmentRole:
+            return int(Qt.AlignmentFlag.AlignCenter)
+        return None
+
+    def setData(
+        self, index: QModelIndex | QPersistentModelIndex, value: Any, role: int = Qt.ItemDataRole.EditRole
+    ) -> bool:
+        if role != Qt.ItemDataRole.EditRole or not index.isValid() or str(value) not in TYPE_SIZES:
+            return False
+        if (index.row(), index.column()) not in self.cells:
+            return False
+        # The panel turns the edit into an undoable plan change; the model shows it when the plan arrives.
+        self.cellEdited.emit(index.row(), index.column(), str(value))
+        return True
+
+
+class TypeDelegate(QStyledItemDelegate):
+    """A combo box of GGUF types as the cell editor."""
+
+    def createEditor(
+        self, parent: QWidget, option: Any, index: QModelIndex | QPersistentModelIndex
+    ) -> QWidget:
+        combo = QComboBox(parent)
+        combo.addItems(list(TYPES))
+        return combo
+
+    def setEditorData(self, editor: QWidget, index: QModelIndex | QPersistentModelIndex) -> None:
+        t = index.data(Qt.ItemDataRole.EditRole)
+        i = editor.findText(str(t)) if t else -1  # type: ignore[attr-defined]
+        if i >= 0:
+            editor.setCurrentIndex(i)  # type: ignore[attr-defined]
+
+    def setModelData(self, editor: QWidget, model: Any, index: QModelIndex | QPersistentModelIndex) -> None:
+        model.setData(index, editor.currentText(), Qt.ItemDataRole.EditRole)  # type: ignore[attr-defined]
+
+
+class PlanEditorPanel(QWidget):
+    """Edit the precision plan of the open model; the plan lives in ``StudioState.plan``."""
+
+    planEdited = Signal(object)  # the plan now shown (after any change, undo or redo)
+    errorShown = Signal(str)
+
+    def __init__(self, state: Any, jobs: Any = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.jobs = jobs  # unused today: every operation here is instant
+        self.plan: Plan | None = None
+        self.summary: Any = None
+        self.estimate: dict[str, Any] = {}
+        self._info: Any = None
+        self._layout_by_name: dict[str, Any] = {}
+        self._roles: dict[str, Role] = {}
+        self._updating = False
+        self.undo_stack = QUndoStack(self)
+        self._build()
+        state.modelOpened.connect(self._on_model_opened)
+        state.modelClosed.connect(self._on_model_closed)
+        state.planChanged.connect(self._on_state_plan)
+        for sig in ("hardwareChanged", "contextLengthChanged"):
+            getattr(state, sig).connect(lambda *_: self._refresh_estimate())
+        if state.checkpoint is not None:
+            self._on_model_opened(state.checkpoint)
+        self._update_enabled()
+
+    # -- layout -----------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.preset_combo = QComboBox(self)
+        self.preset_combo.addItems(list(PRESETS) + list(_UNIFORM))
+        self.preset_combo.setCurrentText(DEFAULT_PRESET)
+        self.preset_button = QPushButton("Apply preset", self)
+        self.preset_button.clicked.connect(lambda: self.apply_preset(self.preset_combo.currentText()))
+
+        self.keep_n = QSpinBox(self)
+        self.keep_n.setRange(1, 999)
+        self.keep_n.setValue(1)
+        self.keep_type = QComboBox(self)
+        self.keep_type.addItems(list(TYPES))
+        self.keep_type.setCurrentText("Q8_0")
+        self.keep_button = QPushButton("Keep first/last N layers", self)
+        self.keep_button.clicked.connect(
+            lambda: self.keep_first_last(self.keep_n.value(), self.keep_type.currentText())
+        )
+
+        self.set_type = QComboBox(self)
+        self.set_type.addItems(list(TYPES))
+        self.set_type.setCurrentText("Q8_0")
+        self.set_button = QPushButton("Set selected cells", self)
+        self.set_button.clicked.connect(lambda: self.set_selected(self.set_type.currentText()))
+
+        self.regex_edit = QLineEdit(self)
+        self.regex_edit.setPlaceholderText(r"regex on tensor names, e.g. mlp\.down_proj|attn_v")
+        self.regex_type = QComboBox(self)
+        self.regex_type.addItems(list(TYPES))
+        self.regex_type.setCurrentText("Q6_K")
+        self.regex_button = QPushButton("Apply rule", self)
+        self.regex_button.clicked.connect(
+            lambda: self.apply_regex(self.regex_edit.text(), self.regex_type.currentText())
+        )
+
+        self.save_button = QPushButton("Save plan…", self)
+        self.save_button.clicked.connect(self._save_dialog)
+        self.load_button = QPushButton("Load plan…", self)
+        self.load_button.clicked.connect(self._load_dialog)
+
+        self.undo_action = self.undo_stack.createUndoAction(self, "Undo")
+        self.undo_action.setShortcut(QKeySequence("Ctrl+Z"))
+        self.redo_action = self.undo_stack.createRedoAction(self, "Redo")
+        self.redo_action.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence("Ctrl+Y")])
+        for act in (self.undo_action, self.redo_action):
+            act.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            self.addAction(act)
+        self.undo_button = QPushButton("Undo", self)
+        self.undo_button.clicked.connect(self.undo_stack.undo)
+        self.redo_button = QPushButton("Redo", self)
+        self.redo_button.clicked.connect(self.undo_stack.redo)
+        self.undo_stack.canUndoChanged.connect(self.undo_button.setEnabled)
+        self.undo_stack.canRedoChanged.connect(self.redo_button.setEnabled)
+        self.undo_button.setEnabled(False)
+        self.redo_button.setEnabled(False)
+
+        row1 = QHBoxLayout()
+        row1.addWidget(QLabel("Preset:", self))
+        row1.addWidget(self.preset_combo)
+        row1.addWidget(self.preset_button)
+        row1.addSpacing(12)
+        row1.addWidget(QLabel("N:", self))
+        row1.addWidget(self.keep_n)
+        row1.addWidget(self.keep_type)
+        row1.addWidget(self.keep_button)
+        row1.addStretch(1)
+        row1.addWidget(self.undo_button)
+        row1.addWidget(self.redo_button)
+        row1.addWidget(self.save_button)
+        row1.addWidget(self.load_button)
+        row2 = QHBoxLayout()
+        row2.addWidget(self.set_type)
+        row2.addWidget(self.set_button)
+        row2.addSpacing(12)
+        row2.addWidget(self.regex_edit, 1)
+        row2.addWidget(self.regex_type)
+        row2.addWidget(self.regex_button)
+
+        self.model = PlanTableModel(self)
+        self.model.cellEdited.connect(self._on_cell_edited)
+        self.table = QTableView(self)
+        self.table.setModel(self.model)
+        self.delegate = TypeDelegate(self.table)
+        self.table.setItemDelegate(self.delegate)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.table.setEditTriggers(
+            QAbstractItemView.EditTrigger.DoubleClicked
+            | QAbstractItemView.EditTrigger.EditKeyPressed
+            | QAbstractItemView.EditTrigger.SelectedClicked
+        )
+
+        self.size_label = QLabel("–", self)
+        self.bpw_label = QLabel("–", self)
+        self.verdict_label = QLabel("–", self)
+        self.status = QLabel("", self)
+        self.status.setWordWrap(True)
+        bottom = QHBoxLayout()
+        bottom.addWidget(QLabel("File size:", self))
+        bottom.addWidget(self.size_label)
+        bottom.addSpacing(12)
+        bottom.addWidget(QLabel("Bits per weight:", self))
+        bottom.addWidget(self.bpw_label)
+        bottom.addSpacing(12)
+        bottom.addWidget(QLabel("On this machine:", self))
+        bottom.addWidget(self.verdict_label)
+        bottom.addStretch(1)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(row1)
+        lay.addLayout(row2)
+        lay.addWidget(self.table, 1)
+        lay.addLayout(bottom)
+        lay.addWidget(self.status)
+
+    # -- operations (each one undoable) -------------------------------------------------------------
+
+    def apply_preset(self, preset: str) -> None:
+        """Replace the plan with a preset's (llama.cpp's mixture, or INT8/INT4 everywhere)."""
+        if self._info is None:
+            return
+        try:
+            new = (
+                plan_uniform(self._info, _UNIFORM[preset])
+                if preset in _UNIFORM
+                else plan_from_preset(self._info, preset)
+            )
+        except StudioError as err:
+            self._error(str(err))
+            return
+        self._push(new, f"Preset {preset}")
+
+    def set_tensors(self, names: list[str], qtype: str, text: str | None = None) -> None:
+        """Ask for ``qtype`` on the named tensors (fallbacks applied where rows need it)."""
+        if self.plan is None or not names:
+            return
+        changes = {n: qtype for n in names if n in self._layout_by_name}
+        if not changes:
+            return
+        self._push(
+            replace_types(self.plan, self._layout_by_name, changes),
+            text or f"Set {len(changes)} tensor(s) to {qtype}",
+        )
+
+    def set_cells(self, cells: list[tuple[int, int]], qtype: str) -> None:
+        """Ask for ``qtype`` in the given (row, column) cells."""
+        names = [n for r, c in cells for n in self.model.tensors_at(r, c)]
+        self.set_tensors(names, qtype, f"Set {len(cells)} cell(s) to {qtype}")
+
+    def set_selected(self, qtype: str) -> None:
+        """Ask for ``qtype`` in every selected cell."""
+        cells = sorted({(i.row(), i.column()) for i in self.table.selectionModel().selectedIndexes()})
+        if not cells:
+            self._error("Select one or more cells first.")
+            return
+        self.set_cells(cells, qtype)
+
+    def keep_first_last(self, n: int, qtype: str) -> None:
+        """Put the first and last ``n`` layers' quantizable tensors at ``qtype``."""
+        layers = [lay for lay in self.model.rows if lay is not None]
+        if not layers:
+            return
+        lo, hi = min(layers), max(layers)
+        keep = {lay for lay in layers if lay < lo + n or lay > hi - n}
+        names = [
+            name for (r, _c), cell in self.model.cells.items() if self.model.rows[r] in keep for name in cell
+        ]
+        self.set_tensors(names, qtype, f"Keep first/last {n} layers at {qtype}")
+
+    def apply_regex(self, pattern: str, qtype: str) -> None:
+        """Ask for ``qtype`` on every quantizable tensor whose HF or GGUF name matches ``pattern``."""
+        try:
+            rx = re.compile(pattern)
+        except re.error as err:
+            self._error(f"The rule {pattern!r} is not a valid regular expression ({err}).")
+            return
+        editable = {n for cell in self.model.cells.values() for n in cell}
+        names = [n for n in editable if rx.search(n) or rx.search(self._layout_by_name[n].gguf_name)]
+        if not names:
+            self._error(f"No quantizable tensor matches {pattern!r}.")
+            return
+        self.set_tensors(sorted(names), qtype, f"Rule {pattern} → {qtype}")
+
+    def save_plan(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON, atomically (a temporary file in the same folder, then renamed)."""
+        if self.plan is None:
+            return
+        target = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.plan.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.status.setText(f"Saved the plan to {target}.")
+
+    def load_plan(self, path: str | os.PathLike[str]) -> bool:
+        """Read a plan JSON made for this model; a bad file is reported and changes nothing."""
+        if self._info is None:
+            return False
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(50_000_000)
+            plan = Plan.from_json(text, self._info)
+        except OSError as err:
+            self._error(f"Cannot read the plan {path}: {err.strerror or err}.")
+            return False
+        except StudioError as err:
+            self._error(f"{Path(path).name}: {err}")
+            return False
+        self._push(plan, f"Load {Path(path).name}")
+        return True
+
+    # -- plan plumbing -----------------------------------------------------------------------------
+
+    def _push(self, new: Plan, text: str) -> None:
+        assert_gui_thread("PlanEditorPanel._push")
+        old = self.plan
+        if old is None:
+            self._set_plan(new)
+            return
+        self.undo_stack.push(_PlanCommand(self, old, new, text))
+
+    def _set_plan(self, plan: Plan) -> None:
+        self.plan = plan
+        self.model.set_plan(plan)
+        self.status.setText("")
+        self._refresh_estimate()
+        self._updating = True
+        try:
+            self.state.set_plan(plan)
+        finally:
+            self._updating = False
+        self.planEdited.emit(plan)
+
+    def _refresh_estimate(self) -> None:
+        if self.plan is None or self._info is None:
+            self.summary = None
+            self.size_label.setText("–")
+            self.bpw_label.setText("–")
+            self.verdict_label.setText("–")
+            return
+        self.summary = self.plan.summary(self._info)
+        self.size_label.setText(
+            f"{human_bytes(self.summary.total_bytes)} ({self.summary.total_bytes:,} bytes of tensors)"
+        )
+        self.bpw_label.setText(f"{self.summary.bpw:.3f}")
+        self.estimate = _fit(
+            self._info, self.plan, self.summary, self.state.hardware, self.state.context_length
+        )
+        self.verdict_label.setText(self.estimate.get("text", "–"))
+
+    def _error(self, message: str) -> None:
+        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        self.errorShown.emit(message)
+
+    # -- slots ------------------------------------------------------------------------------------
+
+    @Slot(object)
+    def _on_model_opened(self, checkpoint: Any) -> None:
+        from studio.core.gguf.arch import layout
+
+        info = checkpoint.info
+        self._info = info
+        self._roles = {t.name: t.role for t in info.tensors}
+        try:
+            lay = layout(info)
+        except StudioError as err:
+            self._info = None
+            self.model.set_layout(_EmptyLayout(), {})
+            self._error(f"This model cannot be planned for GGUF: {err}")
+            self._update_enabled()
+            return
+        self._layout_by_name = lay.by_hf()
+        self.model.set_layout(lay, self._roles)
+        self.undo_stack.clear()
+        self.plan = None
+        current = self.state.plan
+        if isinstance(current, Plan) and set(current.types) == set(self._layout_by_name):
+            self._set_plan(current)
+        else:
+            self.apply_preset(DEFAULT_PRESET)
+        self.table.resizeColumnsToContents()
+        self._update_enabled()
+
+    @Slot()
+    def _on_model_closed(self) -> None:
+        self._info = None
+        self.plan = None
+        self._layout_by_name = {}
+        self.undo_stack.clear()
+        self.model.set_layout(_EmptyLayout(), {})
+        self.model.set_plan(None)
+        self._refresh_estimate()
+        self._update_enabled()
+
+    @Slot(object)
+    def _on_state_plan(self, plan: Any) -> None:
+        if self._updating or plan is self.plan or not isinstance(plan, Plan) or self._info is None:
+            return
+        self._push(plan, f"Plan {plan.name}")
+
+    @Slot(int, int, str)
+    def _on_cell_edited(self, row: int, column: int, qtype: str) -> None:
+        self.set_cells([(row, column)], qtype)
+
+    def _update_enabled(self) -> None:
+        on = self._info is not None
+        for w in (
+            self.preset_button,
+            self.keep_button,
+            self.set_button,
+            self.regex_button,
+            self.save_button,
+            self.load_button,
+            self.table,
+        ):
+            w.setEnabled(on)
+
+    def _save_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save plan", "plan.json", "Plan JSON (*.json)")
+        if path:
+            try:
+                self.save_plan(path)
+            except OSError as err:
+                self._error(f"Cannot write {path}: {err.strerror or err}.")
+
+    def _load_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load plan", "", "Plan JSON (*.json)")
+        if path:
+            self.load_plan(path)
+
+    @property
+    def undo_shortcuts(self) -> tuple[QAction, QAction]:
+        """The undo and redo actions (Ctrl+Z, Ctrl+Shift+Z) living on this panel."""
+        return self.undo_action, self.redo_action
+
+
+class _EmptyLayout:
+    tensors: tuple[Any, ...] = ()
+
+
+def _fit(info: Any, plan: Plan, summary: Any, hw: Any, ctx_len: int) -> dict[str, Any]:
+    """Memory and verdict of ``plan`` on ``hw`` through studio.core.estimate (its preset formula)."""
+    from studio.core import estimate as est
+
+    direct = getattr(est, "estimate_plan", None)
+    if direct is not None and hw is not None:
+        e = direct(info, plan, hw, ctx_len)
+        return {
+            "memory": e.memory_bytes,
+            "verdict": e.verdict,
+            "text": f"{e.verdict.value} ({human_bytes(e.memory_bytes)})",
+        }
+    n_layers = info.n_layers or 0
+    kv = est.kv_cache_bytes(info.config, n_layers, ctx_len)
+    vocab = info.config.get("vocab_size") if isinstance(info.config.get("vocab_size"), int) else 0
+    overhead = (
+        int(est.OVERHEAD_FRACTION * summary.total_bytes)
+        + est.OVERHEAD_FIXED_BYTES
+        + vocab * est.OVERHEAD_BATCH_TOKENS * 4
+    )
+    memory = summary.total_bytes + kv + overhead
+    if hw is None:
+        return {
+            "memory": memory,
+            "verdict": None,
+            "text": f"needs {human_bytes(memory)} (hardware not detected yet)",
+        }
+    verdict = est.verdict_for(memory, hw)
+    return {
+        "memory": memory,
+        "verdict": verdict,
+        "text": f"{verdict.value} ({human_bytes(memory)} at {ctx_len} ctx)",
+    }

@@ -1,0 +1,260 @@
+"""Quantization preview of the selected tensor: SNR, cosine, error histogram, overlaid histograms, worst channels.
+
+The numbers come from ``studio.core.preview.preview_tensor`` run in a job; this widget shows them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.preview import PreviewResult, block_schemes, generic_schemes, preview_tensor
+from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+
+__all__ = ["PreviewPanel", "format_db"]
+
+
+def format_db(v: float) -> str:
+    """``22.93 dB`` (or ``inf dB`` for a lossless round trip)."""
+    return f"{v:.2f} dB" if math.isfinite(v) else f"{v} dB"
+
+
+class PreviewPanel(QWidget):
+    """Quantize the selected tensor with a chosen scheme and show what it costs."""
+
+    previewShown = Signal(object)  # the PreviewResult just drawn
+    errorShown = Signal(str)
+
+    def __init__(
+        self, state: Any, jobs: Any, parent: QWidget | None = None, *, default_scheme: str = "Q4_K"
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.jobs = jobs
+        self.result: PreviewResult | None = None
+        self._job: Any = None
+        self._key: tuple[str, str] | None = None
+        self.jobs_started = 0
+        self._build(default_scheme)
+        state.tensorSelected.connect(self._on_tensor_selected)
+        state.modelOpened.connect(lambda _c: self.clear())
+        state.modelClosed.connect(self.clear)
+        state.themeChanged.connect(self._apply_theme)
+        self._apply_theme(bool(getattr(state, "dark", False)))
+        self._on_tensor_selected(state.selected_tensor)
+
+    def _build(self, default_scheme: str) -> None:
+        self.scheme_combo = QComboBox(self)
+        for s in block_schemes():
+            self.scheme_combo.addItem(s)
+        self.scheme_combo.insertSeparator(self.scheme_combo.count())
+        for s in generic_schemes():
+            self.scheme_combo.addItem(s)
+        i = self.scheme_combo.findText(default_scheme)
+        self.scheme_combo.setCurrentIndex(max(i, 0))
+        self.run_button = QPushButton("Preview", self)
+        self.run_button.setToolTip("Quantize the selected tensor with this scheme and measure the error")
+        self.run_button.clicked.connect(self.start)
+        self.tensor_label = QLabel("No tensor selected.", self)
+        top = QHBoxLayout()
+        top.addWidget(self.tensor_label, 1)
+        top.addWidget(QLabel("Scheme:", self))
+        top.addWidget(self.scheme_combo)
+        top.addWidget(self.run_button)
+
+        self.status = QLabel("", self)
+        self.status.setWordWrap(True)
+        self.snr_label = QLabel("–", self)
+        self.cosine_label = QLabel("–", self)
+        self.mse_label = QLabel("–", self)
+        self.maxerr_label = QLabel("–", self)
+        self.bpw_label = QLabel("–", self)
+        self.applied_label = QLabel("–", self)
+        self.applied_label.setWordWrap(True)
+        form = QFormLayout()
+        form.addRow("SNR", self.snr_label)
+        form.addRow("cosine similarity", self.cosine_label)
+        form.addRow("MSE", self.mse_label)
+        form.addRow("max |error|", self.maxerr_label)
+        form.addRow("bits per weight", self.bpw_label)
+        form.addRow("type used", self.applied_label)
+
+        self.err_plot = pg.PlotWidget(self)
+        ep = self.err_plot.getPlotItem()
+        ep.setTitle("Error (dequantized − original)")
+        ep.setLabel("left", "log10(1 + count)")
+        self.err_item = ep.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0, brush=(208, 0, 0, 70))
+        self.overlay_plot = pg.PlotWidget(self)
+        op = self.overlay_plot.getPlotItem()
+        op.setTitle("Original and dequantized values")
+        op.setLabel("left", "log10(1 + count)")
+        op.addLegend(offset=(-10, 10))
+        self.orig_item = op.plot([0.0, 1.0], [0.0], stepMode="center", name="original")
+        self.deq_item = op.plot([0.0, 1.0], [0.0], stepMode="center", name="dequantized")
+
+        self.worst_table = QTableWidget(0, 4, self)
+        self.worst_table.setHorizontalHeaderLabels(["channel", "MSE", "SNR (dB)", "absmax"])
+        self.worst_table.verticalHeader().setVisible(False)
+        self.worst_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.worst_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+
+        side = QWidget(self)
+        sl = QVBoxLayout(side)
+        sl.setContentsMargins(0, 0, 0, 0)
+        sl.addLayout(form)
+        sl.addWidget(QLabel("Worst output channels:", self))
+        sl.addWidget(self.worst_table, 1)
+
+        plots = QSplitter(Qt.Orientation.Vertical, self)
+        plots.addWidget(self.overlay_plot)
+        plots.addWidget(self.err_plot)
+        split = QSplitter(Qt.Orientation.Horizontal, self)
+        split.addWidget(plots)
+        split.addWidget(side)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 1)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addWidget(self.status)
+        lay.addWidget(split, 1)
+
+    # -- public -----------------------------------------------------------------------------------
+
+    @property
+    def scheme(self) -> str:
+        """The scheme chosen in the combo."""
+        return self.scheme_combo.currentText()
+
+    def set_scheme(self, scheme: str) -> None:
+        """Choose ``scheme`` in the combo (ValueError if it is not offered)."""
+        i = self.scheme_combo.findText(scheme)
+        if i < 0:
+            raise ValueError(f"scheme {scheme!r} is not offered")
+        self.scheme_combo.setCurrentIndex(i)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a preview is being computed."""
+        return self._job is not None and self._job.active
+
+    @Slot()
+    def start(self) -> None:
+        """Preview the chosen scheme on the selected tensor (ignored while the same preview runs)."""
+        assert_gui_thread("PreviewPanel.start")
+        ckpt = self.state.checkpoint
+        name = self.state.selected_tensor
+        if ckpt is None or not name:
+            return
+        key = (name, self.scheme)
+        if self.busy and self._key == key:
+            return  # FAULTS 50: repeated clicks start one job
+        if self.busy:
+            self._job.cancel()
+        self._key = key
+        scheme = key[1]
+        self.status.setText(f"Quantizing {name} to {scheme}…")
+
+        def work(ctx: Any) -> PreviewResult:
+            return preview_tensor(ckpt, name, scheme, ctx=ctx)
+
+        self.jobs_started += 1
+        self._job = self.jobs.submit(
+            f"Preview {scheme} on {name}",
+            work,
+            kind="quantize",
+            on_success=lambda r, k=key: self._on_done(k, r),
+            on_error=lambda msg, k=key: self._on_error(k, msg),
+            on_cancel=self._update_enabled,
+        )
+        self._update_enabled()
+
+    @Slot()
+    def clear(self) -> None:
+        """Forget the shown preview."""
+        assert_gui_thread("PreviewPanel.clear")
+        if self.busy:
+            self._job.cancel()
+        self._job = None
+        self._key = None
+        self.result = None
+        for item in (self.err_item, self.orig_item, self.deq_item):
+            item.setData([0.0, 1.0], [0.0], stepMode="center")
+        for lab in (self.snr_label, self.cosine_label, self.mse_label, self.maxerr_label, self.bpw_label):
+            lab.setText("–")
+        self.applied_label.setText("–")
+        self.worst_table.setRowCount(0)
+        self.status.setText("")
+        self._on_tensor_selected(self.state.selected_tensor)
+
+    def show_result(self, r: PreviewResult) -> None:
+        """Draw ``r`` (GUI thread only)."""
+        assert_gui_thread("PreviewPanel.show_result")
+        self.result = r
+        m = r.metrics
+        self.snr_label.setText(format_db(m.snr_db))
+        self.cosine_label.setText(f"{m.cosine:.6f}")
+        self.mse_label.setText(f"{m.mse:.4g}")
+        self.maxerr_label.setText(f"{m.max_abs_error:.4g}")
+        self.bpw_label.setText(f"{r.bits_per_weight:.4g}" if math.isfinite(r.bits_per_weight) else "–")
+        applied = r.applied if r.fallback_reason is None else f"{r.applied} (fallback: {r.fallback_reason})"
+        self.applied_label.setText(applied)
+        self.err_item.setData(r.error_hist.edges, r.error_hist.log_counts(), stepMode="center", fillLevel=0)
+        self.orig_item.setData(r.original_hist.edges, r.original_hist.log_counts(), stepMode="center")
+        self.deq_item.setData(r.dequantized_hist.edges, r.dequantized_hist.log_counts(), stepMode="center")
+        self.worst_table.setRowCount(len(r.worst_channels))
+        for i, ch in enumerate(r.worst_channels):
+            for j, v in enumerate((str(ch.index), f"{ch.mse:.4g}", f"{ch.snr_db:.2f}", f"{ch.absmax:.4g}")):
+                self.worst_table.setItem(i, j, QTableWidgetItem(v))
+        self.status.setText(f"{r.name}: {r.scheme}")
+        self.previewShown.emit(r)
+
+    # -- slots ------------------------------------------------------------------------------------
+
+    def _on_done(self, key: tuple[str, str], r: PreviewResult) -> None:
+        self._update_enabled()
+        if key != self._key:
+            return
+        self.show_result(r)
+
+    def _on_error(self, key: tuple[str, str], message: str) -> None:
+        assert_gui_thread("PreviewPanel._on_error")
+        self._update_enabled()
+        if key != self._key:
+            return
+        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        self.errorShown.emit(message)
+
+    @Slot(str)
+    def _on_tensor_selected(self, name: str) -> None:
+        self.tensor_label.setText(f"<b>{name}</b>" if name else "No tensor selected.")
+        self._update_enabled()
+
+    def _update_enabled(self) -> None:
+        ok = self.state.checkpoint is not None and bool(self.state.selected_tensor)
+        self.run_button.setEnabled(ok and not self.busy)
+
+    @Slot(bool)
+    def _apply_theme(self, dark: bool) -> None:
+        c = plot_colors(dark)
+        style_plot(self.err_plot, dark)
+        style_plot(self.overlay_plot, dark)
+        self.err_item.setPen(pg.mkPen(c["outlier"]))
+        self.orig_item.setPen(pg.mkPen(c["main"], width=2))
+        self.deq_item.setPen(pg.mkPen(c["second"], width=1, style=Qt.PenStyle.DashLine))
