@@ -20,10 +20,13 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from studio.core.hardware import HardwareInfo
 from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+
+if TYPE_CHECKING:  # plan imports the quantizers (numba); estimates must stay light
+    from studio.core.quant.plan import Plan
 
 PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
@@ -200,23 +203,42 @@ def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    sizes = _quant_sizes()
     types, exact = _preset_types(info, preset)
+    return _estimate_types(info, preset, types, hw, ctx_len, TYPES_OF[preset].default_type, exact)
+
+
+def estimate_plan(info: ModelInfo, plan: Plan, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
+    """The estimate for a per-tensor plan (``studio.core.quant.plan.Plan``) on ``hw``."""
+    return _estimate_types(info, plan.name, dict(plan.types), hw, ctx_len, None, True)
+
+
+def _estimate_types(
+    info: ModelInfo,
+    label: str,
+    types: dict[str, str],
+    hw: HardwareInfo,
+    ctx_len: int,
+    base: str | None,
+    exact: bool,
+) -> Estimate:
+    """File size, run-time memory and verdict of ``info`` exported with ``types`` (tensor -> type)."""
+    sizes = _quant_sizes()
     by_name = {t.name: t for t in info.tensors}
     tensor_bytes = 0
     n_el = 0
     per_layer: dict[int, int] = {}
-    base = TYPES_OF[preset].default_type
     n_fallbacks = 0
     for name, typ in types.items():
-        t = by_name[name]
+        t = by_name.get(name)
+        if t is None:
+            continue  # a plan made for another revision of the model; its extra names cost nothing
         b = type_bytes(t.n_elements, gguf_row(t), typ, sizes)
         tensor_bytes += b
         n_el += t.n_elements
         if t.layer is not None:
             per_layer[t.layer] = per_layer.get(t.layer, 0) + b
         # Rows the preset's own block size cannot tile get another type (llama.cpp's fallback).
-        if len(t.shape) >= 2 and typ != "F32" and gguf_row(t) % sizes[base][0]:
+        if base is not None and len(t.shape) >= 2 and typ != "F32" and gguf_row(t) % sizes[base][0]:
             n_fallbacks += 1
     vocab = _cfg_int(info.config, "vocab_size") or 0
     header = (
@@ -232,7 +254,7 @@ def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int
     layer_bytes = (max(per_layer.values()) if per_layer else 0) + (kv // n_layers if n_layers else 0)
     rest = tensor_bytes - sum(per_layer.values()) + overhead
     return Estimate(
-        preset=preset,
+        preset=label,
         file_bytes=tensor_bytes + header,
         tensor_bytes=tensor_bytes,
         header_bytes=header,

@@ -248,3 +248,34 @@ def test_unknown_architecture_gets_approximate_estimate(tmp_path):
         e = {e.preset: e for e in estimate_presets(ck.info, CPU_BIG)}
     assert not e["Q8_0"].exact
     assert e["Q8_0"].tensor_bytes == (256 * 256 + 100 * 256) // 32 * 34 + 256 * 4
+
+
+def test_estimate_plan_matches_preset_and_tracks_a_changed_tensor(llama_model) -> None:
+    """A plan made from a preset costs what the preset costs; retyping one tensor moves the size by its bytes."""
+    import gguf
+
+    from studio.core.estimate import estimate_plan, estimate_preset, gguf_row
+    from studio.core.hardware import detect
+    from studio.core.model import open_model
+    from studio.core.quant.plan import Plan, plan_from_preset
+
+    hw = detect(probe_torch=False)
+    with open_model(llama_model) as ck:
+        info = ck.info
+    plan = plan_from_preset(info, "Q4_K_M")
+    by_preset = estimate_preset(info, "Q4_K_M", hw, 512)
+    by_plan = estimate_plan(info, plan, hw, 512)
+    assert by_plan.tensor_bytes == by_preset.tensor_bytes
+    assert by_plan.memory_bytes == by_preset.memory_bytes
+
+    t = next(t for t in info.tensors if t.name.endswith("layers.0.mlp.up_proj.weight"))
+    assert plan.types[t.name] == "Q4_K"
+    changed = Plan(types={**plan.types, t.name: "Q8_0"}, name="custom")
+    after = estimate_plan(info, changed, hw, 512)
+    rows = t.n_elements // gguf_row(t)
+
+    def size(typ: str) -> int:
+        block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[typ]]
+        return rows * gguf_row(t) // block * nbytes
+
+    assert after.tensor_bytes - by_plan.tensor_bytes == size("Q8_0") - size("Q4_K")
