@@ -1,44 +1,186 @@
 #!/usr/bin/env bash
-# Reproduce the README screenshots under Xvfb: resources/screenshots/main-window.png.
+# Reproduce the README screenshots under Xvfb, into resources/screenshots/:
+#
+#   main-window.png   the summary of the demo model (presets, sizes, fit on this machine)
+#   inspector.png     the inspector with an outlier tensor selected
+#   plan-editor.png   the per-layer precision plan editor with a mixed plan
+#   export.png        the Export dialog with an export running (progress visible)
+#   hub.png           the Hub panel: search results, model card and files (a local fake Hub, no network)
+#   chat.png          the side-by-side chat panel (when studio/qt/panels/chat_panel.py is present)
 #
 #   packaging/screenshots.sh [MODEL]     (default: the offline demo model, as `quant-studio --demo`)
 #
-# Needs: xvfb-run, xdotool, ImageMagick's `import` (Debian: apt-get install xvfb xdotool imagemagick
-# libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1). Settings go to a throw-away file, not the user's.
+# Needs: xvfb-run, ImageMagick's `import` and `convert` (Debian: apt-get install xvfb imagemagick
+# libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1); openbox, if installed, draws the dialogs' title bars.
+# Settings, caches and exports go to a throw-away folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=resources/screenshots
 mkdir -p "$OUT"
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-MODEL=${1:-}
 
 if [ -z "${_QS_IN_XVFB:-}" ]; then
   export _QS_IN_XVFB=1
   exec xvfb-run -a -s "-screen 0 1600x1000x24" "$0" "$@"
 fi
 
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
 export QT_QPA_PLATFORM=xcb
 # The demo is built from scratch in a throw-away cache, exactly as on a newcomer's first start.
 export QUANT_STUDIO_CACHE="$WORK/cache"
 # A neutral, reproducible look: Fusion style, no desktop theme, fixed font size.
 export QT_STYLE_OVERRIDE=Fusion QT_QPA_PLATFORMTHEME= QT_FONT_DPI=96
-ARGS=(--settings "$WORK/settings.ini" --size 1600x1000 --select "${SELECT:-model.layers.1.mlp.down_proj.weight}")
-if [ -n "$MODEL" ]; then ARGS+=("$MODEL"); else ARGS+=(--demo); fi
+export QS_WORK="$WORK" QS_OUT="$OUT" QS_MODEL="${1:-}"
+export HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 
-"$PY" -m studio.app "${ARGS[@]}" &
-APP=$!
-# The title names the model once it is open; then give the estimates a moment to fill in.
-if ! timeout 120 xdotool search --sync --limit 1 --name " — Quant Studio" >/dev/null; then
-  echo "the window never showed a model" >&2; kill "$APP"; exit 1
+# The driver is a file (not stdin) so the llama.cpp child processes can be spawned from it.
+cat >"$WORK/driver.py" <<'PYEOF'
+"""Drive the real main window through the screens of the README and capture each one."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORK, OUT, MODEL = Path(os.environ["QS_WORK"]), Path(os.environ["QS_OUT"]), os.environ.get("QS_MODEL", "")
+SIZE = (1600, 1000)
+MAX_BYTES = 300_000
+
+
+def main() -> int:
+    sys.path.insert(0, os.getcwd())
+    # A local stand-in for the Hub (the one the tests use), so the Hub page has results offline.
+    from tests.core.hub.fakehub import FakeHub
+
+    hub = FakeHub().start()
+    os.environ.update(
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(WORK / "hf"),
+        HF_HUB_CACHE=str(WORK / "hf" / "hub"),
+        NO_PROXY="127.0.0.1,localhost",
+    )
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "http_proxy", "https_proxy"):
+        os.environ.pop(var, None)
+
+    from PySide6.QtCore import QCoreApplication, QSettings, Qt
+    from PySide6.QtWidgets import QApplication
+
+    QCoreApplication.setOrganizationName("QuantStudioScreenshots")
+    app = QApplication([sys.argv[0]])
+    from studio.app import build_services
+    from studio.qt.main_window import MainWindow
+
+    settings = QSettings(str(WORK / "settings.ini"), QSettings.Format.IniFormat)
+    win = MainWindow(build_services(), settings=settings)
+    win.resize(*SIZE)
+    win.move(0, 0)
+    win.showMaximized()  # fills the screen, with or without a window manager's title bar
+
+    def pump(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            app.processEvents()
+            time.sleep(0.01)
+
+    def wait(cond, what: str, timeout: float = 300) -> None:
+        end = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > end:
+                raise SystemExit(f"screenshots: timed out waiting for {what}")
+            app.processEvents()
+            time.sleep(0.01)
+
+    def shot(name: str, settle: float = 1.0) -> None:
+        pump(settle)
+        raw = WORK / f"{name}.raw.png"
+        subprocess.run(["import", "-window", "root", "-depth", "8", str(raw)], check=True)
+        target = OUT / f"{name}.png"
+        # Palette-reduce so the PNG stays small without visible loss on flat UI colours.
+        for colours in (192, 128, 96, 64):
+            subprocess.run(["convert", str(raw), "-colors", str(colours), "-strip", f"PNG8:{target}"], check=True)
+            if target.stat().st_size < MAX_BYTES:
+                break
+        print(f"{target}  {target.stat().st_size // 1000} KB", flush=True)
+
+    wait(lambda: win.inspector is not None, "the panels")
+    if MODEL:
+        win.open_path(MODEL)
+    else:
+        win.open_demo()
+    wait(lambda: win.state.checkpoint is not None, "the model to open", 600)
+    wait(lambda: bool(win.state.estimates), "the estimates")
+    shot("main-window")
+
+    # Inspector: a weight matrix with planted outlier input channels.
+    factory = Path(win.state.info.path) / "quant_studio_factory.json"
+    names = json.loads(factory.read_text())["outlier_tensors"] if factory.is_file() else []
+    target = next((n for n in names if n.endswith("mlp.up_proj.weight")), names[0] if names else "")
+    target = os.environ.get("SELECT", target) or win.state.info.tensors[0].name
+    shown: list[str] = []
+    win.inspector.statsShown.connect(shown.append)
+    win.show_page("inspector")
+    win.state.select_tensor(target)
+    wait(lambda: target in shown, "the inspector's statistics")
+    shot("inspector", 1.5)
+
+    # Plan editor: Q4_K_M, first and last layer at Q8_0, a rule for the down projections.
+    win.show_page("plan")
+    editor = win.plan_editor
+    editor.apply_preset("Q4_K_M")
+    editor.keep_first_last(1, "Q8_0")
+    editor.regex_edit.setText(r"mlp\.down_proj")
+    editor.regex_type.setCurrentText("Q6_K")
+    editor.apply_regex(r"mlp\.down_proj", "Q6_K")
+    editor.table.selectRow(1)
+    shot("plan-editor")
+
+    # A running export of that plan (progress bar moving, verification on), with the Jobs dock raised.
+    win.dock("JobsDock").raise_()
+    dlg = win.show_export_dialog()
+    dlg.set_output_path(WORK / "demo-plan.gguf")
+    pump(0.3)
+    dlg.move(win.x() + (win.width() - dlg.width()) // 2, win.y() + 150)
+    job = dlg.start()
+    assert job is not None, dlg.status.text()
+    wait(lambda: 250 <= dlg.progress.value() < 1000 or not job.active, "the export to get going", 600)
+    shot("export", 0.3)
+    job.cancel()
+    wait(lambda: not job.active, "the export to stop", 300)
+    dlg.hide()
+    win.dock("TensorDock").raise_()
+
+    # Hub: search, select the first result, wait for its card and files.
+    win.show_page("hub")
+    panel = win.hub_panel
+    panel.search_edit.setText("llama")
+    panel.search()
+    wait(lambda: panel.results.rowCount() > 0, "the Hub search")
+    panel.results.selectRow(0)
+    wait(lambda: panel.files.rowCount() > 0 and "loading" not in panel.title_label.text(), "the model card")
+    shot("hub")
+
+    # Chat (when the chat panel is installed): two columns, the same greedy prompt.
+    if win.chat_panel is not None and hasattr(win.chat_panel, "screenshot_demo"):
+        win.show_page("chat")
+        win.chat_panel.screenshot_demo(win)  # pragma: no cover - provided by the chat panel
+        shot("chat", 2.0)
+
+    win.close()
+    hub.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+PYEOF
+
+# Window decorations for the dialogs, when a small window manager is installed (optional).
+if command -v openbox >/dev/null; then
+  openbox --sm-disable >/dev/null 2>&1 &
+  sleep 1
 fi
-WID=$(xdotool search --limit 1 --name " — Quant Studio")
-xdotool windowmove "$WID" 0 0 windowsize "$WID" 1600 1000
-sleep 2
-import -window root -depth 8 "$WORK/main-window.png"
-kill "$APP"
-wait "$APP" 2>/dev/null || true
-# Palette-reduce so the PNG stays small (< 300 KB) without visible loss on flat UI colours.
-convert "$WORK/main-window.png" -colors 192 -strip "PNG8:$OUT/main-window.png"
-ls -l "$OUT/main-window.png"
+"$PY" "$WORK/driver.py"
+ls -l "$OUT"

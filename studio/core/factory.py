@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.paths import resource_path
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the GUI imports this module before torch is wanted
     import torch
@@ -46,7 +47,7 @@ FACTORY_INFO_NAME = "quant_studio_factory.json"
 
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
-TEXT_PATH = Path(__file__).resolve().parents[2] / "resources" / "text" / "multilingual.txt"
+TEXT_PATH = resource_path("text", "multilingual.txt")
 """The multilingual sample text the tokenizers are trained on."""
 
 _OUTLIER_FACTOR_RANGE = (20.0, 50.0)

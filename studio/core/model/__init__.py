@@ -12,6 +12,7 @@ from studio.core.model.checkpoint import (
     open_model,
     resolve_model_path,
 )
+from studio.core.model.pickle_loader import PickleOptions
 from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "GGUFCheckpoint",
     "ModelInfo",
     "PickleCheckpoint",
+    "PickleOptions",
     "Role",
     "SafetensorsCheckpoint",
     "TensorInfo",

@@ -2,14 +2,15 @@
 
 Inputs: a Hugging Face folder (one safetensors file, or shards with ``model.safetensors.index.json``),
 a Hub cache repo or snapshot folder, a single ``.safetensors`` file, a pickle ``pytorch_model.bin``
-(only when the caller opts in; loaded with ``torch.load(weights_only=True)``), or a ``.gguf`` file
+(only when the caller opts in: unpickled with ``torch.load(weights_only=True)`` in a memory-limited child
+process and converted to a cached safetensors file, see ``pickle_loader``), or a ``.gguf`` file
 (read-only, through the bounded reader in ``studio.core.gguf_read``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import pickle
 import re
 import threading
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from studio.core.errors import (
 )
 from studio.core.jobs import JobContext
 from studio.core.model import adapters
+from studio.core.model.pickle_loader import PickleOptions, convert_pickles, skipped_tensors
 from studio.core.model.st_header import StEntry, read_header
 from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
 
@@ -88,22 +90,6 @@ def _f8_to_f32(bits: np.ndarray, dtype: str) -> np.ndarray:
     out = np.ldexp(np.float32(1.0), bits.astype(np.int32) - 127).astype(np.float32)
     out[bits == 0xFF] = np.nan
     return out
-
-
-_TORCH_TO_ST = {
-    "torch.float32": "F32",
-    "torch.float16": "F16",
-    "torch.bfloat16": "BF16",
-    "torch.float64": "F64",
-    "torch.int64": "I64",
-    "torch.int32": "I32",
-    "torch.int16": "I16",
-    "torch.int8": "I8",
-    "torch.uint8": "U8",
-    "torch.bool": "BOOL",
-    "torch.float8_e4m3fn": "F8_E4M3",
-    "torch.float8_e5m2": "F8_E5M2",
-}
 
 
 # ------------------------------------------------------------------------------------ checkpoint
@@ -239,33 +225,33 @@ class SafetensorsCheckpoint(Checkpoint):
 
 
 class PickleCheckpoint(Checkpoint):
-    """A ``pytorch_model.bin`` state dict loaded with ``weights_only=True`` (memory-mapped if possible)."""
+    """A pickle ``pytorch_model.bin`` read through its safetensors conversion (made in a child process).
 
-    def __init__(self, info: ModelInfo, tensors: dict[str, Any]) -> None:
+    ``info`` describes the pickle files (``TensorInfo.file`` is the ``.bin`` shard); the data comes
+    from the converted safetensors files in the cache, memory-mapped like any safetensors checkpoint.
+    """
+
+    def __init__(self, info: ModelInfo, entries: dict[str, StEntry], stores: dict[str, Path]) -> None:
         super().__init__(info)
-        self._tensors = tensors
+        self.stores = dict(stores)  # tensor name -> converted safetensors file holding it
+        store_tensors = tuple(dataclasses.replace(t, file=stores[t.name]) for t in info.tensors)
+        self._store = SafetensorsCheckpoint(dataclasses.replace(info, tensors=store_tensors), entries)
 
-    def _read_torch(self, t: TensorInfo) -> Any:
-        return self._tensors[t.name]
-
-    def _read_f32(self, t: TensorInfo) -> np.ndarray:
-        import torch
-
-        return self._tensors[t.name].detach().to(torch.float32).numpy().copy()
+    def _in_store(self, t: TensorInfo) -> TensorInfo:
+        return self._store._get(t.name)
 
     def _read_raw(self, t: TensorInfo) -> np.ndarray:
-        import torch
+        return self._store._read_raw(self._in_store(t))
 
-        x = self._tensors[t.name].detach()
-        if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).numpy().view(np.uint16)
-        if t.dtype.startswith("F8_"):
-            return x.view(torch.uint8).numpy()
-        return x.numpy()
+    def _read_f32(self, t: TensorInfo) -> np.ndarray:
+        return self._store._read_f32(self._in_store(t))
+
+    def _read_torch(self, t: TensorInfo) -> Any:
+        return self._store._read_torch(self._in_store(t))
 
     def close(self) -> None:
-        """Forget the state dict."""
-        self._tensors = {}
+        """Drop the converted files' handles."""
+        self._store.close()
         super().close()
 
 
@@ -422,7 +408,13 @@ def resolve_model_path(spec: str | Path) -> Path:
     raise ModelOpenError(f"{p} does not exist.")
 
 
-def open_model(path: str | Path, ctx: JobContext | None = None, *, allow_pickle: bool = False) -> Checkpoint:
+def open_model(
+    path: str | Path,
+    ctx: JobContext | None = None,
+    *,
+    allow_pickle: bool = False,
+    pickle_options: PickleOptions | None = None,
+) -> Checkpoint:
     """Open a checkpoint reading only headers and config.json; see the module docstring for inputs."""
     ctx = ctx or JobContext()
     p = resolve_model_path(path)
@@ -435,9 +427,11 @@ def open_model(path: str | Path, ctx: JobContext | None = None, *, allow_pickle:
             return _open_safetensors(p.parent, [p], None, config, warnings, ctx, info_path=p)
         if suffix in PICKLE_SUFFIXES:
             config, warnings = _load_config(p.parent)
-            return _open_pickle(p.parent, [p], config, warnings, ctx, allow_pickle, info_path=p)
+            return _open_pickle(
+                p.parent, [p], config, warnings, ctx, allow_pickle, info_path=p, options=pickle_options
+            )
         if suffix == ".json" and p.name == "config.json":
-            return open_model(p.parent, ctx, allow_pickle=allow_pickle)
+            return open_model(p.parent, ctx, allow_pickle=allow_pickle, pickle_options=pickle_options)
         raise ModelOpenError(
             f"{p.name} is not a model file Quant Studio can open; choose a model folder, "
             "a .safetensors file or a .gguf file."
@@ -464,12 +458,14 @@ def open_model(path: str | Path, ctx: JobContext | None = None, *, allow_pickle:
     if "pytorch_model.bin.index.json" in names:
         index = _read_json(folder / "pytorch_model.bin.index.json", MAX_INDEX_BYTES, "a shard index")
         shards = _index_shards(folder, index, "pytorch_model.bin.index.json")
-        return _open_pickle(folder, [folder / s for s in shards], config, warnings, ctx, allow_pickle)
+        return _open_pickle(
+            folder, [folder / s for s in shards], config, warnings, ctx, allow_pickle, options=pickle_options
+        )
     pickles = [f for f in files if f.name in PICKLE_NAMES] or [
         f for f in files if f.suffix in PICKLE_SUFFIXES and f.name.startswith("pytorch_model")
     ]
     if pickles:
-        return _open_pickle(folder, pickles, config, warnings, ctx, allow_pickle)
+        return _open_pickle(folder, pickles, config, warnings, ctx, allow_pickle, options=pickle_options)
     ggufs = [f for f in files if f.suffix.lower() == ".gguf"]
     if len(ggufs) == 1:
         return _open_gguf(ggufs[0], ctx)
@@ -659,51 +655,6 @@ def _model_info(
     )
 
 
-def _torch_load(file: Path) -> Any:
-    """torch.load with weights_only=True passed explicitly, so TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot win."""
-    import warnings
-
-    import torch
-
-    try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols; our error says enough
-            warnings.simplefilter("ignore", UserWarning)
-            try:
-                return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as err:
-                if "mmap" not in str(err) and "zip" not in str(err):
-                    raise
-                # Legacy (non-zip) pickles cannot be memory-mapped; still weights-only.
-                return torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        # Name what it tried to load, never torch's advice to retry with weights_only=False.
-        m = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
-        what = f" (it asks for {m.group(1)})" if m else ""
-        raise UnsafeFileError(
-            f"{file.name} was refused: it contains Python objects other than tensors, which could run code "
-            f"on this machine{what}.",
-            hint="Use a safetensors version of this model.",
-        ) from err
-    except (EOFError, OSError, RuntimeError, ValueError, KeyError) as err:
-        raise CorruptFileError(
-            f"{file.name} is not a readable PyTorch checkpoint ({type(err).__name__}: {str(err)[:200]}).",
-            hint="Re-download it.",
-        ) from err
-
-
-def _state_dict(obj: Any, file: Path) -> dict[str, Any]:
-    import torch
-
-    if isinstance(obj, dict):
-        for key in ("state_dict", "model"):
-            if isinstance(obj.get(key), dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
-                obj = obj[key]
-                break
-    if not isinstance(obj, dict):
-        raise CorruptFileError(f"{file.name} does not hold a state dict of tensors.")
-    return {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
-
-
 def _open_pickle(
     folder: Path,
     files: list[Path],
@@ -712,6 +663,7 @@ def _open_pickle(
     ctx: JobContext,
     allow_pickle: bool,
     info_path: Path | None = None,
+    options: PickleOptions | None = None,
 ) -> Checkpoint:
     if not allow_pickle:
         raise UnsafeFileError(
@@ -722,31 +674,40 @@ def _open_pickle(
     for f in files:
         if not f.is_file():
             raise ModelOpenError(f"Shard {f.name} is missing from {folder}.")
+    options = options or PickleOptions()
     config = config or {}
     model_type, arch = _arch(config)
     adapter = adapters.adapter_for(model_type, arch)
+    ctx.check_cancelled()
+    # Unpickling happens only in a memory-limited child; here we read the safetensors it wrote.
+    converted = convert_pickles(files, cache_dir=options.cache_dir, memory_cap=options.memory_cap, ctx=ctx)
     tensors: list[TensorInfo] = []
-    state: dict[str, Any] = {}
-    for i, file in enumerate(files):
-        ctx.check_cancelled()
-        ctx.report(i, len(files), f"loading {file.name} (weights only)")
-        sd = _state_dict(_torch_load(file), file)
-        for name, t in sd.items():
-            if name in state:
-                raise CorruptFileError(f"Tensor {name!r} is stored in two shards, the second is {file.name}.")
-            state[name] = t
-            dtype = _TORCH_TO_ST.get(str(t.dtype), str(t.dtype))
-            tensors.append(
-                _tensor_info(name, tuple(t.shape), dtype, t.numel() * t.element_size(), file, adapter)
-            )
+    entries: dict[str, StEntry] = {}
+    stores: dict[str, Path] = {}
+    skipped: list[str] = []
+    for file, store in zip(files, converted, strict=True):
+        header = read_header(store)
+        skipped += skipped_tensors(header.metadata)
+        for e in header.entries:  # header order is the state dict's order
+            if e.name in stores:
+                raise CorruptFileError(
+                    f"Tensor {e.name!r} is stored in two shards, the second is {file.name}."
+                )
+            stores[e.name] = store
+            entries[e.name] = e
+            tensors.append(_tensor_info(e.name, e.shape, e.dtype, e.nbytes, file, adapter))
     ctx.report(len(files), len(files), "loaded")
     warnings = [
-        f"{files[0].name} is a pickle checkpoint, opened with torch.load(weights_only=True); "
-        "prefer safetensors when the model offers it.",
+        f"{files[0].name} is a pickle checkpoint, opened with torch.load(weights_only=True) in a separate "
+        "process; prefer safetensors when the model offers it.",
         *warnings,
     ]
+    if skipped:
+        warnings.append(
+            f"{len(skipped)} tensors (e.g. {skipped[0]!r}) have types Quant Studio cannot store and were left out."
+        )
     info = _model_info(info_path or folder, CheckpointFormat.PYTORCH, config, tensors, adapter, warnings)
-    return PickleCheckpoint(info, state)
+    return PickleCheckpoint(info, entries, stores)
 
 
 def gguf_config(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -819,6 +780,7 @@ __all__ = [
     "Checkpoint",
     "GGUFCheckpoint",
     "PickleCheckpoint",
+    "PickleOptions",
     "SafetensorsCheckpoint",
     "Role",
     "bf16_to_f32",
