@@ -15,8 +15,6 @@ import pytest
 from studio.cli import main
 from studio.core.model.types import Role
 
-pytest_plugins = ["tests.factory_fixtures"]
-
 R = Role
 MODELS = [
     "llama_model",

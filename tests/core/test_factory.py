@@ -18,8 +18,6 @@ from studio.core.factory import (
 )
 from studio.core.jobs import JobContext
 
-pytest_plugins = ["tests.factory_fixtures"]  # until tests/conftest.py registers it
-
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors = pytest.importorskip("safetensors")

@@ -1,0 +1,184 @@
+"""``quant-studio-cli export MODEL -o OUT.gguf``: write a GGUF file following a preset or a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``export`` subcommand."""
+    p = subparsers.add_parser(
+        "export",
+        help="export a model to GGUF with a preset or a per-tensor plan",
+        description=(
+            "Convert a Hugging Face model folder to a GGUF file that llama.cpp runs, quantizing each "
+            "tensor as a preset (Q4_K_M, Q8_0, ...) or a saved plan says. The file is written to "
+            "OUT.partial and renamed only when complete and validated."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="model folder (or cached Hub id)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF file to write")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--preset", metavar="NAME", help="F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, ..."
+    )
+    src.add_argument("--plan", metavar="PLAN.json", help="a plan saved by Quant Studio")
+    src.add_argument(
+        "--uniform",
+        metavar="TYPE",
+        help="every quantizable tensor at TYPE (Q8_0 for INT8, Q4_K or Q4_0 for INT4)",
+    )
+    p.add_argument(
+        "--keep-first-last",
+        metavar="N:TYPE",
+        help="first and last N layers (plus embeddings and output) at TYPE, the rest as the preset/uniform type says",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="REGEX=TYPE",
+        help="tensors whose name matches REGEX get TYPE (repeatable; first match wins)",
+    )
+    p.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda", "mps"), help="where to quantize (default cpu)"
+    )
+    p.add_argument(
+        "--backend", default="studio", choices=("studio", "llama.cpp"), help="quantizer (default studio)"
+    )
+    p.add_argument(
+        "--verify", action="store_true", help="compare the result with the original model afterwards"
+    )
+    p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(handler=run)
+
+
+def _progress(done: int, total: int, msg: str) -> None:
+    pct = 100.0 * done / total if total else 100.0
+    print(f"\r[{pct:5.1f}%] {msg[:70]:<70}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def _parse_keep(spec: str) -> tuple[int, str]:
+    try:
+        n, t = spec.split(":", 1)
+        return int(n), t.strip().upper()
+    except ValueError:
+        raise StudioError(f"--keep-first-last wants N:TYPE (e.g. 1:Q8_0), not {spec!r}.") from None
+
+
+def build_plan(args: argparse.Namespace, info: Any) -> Any:
+    """The plan the arguments describe, for the model ``info``."""
+    from studio.core.quant.plan import (
+        Override,
+        Plan,
+        plan_first_last,
+        plan_from_preset,
+        plan_uniform,
+        with_overrides,
+    )
+    from studio.core.quant.presets import PRESETS
+
+    overrides = []
+    for o in args.override:
+        if "=" not in o:
+            raise StudioError(f"--override wants REGEX=TYPE, not {o!r}.")
+        rx, t = o.rsplit("=", 1)
+        overrides.append(Override(rx, t.strip().upper()))
+    if args.plan:
+        path = Path(args.plan)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise StudioError(f"Cannot read the plan {path}: {err.strerror or err}.") from None
+        plan = Plan.from_json(text, info)
+        return with_overrides(plan, info, overrides) if overrides else plan
+    if args.keep_first_last:
+        n, high = _parse_keep(args.keep_first_last)
+        low = (args.uniform or args.preset or "").upper()
+        if low in PRESETS:
+            low = PRESETS[low].default_type
+        return plan_first_last(info, n, high, low, overrides)
+    if args.uniform:
+        return plan_uniform(info, args.uniform, overrides)
+    return plan_from_preset(info, args.preset, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``export``."""
+    from studio.core.export import export_gguf
+    from studio.core.jobs import JobContext
+    from studio.core.model import open_model
+
+    with open_model(args.model) as ck:
+        info = ck.info
+    plan = build_plan(args, info)
+    if args.save_plan:
+        Path(args.save_plan).write_text(plan.to_json(), encoding="utf-8")
+    ctx = JobContext(on_progress=_progress, min_interval=0.2)
+    res = export_gguf(info.path, args.output, plan, device=args.device, backend=args.backend, ctx=ctx)
+    out: dict[str, Any] = {
+        "output": str(res.path),
+        "backend": res.backend,
+        "device": res.device,
+        "plan": res.plan_name,
+        "file_bytes": res.file_bytes,
+        "tensor_bytes": res.tensor_bytes,
+        "bpw": round(res.bpw, 4),
+        "tensors": res.n_tensors,
+        "seconds": round(res.seconds, 3),
+        "types": dict(res.tensor_types),
+        "fallbacks": [
+            {
+                "tensor": f.tensor,
+                "gguf_name": f.gguf_name,
+                "wanted": f.wanted,
+                "got": f.got,
+                "reason": f.reason,
+            }
+            for f in res.fallbacks
+        ],
+        "notes": list(res.notes),
+    }
+    if args.verify:
+        from studio.core.verify import verify_gguf
+
+        print("verifying against the original model ...", file=sys.stderr)
+        v = verify_gguf(res.path, info.path, device=args.device)
+        out["verify"] = {
+            "tokens": v.n_tokens,
+            "top1_agreement": v.top1_agreement,
+            "mean_kl": v.mean_kl,
+            "max_abs_diff": v.max_abs_diff,
+            "relative_max_diff": v.relative_max_diff,
+            "mean_cosine": v.mean_cosine,
+        }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    counts: dict[str, int] = {}
+    for t in res.tensor_types.values():
+        counts[t] = counts.get(t, 0) + 1
+    print(
+        f"wrote {res.path} ({res.file_bytes / 1e6:.1f} MB, {res.bpw:.2f} bpw, {res.n_tensors} tensors, {res.seconds:.1f} s)"
+    )
+    print("types: " + ", ".join(f"{k}×{v}" for k, v in sorted(counts.items())))
+    for f in res.fallbacks:
+        print(f"fallback: {f.tensor}: {f.wanted} → {f.got} ({f.reason})")
+    if "verify" in out:
+        v = out["verify"]
+        if v["top1_agreement"] is not None:
+            print(
+                f"verify: top-1 agreement {100 * v['top1_agreement']:.1f}% , mean KL {v['mean_kl']:.5f} over {v['tokens']} tokens"
+            )
+        else:
+            print(
+                f"verify: mean cosine {v['mean_cosine']:.6f}, max diff {v['max_abs_diff']:.3g} over {v['tokens']} tokens"
+            )
+    return 0

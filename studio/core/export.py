@@ -1,0 +1,515 @@
+"""Export a Hugging Face checkpoint to GGUF following a plan: streamed, atomic, validated.
+
+``export_gguf`` reads one tensor at a time (in row chunks) from the memory-mapped checkpoint,
+quantizes it with ``studio.core.quant.blocks`` (on the chosen torch device) and appends it to
+``OUT.partial``; peak memory is about one tensor's stored bytes plus a few chunk buffers. The
+"llama.cpp" back end writes our F32 export to a temporary file and runs llama.cpp's own
+``llama_model_quantize`` on it in a child process with one override per tensor, so both back ends
+produce the same tensor types (and, without an imatrix, the same bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.errors import ExportError, QuantizationError
+from studio.core.gguf.arch import Layout, TensorMap, Transform, apply_transform, head_counts, layout
+from studio.core.gguf.metadata import add_arch_metadata, add_general_metadata, extra_tensors
+from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
+from studio.core.gguf.writer import (
+    PARTIAL_SUFFIX,
+    AtomicGGUFWriter,
+    check_output_path,
+    disk_full_error,
+    validate_written,
+)
+from studio.core.jobs import JobCancelled, JobContext, null_context
+from studio.core.quant.plan import Plan, check_plan, count_nonfinite, nonfinite_error, plan_from_preset
+from studio.core.quant.presets import Fallback, tensor_bytes
+
+# Rows are converted and quantized in chunks of about this many float32 bytes.
+CHUNK_BYTES = 16 << 20
+BACKENDS = ("studio", "llama.cpp")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote."""
+
+    path: Path
+    backend: str
+    device: str
+    plan_name: str
+    file_bytes: int
+    tensor_bytes: int
+    n_tensors: int
+    seconds: float
+    tensor_types: Mapping[str, str]  # GGUF tensor name → type, as written
+    fallbacks: tuple[Fallback, ...]
+    tokenizer: TokenizerSummary | None
+    notes: tuple[str, ...] = ()
+
+    n_weights: int = 0  # weights in the checkpoint's exported tensors
+
+    @property
+    def bpw(self) -> float:
+        """Bits per weight of the tensor data."""
+        return 8.0 * self.tensor_bytes / self.n_weights if self.n_weights else 0.0
+
+
+def _llama_order(name: str) -> tuple[int, str]:
+    # llama.cpp orders tensors by block number, then name; non-block tensors first
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
+        return int(parts[1]), name
+    return -1, name
+
+
+def _type_bytes(qtype: str, shape: tuple[int, ...]) -> int:
+    return tensor_bytes(qtype, shape)
+
+
+@dataclass(frozen=True)
+class _Item:
+    gguf_name: str
+    shape: tuple[int, ...]
+    qtype: str
+    nbytes: int
+    tm: TensorMap | None  # None for generated tensors
+    data: np.ndarray | None = None  # generated tensors only
+
+
+def _items(plan: Plan, lay: Layout, extras: list[tuple[str, np.ndarray]]) -> list[_Item]:
+    items = [_Item(n, tuple(a.shape), "F32", a.nbytes, None, a) for n, a in extras]
+    for tm in lay.tensors:
+        t = plan.type_of(tm.hf_name)
+        items.append(_Item(tm.gguf_name, tm.shape, t, _type_bytes(t, tm.shape), tm))
+    items.sort(key=lambda it: _llama_order(it.gguf_name))
+    return items
+
+
+def _resolve_plan(plan: Plan | str, info: Any) -> Plan:
+    if isinstance(plan, Plan):
+        check_plan(plan, info)
+        return plan
+    if isinstance(plan, str):
+        return plan_from_preset(info, plan)
+    raise QuantizationError(f"An export needs a Plan or a preset name, not {type(plan).__name__}.")
+
+
+def _imatrix_for(imatrix: Mapping[str, Any] | None, it: _Item) -> np.ndarray | None:
+    if not imatrix or it.tm is None:
+        return None
+    v = imatrix.get(it.tm.hf_name)
+    if v is None:
+        v = imatrix.get(it.gguf_name)
+    if v is None:
+        return None
+    v = np.asarray(v, dtype=np.float32).reshape(-1)
+    if v.size != it.tm.n_per_row:
+        raise QuantizationError(
+            f"The importance matrix for {it.tm.hf_name!r} has {v.size} values; its rows have {it.tm.n_per_row}."
+        )
+    return v
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def _row_chunks(ckpt: Any, it: _Item, config: dict[str, Any]) -> Iterator[np.ndarray]:
+    """The GGUF float32 values of one tensor, as consecutive blocks of rows (2-D arrays)."""
+    tm = it.tm
+    assert tm is not None
+    ti = ckpt.info.tensor(tm.hf_name)
+    n = tm.n_per_row
+    rows = math.prod(tm.shape) // n if n else 0
+    if rows == 0 or n == 0:
+        yield np.zeros((rows, n), dtype=np.float32)
+        return
+    raw = None
+    if ti.dtype in ("F32", "F16", "BF16"):
+        try:
+            raw = ckpt.read_raw(tm.hf_name)
+            if tuple(raw.shape) != tuple(ti.shape):
+                raw = None
+        except Exception:
+            raw = None
+    if raw is None:
+        # other dtypes (or non-mmapped formats): read the tensor whole
+        x = apply_transform(np.asarray(ckpt.read(tm.hf_name), dtype=np.float32), tm, config)
+        x2 = x.reshape(rows, n)
+        step = max(1, CHUNK_BYTES // (4 * n))
+        for a in range(0, rows, step):
+            yield x2[a : a + step]
+        return
+
+    def to_f32(block: np.ndarray) -> np.ndarray:
+        if ti.dtype == "BF16":
+            return (block.astype(np.uint32) << 16).view(np.float32)
+        return np.asarray(block, dtype=np.float32)
+
+    step = max(1, CHUNK_BYTES // (4 * n))
+    if tm.transform is Transform.TRANSPOSE:
+        src = raw.reshape(raw.shape[0], -1)  # (in, out): GGUF row j is HF column j
+        for a in range(0, rows, step):
+            yield np.ascontiguousarray(to_f32(src[:, a : a + step]).T)
+        return
+    src = raw.reshape(-1, n)
+    if tm.transform in (Transform.PERMUTE_Q, Transform.PERMUTE_K):
+        n_head, n_kv = head_counts(config)
+        heads = n_head if tm.transform is Transform.PERMUTE_Q else n_kv
+        per_head = src.shape[0] // heads  # whole heads per chunk: the permutation stays inside a head
+        hstep = max(1, step // per_head)
+        for h in range(0, heads, hstep):
+            hb = min(hstep, heads - h)
+            block = to_f32(src[h * per_head : (h + hb) * per_head])
+            yield np.ascontiguousarray(
+                block.reshape(hb, 2, per_head // 2, n).swapaxes(1, 2).reshape(hb * per_head, n)
+            )
+        return
+    plus_one = tm.transform is Transform.PLUS_ONE
+    for a in range(0, rows, step):
+        block = to_f32(src[a : a + step])
+        if plus_one:
+            block = block + np.float32(1.0)
+        yield block
+
+
+def _encode(x: np.ndarray, qtype: str, device: str, qw: np.ndarray | None) -> np.ndarray:
+    """One block of rows in the GGUF encoding of ``qtype`` (raw bytes or a float array)."""
+    if qtype == "F32":
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if qtype == "F16":
+        return x.astype(np.float16)
+    from studio.core.quant import blocks
+
+    if device != "cpu":
+        import torch
+
+        return blocks.quantize(torch.from_numpy(np.ascontiguousarray(x)).to(device), qtype, qw)
+    return blocks.quantize(x, qtype, qw)
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def export_gguf(
+    checkpoint_path: str | Path,
+    out_path: str | Path,
+    plan: Plan | str,
+    *,
+    device: str = "cpu",
+    backend: str = "studio",
+    imatrix: Mapping[str, Any] | None = None,
+    ctx: JobContext | None = None,
+    source_repo: str | None = None,
+    validate: Callable[[Path], None] | None = None,
+) -> ExportResult:
+    """Export ``checkpoint_path`` to the GGUF file ``out_path`` following ``plan`` (or a preset name).
+
+    ``backend``: "studio" (our quantizers, streamed) or "llama.cpp" (llama_model_quantize on our F32
+    export, in a child process). ``imatrix`` maps tensor names (HF or GGUF) to one importance value
+    per input column. ``validate`` is called on the finished partial file before the rename.
+    """
+    from studio.core.model import open_model
+
+    ctx = ctx or null_context()
+    if backend not in BACKENDS:
+        raise ExportError(f"Unknown export back end {backend!r}; use one of {', '.join(BACKENDS)}.")
+    device = _check_device(device)
+    t0 = time.monotonic()
+    out = Path(out_path).expanduser()
+    ckpt = open_model(checkpoint_path)
+    try:
+        info = ckpt.info
+        inputs = tuple({t.file for t in info.tensors}) + (info.path,)
+        check_output_path(out, inputs=inputs)  # same-as-input, missing or read-only folder: refuse now
+        if out.suffix.lower() != ".gguf":
+            raise ExportError(f"The output name {out.name} should end in .gguf.")
+        plan = _resolve_plan(plan, info)
+        lay = layout(info)
+        if backend == "llama.cpp":
+            result = _export_llamacpp(ckpt, lay, out, plan, inputs, imatrix, ctx, source_repo, validate)
+        else:
+            result = _export_studio(ckpt, lay, out, plan, inputs, device, imatrix, ctx, source_repo, validate)
+    finally:
+        ckpt.close()
+    n_weights = sum(math.prod(tm.shape) for tm in lay.tensors)
+    return ExportResult(
+        path=out,
+        backend=backend,
+        device=device,
+        plan_name=plan.name,
+        file_bytes=out.stat().st_size,
+        tensor_bytes=result["tensor_bytes"],
+        n_tensors=len(result["types"]),
+        seconds=time.monotonic() - t0,
+        tensor_types=result["types"],
+        fallbacks=plan.fallbacks,
+        tokenizer=result.get("tokenizer"),
+        notes=plan.notes
+        + tuple(f"{n} is not written: llama.cpp does not use it." for n in lay.skipped)
+        + tuple(result.get("notes", ())),
+        n_weights=n_weights,
+    )
+
+
+def _check_device(device: str) -> str:
+    device = (device or "cpu").lower()
+    if device == "cpu":
+        return device
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        raise ExportError(f"Device {device!r} needs torch, which is not installed.") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ExportError("CUDA was chosen but no CUDA device is available.", hint="Use --device cpu.")
+    if device == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ExportError(
+            "MPS was chosen but Metal is not available on this machine.", hint="Use --device cpu."
+        )
+    if not (device.startswith("cuda") or device == "mps"):
+        raise ExportError(f"Unknown device {device!r}; use cpu, cuda or mps.")
+    return device
+
+
+def _write_metadata(
+    w: AtomicGGUFWriter, info: Any, plan: Plan, ftype: int, source_repo: str | None
+) -> TokenizerSummary:
+    add_arch_metadata(w.kv, info)
+    add_general_metadata(w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo)
+    return add_tokenizer(w.kv, info)
+
+
+def _export_studio(
+    ckpt: Any,
+    lay: Layout,
+    out: Path,
+    plan: Plan,
+    inputs: tuple[Path, ...],
+    device: str,
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext,
+    source_repo: str | None,
+    validate: Callable[[Path], None] | None,
+    *,
+    float_only: bool = False,
+) -> dict[str, Any]:
+    info = ckpt.info
+    extras = extra_tensors(info)
+    meta_plan = plan
+    if float_only:
+        # the F32 intermediate of the llama.cpp back end still records the real plan
+        plan = Plan({tm.hf_name: "F32" for tm in lay.tensors}, name="F32", ftype=0)
+    items = _items(plan, lay, extras)
+    total = sum(it.nbytes for it in items)
+    check_output_path(out, inputs=inputs, need_bytes=total)
+    done = 0
+    ctx.report(0, total, "Writing metadata")
+    with AtomicGGUFWriter(out, lay.arch) as w:
+        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo)
+        for it in items:
+            w.add_tensor_info(it.gguf_name, it.shape, it.qtype, it.nbytes)
+        w.begin()
+        for it in items:
+            ctx.check_cancelled()
+            if it.tm is None:
+                w.write_tensor_chunks(it.gguf_name, [np.asarray(it.data, dtype=np.float32)])
+            else:
+                qw = _imatrix_for(imatrix, it)
+                w.write_tensor_chunks(it.gguf_name, _encoded_chunks(ckpt, it, info, device, qw, ctx))
+            done += it.nbytes
+            ctx.report(done, total, f"Wrote {it.gguf_name} ({it.qtype})")
+        ctx.check_cancelled()
+        ctx.report(total, total, "Validating")
+        w.commit(validate=validate)
+    return {"types": {it.gguf_name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": tok}
+
+
+def _encoded_chunks(
+    ckpt: Any, it: _Item, info: Any, device: str, qw: np.ndarray | None, ctx: JobContext
+) -> Iterator[np.ndarray]:
+    assert it.tm is not None
+    for block in _row_chunks(ckpt, it, info.config):
+        nan, inf = count_nonfinite(block)
+        if nan or inf:
+            raise nonfinite_error(it.tm.hf_name, nan, inf, info.path)
+        yield _encode(block, it.qtype, device, qw)
+        ctx.check_cancelled()
+
+
+# ------------------------------------------------------------------------------------------ llama.cpp
+
+
+def llamacpp_overrides(plan: Plan, lay: Layout) -> list[tuple[str, str]]:
+    """One exact-name regex override per quantizable tensor, so llama.cpp follows the plan."""
+    from studio.core.quant.presets import allows_quantization
+
+    out = []
+    for tm in lay.tensors:
+        if allows_quantization(tm.gguf_name, len(tm.shape)):
+            out.append(("^" + tm.gguf_name.replace(".", r"\.") + "$", plan.type_of(tm.hf_name)))
+    return out
+
+
+def _export_llamacpp(
+    ckpt: Any,
+    lay: Layout,
+    out: Path,
+    plan: Plan,
+    inputs: tuple[Path, ...],
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext,
+    source_repo: str | None,
+    validate: Callable[[Path], None] | None,
+) -> dict[str, Any]:
+    from studio.core.gguf_read import read_gguf
+    from studio.core.llamacpp import LlamaWorker
+
+    info = ckpt.info
+    items = _items(plan, lay, extra_tensors(info))
+    total = sum(it.nbytes for it in items)
+    f32_total = sum(4 * math.prod(it.shape) for it in items)
+    check_output_path(out, inputs=inputs, need_bytes=total + f32_total)
+    # the F32 intermediate lives next to the output (same file system) and is named *.partial so a
+    # killed export leaves only partial files that the stale-file cleaner recognises
+    tmp_final = out.with_name(f".{out.stem}.f32-{os.getpid()}{PARTIAL_SUFFIX}")
+    tmp = tmp_final.with_name(tmp_final.name + PARTIAL_SUFFIX)
+    partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    lock = None
+    sub = _SubContext(ctx, 0.5)
+    try:
+        _export_studio(
+            ckpt, lay, tmp_final, plan, inputs, "cpu", None, sub, source_repo, None, float_only=True
+        )
+        lock = _hold_lock(tmp_final)
+        ctx.check_cancelled()
+        ctx.report(total // 2, total, "Quantizing with llama.cpp")
+        imx = None
+        if imatrix:
+            imx = {}
+            for it in items:
+                v = _imatrix_for(imatrix, it)
+                if v is not None:
+                    imx[it.gguf_name] = v
+        overrides = llamacpp_overrides(plan, lay)
+        with LlamaWorker(label="llama.cpp quantize") as wk:
+            # any quantized base type makes llama.cpp apply the overrides; general.file_type is
+            # then set to the plan's own through a metadata override
+            wk.request(
+                "quantize",
+                src=str(tmp_final),
+                dst=str(partial),
+                ftype=7,
+                overrides=overrides,
+                imatrix=imx,
+                nthread=os.cpu_count() or 1,
+                file_type=plan.ftype,
+            )
+        ctx.check_cancelled()
+        g = read_gguf(partial)
+        got = {t.name: t.type_name for t in g.tensors}
+        want = {it.gguf_name: it.qtype for it in items}
+        for name, t in want.items():
+            if got.get(name) != t:
+                raise ExportError(f"llama.cpp wrote tensor {name} as {got.get(name)}, the plan says {t}.")
+        if set(got) != set(want):
+            raise ExportError(
+                f"llama.cpp wrote a different set of tensors than planned ({len(got)} vs {len(want)})."
+            )
+        from studio.core.gguf.writer import PlannedTensor
+
+        planned = [PlannedTensor(t.name, tuple(t.shape), t.type_name, t.nbytes) for t in g.tensors]
+        validate_written(partial, planned, None)
+        if validate is not None:
+            validate(partial)
+        _fsync_file(partial)
+        os.replace(partial, out)
+        ctx.report(total, total, f"Wrote {out.name}")
+    except OSError as err:
+        import errno
+
+        if err.errno == errno.ENOSPC:
+            raise disk_full_error(out, total + f32_total) from err
+        raise ExportError(f"Exporting {out} failed: {err.strerror or err}.") from err
+    finally:
+        if lock is not None:
+            os.close(lock)
+        for p in (tmp, tmp_final, partial):
+            if p.exists() and p != out:
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+    return {"types": {it.gguf_name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": None}
+
+
+def _hold_lock(p: Path) -> int | None:
+    # an advisory lock tells remove_stale_partials that this file is in use
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+    return fd
+
+
+def llamacpp_validator(path: Path) -> None:
+    """Post-write check (FAULTS 42): llama.cpp loads the file's vocabulary in a child process."""
+    from studio.core.llamacpp import LlamaWorker
+
+    with LlamaWorker(label="llama.cpp (validation)") as wk:
+        try:
+            wk.request("load", path=str(path), vocab_only=True, timeout=120)
+        except Exception as err:
+            raise ExportError(f"llama.cpp cannot load the written file {path.name}: {err}") from err
+
+
+def _fsync_file(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _SubContext(JobContext):
+    """Maps a sub-task's progress onto the first ``share`` of the parent's bar."""
+
+    def __init__(self, parent: JobContext, share: float) -> None:
+        super().__init__()
+        self._parent = parent
+        self._share = share
+
+    def report(self, done: int, total: int, msg: str = "") -> None:  # noqa: D401
+        if total:
+            self._parent.report(int(done * self._share * 1000 / total), 1000, msg)
+
+    def check_cancelled(self) -> None:
+        self._parent.check_cancelled()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._parent.cancelled
+
+
+__all__ = [
+    "BACKENDS",
+    "ExportResult",
+    "JobCancelled",
+    "export_gguf",
+    "llamacpp_overrides",
+    "llamacpp_validator",
+]

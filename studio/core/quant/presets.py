@@ -1,0 +1,319 @@
+"""llama.cpp's named quantization mixtures (Q4_K_M, Q6_K, ...) as per-tensor type choices.
+
+``preset_types`` reproduces the per-tensor decisions of llama.cpp's ``llama_tensor_get_type``
+(src/llama-quant.cpp, as vendored in llama-cpp-python 0.3.x) for the architectures we export:
+which tensors may be quantized at all, the output/token-embedding rules, the ``use_more_bits``
+layers for attn_v/ffn_down, and the fallback for rows whose length the block size does not divide.
+The decision is taken on the GGUF tensor name (as llama.cpp does) and keyed by the HF name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from studio.core.errors import QuantizationError
+from studio.core.model.types import ModelInfo
+
+# GGUF type name → (weights per block, bytes per block).
+TYPE_SIZES: dict[str, tuple[int, int]] = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q8_0": (32, 34),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "IQ4_NL": (32, 18),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
+
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+
+# Where llama.cpp sends a 256-block type whose rows it cannot split (tensor_type_fallback).
+_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named llama.cpp file type: its llama_ftype number and default tensor type."""
+
+    name: str
+    ftype: int  # llama.h's LLAMA_FTYPE_* value (also written as general.file_type)
+    default_type: str
+    description: str
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("F32", 0, "F32", "full 32-bit floats (reference, largest)"),
+        Preset("F16", 1, "F16", "16-bit floats, no quality loss in practice"),
+        Preset("BF16", 32, "BF16", "bfloat16, the training format of most models"),
+        Preset("Q8_0", 7, "Q8_0", "8-bit, near-lossless"),
+        Preset("Q6_K", 18, "Q6_K", "6-bit k-quant, very close to F16"),
+        Preset("Q5_K_M", 17, "Q5_K", "5-bit k-quant, attn_v/ffn_down partly 6-bit"),
+        Preset("Q5_K_S", 16, "Q5_K", "5-bit k-quant, uniform"),
+        Preset("Q5_1", 9, "Q5_1", "legacy 5-bit with offset"),
+        Preset("Q5_0", 8, "Q5_0", "legacy 5-bit"),
+        Preset("Q4_K_M", 15, "Q4_K", "4-bit k-quant, attn_v/ffn_down partly 6-bit (the usual choice)"),
+        Preset("Q4_K_S", 14, "Q4_K", "4-bit k-quant, a few early layers at 5-bit"),
+        Preset("Q4_1", 3, "Q4_1", "legacy 4-bit with offset"),
+        Preset("Q4_0", 2, "Q4_0", "legacy 4-bit, fastest to quantize"),
+        Preset("Q3_K_L", 13, "Q3_K", "3-bit k-quant, attn_v/ffn_down/attn_output at 5-bit"),
+        Preset("Q3_K_M", 12, "Q3_K", "3-bit k-quant, attn_v/ffn_down/attn_output partly 4/5-bit"),
+        Preset("Q3_K_S", 11, "Q3_K", "3-bit k-quant, uniform"),
+        Preset("Q2_K", 10, "Q2_K", "2-bit k-quant, large quality loss"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A tensor that could not take the type it was meant to get."""
+
+    tensor: str  # HF name
+    gguf_name: str
+    wanted: str
+    got: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PresetChoice:
+    """The per-tensor types of a preset for one model, with the fallbacks that were applied."""
+
+    preset: str
+    types: dict[str, str]  # HF tensor name → GGUF type name
+    fallbacks: tuple[Fallback, ...]
+
+
+def block_size(qtype: str) -> int:
+    """Weights per block of a GGUF type; QuantizationError for an unknown type."""
+    try:
+        return TYPE_SIZES[qtype][0]
+    except KeyError:
+        raise QuantizationError(
+            f"Unknown GGUF type {qtype!r}.", hint="Known: " + ", ".join(TYPE_SIZES) + "."
+        ) from None
+
+
+def row_bytes(qtype: str, n_per_row: int) -> int:
+    """Bytes of one quantized row of ``n_per_row`` weights."""
+    blk, nb = TYPE_SIZES[qtype]
+    return (n_per_row // blk) * nb
+
+
+def tensor_bytes(qtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a whole tensor of GGUF numpy ``shape`` stored as ``qtype``."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    blk, nb = TYPE_SIZES[qtype]
+    return n // blk * nb
+
+
+def fallback_type(qtype: str, n_per_row: int) -> tuple[str, str | None]:
+    """The type a row of ``n_per_row`` weights actually gets when ``qtype`` is asked, and why.
+
+    Mirrors llama.cpp: a 256-block k-quant falls back to a 32-block type, and if even that does
+    not divide the row, to F16. Returns (type, reason or None when no fallback was needed).
+    """
+    blk = block_size(qtype)
+    if n_per_row % blk == 0:
+        return qtype, None
+    got = _FALLBACK.get(qtype, qtype if blk <= 32 else "F16")
+    why = f"rows of {n_per_row} are not a multiple of {blk}"
+    if n_per_row % block_size(got) != 0:
+        got = "F16"
+        why += " nor of 32"
+    return got, why
+
+
+def allows_quantization(gguf_name: str, ndim: int) -> bool:
+    """Whether llama.cpp would quantize this GGUF tensor at all (2-D ``*weight``, not a norm,
+    not position/token-type embeddings)."""
+    if ndim < 2 or not gguf_name.endswith("weight"):
+        return False
+    if "_norm.weight" in gguf_name or "ffn_gate_inp.weight" in gguf_name:
+        return False
+    return gguf_name not in ("position_embd.weight", "token_types.weight")
+
+
+def _category(name: str) -> str:
+    # llama.cpp's tensor_get_category: substring tests, in this order
+    if name == "output.weight":
+        return "output"
+    if name == "token_embd.weight":
+        return "token_embd"
+    for key, cat in (
+        ("attn_qkv.weight", "attn_qkv"),
+        ("attn_kv_b.weight", "attn_kv_b"),
+        ("attn_v.weight", "attn_v"),
+        ("attn_k.weight", "attn_k"),
+        ("attn_q.weight", "attn_q"),
+        ("attn_output.weight", "attn_output"),
+        ("ffn_up", "ffn_up"),
+        ("ffn_gate", "ffn_gate"),
+        ("ffn_down", "ffn_down"),
+    ):
+        if key in name:
+            return cat
+    return "other"
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # C integer division and modulo; i - n//8 may be negative, where C's % keeps the sign
+    d = i - n // 8
+    rem = abs(d) % 3 * (1 if d >= 0 else -1)
+    return i < n // 8 or i >= 7 * n // 8 or rem == 2
+
+
+def _sort_key(name: str) -> tuple[int, str]:
+    # llama.cpp iterates tensors ordered by (block number, name); non-block tensors first
+    m = re.match(r"blk\.(\d+)\.", name)
+    return (int(m.group(1)) if m else -1, name)
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    arch: str
+    ftype: str
+    n_layer: int
+    n_gqa: int
+    is_70b: bool
+    tied: bool
+    n_attention_wv: int
+    has_imatrix: bool = False
+
+
+def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counters: dict[str, int]) -> str:
+    """llama_tensor_get_type_impl for the non-IQ file types."""
+    ft = ctx.ftype
+    if cat == "output" or (ctx.tied and cat == "token_embd"):
+        blk = block_size(new_type)
+        if ctx.arch == "falcon" or n_per_row % blk != 0:
+            return "Q8_0"
+        return new_type if new_type == "Q8_0" else "Q6_K"
+    if cat == "token_embd":
+        return new_type
+    if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
+        i = counters["attn_v"]
+        if ft == "Q2_K":
+            new_type = "Q4_K" if ctx.n_gqa >= 4 else "Q3_K"
+        elif ft == "Q3_K_M":
+            new_type = "Q5_K" if i < 2 else "Q4_K"
+        elif ft == "Q3_K_L":
+            new_type = "Q5_K"
+        elif ft in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, ctx.n_attention_wv):
+            new_type = "Q6_K"
+        elif ft == "Q4_K_S" and i < 4:
+            new_type = "Q5_K"
+        if ctx.is_70b and new_type in ("Q3_K", "Q4_K"):
+            new_type = "Q5_K"
+        counters["attn_v"] = i + 1
+        return new_type
+    if cat == "ffn_down":
+        i, n = counters["ffn_down"], ctx.n_layer
+        if ft == "Q2_K":
+            new_type = "Q3_K"
+        elif ft == "Q3_K_M":
+            new_type = "Q5_K" if i < n // 16 else "Q4_K"
+        elif ft == "Q3_K_L":
+            new_type = "Q5_K"
+        elif ft == "Q4_K_M":
+            if _use_more_bits(i, n):
+                new_type = "Q6_K"
+        elif ft == "Q5_K_M" and _use_more_bits(i, n):
+            new_type = "Q6_K"
+        elif ft == "Q4_K_S" and i < n // 8:
+            new_type = "Q5_K"
+        elif ft in ("Q4_0", "Q5_0") and ctx.has_imatrix and i < n // 8:
+            # llama.cpp guards the first ffn_down layers when an imatrix is given
+            new_type = "Q4_1" if ft == "Q4_0" else "Q5_1"
+        counters["ffn_down"] = i + 1
+        return new_type
+    if cat == "attn_output":
+        if ft == "Q2_K":
+            return "Q3_K"
+        if ft == "Q3_K_M":
+            return "Q4_K"
+        if ft == "Q3_K_L":
+            return "Q5_K"
+        return new_type
+    if cat in ("ffn_gate", "ffn_up"):
+        counters[cat] += 1
+    return new_type
+
+
+def _is_quantized(qtype: str) -> bool:
+    return qtype not in FLOAT_TYPES
+
+
+def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> PresetChoice:
+    """Per-tensor GGUF types of ``preset`` for ``info`` (keyed by HF name) and the fallbacks;
+    ``imatrix``: whether an importance matrix will be used (it changes a few choices)."""
+    from studio.core.gguf.arch import head_counts, layout
+
+    p = PRESETS.get(preset.upper()) if isinstance(preset, str) else None
+    if p is None:
+        raise QuantizationError(f"Unknown preset {preset!r}.", hint="Known: " + ", ".join(PRESETS) + ".")
+    lay = layout(info)
+    n_head, n_kv = head_counts(info.config)
+    n_layer = max([t.layer + 1 for t in lay.tensors if t.layer is not None], default=0)
+    n_layer = max(n_layer, int(info.n_layers or 0))
+    maps = sorted(lay.tensors, key=lambda t: _sort_key(t.gguf_name))
+    ctx = _Ctx(
+        arch=lay.arch,
+        ftype=p.name,
+        n_layer=n_layer,
+        n_gqa=n_head // max(1, n_kv),
+        is_70b=lay.arch == "llama" and n_layer == 80 and n_head != n_kv,
+        tied=lay.tied_embeddings,
+        has_imatrix=imatrix,
+        n_attention_wv=sum(1 for t in maps if _category(t.gguf_name) in ("attn_v", "attn_qkv", "attn_kv_b")),
+    )
+    counters = {"attn_v": 0, "ffn_down": 0, "ffn_gate": 0, "ffn_up": 0}
+    types: dict[str, str] = {}
+    fallbacks: list[Fallback] = []
+    for tm in maps:
+        if not allows_quantization(tm.gguf_name, len(tm.shape)):
+            # 1-D tensors, norms, position/token-type embeddings: F32 as llama.cpp's converter
+            types[tm.hf_name] = "F32"
+            continue
+        new_type = p.default_type
+        if _is_quantized(new_type):
+            wanted = _impl(ctx, new_type, tm.gguf_name, _category(tm.gguf_name), tm.n_per_row, counters)
+            if wanted != new_type and wanted == "Q8_0" and tm.n_per_row % block_size(new_type) != 0:
+                # the output rule's own shape fallback: report it like the others
+                fallbacks.append(
+                    Fallback(
+                        tm.hf_name,
+                        tm.gguf_name,
+                        "Q6_K",
+                        "Q8_0",
+                        f"rows of {tm.n_per_row} are not a multiple of {block_size(new_type)}",
+                    )
+                )
+            new_type = wanted
+            got, why = fallback_type(new_type, tm.n_per_row)
+            if why is not None:
+                fallbacks.append(Fallback(tm.hf_name, tm.gguf_name, new_type, got, why))
+            new_type = got
+        types[tm.hf_name] = new_type
+    order = {t.name: i for i, t in enumerate(info.tensors)}
+    types = dict(sorted(types.items(), key=lambda kv: order.get(kv[0], 0)))
+    return PresetChoice(p.name, types, tuple(fallbacks))
+
+
+def preset_types(info: ModelInfo, preset: str, *, imatrix: bool = False) -> dict[str, str]:
+    """Tensor name → GGUF type name that llama.cpp's ``preset`` would choose for this model.
+
+    Tensors llama.cpp does not write (rotary buffers, a tied lm_head, BERT's pooler) are absent.
+    """
+    return preset_choice(info, preset, imatrix=imatrix).types

@@ -1,0 +1,122 @@
+"""Check an exported GGUF against the original: same token ids through llama.cpp (in a child
+process, F32 KV cache) and through transformers (float32), then top-1 agreement and mean KL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from studio.core.errors import EvaluationError, StudioError
+from studio.core.jobs import JobContext, null_context
+
+DEFAULT_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Der schnelle braune Fuchs springt. "
+    "Быстрая коричневая лиса прыгает. 敏捷的棕色狐狸跳过了懒狗。 🦊🐕 1234567890"
+)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """How close the GGUF's outputs are to the original model's on the same tokens."""
+
+    n_tokens: int
+    top1_agreement: float | None  # fraction of positions with the same arg-max token (causal LMs)
+    mean_kl: float | None  # mean KL(original ‖ gguf) over positions, in nats (causal LMs)
+    max_abs_diff: float  # largest |logit| (or hidden-state) difference
+    value_range: float  # range of the original's logits (or hidden states)
+    mean_cosine: float | None = None  # encoders: mean cosine similarity of per-token hidden states
+
+    @property
+    def relative_max_diff(self) -> float:
+        """max_abs_diff divided by the value range."""
+        return self.max_abs_diff / self.value_range if self.value_range else float("inf")
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def compare_logits(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float, float]:
+    """(top-1 agreement, mean KL(ref‖got), max |diff|, range of ref) of two (n, vocab) arrays."""
+    if ref.shape != got.shape:
+        raise EvaluationError(f"Logit shapes differ: original {ref.shape}, GGUF {got.shape}.")
+    lp, lq = _log_softmax(ref), _log_softmax(got)
+    kl = float((np.exp(lp) * (lp - lq)).sum(-1).mean())
+    top1 = float((ref.argmax(-1) == got.argmax(-1)).mean())
+    return top1, kl, float(np.abs(ref - got).max()), float(ref.max() - ref.min())
+
+
+def verify_gguf(
+    gguf_path: str | Path,
+    checkpoint_path: str | Path,
+    *,
+    device: str = "cpu",
+    text: str | None = None,
+    max_tokens: int = 128,
+    ctx: JobContext | None = None,
+) -> VerifyResult:
+    """Run the same token ids through the GGUF (llama.cpp, child process) and the original model."""
+    from studio.core.gguf_read import read_gguf
+    from studio.core.llamacpp import LlamaWorker
+
+    ctx = ctx or null_context()
+    text = text or DEFAULT_TEXT
+    folder = Path(checkpoint_path)
+    read_gguf(gguf_path)  # bounded header check before llama.cpp sees the file
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    except ImportError as err:  # pragma: no cover - dependencies
+        raise EvaluationError(f"Verification needs torch and transformers ({err}).") from None
+    ctx.report(0, 3, "Loading the original model")
+    cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    is_encoder = cfg.model_type == "bert"
+    with LlamaWorker(label="llama.cpp (verification)") as wk:
+        ctx.check_cancelled()
+        if is_encoder:
+            wk.request("load", path=str(gguf_path), embedding=True, n_ctx=max(64, max_tokens + 8))
+            r = wk.request("embed", text=text)
+            ids, got = r["ids"][:max_tokens], np.asarray(r["embeddings"], dtype=np.float32)[:max_tokens]
+        else:
+            tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+            ids = list(tok(text)["input_ids"])[:max_tokens]
+            if len(ids) < 2:
+                raise EvaluationError("The verification text is too short after tokenization.")
+            wk.request("load", path=str(gguf_path), logits_all=True, n_ctx=max(64, len(ids) + 8))
+            ctx.report(1, 3, "Running llama.cpp")
+            got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
+    ctx.check_cancelled()
+    ctx.report(2, 3, "Running transformers")
+    try:
+        cls = AutoModel if is_encoder else AutoModelForCausalLM
+        kw = {"attn_implementation": "eager"} if cfg.model_type in ("gemma2",) else {}
+        model = cls.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=False, **kw).to(
+            device
+        )
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.tensor([ids], device=device))
+        ref = (out.last_hidden_state if is_encoder else out.logits)[0].float().cpu().numpy()
+    except StudioError:
+        raise
+    except Exception as err:
+        raise EvaluationError(f"transformers could not run {folder}: {err}") from err
+    ctx.report(3, 3, "Compared")
+    if is_encoder:
+        if ref.shape != got.shape:
+            raise EvaluationError(f"Hidden-state shapes differ: original {ref.shape}, GGUF {got.shape}.")
+        cos = (ref * got).sum(-1) / (np.linalg.norm(ref, axis=-1) * np.linalg.norm(got, axis=-1) + 1e-12)
+        return VerifyResult(
+            len(ids),
+            None,
+            None,
+            float(np.abs(ref - got).max()),
+            float(ref.max() - ref.min()),
+            float(cos.mean()),
+        )
+    top1, kl, mx, rng = compare_logits(ref, got)
+    return VerifyResult(len(ids), top1, kl, mx, rng)

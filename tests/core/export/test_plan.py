@@ -1,0 +1,126 @@
+"""Plans: made from presets and recipes, overrides (first match wins), fallbacks, JSON, sizes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studio.core.errors import QuantizationError
+from studio.core.gguf.arch import layout
+from studio.core.model import open_model
+from studio.core.quant.plan import (
+    PLAN_VERSION,
+    Override,
+    Plan,
+    plan_first_last,
+    plan_from_preset,
+    plan_from_recipe,
+    plan_uniform,
+    with_overrides,
+)
+from studio.core.quant.presets import PRESETS, preset_types, tensor_bytes
+
+
+@pytest.fixture(scope="module")
+def info(llama_model):
+    with open_model(llama_model) as ck:
+        return ck.info
+
+
+@pytest.fixture(scope="module")
+def odd_info(odd_hidden_model):
+    with open_model(odd_hidden_model) as ck:
+        return ck.info
+
+
+def test_required_presets_exist():
+    for name in ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"):
+        assert name in PRESETS
+
+
+def test_norms_and_1d_stay_f32_in_every_preset(info):
+    lay = layout(info)
+    for preset in PRESETS:
+        types = preset_types(info, preset)
+        assert set(types) == {t.hf_name for t in lay.tensors}
+        for tm in lay.tensors:
+            if len(tm.shape) == 1:
+                assert types[tm.hf_name] == "F32", (preset, tm.hf_name)
+
+
+def test_json_round_trip_and_version(info):
+    plan = plan_from_preset(info, "Q4_K_M", [Override(r"ffn_up", "Q5_K")])
+    text = plan.to_json()
+    d = json.loads(text)
+    assert d["version"] == PLAN_VERSION and d["recipe"]["preset"] == "Q4_K_M"
+    again = Plan.from_json(text, info)
+    assert dict(again.types) == dict(plan.types) and again.ftype == plan.ftype == 15
+    d["version"] = 99
+    with pytest.raises(QuantizationError, match="version 99"):
+        Plan.from_json(json.dumps(d))
+    with pytest.raises(QuantizationError, match="no 'version'"):
+        Plan.from_json(json.dumps({"types": {}}))
+    with pytest.raises(QuantizationError, match="not valid JSON"):
+        Plan.from_json("{nope")
+    # a recipe-only plan file is remade for the model it is applied to
+    remade = Plan.from_json(json.dumps({"version": 1, "recipe": d["recipe"]}), info)
+    assert dict(remade.types) == dict(plan.types)
+
+
+def test_plan_for_another_model_is_refused(info, odd_info):
+    plan = plan_from_preset(info, "Q4_K_M")
+    with pytest.raises(QuantizationError, match="made for another model|cannot be"):
+        Plan.from_json(plan.to_json(), odd_info)
+
+
+def test_overrides_first_match_wins(info):
+    plan = plan_uniform(info, "Q4_0", [Override(r"layers\.1\.", "Q8_0"), Override(r"q_proj", "Q6_K")])
+    assert plan.types["model.layers.1.self_attn.q_proj.weight"] == "Q8_0"
+    assert plan.types["model.layers.0.self_attn.q_proj.weight"] == "Q6_K"
+    assert plan.types["model.layers.0.mlp.up_proj.weight"] == "Q4_0"
+    # a GGUF name works as well as a HF name
+    plan2 = plan_uniform(info, "Q4_0", [Override(r"blk\.0\.ffn_up", "Q5_0")])
+    assert plan2.types["model.layers.0.mlp.up_proj.weight"] == "Q5_0"
+    # norms are never quantized, whatever an override says
+    plan3 = plan_uniform(info, "Q4_0", [Override(r".*", "Q8_0")])
+    assert plan3.types["model.norm.weight"] == "F32"
+    with pytest.raises(QuantizationError, match="not a valid regex"):
+        plan_uniform(info, "Q4_0", [Override("(", "Q8_0")])
+    with pytest.raises(QuantizationError, match="unknown type"):
+        plan_uniform(info, "Q4_0", [Override("x", "Q9_9")])
+
+
+def test_first_last(tiny_model):
+    with open_model(tiny_model("llama", layers=4)) as ck:
+        info4 = ck.info
+    plan = plan_first_last(info4, 1, "q8_0", "q4_k")
+    assert plan.types["model.layers.0.mlp.up_proj.weight"] == "Q8_0"
+    assert plan.types["model.layers.3.mlp.up_proj.weight"] == "Q8_0"
+    assert plan.types["model.layers.1.mlp.up_proj.weight"] == "Q4_K"
+    assert plan.types["model.layers.2.self_attn.q_proj.weight"] == "Q4_K"
+    assert plan.types["model.embed_tokens.weight"] == "Q8_0"
+    assert plan.types["model.norm.weight"] == "F32"
+    assert plan_from_recipe(info4, plan.recipe).types == plan.types
+
+
+def test_fallbacks_applied_and_listed(odd_info):
+    plan = plan_uniform(odd_info, "Q4_K")
+    assert plan.fallbacks
+    for f in plan.fallbacks:
+        assert plan.types[f.tensor] == f.got == "Q5_0"
+        assert "not a multiple of 256" in f.reason
+    # an override onto a type that fits removes the fallback
+    fixed = with_overrides(plan, odd_info, [Override(".*", "Q8_0")])
+    assert not fixed.fallbacks
+
+
+def test_summary_size_and_bpw(info):
+    lay = layout(info)
+    for qtype, bpw_range in (("Q8_0", (8.4, 8.6)), ("Q4_0", (4.4, 4.7))):
+        plan = plan_uniform(info, qtype)
+        s = plan.summary(info)
+        assert s.total_bytes == sum(tensor_bytes(plan.types[t.hf_name], t.shape) for t in lay.tensors)
+        assert bpw_range[0] <= s.bpw <= bpw_range[1]
+        assert s.tensors_by_type[qtype] == sum(1 for t in lay.tensors if len(t.shape) == 2)
+    assert plan_from_preset(info, "F16").summary(info).bpw == pytest.approx(16.0, abs=0.1)
