@@ -1,0 +1,349 @@
+"""Quantize and dequantize tensors in every GGUF weight format, byte-identical to llama.cpp.
+
+``quantize`` takes a numpy array or a torch tensor (CPU, CUDA, MPS); the last dimension is the row
+that blocks run along (ggml's ``ne[0]``) and leading dimensions are flattened into rows. Large inputs
+are cut into row chunks written into one preallocated output, so memory stays bounded; on the CPU the
+chunks run on a thread pool (the numba kernels release the GIL), on a GPU one after the other.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from studio.core.errors import QuantizationError
+from studio.core.quant import legacy
+
+if TYPE_CHECKING:
+    from studio.core.jobs import JobContext
+
+__all__ = [
+    "QTYPES",
+    "QTypeInfo",
+    "dequantize",
+    "fallback_type",
+    "qtype_info",
+    "quantize",
+    "row_bytes",
+]
+
+
+@dataclass(frozen=True)
+class QTypeInfo:
+    """Block geometry of one GGUF type and what llama.cpp uses instead when a row does not fit."""
+
+    name: str
+    block_size: int
+    type_size: int
+    fallback: str | None
+    kquant: bool = False
+
+
+def _info(name: str, bs: int, ts: int, fb: str | None, kq: bool = False) -> QTypeInfo:
+    return QTypeInfo(name, bs, ts, fb, kq)
+
+
+QTYPES: dict[str, QTypeInfo] = {
+    i.name: i
+    for i in (
+        _info("F32", 1, 4, None),
+        _info("F16", 1, 2, None),
+        _info("BF16", 1, 2, None),
+        _info("Q8_0", 32, 34, "F16"),
+        _info("Q4_0", 32, 18, "F16"),
+        _info("Q4_1", 32, 20, "F16"),
+        _info("Q5_0", 32, 22, "F16"),
+        _info("Q5_1", 32, 24, "F16"),
+        _info("Q2_K", 256, 84, "Q4_0", True),
+        _info("Q3_K", 256, 110, "Q4_0", True),
+        _info("Q4_K", 256, 144, "Q5_0", True),
+        _info("Q5_K", 256, 176, "Q5_1", True),
+        _info("Q6_K", 256, 210, "Q8_0", True),
+        _info("IQ4_NL", 32, 18, "F16"),
+        _info("IQ4_XS", 256, 136, "IQ4_NL"),
+    )
+}
+
+# Elements per CPU chunk: ~1 MiB of float32 stays in L2 while a kernel walks it.
+_CPU_CHUNK = 1 << 18
+_GPU_CHUNK = 1 << 22  # temporaries stay well under 1 GiB on small GPUs
+
+
+def _name(qtype: Any) -> str:
+    name = getattr(qtype, "name", qtype)
+    if not isinstance(name, str) or name.upper() not in QTYPES:
+        raise QuantizationError(
+            f"Unknown quantization type {qtype!r}; supported: {', '.join(QTYPES)}.",
+        )
+    return name.upper()
+
+
+def qtype_info(qtype: Any) -> QTypeInfo:
+    """Geometry of a type given by name (``"Q4_K"``) or gguf.GGMLQuantizationType."""
+    return QTYPES[_name(qtype)]
+
+
+def fallback_type(qtype: Any, n_per_row: int) -> str:
+    """The type llama.cpp would use for rows of ``n_per_row`` values that ``qtype`` cannot take."""
+    info = qtype_info(qtype)
+    name = info.name
+    while n_per_row % QTYPES[name].block_size:
+        name = QTYPES[name].fallback or "F16"
+    return name
+
+
+def row_bytes(qtype: Any, n_per_row: int) -> int:
+    """Bytes of one quantized row of ``n_per_row`` values."""
+    info = qtype_info(qtype)
+    return n_per_row // info.block_size * info.type_size
+
+
+def _is_torch(x: Any) -> bool:
+    mod = type(x).__module__
+    return mod.startswith("torch") and hasattr(x, "device") and hasattr(x, "dtype")
+
+
+def _shape_error(name: str, shape: tuple[int, ...], bs: int) -> QuantizationError:
+    fb = fallback_type(name, shape[-1])
+    return QuantizationError(
+        f"A tensor of shape {shape} cannot be quantized to {name}: its rows of {shape[-1]} values are not "
+        f"a multiple of the {bs}-value block; llama.cpp would use {fb} for it.",
+        hint=f"Choose {fb} for this tensor.",
+    )
+
+
+def _nonfinite_error(count: int, index: tuple[int, ...], shape: tuple[int, ...]) -> QuantizationError:
+    return QuantizationError(
+        f"A tensor of shape {shape} contains {count} NaN or infinite value(s), the first at index {index}; "
+        "llama.cpp would write garbage for it.",
+        hint="Fix or exclude the tensor before quantizing.",
+    )
+
+
+def _validate(shape: tuple[int, ...], name: str) -> tuple[int, int]:
+    if len(shape) == 0:
+        if name not in ("F32", "F16", "BF16"):
+            raise QuantizationError(
+                f"A 0-d scalar cannot be quantized to {name}; keep it in F32 or F16.",
+            )
+        return 1, 1
+    n = int(shape[-1])
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    bs = QTYPES[name].block_size
+    if n % bs:
+        raise _shape_error(name, shape, bs)
+    return rows, n
+
+
+def _kquants():
+    try:
+        from studio.core.quant import kquants  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise QuantizationError(
+            "The K-quant types (Q2_K..Q6_K) are not available in this build yet.",
+        ) from exc
+    return kquants
+
+
+def _kquants_torch():
+    try:
+        from studio.core.quant import kquants_torch  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise QuantizationError(
+            "The K-quant types (Q2_K..Q6_K) have no torch implementation in this build yet.",
+        ) from exc
+    return kquants_torch
+
+
+def _check_imatrix(imatrix: Any, n: int, name: str) -> np.ndarray | None:
+    if imatrix is None:
+        return None
+    if _is_torch(imatrix):
+        imatrix = imatrix.detach().to("cpu").numpy()
+    qw = np.ascontiguousarray(np.asarray(imatrix, dtype=np.float32).reshape(-1))
+    if qw.size != n:
+        raise QuantizationError(
+            f"The importance matrix has {qw.size} values but the rows have {n}; {name} needs one per input column.",
+        )
+    if not np.isfinite(qw).all():
+        raise QuantizationError("The importance matrix contains NaN or infinite values; recompute it.")
+    return qw
+
+
+def _first_bad(chunk: np.ndarray, r0: int, lead: tuple[int, ...], n: int) -> tuple[int, tuple[int, ...]]:
+    bad = ~np.isfinite(chunk)
+    flat = int(np.argmax(bad.reshape(-1)))
+    r, c = divmod(flat, n)
+    idx = np.unravel_index(r0 + r, lead) if lead else ()
+    return int(bad.sum()), (*(int(i) for i in idx), int(c))
+
+
+def _cpu_rows(x2: np.ndarray, name: str, qw: np.ndarray | None, out: np.ndarray) -> None:
+    if QTYPES[name].kquant:
+        fn = _kquants().quantize_rows
+        if "out" in inspect.signature(fn).parameters:  # writes in place: no per-chunk copy
+            fn(x2, name, qw, out=out)
+        else:
+            out[...] = fn(x2, name, qw)
+    else:
+        legacy.quantize_rows(x2, name, qw, out)
+
+
+def quantize(
+    x: Any,
+    qtype: Any,
+    imatrix: Any = None,
+    *,
+    ctx: JobContext | None = None,
+    threads: int | None = None,
+    backend: str = "auto",
+) -> np.ndarray:
+    """Quantize ``x`` to ``qtype``; returns uint8 ``(rows, bytes per row)`` identical to llama.cpp.
+
+    ``backend="auto"`` runs numpy arrays and CPU tensors on the CPU kernels and CUDA/MPS tensors on
+    their device; ``"torch"`` forces the torch implementation on the tensor's device (CPU for numpy).
+    """
+    name = _name(qtype)
+    if backend not in ("auto", "torch", "numpy"):
+        raise QuantizationError(f"Unknown quantization backend {backend!r}; use auto, numpy or torch.")
+    is_t = _is_torch(x)
+    if not is_t and not isinstance(x, np.ndarray):
+        x = np.asarray(x, dtype=np.float32)
+    shape = tuple(int(s) for s in x.shape)
+    rows, n = _validate(shape, name)
+    qw = _check_imatrix(imatrix, n, name)
+    out = np.empty((rows, row_bytes(name, n)), dtype=np.uint8)
+    if rows == 0 or n == 0:
+        return out
+    use_torch = backend == "torch" or (backend == "auto" and is_t and x.device.type != "cpu")
+    if use_torch:
+        _quantize_torch(x, shape, rows, n, name, qw, out, ctx)
+        return out
+    _quantize_cpu(_row_source(x, is_t, rows, n), rows, n, shape, name, qw, out, ctx, threads)
+    return out
+
+
+def _row_source(x: Any, is_t: bool, rows: int, n: int):
+    """A function giving rows [r0, r1) as C-contiguous float32; converts per chunk to bound memory."""
+    if is_t:
+        import torch
+
+        xt = x.detach().reshape(rows, n)
+        if xt.device.type != "cpu":
+            xt = xt.to("cpu")
+        return lambda r0, r1: xt[r0:r1].to(torch.float32).contiguous().numpy()
+    xa = np.asarray(x).reshape(rows, n)
+    return lambda r0, r1: np.ascontiguousarray(xa[r0:r1], dtype=np.float32)
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # honours container CPU limits
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _quantize_cpu(src, rows, n, shape, name, qw, out, ctx, threads) -> None:
+    step = max(1, _CPU_CHUNK // n)
+    starts = list(range(0, rows, step))
+    lead = shape[:-1]
+    bad: dict[int, tuple[int, tuple[int, ...]]] = {}
+
+    def work(r0: int) -> None:
+        if ctx is not None:
+            ctx.check_cancelled()
+        r1 = min(rows, r0 + step)
+        chunk = src(r0, r1)
+        if not legacy.all_finite(chunk):
+            bad[r0] = _first_bad(chunk, r0, lead, n)
+            return
+        if bad:  # the call will fail; only keep counting
+            return
+        _cpu_rows(chunk, name, qw, out[r0:r1])
+
+    nthreads = max(1, min(threads or _cpu_count(), len(starts)))
+    if nthreads == 1:
+        for r0 in starts:
+            work(r0)
+            if ctx is not None:
+                ctx.report(min(rows, r0 + step), rows, f"{name}")
+    else:
+        with ThreadPoolExecutor(max_workers=nthreads) as pool:
+            futures = {pool.submit(work, r0): r0 for r0 in starts}
+            pending = set(futures)
+            done_rows = 0
+            try:
+                while pending:
+                    finished, pending = wait(pending, return_when="FIRST_COMPLETED")
+                    for f in finished:
+                        f.result()
+                        done_rows += min(rows, futures[f] + step) - futures[f]
+                    if ctx is not None:
+                        ctx.report(done_rows, rows, f"{name}")
+                        ctx.check_cancelled()
+            except BaseException:
+                for f in pending:
+                    f.cancel()
+                raise
+    if bad:
+        # Chunks skipped once the call was known to fail were not all counted: count every row now.
+        count = sum(int(np.count_nonzero(~np.isfinite(src(r0, min(rows, r0 + step))))) for r0 in starts)
+        raise _nonfinite_error(count, bad[min(bad)][1], shape)
+
+
+def _quantize_torch(x, shape, rows, n, name, qw, out, ctx) -> None:
+    import torch
+
+    if not _is_torch(x):
+        x = torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.float32)))
+    x2 = x.detach().reshape(rows, n)
+    dev = x2.device
+    finite = torch.isfinite(x2)
+    if not bool(finite.all()):
+        bad = ~finite
+        count = int(bad.sum())
+        flat = int(bad.reshape(-1).to(torch.uint8).argmax())
+        r, c = divmod(flat, n)
+        lead = shape[:-1]
+        idx = (*(int(i) for i in np.unravel_index(r, lead)), c) if lead else (c,)
+        raise _nonfinite_error(count, idx, shape)
+    qwt = None if qw is None else torch.from_numpy(qw).to(dev)
+    if QTYPES[name].kquant:
+        fn = _kquants_torch().quantize_rows_torch
+    else:
+        from studio.core.quant.legacy_torch import quantize_rows_torch as fn
+    step = max(1, (_CPU_CHUNK * 16 if dev.type == "cpu" else _GPU_CHUNK) // n)
+    for r0 in range(0, rows, step):
+        if ctx is not None:
+            ctx.check_cancelled()
+        r1 = min(rows, r0 + step)
+        q = fn(x2[r0:r1].to(torch.float32), name, qwt)
+        out[r0:r1] = q.to("cpu").numpy()
+        if ctx is not None:
+            ctx.report(r1, rows, name)
+
+
+def dequantize(data: Any, qtype: Any, shape: tuple[int, ...] | list[int]) -> np.ndarray:
+    """Decode bytes of ``qtype`` (any array of uint8 of the right size) into float32 of ``shape``."""
+    name = _name(qtype)
+    shape = tuple(int(s) for s in shape)
+    rows, n = _validate(shape, name)
+    raw = np.ascontiguousarray(np.asarray(data)).view(np.uint8).reshape(-1)
+    rb = row_bytes(name, n)
+    if raw.size != rows * rb:
+        raise QuantizationError(
+            f"{name} data of {raw.size} bytes does not match shape {shape} ({rows * rb} bytes expected).",
+        )
+    if rows * n == 0:
+        return np.zeros(shape, dtype=np.float32)
+    d2 = raw.reshape(rows, rb)
+    if QTYPES[name].kquant:
+        y = _kquants().dequantize_rows(d2, name, n)
+    else:
+        y = legacy.dequantize_rows(d2, name, n)
+    return np.asarray(y, dtype=np.float32).reshape(shape)

@@ -1,0 +1,178 @@
+"""Legacy, IQ4 and float GGUF formats: bytes identical to llama.cpp and gguf-py, on numpy and torch."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from studio.core.quant import blocks, legacy
+from studio.core.quant import reference as ref
+
+pytestmark = pytest.mark.skipif(not ref.available(), reason="llama-cpp-python's ggml library is missing")
+
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"]
+# Types gguf.quants can quantize itself (the others are dequantize-only there).
+GGUF_QUANTIZES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+ROWS, COLS = 8, 512
+
+
+def make(dist: str, seed: int = 0) -> np.ndarray:
+    """A small (8, 512) float32 matrix of the named kind."""
+    rng = np.random.default_rng(seed)
+    shape = (ROWS, COLS)
+    if dist == "gauss":
+        return rng.standard_normal(shape, dtype=np.float32)
+    if dist == "student_t3":
+        return rng.standard_t(3, shape).astype(np.float32)
+    if dist == "zeros":
+        return np.zeros(shape, np.float32)
+    if dist == "constant":
+        x = np.full(shape, 0.37, np.float32)
+        x[1] = -2.5
+        x[2] = 1e-3
+        return x
+    if dist == "outlier":
+        x = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        x[np.arange(ROWS), rng.integers(0, COLS, ROWS)] = np.where(np.arange(ROWS) % 2, 300.0, -300.0)
+        return x
+    if dist == "tiny":
+        return (rng.standard_normal(shape) * 1e-8).astype(np.float32)
+    if dist == "fp16_limits":
+        x = rng.uniform(-60000, 60000, shape).astype(np.float32)
+        x[0, :64] = 60000.0
+        x[1, :64] = -65504.0
+        return x
+    if dist == "ties":  # many values exactly halfway between levels
+        return (rng.integers(-64, 64, shape) / 8).astype(np.float32)
+    if dist == "signed_zeros":
+        x = np.where(rng.random(shape) < 0.5, -0.0, 0.0).astype(np.float32)
+        x[:, ::37] = rng.standard_normal((ROWS, len(range(0, COLS, 37)))).astype(np.float32)
+        return x
+    if dist == "subnormal":  # scales overflow to inf inside the search
+        return (rng.standard_normal(shape) * 1e-40).astype(np.float32)
+    if dist == "beyond_fp16":  # sums overflow to inf/NaN inside the search
+        return (rng.standard_normal(shape) * 1e30).astype(np.float32)
+    raise ValueError(dist)
+
+
+DISTS = ["gauss", "student_t3", "zeros", "constant", "outlier", "tiny", "fp16_limits"]
+EXTREME = ["ties", "signed_zeros", "subnormal", "beyond_fp16"]
+
+
+def imatrix_for(kind: str | None) -> np.ndarray | None:
+    if kind is None:
+        return None
+    rng = np.random.default_rng(7)
+    return (rng.random(COLS, dtype=np.float32) ** 2 * 4).astype(np.float32)
+
+
+IM = [None, "imatrix"]
+
+
+@pytest.mark.parametrize("imatrix", IM, ids=["plain", "imatrix"])
+@pytest.mark.parametrize("dist", DISTS + EXTREME)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_bytes_equal_llama_cpp(qtype: str, dist: str, imatrix: str | None) -> None:
+    x = make(dist)
+    qw = imatrix_for(imatrix)
+    expected = ref.ggml_quantize(x, qtype, qw)
+    got = blocks.quantize(x, qtype, qw)
+    assert got.dtype == np.uint8 and got.shape == expected.shape
+    bad = np.nonzero((got != expected).any(axis=1))[0]
+    assert bad.size == 0, f"{qtype}/{dist}: rows {bad.tolist()} differ from llama.cpp"
+
+
+# Not "signed_zeros": for a block of zeros that starts with -0.0, gguf-py writes d = +0 where
+# llama.cpp writes -0 (its running max starts at +0); we follow llama.cpp (test above).
+@pytest.mark.parametrize("dist", [*DISTS, "ties"])
+@pytest.mark.parametrize("qtype", GGUF_QUANTIZES)
+def test_bytes_equal_gguf_py(qtype: str, dist: str) -> None:
+    x = make(dist)
+    expected = gguf.quants.quantize(x, gguf.GGMLQuantizationType[qtype]).view(np.uint8)
+    got = blocks.quantize(x, qtype)
+    assert np.array_equal(got, expected.reshape(got.shape))
+
+
+@pytest.mark.parametrize("dist", ["gauss", "outlier", "fp16_limits"])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_equals_gguf_py_and_ggml(qtype: str, dist: str) -> None:
+    x = make(dist)
+    q = ref.ggml_quantize(x, qtype)
+    ours = blocks.dequantize(q, qtype, x.shape)
+    theirs = gguf.quants.dequantize(q, gguf.GGMLQuantizationType[qtype]).astype(np.float32).reshape(x.shape)
+    ggml = ref.ggml_dequantize(q, qtype, x.shape)
+    assert ours.dtype == np.float32 and ours.shape == x.shape
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    assert np.array_equal(ours.view(np.uint32), ggml.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_roundtrip_error_is_small_for_gaussian(qtype: str) -> None:
+    # Guards against a quantizer and dequantizer that agree with each other but are both wrong.
+    x = make("gauss")
+    y = blocks.dequantize(blocks.quantize(x, qtype), qtype, x.shape)
+    rel = float(np.sqrt(np.mean((y - x) ** 2)) / np.sqrt(np.mean(x**2)))
+    limit = {"F32": 0, "F16": 1e-3, "BF16": 5e-3, "Q8_0": 0.01}.get(qtype, 0.15)
+    assert rel <= limit
+
+
+@pytest.mark.parametrize("imatrix", IM, ids=["plain", "imatrix"])
+@pytest.mark.parametrize("dist", ["gauss", "student_t3", "zeros", "constant", "outlier", "tiny", *EXTREME])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_torch_cpu_equals_numpy(qtype: str, dist: str, imatrix: str | None) -> None:
+    torch = pytest.importorskip("torch")
+    x = make(dist, seed=3)
+    qw = imatrix_for(imatrix)
+    a = blocks.quantize(x, qtype, qw)
+    b = blocks.quantize(torch.from_numpy(x), qtype, qw, backend="torch")
+    assert np.array_equal(a, b)
+
+
+def _accelerators() -> list[str]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    devs = []
+    if torch.cuda.is_available():
+        devs.append("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        devs.append("mps")
+    return devs
+
+
+@pytest.mark.skipif(not _accelerators(), reason="no CUDA or MPS device")
+@pytest.mark.parametrize("imatrix", IM, ids=["plain", "imatrix"])
+@pytest.mark.parametrize("dist", ["gauss", "student_t3", "outlier", "tiny"])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_accelerator_equals_llama_cpp(qtype: str, dist: str, imatrix: str | None) -> None:
+    import torch
+
+    x = make(dist, seed=5)
+    qw = imatrix_for(imatrix)
+    expected = ref.ggml_quantize(x, qtype, qw)
+    for dev in _accelerators():
+        got = blocks.quantize(torch.from_numpy(x).to(dev), qtype, qw)
+        assert np.array_equal(got, expected), dev
+
+
+def test_float_conversions_match_numpy_on_random_bit_patterns() -> None:
+    # Every finite float32 class: normals, subnormal halves, overflow to inf, ties.
+    rng = np.random.default_rng(11)
+    u = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    edges = np.array(
+        [0x477FE000, 0x477FEFFF, 0x477FF000, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001, 0x32FFFFFF],
+        dtype=np.uint32,
+    )
+    f = np.concatenate([u, edges]).view(np.float32)
+    f = f[np.isfinite(f)].reshape(1, -1)
+    with np.errstate(over="ignore"):
+        want16 = f.astype(np.float16).view(np.uint8)
+    assert np.array_equal(blocks.quantize(f, "F16"), want16)
+    want_bf = gguf.quants.quantize(f, gguf.GGMLQuantizationType.BF16).view(np.uint8)
+    assert np.array_equal(blocks.quantize(f, "BF16"), want_bf.reshape(1, -1))
+
+
+def test_iq4_table_matches_gguf_py() -> None:
+    assert legacy.IQ4NL_VALUES.tolist() == list(gguf.quants.IQ4_NL.kvalues)
