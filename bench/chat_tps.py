@@ -1,0 +1,192 @@
+"""Tokens/s of our llama.cpp chat back end against llama-cpp-python called directly, on the same GGUF.
+
+    python bench/chat_tps.py [--hidden 1024] [--layers 8] [--preset Q8_0] [--tokens 128] [--repeat 3]
+
+Builds (once, cached under --cache) a factory model bigger than the test ones and exports it. Then,
+alternating A/B for --repeat rounds: ours = ``LlamaCppBackend`` (child process, our sampler, one pipe
+message per token, probabilities computed) and direct = ``llama_cpp.Llama.generate`` in this process
+with greedy sampling, both with an F32 KV cache, the same prompt ids and llama.cpp's default thread
+count. Decode speed counts the tokens after the first one over the time after the first one; the
+best round of each side is compared (target: ours/direct ≥ 0.95). Also prints the time from
+``request_stop`` to the end of a long generation, and peak RSS of this process and of the children.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROMPT = "The river runs past the mill and under the old stone bridge, and the town grew up around it."
+
+
+def build(cache: Path, hidden: int, layers: int, preset: str) -> Path:
+    from studio.core.export import export_gguf
+    from studio.core.factory import make_tiny_model
+
+    model = cache / f"llama-h{hidden}-l{layers}"
+    if not model.exists():
+        print(f"building a {layers}-layer llama with hidden {hidden} …", file=sys.stderr)
+        make_tiny_model(model, "llama", hidden=hidden, layers=layers, outliers=False)
+    gguf = cache / f"llama-h{hidden}-l{layers}-{preset}.gguf"
+    if not gguf.exists():
+        export_gguf(model, gguf, preset)
+    return gguf
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def ours_round(backend, ids: list[int], n: int) -> tuple[float, int, float]:
+    """(decode tokens/s, tokens, CPU seconds per token of child + consuming thread)."""
+    from studio.core.chat import Sampling
+
+    stamps: list[float] = []
+    pid = backend.worker.pid
+    c0, t0 = _proc_cpu(pid), time.thread_time()
+    gen = backend.stream(ids, Sampling(max_tokens=n))
+    for _ in gen:
+        stamps.append(time.perf_counter())
+    cpu = _proc_cpu(pid) - c0 + time.thread_time() - t0
+    return _rate(stamps), len(stamps), cpu / max(len(stamps), 1)
+
+
+def direct_round(llm, ids: list[int], n: int) -> tuple[float, int, float]:
+    """(decode tokens/s, tokens, CPU seconds per token of this process)."""
+    stamps: list[float] = []
+    llm.reset()
+    eog = llm.token_eos()
+    c0 = time.process_time()
+    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        if tok == eog:
+            break
+        stamps.append(time.perf_counter())
+        if len(stamps) >= n:
+            break
+    return _rate(stamps), len(stamps), (time.process_time() - c0) / max(len(stamps), 1)
+
+
+def _rate(stamps: list[float]) -> float:
+    if len(stamps) < 2:
+        return float("nan")
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def stop_latency(backend, ids: list[int]) -> tuple[float, int, str]:
+    """(seconds from request_stop to the end of the stream, tokens streamed, why it ended)."""
+    from studio.core.chat import Sampling
+
+    seen = threading.Event()
+    count = [0]
+    done: list[float] = []
+    reason: list[str] = []
+
+    def run() -> None:
+        gen = backend.stream(ids, Sampling(max_tokens=100_000))
+        while True:
+            try:
+                next(gen)
+            except StopIteration as end:
+                reason.append(str(getattr(end.value, "value", end.value)))
+                break
+            count[0] += 1
+            if count[0] == 10:
+                seen.set()
+        done.append(time.perf_counter())
+
+    t = threading.Thread(target=run)
+    t.start()
+    seen.wait(120)
+    t0 = time.perf_counter()
+    backend.request_stop()
+    t.join(60)
+    return (done[0] - t0 if done else float("nan")), count[0], (reason[0] if reason else "?")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--preset", default="Q8_0")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "quant-studio-bench")
+    args = ap.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    gguf = build(args.cache, args.hidden, args.layers, args.preset)
+
+    import llama_cpp
+
+    from studio.core.chat.llama_backend import LlamaCppBackend
+
+    ours = LlamaCppBackend(gguf, n_ctx=args.ctx)
+    ours.load()
+    ids = ours.tokenize(PROMPT, True)
+    direct = llama_cpp.Llama(model_path=str(gguf), n_ctx=args.ctx, verbose=False, type_k=0, type_v=0)
+    assert direct.tokenize(PROMPT.encode(), add_bos=True) == ids, "tokenizations differ"
+
+    ours_rates, direct_rates, ours_cpu, direct_cpu = [], [], [], []
+    ours_round(ours, ids, 8)  # warm both up
+    direct_round(direct, ids, 8)
+    for r in range(args.repeat):
+        rate_o, n_o, cpu_o = ours_round(ours, ids, args.tokens)
+        rate_d, n_d, cpu_d = direct_round(direct, ids, args.tokens)
+        ours_rates.append(rate_o)
+        direct_rates.append(rate_d)
+        ours_cpu.append(cpu_o)
+        direct_cpu.append(cpu_d)
+        print(
+            f"round {r + 1}: ours {rate_o:8.2f} tok/s ({n_o} tokens, {cpu_o * 1000:.2f} ms CPU/token)   "
+            f"direct {rate_d:8.2f} tok/s ({n_d} tokens, {cpu_d * 1000:.2f} ms CPU/token)"
+        )
+    stop_s, stop_n, stop_why = stop_latency(ours, ids)
+    ours.close()
+    del direct
+
+    best_o, best_d = max(ours_rates), max(direct_rates)
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(
+        f"model: {gguf.name} ({gguf.stat().st_size / 1e6:.1f} MB), prompt {len(ids)} tokens, {args.tokens} generated"
+    )
+    print(
+        f"ours   (LlamaCppBackend, child process): best {best_o:.2f} tok/s, median {statistics.median(ours_rates):.2f}"
+    )
+    print(
+        f"direct (llama_cpp.Llama.generate):       best {best_d:.2f} tok/s, median {statistics.median(direct_rates):.2f}"
+    )
+    print(
+        f"ratio ours/direct: {best_o / best_d:.3f} (best), {statistics.median(ours_rates) / statistics.median(direct_rates):.3f} (median); target >= 0.95"
+    )
+    print(
+        f"CPU per token: ours {statistics.median(ours_cpu) * 1000:.2f} ms (child + reader thread), "
+        f"direct {statistics.median(direct_cpu) * 1000:.2f} ms; ratio direct/ours "
+        f"{statistics.median(direct_cpu) / statistics.median(ours_cpu):.3f} (load-independent speed ratio)"
+    )
+    print(
+        f"stop latency (request_stop -> generation ended): {stop_s * 1000:.1f} ms "
+        f"(ended: {stop_why}, after {stop_n} tokens)"
+    )
+    print(
+        f"peak RSS: this process {self_kb / 1024:.0f} MB (holds the direct model), llama.cpp child {child_kb / 1024:.0f} MB"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

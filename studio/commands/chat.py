@@ -1,0 +1,114 @@
+"""``quant-studio-cli chat --model A [--compare B] --prompt TEXT``: one reply per model, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``chat`` subcommand."""
+    p = subparsers.add_parser(
+        "chat",
+        help="answer one prompt with a model (and compare it with others)",
+        description=(
+            "Render the prompt with each model's chat template (sandboxed), generate with the same "
+            "sampling settings and seed in every model (greedy by default), and print each reply with "
+            "its speed. A GGUF runs in llama.cpp (in a child process), a model folder in transformers."
+        ),
+    )
+    p.add_argument("--model", required=True, metavar="A", help="a model folder or a GGUF file")
+    p.add_argument(
+        "--compare", action="append", default=[], metavar="B", help="another model to compare (repeatable)"
+    )
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="the user message")
+    p.add_argument("--system", default=None, metavar="TEXT", help="an optional system message")
+    p.add_argument(
+        "--max-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)"
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
+    p.add_argument("--ctx", type=int, default=2048, metavar="N", help="context window (default 2048)")
+    p.add_argument("--device", default="auto", help="device for model folders: auto, cpu, cuda, mps")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument(
+        "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
+    )
+    p.add_argument("--truncate", action="store_true", help="keep only the end of a prompt that is too long")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generate with every model and print the replies."""
+    from studio.core.chat import ChatSession, Sampling, first_divergence, open_backend
+
+    sampling = Sampling(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    paths = [args.model, *args.compare]
+    backends = [
+        open_backend(p, n_ctx=args.ctx, device=args.device, dtype=args.dtype, n_gpu_layers=args.gpu_layers)
+        for p in paths
+    ]
+    session = ChatSession(backends, system=args.system)
+    try:
+        outcomes = session.send(args.prompt, sampling, truncate=args.truncate)
+    finally:
+        session.close()
+    ref = outcomes[0].result
+    rows: list[dict[str, Any]] = []
+    for path, out in zip(paths, outcomes, strict=False):
+        r = out.result
+        row: dict[str, Any] = {"path": str(path), "label": out.label, "error": out.error}
+        if r is not None:
+            div = first_divergence(ref.tokens, r.tokens) if ref is not None else None
+            row.update(
+                text=r.text,
+                tokens=list(r.token_ids),
+                probs=[round(t.prob, 6) for t in r.tokens],
+                prompt_tokens=r.prompt_tokens,
+                stop_reason=r.stop_reason.value,
+                ttft_s=round(r.ttft_s, 4),
+                tokens_per_s=round(r.tokens_per_s, 2),
+                template=r.prompt.template if r.prompt else None,
+                warning=r.prompt.warning if r.prompt else None,
+                first_divergence=div,
+            )
+        rows.append(row)
+    if args.json:
+        json.dump(
+            {"prompt": args.prompt, "sampling": sampling.as_dict(), "models": rows}, sys.stdout, indent=2
+        )
+        sys.stdout.write("\n")
+    else:
+        for row in rows:
+            print(f"=== {row['label']}")
+            if row["error"]:
+                print(f"error: {row['error']}")
+                continue
+            if row.get("warning"):
+                print(f"warning: {row['warning']}")
+            print(row["text"])
+            div = row.get("first_divergence")
+            same = (
+                ""
+                if len(rows) == 1
+                else (" · same as the first model" if div is None else f" · differs from token {div}")
+            )
+            print(
+                f"--- {len(row['tokens'])} tokens, {row['tokens_per_s']:.1f} tokens/s, "
+                f"first token after {row['ttft_s'] * 1000:.0f} ms, ended: {row['stop_reason']}{same}"
+            )
+    for row in rows:
+        if row["error"]:
+            print(f"error: {row['error']}", file=sys.stderr)
+    return 2 if any(row["error"] for row in rows) else 0

@@ -1,0 +1,100 @@
+"""``quant-studio-cli eval --original MODEL --variant A.gguf ...``: perplexity, KL divergence and size per variant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from studio.core.jobs import JobContext
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``eval`` subcommand."""
+    p = subparsers.add_parser(
+        "eval",
+        help="compare quantized GGUF variants with their original (perplexity, KL divergence, size)",
+        description=(
+            "Run the original model and every variant on the same tokens of a text, llama.cpp-style "
+            "(chunks of --ctx tokens, second half of each chunk scored), and report perplexity, the KL "
+            "divergence of each variant's next-token distribution from the original's (mean and 99th "
+            "percentile), how often the top token agrees, and file size and bits per weight."
+        ),
+    )
+    p.add_argument("--original", required=True, metavar="MODEL", help="the original model folder (or a GGUF)")
+    p.add_argument(
+        "--variant", action="append", default=[], metavar="A.gguf", help="a quantized GGUF (repeatable)"
+    )
+    p.add_argument(
+        "--text",
+        default="sample",
+        metavar="FILE",
+        help="a UTF-8 text file, 'sample' (built-in English prose, the default) or 'wikitext-2' (needs datasets)",
+    )
+    p.add_argument("--ctx", type=int, default=512, metavar="N", help="tokens per chunk (default 512)")
+    p.add_argument("--chunks", type=int, default=None, metavar="N", help="evaluate at most N chunks")
+    p.add_argument("--device", default="auto", help="device for the original: auto, cpu, cuda, mps")
+    p.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"), help="original's dtype"
+    )
+    p.add_argument(
+        "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(handler=run)
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "—" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate and print the results."""
+    from studio.core.evaluate import evaluate
+
+    def progress(done: int, total: int, msg: str) -> None:
+        if not args.json:
+            print(f"\r[{done}/{total}] {msg[:70]:<70}", end="", file=sys.stderr, flush=True)
+
+    report = evaluate(
+        args.original,
+        args.variant,
+        text=args.text,
+        n_ctx=args.ctx,
+        max_chunks=args.chunks,
+        device=args.device,
+        dtype=args.dtype,
+        n_gpu_layers=args.gpu_layers,
+        ctx=JobContext(on_progress=progress, min_interval=0.2),
+    )
+    failed = [v for v in report.variants if v.error]
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(file=sys.stderr)
+        o = report.original
+        print(
+            f"{report.text_name}: {report.n_tokens} tokens, {report.n_chunks} chunks of {report.n_ctx} "
+            f"({o.n_scored} scored), {report.seconds:.1f} s"
+        )
+        print(
+            f"{'model':<28} {'PPL':>10} {'ΔPPL':>8} {'KL mean':>10} {'KL p99':>10} {'same top':>9} {'MB':>9} {'BPW':>6}"
+        )
+        print(
+            f"{o.label[:28]:<28} {_fmt(o.ppl, '10.4f')} {'':>8} {'':>10} {'':>10} {'':>9} {o.file_bytes / 1e6:9.2f} {_fmt(o.bpw, '6.2f')}"
+        )
+        for v in report.variants:
+            if v.error:
+                print(f"{v.label[:28]:<28} error: {v.error}")
+                continue
+            print(
+                f"{v.label[:28]:<28} {_fmt(v.ppl, '10.4f')} {_fmt(v.delta_ppl_pct(o.ppl), '+7.2f')}% "
+                f"{_fmt(v.kld_mean, '10.6f')} {_fmt(v.kld_p99, '10.6f')} {_fmt(v.same_top_pct, '8.2f')}% "
+                f"{v.file_bytes / 1e6:9.2f} {_fmt(v.bpw, '6.2f')}"
+            )
+    for v in failed:
+        print(f"error: {v.error}", file=sys.stderr)
+    return 2 if failed else 0

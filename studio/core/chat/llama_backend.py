@@ -1,0 +1,353 @@
+"""Any GGUF through llama-cpp-python in a child process (``LlamaWorker``), streaming tokens back.
+
+The file's header is read here first with our bounded reader (template, special tokens, non-UTF-8
+warnings); llama.cpp then loads it in the child. A GPU load that fails is retried with fewer GPU
+layers and then a smaller context; a child that dies (crash, abort, out of memory) becomes a
+``ChildProcessError_`` of this back end only.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
+from typing import Any
+
+from studio.core.chat.backend import BaseBackend, StopCheck
+from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
+from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
+from studio.core.jobs import JobContext
+
+CHAT_OPS = "studio.core.chat.llama_ops"
+MIN_CTX = 256
+
+
+def _gguf_header(path: Path) -> Any:
+    from studio.core.gguf_read import read_gguf
+
+    return read_gguf(path)
+
+
+def gpu_attempts(n_gpu_layers: int, n_layers: int, n_ctx: int) -> list[tuple[int, int]]:
+    """(GPU layers, context) to try in order: as asked, fewer layers, CPU only, then smaller contexts."""
+    out: list[tuple[int, int]] = []
+
+    def add(layers: int, ctx: int) -> None:
+        if (layers, ctx) not in out:
+            out.append((layers, ctx))
+
+    add(n_gpu_layers, n_ctx)
+    if n_gpu_layers != 0:
+        layers = n_layers if n_gpu_layers < 0 else min(n_gpu_layers, n_layers)
+        while layers > 1:
+            layers //= 2
+            add(layers, n_ctx)
+        add(0, n_ctx)
+    ctx = n_ctx
+    while ctx // 2 >= MIN_CTX:
+        ctx //= 2
+        add(0, ctx)
+    return out
+
+
+class LlamaCppBackend(BaseBackend):
+    """A GGUF file run by llama.cpp in its own process."""
+
+    kind = "llama.cpp"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 2048,
+        n_gpu_layers: int = 0,
+        n_threads: int | None = None,
+        f32_kv: bool = True,
+        logits_all: bool = False,
+        label: str | None = None,
+        extra_ops: str = CHAT_OPS,
+        worker_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        super().__init__(path, n_ctx=n_ctx, label=label)
+        self.n_gpu_layers_request = int(n_gpu_layers)
+        self.n_gpu_layers = 0
+        self.n_threads = n_threads
+        self.f32_kv = f32_kv
+        self.logits_all = logits_all
+        self.extra_ops = extra_ops
+        self._factory = worker_factory
+        self._worker: Any = None
+        self._shm: Any = None
+        self.n_vocab = 0
+        self.header_warnings: tuple[str, ...] = ()
+        self._vocab: tuple[str, ...] | None = None
+
+    # -- loading ------------------------------------------------------------------------------------
+
+    @property
+    def worker(self) -> Any:
+        """The ``LlamaWorker`` running this model (None until loaded)."""
+        return self._worker
+
+    def _new_worker(self) -> Any:
+        if self._factory is not None:
+            return self._factory(label=f"llama.cpp ({self.path.name})", extra_ops=self.extra_ops)
+        from studio.core.llamacpp import LlamaWorker
+
+        return LlamaWorker(label=f"llama.cpp ({self.path.name})", extra_ops=self.extra_ops)
+
+    def load(self, ctx: JobContext | None = None) -> None:
+        """Validate the header, start the child and load; retry smaller on a GPU failure."""
+        if self._loaded:
+            return
+        header = _gguf_header(self.path)  # CorruptFileError for bad files, before llama.cpp sees them
+        meta = header.metadata
+        self.header_warnings = tuple(header.warnings)
+        self._notes.extend(f"{self.path.name}: {w}" for w in header.warnings)
+        self._read_template(meta)
+        arch = str(meta.get("general.architecture", ""))
+        n_layers = int(meta.get(f"{arch}.block_count", 0) or 0)
+        train_ctx = meta.get(f"{arch}.context_length")
+        if isinstance(train_ctx, (int, np_integer())) and 0 < int(train_ctx) < self.n_ctx:
+            self._notes.append(
+                f"The context of {self.label} is limited to the {int(train_ctx)} positions it was trained for."
+            )
+            self.n_ctx = int(train_ctx)
+        if ctx is not None:
+            ctx.check_cancelled()
+        if self._shm is None:
+            # made before the child starts, so the child shares the parent's resource tracker
+            self._shm = _make_flag()
+        attempts = gpu_attempts(self.n_gpu_layers_request, max(n_layers, 1), self.n_ctx)
+        first_error: str | None = None
+        for i, (layers, n_ctx) in enumerate(attempts):
+            if ctx is not None:
+                ctx.check_cancelled()
+            if self._worker is None or not self._worker.alive:
+                self._worker = self._new_worker()
+            try:
+                info = self._worker.request(
+                    "chat_load",
+                    path=str(self.path),
+                    n_ctx=n_ctx,
+                    n_gpu_layers=layers,
+                    n_threads=self.n_threads,
+                    f32_kv=self.f32_kv,
+                    logits_all=self.logits_all,
+                )
+            except StudioError as err:
+                crashed = not self._worker.alive
+                if crashed and layers == 0:
+                    how = _exit_how(self._worker)
+                    self._kill()
+                    raise ChildProcessError_(
+                        f"{self.path.name} crashed the llama.cpp loader ({how}); the model may be damaged or malicious.",
+                        hint="Do not open it again; if it came from a trusted source, update llama-cpp-python.",
+                    ) from None
+                text = _detail(err)
+                if "utf-8" in text.lower() and "decode" in text.lower():
+                    self._kill()
+                    raise ModelOpenError(
+                        f"llama.cpp cannot load {self.path.name} because some of its metadata or token text is not valid UTF-8.",
+                        hint="Re-export the model; Quant Studio can still show its header.",
+                    ) from None
+                if i + 1 < len(attempts):
+                    first_error = first_error or text
+                    if crashed:
+                        self._kill()
+                    continue
+                self._kill()
+                raise ModelOpenError(
+                    f"llama.cpp could not load {self.path.name}: {text}",
+                    hint="The file may use an architecture or type this llama.cpp build does not know; try updating llama-cpp-python.",
+                ) from None
+            if first_error is not None:
+                where = f"{layers} GPU layers" if layers else "the CPU only"
+                self._notes.append(
+                    f"{self.path.name} did not load as asked ({first_error}); it was loaded with {where} and a context of {n_ctx}."
+                )
+            self.n_gpu_layers = layers
+            self.n_ctx = int(info.get("n_ctx", n_ctx))
+            self.n_vocab = int(info.get("n_vocab", 0))
+            break
+        self._loaded = True
+
+    def _read_template(self, meta: dict[str, Any]) -> None:
+        template = meta.get("tokenizer.chat_template")
+        self.template = template if isinstance(template, str) and template.strip() else None
+        tokens = meta.get("tokenizer.ggml.tokens")
+        self._vocab = tuple(str(t) for t in tokens) if isinstance(tokens, (list, tuple)) else None
+
+        def token_text(key: str) -> str:
+            tid = meta.get(key)
+            try:
+                return str(tokens[int(tid)]) if tokens is not None and tid is not None else ""
+            except (IndexError, ValueError, TypeError):
+                return ""
+
+        self.bos_token = token_text("tokenizer.ggml.bos_token_id")
+        self.eos_token = token_text("tokenizer.ggml.eos_token_id")
+
+    # -- chat ---------------------------------------------------------------------------------------
+
+    def _call(self, op: str, **args: Any) -> Any:
+        self._require_loaded()
+        try:
+            return self._worker.request(op, **args)
+        except ChildProcessError_:
+            if not self._worker.alive:
+                self._loaded = False
+                raise self._died(op) from None
+            raise
+
+    def _died(self, what: str) -> ChildProcessError_:
+        return ChildProcessError_(
+            f"The llama.cpp process of {self.label} stopped unexpectedly ({_exit_how(self._worker)}) while {what}.",
+            hint="Load the model again to continue; the other models are not affected.",
+        )
+
+    def vocab_tokens(self) -> tuple[str, ...] | None:
+        """Token strings by id, from the GGUF header."""
+        return self._vocab
+
+    def _tokenize(self, text: str, add_special: bool) -> list[int]:
+        return list(self._call("tokenize", text=text, add_bos=add_special, special=True))
+
+    def stream(
+        self, ids: Sequence[int], sampling: Sampling, should_stop: StopCheck | None = None
+    ) -> Generator[TokenEvent, None, StopReason]:
+        """Stream tokens from the child; Stop sets the shared flag, which the child checks per token."""
+        self._require_loaded()
+        stop = self._stopper(should_stop)
+        flag = self._shm
+        if flag is not None:
+            flag.buf[0] = 0
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            it = self._worker.stream(
+                "chat_generate",
+                ids=[int(i) for i in ids],
+                stop_name=flag.name if flag is not None else None,
+                **sampling.as_dict(),
+            )
+        except ChildProcessError_:
+            self._loaded = False
+            raise self._died("starting a generation") from None
+        reason = StopReason.LENGTH
+        index = 0
+        finished = False
+        try:
+            while True:
+                try:
+                    msg = next(it)
+                except StopIteration:
+                    finished = True
+                    break
+                if "end" in msg:
+                    reason = StopReason(msg["end"])
+                    continue
+                if stop():
+                    self._set_flag()
+                    reason = StopReason.STOPPED
+                    continue  # drain: the child ends after its current token
+                yield TokenEvent(index, int(msg["id"]), decoder.decode(msg["b"]), float(msg["p"]))
+                index += 1
+                if stop():
+                    self._set_flag()
+        except ChildProcessError_ as err:
+            finished = True
+            if not self._worker.alive:
+                self._loaded = False
+                raise self._died("generating") from None
+            raise ChatError(f"llama.cpp failed while generating with {self.label}: {_detail(err)}") from None
+        finally:
+            if not finished:  # the consumer left early: stop the child and drain its answer
+                self._set_flag()
+                with contextlib.suppress(StopIteration, StudioError):
+                    while True:
+                        next(it)
+        return reason
+
+    def _set_flag(self) -> None:
+        if self._shm is not None:
+            with contextlib.suppress(Exception):
+                self._shm.buf[0] = 1
+
+    def request_stop(self) -> None:
+        """Stop before the next token (thread-safe: sets a byte the child polls)."""
+        super().request_stop()
+        self._set_flag()
+
+    def logits(self, ids: Sequence[int]) -> Any:
+        """float32 logits (n, vocab) of every position of ``ids`` (needs ``logits_all=True``)."""
+        if not self.logits_all:
+            raise ChatError(f"{self.label} was loaded without logits for every position.")
+        return self._call("eval_logits", ids=[int(i) for i in ids])
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids of plain text (BOS added as the file's flags say)."""
+        return self._tokenize(text, add_special)
+
+    @property
+    def bos_id(self) -> int | None:
+        """The BOS id when the file adds one to plain text, else None."""
+        probe = self._tokenize("a", True)
+        probe0 = self._tokenize("a", False)
+        return int(probe[0]) if len(probe) > len(probe0) else None
+
+    # -- teardown -----------------------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        if self._worker is not None:
+            with contextlib.suppress(Exception):
+                self._worker.close(timeout=2.0)
+            self._worker = None
+
+    def close(self) -> None:
+        """Stop the child and free the stop flag."""
+        self._loaded = False
+        self._kill()
+        if self._shm is not None:
+            with contextlib.suppress(Exception):
+                self._shm.close()
+                self._shm.unlink()
+            self._shm = None
+
+
+def np_integer() -> type:
+    """numpy's integer base class (header values may be numpy scalars)."""
+    import numpy as np
+
+    return np.integer
+
+
+def _make_flag() -> Any:
+    try:
+        from multiprocessing import shared_memory
+
+        return shared_memory.SharedMemory(create=True, size=8)
+    except Exception:  # noqa: BLE001 - without shared memory Stop still works, one message later
+        return None
+
+
+def _exit_how(worker: Any) -> str:
+    """``signal SIGSEGV`` / ``exit code 1`` of a finished child."""
+    proc = getattr(worker, "_proc", None)
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            proc.join(timeout=1.0)
+    code = getattr(proc, "exitcode", None)
+    if isinstance(code, int) and code < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return "no exit code" if code is None else f"exit code {code}"
+
+
+def _detail(err: BaseException) -> str:
+    text = getattr(err, "message", None) or str(err)
+    return " ".join(str(text).split())[:300]

@@ -1,0 +1,157 @@
+"""Child-side ops for chat and evaluation, added to ``LlamaWorker`` with ``extra_ops="studio.core.chat.llama_ops"``.
+
+``chat_load`` loads a GGUF with llama-cpp-python's own chat-template machinery switched off (templates
+are rendered by the parent's sandbox, never by llama-cpp-python). ``chat_generate`` streams tokens
+of our own generation loop: raw logits → the shared numpy sampler → one message per token with the
+token's bytes and probability. Stop is a byte in shared memory the parent sets; the loop checks it
+before every token and between prompt batches, so it ends within one token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from studio.core.chat.sampling import choose, make_rng
+
+PROMPT_BATCH = 256  # prompt tokens evaluated between two checks of the stop flag
+
+
+class _NoTemplate:
+    """Stands in for llama-cpp-python's Jinja2ChatFormatter so no template is compiled or rendered here."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def to_chat_handler(self) -> Any:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(
+                "chat templates are rendered by Quant Studio's sandbox, not in the llama.cpp worker"
+            )
+
+        return refuse
+
+
+def _disable_llamacpp_templates() -> None:
+    import llama_cpp.llama as llama_mod
+
+    llama_mod.llama_chat_format.Jinja2ChatFormatter = _NoTemplate  # type: ignore[attr-defined]
+
+
+def _op_chat_load(state: Any, path: str, **kwargs: Any) -> dict[str, Any]:
+    from studio.core.llamacpp.worker import _OPS
+
+    _disable_llamacpp_templates()
+    state.chat_flag = None
+    info = _OPS["load"](state, path=path, **kwargs)
+    info.pop("metadata", None)  # the parent reads metadata itself, bounded and with lossy UTF-8
+    llm = state.llm
+    info["n_batch"] = int(getattr(llm, "n_batch", 512))
+    return info
+
+
+def _flag(state: Any, name: str | None) -> Any:
+    if not name:
+        return None
+    cached = getattr(state, "chat_flag", None)
+    if cached is not None and cached[0] == name:
+        return cached[1]
+    from multiprocessing import shared_memory
+
+    # the parent made it before starting this child, so both share one resource tracker and the
+    # parent's unlink settles it
+    shm = shared_memory.SharedMemory(name=name)
+    state.chat_flag = (name, shm)
+    return shm
+
+
+def _piece(vocab: Any, tok: int) -> bytes:
+    import llama_cpp
+
+    size = 64
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(vocab, tok, buf, size, 0, False)
+        if n >= 0:
+            return buf.raw[:n]
+        size = -n + 8  # the piece needs -n bytes
+
+
+def _op_chat_generate(
+    state: Any,
+    ids: list[int],
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    stop_name: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Stream ``{"id", "b", "p"}`` per token, then one ``{"end": reason}``."""
+    import llama_cpp
+
+    from studio.core.llamacpp.worker import _need
+
+    llm = _need(state)
+    flag = _flag(state, stop_name)
+    stopped = (lambda: flag.buf[0] != 0) if flag is not None else (lambda: False)
+    vocab = llm._model.vocab
+    n_vocab = llm.n_vocab()
+    n_ctx = llm.n_ctx()
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("the prompt has no tokens")
+    if len(ids) >= n_ctx:
+        raise ValueError(f"prompt too long ({len(ids)} > {n_ctx - 1} tokens)")
+    # keep the cached prefix the new prompt shares with what is in the KV cache (follow-up turns)
+    have = list(llm.input_ids[: llm.n_tokens])
+    common = 0
+    for a, b in zip(have, ids, strict=False):
+        if a != b:
+            break
+        common += 1
+    common = min(common, len(ids) - 1)  # at least one token must be evaluated to get logits
+    llm.n_tokens = common
+    for start in range(common, len(ids), PROMPT_BATCH):
+        if stopped():
+            yield {"end": "stopped"}
+            return
+        llm.eval(ids[start : start + PROMPT_BATCH])
+    rng = None if temperature <= 0 else make_rng(seed)
+    ctx_ptr = llm._ctx.ctx
+    pending: int | None = None  # the last token, evaluated only if another one is wanted
+    for _ in range(max_tokens):
+        if stopped():
+            yield {"end": "stopped"}
+            return
+        if pending is not None:
+            if llm.n_tokens >= n_ctx:
+                yield {"end": "context"}
+                return
+            llm.eval([pending])
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx_ptr, -1), shape=(n_vocab,))
+        tok, p = choose(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
+        if llama_cpp.llama_vocab_is_eog(vocab, tok):
+            yield {"end": "eos", "id": tok, "p": p}
+            return
+        yield {"id": tok, "b": _piece(vocab, tok), "p": p}
+        pending = tok
+    yield {"end": "length"}
+
+
+def _op_chat_crash(state: Any, how: str = "segv") -> None:
+    """Test hook: die mid-request the way native code does."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV if how == "segv" else signal.SIGABRT)
+
+
+OPS = {
+    "chat_load": _op_chat_load,
+    "chat_generate": _op_chat_generate,
+    "chat_crash": _op_chat_crash,
+}

@@ -1,0 +1,328 @@
+"""Evaluate quantized variants against their original: perplexity, KL divergence, same-top-token rate, size.
+
+The original (a checkpoint through transformers, or a GGUF) tokenizes the text once; every model is
+then run on exactly those token ids, chunk by chunk, following llama.cpp's perplexity convention
+(see ``metrics``). The original's logits of the scored rows are kept (in memory, or in a temporary
+memory-mapped file when large) so each variant is loaded alone, compared, and closed again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.errors import EvaluationError, StudioError
+from studio.core.evaluate.metrics import (
+    chunk_starts,
+    chunk_tokens,
+    kl_rows,
+    kl_stats,
+    perplexity,
+    scored_positions,
+    token_nll,
+)
+from studio.core.evaluate.texts import EvalText, load_text
+from studio.core.jobs import JobContext, null_context
+
+IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
+
+
+@dataclass(frozen=True)
+class ModelScore:
+    """Perplexity and size of the original model."""
+
+    path: str
+    label: str
+    kind: str  # "transformers" or "llama.cpp"
+    ppl: float
+    ppl_err: float
+    n_scored: int
+    file_bytes: int
+    bpw: float
+
+
+@dataclass(frozen=True)
+class VariantScore:
+    """How far one variant is from the original on the same tokens, and what it costs in size."""
+
+    path: str
+    label: str
+    ppl: float
+    ppl_err: float
+    kld_mean: float
+    kld_median: float
+    kld_p99: float
+    kld_max: float
+    same_top_pct: float
+    file_bytes: int
+    bpw: float
+    n_scored: int
+    error: str | None = None
+
+    def delta_ppl_pct(self, original_ppl: float) -> float:
+        """Perplexity change relative to the original, in percent."""
+        return (
+            100.0 * (self.ppl / original_ppl - 1.0)
+            if original_ppl and math.isfinite(self.ppl)
+            else float("nan")
+        )
+
+
+@dataclass(frozen=True)
+class QualityPoint:
+    """One point of the quality-versus-size plot."""
+
+    label: str
+    file_bytes: int
+    bpw: float
+    kld_mean: float
+    ppl: float
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """The results of one evaluation run."""
+
+    original: ModelScore
+    variants: tuple[VariantScore, ...]
+    text_name: str
+    n_ctx: int
+    n_chunks: int
+    n_tokens: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form (NaN becomes None)."""
+        return _clean(
+            {
+                "original": asdict(self.original),
+                "variants": [asdict(v) for v in self.variants],
+                "text": self.text_name,
+                "ctx": self.n_ctx,
+                "chunks": self.n_chunks,
+                "tokens": self.n_tokens,
+                "seconds": self.seconds,
+            }
+        )
+
+    def quality_vs_size(self) -> tuple[QualityPoint, ...]:
+        """Variants that were evaluated, smallest file first."""
+        pts = [
+            QualityPoint(v.label, v.file_bytes, v.bpw, v.kld_mean, v.ppl)
+            for v in self.variants
+            if v.error is None
+        ]
+        return tuple(sorted(pts, key=lambda p: p.file_bytes))
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+# ------------------------------------------------------------------------------------------ sizes
+
+
+def gguf_size(path: str | Path) -> tuple[int, float]:
+    """(file bytes, bits per weight of the tensor data) of a GGUF file."""
+    from studio.core.gguf_read import read_gguf
+
+    h = read_gguf(path)
+    n = sum(t.n_elements for t in h.tensors)
+    b = sum(t.nbytes for t in h.tensors)
+    return h.file_size, (8.0 * b / n if n else float("nan"))
+
+
+def checkpoint_size(path: str | Path, n_params: int) -> tuple[int, float]:
+    """(bytes of the weight files, bits per parameter) of a checkpoint folder."""
+    folder = Path(path)
+    files = [
+        p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth") and p.is_file()
+    ]
+    total = sum(p.stat().st_size for p in files)
+    return total, (8.0 * total / n_params if n_params else float("nan"))
+
+
+# ------------------------------------------------------------------------------------------ scorers
+
+
+def _open_scorer(path: Path, n_ctx: int, device: str, dtype: str, n_gpu_layers: int) -> Any:
+    if path.suffix.lower() == ".gguf":
+        from studio.core.chat.llama_backend import LlamaCppBackend
+
+        return LlamaCppBackend(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, logits_all=True)
+    from studio.core.chat.hf_backend import TransformersBackend
+
+    return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype)
+
+
+ScorerFactory = Callable[[Path, int], Any]
+
+
+def evaluate(
+    original: str | Path,
+    variants: Sequence[str | Path],
+    *,
+    text: str | os.PathLike[str] | EvalText = "sample",
+    n_ctx: int = 512,
+    max_chunks: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    n_gpu_layers: int = 0,
+    ctx: JobContext | None = None,
+) -> EvalReport:
+    """Score ``original`` and every variant on ``text``; see the module docstring for the method."""
+    ctx = ctx or null_context()
+    t0 = time.monotonic()
+    if n_ctx < 8:
+        raise EvaluationError(f"A context of {n_ctx} tokens is too small to evaluate; use at least 8.")
+    et = text if isinstance(text, EvalText) else load_text(text)
+    orig_path = Path(original).expanduser()
+    sl = scored_positions(n_ctx)
+    n_rows = sl.stop - sl.start
+
+    ctx.report(0, 1, f"Loading {orig_path.name}")
+    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers)
+    tmpdir: tempfile.TemporaryDirectory[str] | None = None
+    try:
+        scorer.load(ctx)
+        if scorer.n_ctx < n_ctx:
+            raise EvaluationError(
+                f"{orig_path.name} handles at most {scorer.n_ctx} positions; evaluate with --ctx {scorer.n_ctx} or less."
+            )
+        tokens = scorer.tokenize(et.text, True)
+        bos = scorer.bos_id
+        starts = chunk_starts(len(tokens), n_ctx, max_chunks)
+        if not starts:
+            raise EvaluationError(
+                f"The text {et.name} has {len(tokens)} tokens, fewer than one chunk of {n_ctx}.",
+                hint="Use a longer text or a smaller --ctx.",
+            )
+        total = len(starts) * (1 + len(variants))
+        base: np.ndarray | None = None
+        nll_o: list[np.ndarray] = []
+        for ci, start in enumerate(starts):
+            ctx.check_cancelled()
+            ids = chunk_tokens(tokens, start, n_ctx, bos)
+            logits = np.asarray(scorer.logits(ids), dtype=np.float32)
+            if base is None:
+                shape = (len(starts), n_rows, logits.shape[-1])
+                nbytes = math.prod(shape) * 4
+                if nbytes > IN_MEMORY_LIMIT:
+                    tmpdir = tempfile.TemporaryDirectory(prefix="quant-studio-eval-")
+                    base = np.lib.format.open_memmap(
+                        os.path.join(tmpdir.name, "base.npy"), mode="w+", dtype=np.float32, shape=shape
+                    )
+                else:
+                    base = np.empty(shape, dtype=np.float32)
+            base[ci] = logits[sl]
+            nll_o.append(token_nll(logits[sl], tokens[start + sl.start + 1 : start + sl.stop + 1]))
+            ctx.report(ci + 1, total, f"{orig_path.name}: chunk {ci + 1}/{len(starts)}")
+        assert base is not None
+        if scorer.kind == "llama.cpp":
+            size, bpw = gguf_size(orig_path)
+        else:
+            size, bpw = checkpoint_size(orig_path, scorer.param_count)
+        nll = np.concatenate(nll_o)
+        ppl, err = perplexity(nll)
+        orig_score = ModelScore(
+            str(orig_path), orig_path.name, scorer.kind, ppl, err, int(nll.size), size, bpw
+        )
+        scorer.close()
+
+        scores: list[VariantScore] = []
+        for vi, vpath in enumerate(variants):
+            done = len(starts) * (1 + vi)
+            scores.append(
+                _score_variant(
+                    Path(vpath).expanduser(), tokens, starts, bos, base, n_ctx, n_gpu_layers, ctx, done, total
+                )
+            )
+        return EvalReport(
+            orig_score, tuple(scores), et.name, n_ctx, len(starts), len(tokens), time.monotonic() - t0
+        )
+    finally:
+        scorer.close()
+        if tmpdir is not None:
+            del base
+            tmpdir.cleanup()
+
+
+def _score_variant(
+    path: Path,
+    tokens: Sequence[int],
+    starts: Sequence[int],
+    bos: int | None,
+    base: np.ndarray,
+    n_ctx: int,
+    n_gpu_layers: int,
+    ctx: JobContext,
+    done: int,
+    total: int,
+) -> VariantScore:
+    from studio.core.chat.llama_backend import LlamaCppBackend
+    from studio.core.jobs import JobCancelled
+
+    sl = scored_positions(n_ctx)
+    nan = float("nan")
+    try:
+        file_bytes, bpw = gguf_size(path)
+    except StudioError as err:
+        return VariantScore(str(path), path.name, nan, nan, nan, nan, nan, nan, nan, 0, nan, 0, str(err))
+    ctx.report(done, total, f"Loading {path.name}")
+    var = LlamaCppBackend(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, logits_all=True)
+    try:
+        var.load(ctx)
+        if var.n_vocab != base.shape[-1]:
+            raise EvaluationError(
+                f"{path.name} has {var.n_vocab} tokens in its vocabulary, the original {base.shape[-1]}; "
+                "it is not a variant of this model."
+            )
+        nll, kl, same = [], [], []
+        for ci, start in enumerate(starts):
+            ctx.check_cancelled()
+            ids = chunk_tokens(tokens, start, n_ctx, bos)
+            rows = np.asarray(var.logits(ids), dtype=np.float32)[sl]
+            ref = np.asarray(base[ci])
+            nll.append(token_nll(rows, tokens[start + sl.start + 1 : start + sl.stop + 1]))
+            kl.append(kl_rows(ref, rows))
+            same.append(ref.argmax(-1) == rows.argmax(-1))
+            ctx.report(done + ci + 1, total, f"{path.name}: chunk {ci + 1}/{len(starts)}")
+    except JobCancelled:
+        raise
+    except StudioError as err:
+        return VariantScore(
+            str(path), path.name, nan, nan, nan, nan, nan, nan, nan, file_bytes, bpw, 0, str(err)
+        )
+    finally:
+        var.close()
+    all_nll = np.concatenate(nll)
+    ppl, err = perplexity(all_nll)
+    st = kl_stats(np.concatenate(kl), np.concatenate(same))
+    return VariantScore(
+        str(path),
+        path.name,
+        ppl,
+        err,
+        st.mean,
+        st.median,
+        st.p99,
+        st.max,
+        st.same_top_pct,
+        file_bytes,
+        bpw,
+        st.n,
+    )

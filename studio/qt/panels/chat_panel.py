@@ -1,0 +1,566 @@
+"""Side-by-side chat: one column per model (the original and its variants), the same prompt for all.
+
+Every column streams its tokens at once (one thread per column inside one chat job), shows tokens/s
+and time to first token, the probability of each token on hover, and the first token where it
+departs from the first column. Stop ends every column within a token; a column whose model fails
+(or whose llama.cpp process dies) shows its error while the others go on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
+from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTextEdit,
+    QToolButton,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
+from studio.core.chat.types import Sampling, TokenEvent
+from studio.qt.panels import assert_gui_thread
+
+__all__ = ["ChatColumn", "ChatPanel", "TokenView"]
+
+DIVERGE_COLOR = QColor("#ffd54f")
+USER_PREVIEW_CHARS = 2000  # a 5 MB paste is sent whole but shown shortened
+
+
+class _Bridge(QObject):
+    """Carries tokens from the column threads to the GUI thread (queued, since it lives on the GUI thread)."""
+
+    token = Signal(int, int, object)  # turn, column, TokenEvent
+
+
+class TokenView(QTextEdit):
+    """A read-only transcript that knows which characters belong to which token (for tooltips)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.setAcceptRichText(False)
+        self._starts: list[int] = []
+        self._spans: list[tuple[int, int, TokenEvent]] = []
+
+    def clear_tokens(self) -> None:
+        """Forget the token positions of the current reply (the text stays)."""
+        self._starts.clear()
+        self._spans.clear()
+
+    def append_token(self, ev: TokenEvent) -> tuple[int, int]:
+        """Insert a token's text at the end; returns its character span."""
+        cur = QTextCursor(self.document())
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        start = cur.position()
+        cur.insertText(ev.text, QTextCharFormat())
+        end = cur.position()
+        self._starts.append(start)
+        self._spans.append((start, end, ev))
+        return start, end
+
+    def token_span(self, index: int) -> tuple[int, int] | None:
+        """Character span of the reply's token ``index``."""
+        for s, e, ev in self._spans:
+            if ev.index == index:
+                return s, e
+        return None
+
+    def token_at(self, char_pos: int) -> TokenEvent | None:
+        """The token covering character ``char_pos`` of the document, if any."""
+        i = bisect.bisect_right(self._starts, char_pos) - 1
+        if i < 0:
+            return None
+        s, e, ev = self._spans[i]
+        return ev if s <= char_pos < max(e, s + 1) else None
+
+    def tooltip_for(self, char_pos: int) -> str | None:
+        """The hover text for the token at ``char_pos``."""
+        ev = self.token_at(char_pos)
+        if ev is None:
+            return None
+        shown = ev.text.replace("\n", "\\n") or "∅"
+        return f"{shown!r}  p = {ev.prob:.4f}  (token {ev.token_id}, #{ev.index + 1})"
+
+    def highlight(self, index: int, color: QColor = DIVERGE_COLOR) -> bool:
+        """Mark token ``index`` of the current reply (the first divergent token)."""
+        span = self.token_span(index)
+        if span is None:
+            return False
+        cur = QTextCursor(self.document())
+        cur.setPosition(span[0])
+        cur.setPosition(max(span[1], span[0] + 1), QTextCursor.MoveMode.KeepAnchor)
+        fmt = QTextCharFormat()
+        fmt.setBackground(color)
+        fmt.setFontWeight(QFont.Weight.Bold)
+        cur.mergeCharFormat(fmt)
+        return True
+
+    def viewportEvent(self, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        if event.type() == QEvent.Type.ToolTip:
+            pos = self.cursorForPosition(event.pos()).position()
+            tip = self.tooltip_for(pos) or (self.tooltip_for(pos - 1) if pos > 0 else None)
+            if tip:
+                QToolTip.showText(event.globalPos(), tip, self)
+            else:
+                QToolTip.hideText()
+                event.ignore()
+            return True
+        return super().viewportEvent(event)
+
+
+class ChatColumn(QFrame):
+    """One model's column: name, speed, transcript and errors."""
+
+    removeRequested = Signal(object)
+
+    def __init__(self, path: Path, label: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.path = path
+        self.label = label
+        self.tokens: list[TokenEvent] = []
+        self.error: str | None = None
+        self.divergence: int | None = None
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.title = QLabel(f"<b>{html.escape(label)}</b>", self)
+        self.title.setToolTip(str(path))
+        self.remove_button = QToolButton(self)
+        self.remove_button.setText("✕")
+        self.remove_button.setToolTip("Remove this model from the comparison")
+        self.remove_button.clicked.connect(lambda: self.removeRequested.emit(self))
+        self.stats = QLabel("not loaded", self)
+        self.stats.setObjectName("ChatColumnStats")
+        self.view = TokenView(self)
+        top = QHBoxLayout()
+        top.addWidget(self.title, 1)
+        top.addWidget(self.remove_button)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(top)
+        lay.addWidget(self.stats)
+        lay.addWidget(self.view, 1)
+
+    @property
+    def text(self) -> str:
+        """The current reply's text."""
+        return "".join(t.text for t in self.tokens)
+
+    def begin_turn(self, user_text: str) -> None:
+        """Show the user's turn and get ready for the reply."""
+        shown = (
+            user_text
+            if len(user_text) <= USER_PREVIEW_CHARS
+            else (f"{user_text[:USER_PREVIEW_CHARS]}… ({len(user_text):,} characters)")
+        )
+        cur = QTextCursor(self.view.document())
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        if not self.view.document().isEmpty():
+            cur.insertBlock()
+        bold = QTextCharFormat()
+        bold.setFontWeight(QFont.Weight.Bold)
+        cur.insertText("You: ", bold)
+        cur.insertText(shown, QTextCharFormat())
+        cur.insertBlock()
+        cur.insertText(f"{self.label}: ", bold)
+        cur.setCharFormat(QTextCharFormat())
+        self.view.clear_tokens()
+        self.tokens = []
+        self.error = None
+        self.divergence = None
+        self.stats.setText("working…")
+        self.stats.setStyleSheet("")
+
+    def add_token(self, ev: TokenEvent) -> None:
+        """Append one streamed token."""
+        self.tokens.append(ev)
+        self.view.append_token(ev)
+        self.stats.setText(f"{len(self.tokens)} tokens…")
+
+    def finish(self, outcome: ColumnOutcome, stopped: bool = False) -> None:
+        """Show the final speed, or the column's error."""
+        if outcome.error is not None:
+            self.fail(outcome.error)
+            return
+        r = outcome.result
+        if r is None:
+            return
+        # replace streamed tokens by the final ones (same ids; they carry their timings)
+        self.tokens = list(r.tokens)
+        end = "stopped" if stopped or r.stop_reason.value == "stopped" else r.stop_reason.value
+        warn = f" ⚠ {r.prompt.warning}" if r.prompt is not None and r.prompt.warning else ""
+        self.stats.setText(
+            f"{r.tokens_per_s:.1f} tokens/s · first token {r.ttft_s * 1000:.0f} ms · "
+            f"{len(r.tokens)} tokens · {end}{warn}"
+        )
+        if warn:
+            self.stats.setToolTip(r.prompt.warning)
+
+    def fail(self, message: str) -> None:
+        """Show an error in this column only."""
+        self.error = message
+        self.stats.setText(f"Error: {message}")
+        self.stats.setWordWrap(True)
+        self.stats.setStyleSheet("color: #c62828;")
+        cur = QTextCursor(self.view.document())
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor("#c62828"))
+        cur.insertText(f"[{message}]", fmt)
+
+    def mark_divergence(self, index: int) -> None:
+        """Highlight the first token where this column departs from the first column."""
+        if self.divergence is None or index < self.divergence:
+            self.divergence = index
+            self.view.highlight(index)
+
+
+BackendFactory = Callable[[Path], Any]
+
+
+def _default_factory(n_ctx: int) -> BackendFactory:
+    def make(path: Path) -> Any:
+        from studio.core.chat.session import open_backend
+
+        return open_backend(path, n_ctx=n_ctx)
+
+    return make
+
+
+class ChatPanel(QWidget):
+    """Chat with several models at once; see the module docstring."""
+
+    tokenShown = Signal(int, object)  # column, TokenEvent
+    turnFinished = Signal(object)  # list[ColumnOutcome]
+    stopped = Signal()
+    columnsChanged = Signal()
+
+    def __init__(
+        self,
+        state: Any,
+        jobs: Any,
+        parent: QWidget | None = None,
+        *,
+        backend_factory: BackendFactory | None = None,
+        n_ctx: int = 2048,
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.jobs = jobs
+        self.n_ctx = n_ctx
+        self._factory = backend_factory or _default_factory(n_ctx)
+        self.columns: list[ChatColumn] = []
+        self._backends: dict[str, Any] = {}
+        self._session: ChatSession | None = None
+        self._job: Any = None
+        self._turn = 0
+        self._stopping = False
+        self._bridge = _Bridge(self)
+        self._bridge.token.connect(self._on_token)
+        self._build()
+        state.modelOpened.connect(self._on_model_opened)
+        state.resultReady.connect(self._on_result)
+        self._update_enabled()
+
+    # -- building ---------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.add_gguf_button = QPushButton("Add GGUF…", self)
+        self.add_gguf_button.clicked.connect(self._choose_gguf)
+        self.add_folder_button = QPushButton("Add model folder…", self)
+        self.add_folder_button.clicked.connect(self._choose_folder)
+        self.new_button = QPushButton("New conversation", self)
+        self.new_button.clicked.connect(self.new_conversation)
+        self.max_tokens = QSpinBox(self)
+        self.max_tokens.setRange(1, 32768)
+        self.max_tokens.setValue(128)
+        self.max_tokens.setToolTip("Tokens to generate per reply")
+        self.temperature = QDoubleSpinBox(self)
+        self.temperature.setRange(0.0, 5.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setValue(0.0)
+        self.temperature.setToolTip("0 is greedy: the most likely token every time")
+        self.seed = QSpinBox(self)
+        self.seed.setRange(0, 2**31 - 1)
+        self.seed.setToolTip("Random seed, the same for every column")
+        self.truncate = QCheckBox("Truncate long prompts", self)
+        self.truncate.setToolTip("Keep only the end of a prompt that does not fit in the context")
+        bar = QHBoxLayout()
+        for w in (self.add_gguf_button, self.add_folder_button, self.new_button):
+            bar.addWidget(w)
+        bar.addStretch(1)
+        for label, w in (
+            ("Max tokens", self.max_tokens),
+            ("Temperature", self.temperature),
+            ("Seed", self.seed),
+        ):
+            bar.addWidget(QLabel(label, self))
+            bar.addWidget(w)
+        bar.addWidget(self.truncate)
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        self.placeholder = QLabel(
+            "Add two or more models (the original and its GGUF variants) to compare their answers.", self
+        )
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)
+
+        self.prompt = QPlainTextEdit(self)
+        self.prompt.setPlaceholderText("Type a message; the same prompt goes to every model.")
+        self.prompt.setMaximumHeight(110)
+        self.send_button = QPushButton("Send", self)
+        self.send_button.setDefault(True)
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop", self)
+        self.stop_button.clicked.connect(self.stop)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.prompt, 1)
+        bottom.addLayout(buttons)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(bar)
+        lay.addWidget(self.placeholder)
+        lay.addWidget(self.splitter, 1)
+        lay.addLayout(bottom)
+
+    # -- columns ----------------------------------------------------------------------------------
+
+    def add_model(self, path: str | Path, label: str | None = None) -> ChatColumn | None:
+        """Add a column for a GGUF file or a checkpoint folder (ignored if already present)."""
+        assert_gui_thread("ChatPanel.add_model")
+        p = Path(path)
+        if any(c.path == p for c in self.columns):
+            return None
+        names = {c.label for c in self.columns}
+        label = label or p.name
+        while label in names:
+            label += "′"
+        col = ChatColumn(p, label, self)
+        col.removeRequested.connect(self.remove_column)
+        self.columns.append(col)
+        self.splitter.addWidget(col)
+        self._columns_changed()
+        return col
+
+    def set_models(self, paths: Sequence[str | Path]) -> None:
+        """Replace every column by one per path."""
+        for col in list(self.columns):
+            self.remove_column(col)
+        for p in paths:
+            self.add_model(p)
+
+    @Slot(object)
+    def remove_column(self, col: ChatColumn) -> None:
+        """Remove a column (and close its model)."""
+        if self.running or col not in self.columns:
+            return
+        self.columns.remove(col)
+        b = self._backends.pop(str(col.path), None)
+        if b is not None:
+            b.close()
+        col.setParent(None)
+        col.deleteLater()
+        self._columns_changed()
+
+    def _columns_changed(self) -> None:
+        # a new set of columns starts a new conversation (the models stay loaded)
+        self._session = None
+        self.placeholder.setVisible(not self.columns)
+        self._update_enabled()
+        self.columnsChanged.emit()
+
+    def _choose_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf)")
+        if path:
+            self.add_model(path)
+
+    def _choose_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        if path:
+            self.add_model(path)
+
+    @Slot(object)
+    def _on_model_opened(self, checkpoint: Any) -> None:
+        info = getattr(checkpoint, "info", None)
+        path = getattr(info, "path", None)
+        if path is not None and not self.columns:
+            self.add_model(path)
+
+    @Slot(object)
+    def _on_result(self, result: Any) -> None:
+        # a finished export becomes a column to compare
+        path = getattr(result, "path", None)
+        if path is not None and hasattr(result, "tensor_types") and str(path).lower().endswith(".gguf"):
+            self.add_model(path)
+
+    # -- a turn -----------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether a turn is in progress."""
+        return self._job is not None
+
+    def sampling(self) -> Sampling:
+        """The sampling settings shown in the panel."""
+        return Sampling(
+            max_tokens=self.max_tokens.value(),
+            temperature=round(self.temperature.value(), 4),
+            seed=self.seed.value(),
+        )
+
+    def _ensure_session(self) -> ChatSession:
+        if self._session is None:
+            backends = []
+            for col in self.columns:
+                key = str(col.path)
+                if key not in self._backends:
+                    self._backends[key] = self._factory(col.path)
+                b = self._backends[key]
+                b.label = col.label
+                backends.append(b)
+            self._session = ChatSession(backends)
+        return self._session
+
+    @Slot()
+    def send(self) -> bool:
+        """Send the prompt to every column; False when there is nothing to do (or a turn runs)."""
+        assert_gui_thread("ChatPanel.send")
+        text = self.prompt.toPlainText()
+        if self.running or not self.columns or not text.strip():
+            return False
+        session = self._ensure_session()
+        sampling = self.sampling()
+        truncate = self.truncate.isChecked()
+        self._turn += 1
+        turn = self._turn
+        for col in self.columns:
+            col.begin_turn(text)
+        self.prompt.clear()
+        self._stopping = False
+        bridge = self._bridge
+
+        def work(ctx: Any) -> list[ColumnOutcome]:
+            return session.send(
+                text,
+                sampling,
+                on_token=lambda column, ev: bridge.token.emit(turn, column, ev),
+                truncate=truncate,
+                ctx=ctx,
+            )
+
+        self._job = self.jobs.submit(
+            "Chat",
+            work,
+            kind="chat",
+            on_success=self._on_done,
+            on_error=self._on_failed,
+            on_cancel=self._on_cancelled,
+            discard=self._on_done,  # a stopped turn still delivers its partial replies
+        )
+        self._update_enabled()
+        return True
+
+    @Slot()
+    def stop(self) -> None:
+        """Stop every column before its next token."""
+        if self._job is None:
+            return
+        self._stopping = True
+        self._job.cancel()
+        if self._session is not None:
+            self._session.request_stop()
+
+    @Slot(int, int, object)
+    def _on_token(self, turn: int, column: int, ev: TokenEvent) -> None:
+        if turn != self._turn or column >= len(self.columns):
+            return
+        col = self.columns[column]
+        col.add_token(ev)
+        self.tokenShown.emit(column, ev)
+        self._update_divergence()
+
+    def _update_divergence(self) -> None:
+        if len(self.columns) < 2:
+            return
+        ref = self.columns[0]
+        for col in self.columns[1:]:
+            n = min(len(ref.tokens), len(col.tokens))
+            if n == 0:
+                continue
+            i = first_divergence(ref.tokens[:n], col.tokens[:n])
+            if i is not None:
+                col.mark_divergence(i)
+                ref.mark_divergence(i)
+
+    def _on_done(self, outcomes: list[ColumnOutcome]) -> None:
+        self._job = None
+        stopped = self._stopping
+        for out in outcomes:
+            if out.column < len(self.columns):
+                self.columns[out.column].finish(out, stopped)
+        self._update_divergence()
+        self._update_enabled()
+        self.turnFinished.emit(outcomes)
+
+    def _on_failed(self, message: str) -> None:
+        self._job = None
+        for col in self.columns:
+            col.fail(message)
+        self._update_enabled()
+
+    def _on_cancelled(self) -> None:
+        self._job = None
+        self._update_enabled()
+        self.stopped.emit()
+
+    @Slot()
+    def new_conversation(self) -> None:
+        """Clear every transcript and start over (the models stay loaded)."""
+        if self.running:
+            return
+        if self._session is not None:
+            self._session.reset()
+        for col in self.columns:
+            col.view.clear()
+            col.view.clear_tokens()
+            col.tokens = []
+            col.stats.setText("")
+
+    def _update_enabled(self) -> None:
+        busy = self.running
+        self.send_button.setEnabled(not busy and bool(self.columns))
+        self.stop_button.setEnabled(busy)
+        for w in (self.add_gguf_button, self.add_folder_button, self.new_button):
+            w.setEnabled(not busy)
+        for col in self.columns:
+            col.remove_button.setEnabled(not busy)
+
+    def shutdown(self) -> None:
+        """Stop a running turn and close every model (call when the window closes)."""
+        self.stop()
+        for b in self._backends.values():
+            try:
+                b.close()
+            except Exception:  # noqa: BLE001 - closing goes on for the others
+                pass
+        self._backends.clear()
+        self._session = None

@@ -1,0 +1,400 @@
+"""Quality of the variants of a model: a results table and a plot of KL divergence against file size.
+
+The numbers come from ``studio.core.evaluate.evaluate`` run in a job (original first, then each GGUF
+alone); this widget collects the inputs and shows the ``EvalReport``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+
+__all__ = ["COLUMNS", "EvalPanel"]
+
+COLUMNS = ("Model", "PPL", "ΔPPL", "KL mean", "KL p99", "Same top", "Size", "BPW")
+KL_FLOOR = 1e-12  # the plot's y axis is logarithmic; a lossless F32 export sits on the floor
+
+
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{format(x, spec)}{suffix}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+class EvalPanel(QWidget):
+    """Pick an original, its GGUF variants and a text; evaluate in the background; show table and plot."""
+
+    reportShown = Signal(object)  # the EvalReport just drawn
+    errorShown = Signal(str)
+
+    def __init__(
+        self,
+        state: Any,
+        jobs: Any,
+        parent: QWidget | None = None,
+        *,
+        evaluate_fn: Callable[..., Any] | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.jobs = jobs
+        self.report: Any = None
+        self._job: Any = None
+        self._text_file: str | None = None
+        self._evaluate = evaluate_fn
+        self._build()
+        state.modelOpened.connect(self._on_model_opened)
+        state.resultReady.connect(self._on_result)
+        state.themeChanged.connect(self._apply_theme)
+        self._apply_theme(bool(getattr(state, "dark", False)))
+        self._update_enabled()
+
+    # -- building ---------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.original_edit = QLineEdit(self)
+        self.original_edit.setPlaceholderText("the original model folder (or a GGUF)")
+        self.original_edit.textChanged.connect(self._update_enabled)
+        browse = QPushButton("…", self)
+        browse.setToolTip("Choose the original model folder")
+        browse.clicked.connect(self._choose_original)
+        orig_row = QHBoxLayout()
+        orig_row.addWidget(self.original_edit, 1)
+        orig_row.addWidget(browse)
+
+        self.variant_list = QListWidget(self)
+        self.variant_list.setMaximumHeight(110)
+        self.add_button = QPushButton("Add GGUF…", self)
+        self.add_button.clicked.connect(self._choose_variants)
+        self.remove_button = QPushButton("Remove", self)
+        self.remove_button.clicked.connect(self._remove_selected)
+        vbtn = QVBoxLayout()
+        vbtn.addWidget(self.add_button)
+        vbtn.addWidget(self.remove_button)
+        vbtn.addStretch(1)
+        var_row = QHBoxLayout()
+        var_row.addWidget(self.variant_list, 1)
+        var_row.addLayout(vbtn)
+
+        self.text_combo = QComboBox(self)
+        self.text_combo.addItem("Built-in English sample", "sample")
+        self.text_combo.addItem("WikiText-2 test (needs datasets, offline copy)", "wikitext-2")
+        self.text_combo.addItem("Text file…", "file")
+        self.text_combo.activated.connect(self._on_text_choice)
+        self.ctx_spin = QSpinBox(self)
+        self.ctx_spin.setRange(16, 32768)
+        self.ctx_spin.setValue(512)
+        self.ctx_spin.setToolTip("Tokens per chunk; the second half of each chunk is scored")
+        self.chunks_spin = QSpinBox(self)
+        self.chunks_spin.setRange(0, 100000)
+        self.chunks_spin.setValue(16)
+        self.chunks_spin.setSpecialValueText("all")
+        self.chunks_spin.setToolTip("Evaluate at most this many chunks (0: the whole text)")
+        self.run_button = QPushButton("Evaluate", self)
+        self.run_button.clicked.connect(self.start)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.progress = QProgressBar(self)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        self.status = QLabel("", self)
+        self.status.setWordWrap(True)
+
+        form = QFormLayout()
+        form.addRow("Original:", orig_row)
+        form.addRow("Variants:", var_row)
+        form.addRow("Text:", self.text_combo)
+        opts = QHBoxLayout()
+        opts.addWidget(QLabel("Context:", self))
+        opts.addWidget(self.ctx_spin)
+        opts.addWidget(QLabel("Chunks:", self))
+        opts.addWidget(self.chunks_spin)
+        opts.addStretch(1)
+        opts.addWidget(self.run_button)
+        opts.addWidget(self.cancel_button)
+        form.addRow(opts)
+
+        self.table = QTableWidget(0, len(COLUMNS), self)
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.plot = pg.PlotWidget(self)
+        self.plot.setLabel("bottom", "file size", units="MB")
+        self.plot.setLabel("left", "mean KL divergence (nats)")
+        self.plot.setLogMode(x=False, y=True)
+        self.plot.showGrid(x=True, y=True, alpha=0.3)
+        self.plot.getViewBox().setDefaultPadding(0.08)
+        # one item with symbols: PlotDataItem follows the plot's log mode by itself
+        self.line = pg.PlotDataItem(symbol="o", symbolSize=9)
+        self.plot.addItem(self.line)
+        self._labels: list[pg.TextItem] = []
+
+        split = QSplitter(Qt.Orientation.Vertical, self)
+        split.addWidget(self.table)
+        split.addWidget(self.plot)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(self.progress)
+        lay.addWidget(self.status)
+        lay.addWidget(split, 1)
+
+    # -- inputs -----------------------------------------------------------------------------------
+
+    def set_original(self, path: str | Path) -> None:
+        """Use ``path`` as the original model."""
+        self.original_edit.setText(str(path))
+
+    def add_variant(self, path: str | Path) -> None:
+        """Add a GGUF variant (ignored when listed already)."""
+        p = str(path)
+        if p not in self.variants():
+            self.variant_list.addItem(p)
+        self._update_enabled()
+
+    def variants(self) -> list[str]:
+        """The listed variant paths."""
+        return [self.variant_list.item(i).text() for i in range(self.variant_list.count())]
+
+    def set_text_file(self, path: str | Path) -> None:
+        """Evaluate on a user's text file."""
+        self._text_file = str(path)
+        self.text_combo.setCurrentIndex(self.text_combo.findData("file"))
+        self.text_combo.setItemText(self.text_combo.currentIndex(), f"Text file: {Path(path).name}")
+
+    def text_source(self) -> str:
+        """``sample``, ``wikitext-2`` or a file path."""
+        data = self.text_combo.currentData()
+        if data == "file":
+            return self._text_file or "sample"
+        return str(data)
+
+    def _choose_original(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose the original model folder")
+        if path:
+            self.set_original(path)
+
+    def _choose_variants(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Add GGUF variants", "", "GGUF models (*.gguf)")
+        for p in paths:
+            self.add_variant(p)
+
+    def _remove_selected(self) -> None:
+        for item in self.variant_list.selectedItems():
+            self.variant_list.takeItem(self.variant_list.row(item))
+        self._update_enabled()
+
+    def _on_text_choice(self, index: int) -> None:
+        if self.text_combo.itemData(index) == "file":
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Choose a text file", "", "Text (*.txt);;All files (*)"
+            )
+            if path:
+                self.set_text_file(path)
+            else:
+                self.text_combo.setCurrentIndex(0)
+
+    @Slot(object)
+    def _on_model_opened(self, checkpoint: Any) -> None:
+        path = getattr(getattr(checkpoint, "info", None), "path", None)
+        if path is not None and not self.original_edit.text():
+            self.set_original(path)
+
+    @Slot(object)
+    def _on_result(self, result: Any) -> None:
+        path = getattr(result, "path", None)
+        if path is not None and hasattr(result, "tensor_types") and str(path).lower().endswith(".gguf"):
+            self.add_variant(path)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether an evaluation job is active."""
+        return self._job is not None
+
+    @Slot()
+    def start(self) -> bool:
+        """Start the evaluation job; False when inputs are missing or one is running."""
+        assert_gui_thread("EvalPanel.start")
+        original = self.original_edit.text().strip()
+        variants = self.variants()
+        if self.running or not original or not variants:
+            return False
+        evaluate = self._evaluate
+        if evaluate is None:
+            from studio.core.evaluate import evaluate
+        text = self.text_source()
+        n_ctx = self.ctx_spin.value()
+        chunks = self.chunks_spin.value() or None
+
+        def work(ctx: Any) -> Any:
+            return evaluate(original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx)
+
+        self.status.setText("")
+        self.progress.setRange(0, 0)
+        self.progress.show()
+        self._job = self.jobs.submit(
+            "Evaluate variants",
+            work,
+            kind="eval",
+            on_success=self._on_done,
+            on_error=self._on_error,
+            on_cancel=self._on_cancel,
+        )
+        self._job.signals.progress.connect(self._on_progress)
+        self._update_enabled()
+        return True
+
+    @Slot()
+    def cancel(self) -> None:
+        """Stop the running evaluation at its next chunk."""
+        if self._job is not None:
+            self._job.cancel()
+
+    @Slot(object, object, object, str)
+    def _on_progress(self, job: Any, done: int, total: int, msg: str) -> None:
+        if job is not self._job:
+            return
+        self.progress.setRange(0, max(int(total), 1))
+        self.progress.setValue(int(done))
+        self.progress.setFormat(f"%p% · {msg}")
+
+    def _finish(self) -> None:
+        self._job = None
+        self.progress.hide()
+        self._update_enabled()
+
+    def _on_done(self, report: Any) -> None:
+        self._finish()
+        self.show_report(report)
+        publish = getattr(self.state, "publish_result", None)
+        if publish is not None:
+            publish(report)
+
+    def _on_error(self, message: str) -> None:
+        self._finish()
+        self.status.setText(message)
+        self.status.setStyleSheet("color: #c62828;")
+        self.errorShown.emit(message)
+
+    def _on_cancel(self) -> None:
+        self._finish()
+        self.status.setText("Evaluation cancelled.")
+
+    # -- results ----------------------------------------------------------------------------------
+
+    def show_report(self, report: Any) -> None:
+        """Fill the table and the plot from an ``EvalReport``."""
+        assert_gui_thread("EvalPanel.show_report")
+        self.report = report
+        o = report.original
+        rows: list[Any] = [None, *report.variants]
+        self.table.setRowCount(len(rows))
+        for r, v in enumerate(rows):
+            if v is None:
+                cells = [
+                    f"{o.label} (original)",
+                    _fmt(o.ppl, ".4f"),
+                    "",
+                    "",
+                    "",
+                    "",
+                    _mb(o.file_bytes),
+                    _fmt(o.bpw, ".2f"),
+                ]
+            elif v.error:
+                cells = [v.label, "error", "", "", "", "", _mb(v.file_bytes) if v.file_bytes else "—", ""]
+            else:
+                cells = [
+                    v.label,
+                    _fmt(v.ppl, ".4f"),
+                    _fmt(v.delta_ppl_pct(o.ppl), "+.2f", " %"),
+                    _fmt(v.kld_mean, ".6f"),
+                    _fmt(v.kld_p99, ".6f"),
+                    _fmt(v.same_top_pct, ".2f", " %"),
+                    _mb(v.file_bytes),
+                    _fmt(v.bpw, ".2f"),
+                ]
+            for c, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if c:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                if v is not None and v.error:
+                    item.setToolTip(v.error)
+                self.table.setItem(r, c, item)
+        errors = [v for v in report.variants if v.error]
+        self.status.setStyleSheet("color: #c62828;" if errors else "")
+        self.status.setText(
+            " ".join(v.error for v in errors)
+            or f"{report.text_name}: {report.n_chunks} chunks of {report.n_ctx} tokens, {report.seconds:.1f} s."
+        )
+        self._draw(report)
+        self.reportShown.emit(report)
+
+    def _draw(self, report: Any) -> None:
+        pts = report.quality_vs_size()
+        xs = [p.file_bytes / 1e6 for p in pts]
+        ys = [max(p.kld_mean, KL_FLOOR) for p in pts]
+        self.line.setData(xs, ys)
+        for item in self._labels:
+            self.plot.removeItem(item)
+        self._labels = []
+        c = plot_colors(bool(getattr(self.state, "dark", False)))
+        right = max(xs) if xs else 0.0
+        for x, y, p in zip(xs, ys, pts, strict=True):
+            # the rightmost label grows leftwards so it stays inside the plot
+            t = pg.TextItem(p.label, color=c["fg"], anchor=(1, 1) if x == right and len(xs) > 1 else (0, 1))
+            t.setPos(x, math.log10(y))
+            self.plot.addItem(t)
+            self._labels.append(t)
+
+    def plotted_points(self) -> list[tuple[float, float]]:
+        """(size in MB, mean KL) of the plotted points, as drawn."""
+        xs, ys = self.line.xData, self.line.yData
+        if xs is None or ys is None:
+            return []
+        return [(float(x), float(y)) for x, y in zip(xs, ys, strict=True)]
+
+    @Slot(bool)
+    def _apply_theme(self, dark: bool) -> None:
+        style_plot(self.plot, dark)
+        c = plot_colors(dark)
+        self.line.setPen(pg.mkPen(c["main"], width=1))
+        self.line.setSymbolBrush(pg.mkBrush(c["main"]))
+
+    def _update_enabled(self) -> None:
+        busy = self.running
+        self.run_button.setEnabled(
+            not busy and bool(self.original_edit.text().strip()) and self.variant_list.count() > 0
+        )
+        self.cancel_button.setEnabled(busy)
+        self.add_button.setEnabled(not busy)
+        self.remove_button.setEnabled(not busy)

@@ -1,0 +1,137 @@
+"""transformers and llama.cpp back ends give the same replies for a model and its F32 export."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from studio.core.chat import (
+    ChatSession,
+    Message,
+    PromptTooLongError,
+    Sampling,
+    StopReason,
+    first_divergence,
+    generate,
+)
+from studio.core.chat.hf_backend import TransformersBackend
+from studio.core.chat.llama_backend import LlamaCppBackend
+
+
+@pytest.fixture(scope="module")
+def trio(chat_model, f32_gguf, gguf_of):
+    """The original, its F32 export and its Q2_K export, loaded once for the module."""
+    backends = [
+        TransformersBackend(chat_model, n_ctx=256, device="cpu", dtype="float32"),
+        LlamaCppBackend(f32_gguf, n_ctx=256),
+        LlamaCppBackend(gguf_of(chat_model, "Q2_K"), n_ctx=256),
+    ]
+    session = ChatSession(backends)
+    assert session.load_all() == [None, None, None]
+    yield session
+    session.close()
+
+
+def test_greedy_replies_match_between_original_and_f32_export(trio):
+    trio.reset()
+    for turn in ("Hello, how are you?", "Tell me about rivers."):
+        hf, f32, q2 = trio.send(turn, Sampling(max_tokens=24))
+        a, b = hf.result, f32.result
+        assert a is not None and b is not None, (hf.error, f32.error)
+        assert len(a.tokens) > 0 and a.prompt.template == "model"
+        # the same prompt ids in both columns, tokenized by the first column
+        assert b.prompt.ids == a.prompt.ids and b.prompt.tokenized_by == a.label
+        assert b.token_ids == a.token_ids
+        assert b.text == a.text
+        assert first_divergence(a.tokens, b.tokens) is None
+        pa = np.array([t.prob for t in a.tokens])
+        pb = np.array([t.prob for t in b.tokens])
+        assert np.abs(pa - pb).max() < 1e-3
+        assert all(t.seconds > 0 for t in b.tokens) and b.ttft_s > 0
+    # the second turn carries each column's own first reply
+    assert trio.messages(0)[1].content == trio.replies[0][0]
+
+
+def test_seeded_sampling_matches_too(trio):
+    trio.reset()
+    hf, f32, _ = trio.send("Write something.", Sampling(max_tokens=20, temperature=0.9, top_p=0.95, seed=11))
+    assert hf.result.token_ids == f32.result.token_ids
+    assert len(set(hf.result.token_ids)) > 2  # really sampled, not a stuck loop
+
+
+def test_a_2_bit_variant_diverges_from_the_original(trio):
+    trio.reset()
+    hf, _, q2 = trio.send("Hello, how are you?", Sampling(max_tokens=24))
+    div = first_divergence(hf.result.tokens, q2.result.tokens)
+    assert div is not None and div < 24
+    assert (
+        hf.result.tokens[div].text != q2.result.tokens[div].text
+        or hf.result.tokens[div].token_id != q2.result.tokens[div].token_id
+    )
+
+
+def test_model_without_template_gets_plain_completion(plain_model, gguf_of):
+    gguf = gguf_of(plain_model, "F32")
+    s = ChatSession(
+        [TransformersBackend(plain_model, n_ctx=128, device="cpu"), LlamaCppBackend(gguf, n_ctx=128)]
+    )
+    try:
+        a, b = s.send("Once upon a time", Sampling(max_tokens=12))
+        assert a.result.prompt.template == "none" and a.result.prompt.text == "Once upon a time"
+        assert b.result.prompt.template == "none" and b.result.prompt.warning is None
+        assert a.result.prompt.ids[0] == 1  # the tokenizer's BOS, added for plain text
+        assert a.result.text == b.result.text and a.result.token_ids == b.result.token_ids
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("column", [0, 1], ids=["transformers", "llama.cpp"])
+def test_prompt_longer_than_the_context_is_refused_or_truncated(trio, column):
+    backend = trio.backends[column]
+    long = [Message("user", "The river runs past the mill and under the bridge. " * 60)]
+    with pytest.raises(PromptTooLongError) as err:
+        backend.prompt(long)
+    n = err.value.n_tokens
+    assert n > 255 and f"prompt too long ({n} > 255 tokens)" in str(err.value)
+    res = generate(backend, long, Sampling(max_tokens=8), truncate=True)
+    assert res.prompt.truncated_from == n and len(res.prompt.ids) <= 256 - 8
+    assert res.stop_reason in (StopReason.LENGTH, StopReason.EOS, StopReason.CONTEXT)
+
+
+def test_byte_level_bpe_model_with_chatml_matches_its_export(qwen2_model, gguf_of):
+    """Qwen2: byte-level BPE pieces, tied embeddings and a ChatML template give the same text in both."""
+    s = ChatSession(
+        [
+            TransformersBackend(qwen2_model, n_ctx=256, device="cpu"),
+            LlamaCppBackend(gguf_of(qwen2_model, "F32"), n_ctx=256),
+        ]
+    )
+    try:
+        a, b = s.send("Grüße, 你好 🌍 — how are you?", Sampling(max_tokens=20))
+        assert a.error is None and b.error is None
+        assert "<|im_start|>assistant\n" in a.result.prompt.text
+        assert a.result.token_ids == b.result.token_ids and a.result.text == b.result.text
+    finally:
+        s.close()
+
+
+def test_half_precision_on_cpu_and_device_checks(chat_model):
+    from studio.core.chat.hf_backend import resolve_device
+    from studio.core.chat.types import ChatError
+
+    b = TransformersBackend(chat_model, n_ctx=128, device="cpu", dtype="bfloat16")
+    b.load()
+    try:
+        assert b.dtype == "bfloat16" and b.device == "cpu"
+        res = generate(b, [Message("user", "Hi")], Sampling(max_tokens=4))
+        assert len(res.tokens) == 4 or res.stop_reason is StopReason.EOS
+        assert all(0.0 < t.prob <= 1.0 for t in res.tokens)
+    finally:
+        b.close()
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ChatError, match="no CUDA device"):
+            resolve_device("cuda")
+    with pytest.raises(ChatError, match="Unknown device"):
+        resolve_device("tpu")

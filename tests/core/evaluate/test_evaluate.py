@@ -1,0 +1,128 @@
+"""Evaluation of real exports: F32 is lossless, KL grows as bits shrink, and the numbers match a direct computation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from studio.core.errors import EvaluationError
+from studio.core.evaluate import evaluate, load_text
+from studio.core.evaluate.run import gguf_size
+
+CTX = 128
+CHUNKS = 4
+VARIANTS = ("F32", "Q8_0", "Q6_K", "Q4_K_M", "Q2_K")
+
+
+@pytest.fixture(scope="module")
+def report(chat_model, gguf_of):
+    return evaluate(
+        chat_model, [gguf_of(chat_model, p) for p in VARIANTS], n_ctx=CTX, max_chunks=CHUNKS, device="cpu"
+    )
+
+
+def _by(report):
+    return {v.label.rsplit("-", 1)[-1].removesuffix(".gguf"): v for v in report.variants}
+
+
+def test_f32_export_is_lossless(report):
+    v = _by(report)["F32"]
+    assert v.error is None
+    assert v.kld_mean < 1e-5 and v.kld_p99 < 1e-4
+    assert v.same_top_pct >= 99.9
+    assert v.ppl == pytest.approx(report.original.ppl, rel=1e-4)
+    assert v.bpw == pytest.approx(32.0)
+
+
+def test_kl_grows_as_bits_shrink_on_a_model_with_outliers(report):
+    v = _by(report)
+    kl = [v[p].kld_mean for p in ("Q8_0", "Q6_K", "Q4_K_M", "Q2_K")]
+    assert kl == sorted(kl) and len(set(kl)) == 4, kl
+    bpw = [v[p].bpw for p in ("Q8_0", "Q6_K", "Q4_K_M", "Q2_K")]
+    assert bpw == sorted(bpw, reverse=True)
+    assert v["Q2_K"].same_top_pct < v["Q8_0"].same_top_pct
+    assert all(x.kld_p99 >= x.kld_median for x in report.variants)
+    pts = report.quality_vs_size()
+    assert [p.label for p in pts][0].endswith("Q2_K.gguf") and len(pts) == 5
+
+
+def test_report_shape_and_json(report):
+    assert report.n_ctx == CTX and report.n_chunks == CHUNKS
+    assert report.original.n_scored == CHUNKS * (CTX // 2 - 1)
+    d = json.loads(json.dumps(report.to_dict()))
+    assert set(d["original"]) >= {"ppl"}
+    for v in d["variants"]:
+        assert set(v) >= {"path", "ppl", "kld_mean", "kld_p99", "same_top_pct", "file_bytes", "bpw"}
+    size, bpw = gguf_size(_by(report)["Q8_0"].path)
+    assert size == _by(report)["Q8_0"].file_bytes and 8.0 < bpw < 9.0
+
+
+def test_kl_matches_transformers_and_llama_cpp_python_computed_directly(report, chat_model):
+    """Recompute PPL and KL for Q4_K_M with transformers, llama_cpp.Llama and torch's own kl_div."""
+    import llama_cpp
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    v = _by(report)["Q4_K_M"]
+    tok = AutoTokenizer.from_pretrained(chat_model, trust_remote_code=False)
+    ids = tok(load_text("sample").text)["input_ids"]
+    hf = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32, trust_remote_code=False)
+    llm = llama_cpp.Llama(model_path=v.path, n_ctx=CTX, logits_all=True, verbose=False, type_k=0, type_v=0)
+    kls, nlls, same = [], [], []
+    for c in range(CHUNKS):
+        chunk = [tok.bos_token_id] + ids[c * CTX + 1 : (c + 1) * CTX]
+        with torch.no_grad():
+            ref = hf(torch.tensor([chunk])).logits[0]
+        llm.reset()
+        llm.eval(chunk)
+        got = torch.from_numpy(np.array(llm.scores[:CTX], dtype=np.float32))
+        rows = slice(CTX // 2, CTX - 1)
+        lp = torch.log_softmax(ref[rows].double(), -1)
+        lq = torch.log_softmax(got[rows].double(), -1)
+        kls.append(torch.nn.functional.kl_div(lq, lp, log_target=True, reduction="none").sum(-1))
+        targets = torch.tensor(ids[c * CTX + CTX // 2 + 1 : (c + 1) * CTX])
+        nlls.append(torch.nn.functional.cross_entropy(got[rows].double(), targets, reduction="none"))
+        same.append(ref[rows].argmax(-1) == got[rows].argmax(-1))
+    kl = torch.cat(kls).numpy()
+    assert v.kld_mean == pytest.approx(float(kl.mean()), rel=1e-6)
+    assert v.kld_p99 == pytest.approx(float(np.percentile(kl, 99)), rel=1e-6)
+    assert v.same_top_pct == pytest.approx(100.0 * float(torch.cat(same).double().mean()))
+    assert v.ppl == pytest.approx(float(torch.exp(torch.cat(nlls).mean())), rel=1e-6)
+
+
+def test_user_text_file_and_errors(chat_model, f32_gguf, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Only a few words here.", encoding="utf-8")
+    with pytest.raises(EvaluationError, match="short.txt has .* tokens, fewer than one chunk of 128"):
+        evaluate(chat_model, [f32_gguf], text=short, n_ctx=CTX, device="cpu")
+    with pytest.raises(EvaluationError, match="cannot be read"):
+        load_text(tmp_path / "missing.txt")
+    text = load_text(short)
+    assert text.name == "short.txt" and text.text.startswith("Only")
+    assert len(load_text("sample").text.split()) > 2500
+
+
+def test_wikitext_without_datasets_is_a_clear_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *a, **k):
+        if name == "datasets":
+            raise ImportError("no datasets")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(EvaluationError, match="WikiText-2 needs the 'datasets' package"):
+        load_text("wikitext-2")
+
+
+def test_a_broken_variant_is_reported_and_the_others_still_run(chat_model, f32_gguf, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x00" * 20)
+    rep = evaluate(chat_model, [broken, f32_gguf], n_ctx=64, max_chunks=1, device="cpu")
+    bad, good = rep.variants
+    assert bad.error and "broken.gguf" in bad.error
+    assert good.error is None and good.kld_mean < 1e-5
