@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from studio.commands._common import ProgressLine, print_json, read_text, write_text
 from studio.core.errors import StudioError
+from studio.core.units import format_bytes
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +37,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--keep-first-last",
         metavar="N:TYPE",
-        help="first and last N layers (plus embeddings and output) at TYPE, the rest as the preset/uniform type says",
+        help=(
+            "first and last N layers (plus embeddings and output) at TYPE; every other layer at the "
+            "--uniform type or the preset's main type (Q4_K for Q4_K_M)"
+        ),
     )
     p.add_argument(
         "--override",
@@ -56,13 +59,13 @@ def register(subparsers: Any) -> None:
         "--verify", action="store_true", help="compare the result with the original model afterwards"
     )
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
-
-
-def _progress(done: int, total: int, msg: str) -> None:
-    pct = 100.0 * done / total if total else 100.0
-    print(f"\r[{pct:5.1f}%] {msg[:70]:<70}", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
 
 def _parse_keep(spec: str) -> tuple[int, str]:
@@ -92,12 +95,11 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
         rx, t = o.rsplit("=", 1)
         overrides.append(Override(rx, t.strip().upper()))
     if args.plan:
-        path = Path(args.plan)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise StudioError(f"Cannot read the plan {path}: {err.strerror or err}.") from None
-        plan = Plan.from_json(text, info)
+        if args.keep_first_last:
+            raise StudioError(
+                "--keep-first-last goes with --preset or --uniform; a --plan already sets every tensor."
+            )
+        plan = Plan.from_json(read_text(args.plan, "plan"), info, source=args.plan)
         return with_overrides(plan, info, overrides) if overrides else plan
     if args.keep_first_last:
         n, high = _parse_keep(args.keep_first_last)
@@ -112,17 +114,31 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
-    from studio.core.export import export_gguf
+    from studio.core.export import check_exportable, export_gguf
     from studio.core.jobs import JobContext
     from studio.core.model import open_model
 
-    with open_model(args.model) as ck:
+    with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
+    check_exportable(info)
+    if args.verify:
+        from studio.core.verify import check_verifiable
+
+        check_verifiable(info.path)  # refuse before a long export, not after it
     plan = build_plan(args, info)
     if args.save_plan:
-        Path(args.save_plan).write_text(plan.to_json(), encoding="utf-8")
-    ctx = JobContext(on_progress=_progress, min_interval=0.2)
-    res = export_gguf(info.path, args.output, plan, device=args.device, backend=args.backend, ctx=ctx)
+        write_text(args.save_plan, plan.to_json(), "plan")
+    with ProgressLine() as line:
+        ctx = JobContext(on_progress=line.fraction, min_interval=0.2)
+        res = export_gguf(
+            info.path,
+            args.output,
+            plan,
+            device=args.device,
+            backend=args.backend,
+            ctx=ctx,
+            allow_pickle=args.allow_pickle,
+        )
     out: dict[str, Any] = {
         "output": str(res.path),
         "backend": res.backend,
@@ -134,16 +150,7 @@ def run(args: argparse.Namespace) -> int:
         "tensors": res.n_tensors,
         "seconds": round(res.seconds, 3),
         "types": dict(res.tensor_types),
-        "fallbacks": [
-            {
-                "tensor": f.tensor,
-                "gguf_name": f.gguf_name,
-                "wanted": f.wanted,
-                "got": f.got,
-                "reason": f.reason,
-            }
-            for f in res.fallbacks
-        ],
+        "fallbacks": [f.to_dict() for f in res.fallbacks],
         "notes": list(res.notes),
     }
     if args.verify:
@@ -160,13 +167,14 @@ def run(args: argparse.Namespace) -> int:
             "mean_cosine": v.mean_cosine,
         }
     if args.json:
-        print(json.dumps(out, indent=1))
+        print_json(out)
         return 0
     counts: dict[str, int] = {}
     for t in res.tensor_types.values():
         counts[t] = counts.get(t, 0) + 1
     print(
-        f"wrote {res.path} ({res.file_bytes / 1e6:.1f} MB, {res.bpw:.2f} bpw, {res.n_tensors} tensors, {res.seconds:.1f} s)"
+        f"wrote {res.path} ({format_bytes(res.file_bytes)}, {res.bpw:.2f} bpw, {res.n_tensors} tensors, "
+        f"{res.seconds:.1f} s)"
     )
     print("types: " + ", ".join(f"{k}×{v}" for k, v in sorted(counts.items())))
     for f in res.fallbacks:
@@ -175,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         v = out["verify"]
         if v["top1_agreement"] is not None:
             print(
-                f"verify: top-1 agreement {100 * v['top1_agreement']:.1f}% , mean KL {v['mean_kl']:.5f} over {v['tokens']} tokens"
+                f"verify: top-1 agreement {100 * v['top1_agreement']:.1f}%, mean KL {v['mean_kl']:.5f} over {v['tokens']} tokens"
             )
         else:
             print(

@@ -7,52 +7,80 @@ line (where other users could read it in the process list).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from typing import Any
 
+from studio.commands._common import ProgressLine, format_table, print_json
+from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
+from studio.core.units import format_bytes, format_count
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``hub`` command and its sub-commands."""
     p = subparsers.add_parser(
-        "hub", help="search, inspect and download Hugging Face Hub models; manage the cache"
+        "hub",
+        help="search, inspect and download Hugging Face Hub models; manage the cache",
+        description=(
+            "Search the Hugging Face Hub, show a model's files and whether it fits this machine, download "
+            "it into the standard cache (resumable, checksum-verified) and manage that cache. The token "
+            "for gated models comes from the OS keyring, HF_TOKEN or `hf auth login`; HF_ENDPOINT picks "
+            "a mirror and HF_HUB_OFFLINE=1 uses only the local cache."
+        ),
     )
     sub = p.add_subparsers(dest="hub_command", metavar="HUB_COMMAND")
     p.set_defaults(handler=lambda args: _help(p))
 
-    s = sub.add_parser("search", help="search models on the Hub")
-    s.add_argument("query", help="text contained in the model id")
-    s.add_argument("--task", help="pipeline tag, e.g. text-generation")
-    s.add_argument("--library", help="library, e.g. transformers or gguf")
-    s.add_argument("--sort", default="downloads", choices=["downloads", "likes", "last_modified", "trending"])
-    s.add_argument("--limit", type=int, default=20)
-    s.add_argument("--offset", type=int, default=0, help="skip this many results (paging)")
+    s = sub.add_parser("search", help="search models on the Hub", description="Search models on the Hub.")
+    s.add_argument("query", metavar="QUERY", help="text contained in the model id ('' for all)")
+    s.add_argument("--task", metavar="TASK", help="pipeline tag, e.g. text-generation")
+    s.add_argument("--library", metavar="LIB", help="library, e.g. transformers or gguf")
+    s.add_argument(
+        "--sort",
+        default="downloads",
+        choices=["downloads", "likes", "last_modified", "trending"],
+        help="order of the results (default downloads)",
+    )
+    s.add_argument("--limit", type=int, default=20, metavar="N", help="show at most N models (default 20)")
+    s.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N results (paging)")
     s.add_argument("--json", action="store_true", help="print a JSON list")
     s.set_defaults(handler=_search)
 
-    i = sub.add_parser("info", help="files, sizes, parameters, license and card of a model")
-    i.add_argument("repo", help="repository id, e.g. org/model")
-    i.add_argument("--revision", help="branch, tag or commit (default main)")
+    i = sub.add_parser(
+        "info",
+        help="files, sizes, parameters, license and card of a model",
+        description="A model's files and sizes, parameters, license and card, and whether it fits this machine.",
+    )
+    i.add_argument("repo", metavar="REPO", help="repository id, e.g. org/model")
+    i.add_argument("--revision", metavar="REV", help="branch, tag or commit (default main)")
     i.add_argument("--json", action="store_true", help="print a JSON object")
     i.set_defaults(handler=_info)
 
-    d = sub.add_parser("download", help="download (or resume) a model into the Hugging Face cache")
-    d.add_argument("repo", help="repository id, e.g. org/model")
-    d.add_argument("--revision", help="branch, tag or commit (default main)")
+    d = sub.add_parser(
+        "download",
+        help="download (or resume) a model into the Hugging Face cache",
+        description=(
+            "Download a model into the Hugging Face cache, resuming partial files and checking each "
+            "file's checksum; prints the local snapshot folder, which inspect and export accept."
+        ),
+    )
+    d.add_argument("repo", metavar="REPO", help="repository id, e.g. org/model")
+    d.add_argument("--revision", metavar="REV", help="branch, tag or commit (default main)")
     d.add_argument("--include", action="append", metavar="GLOB", help="only files matching GLOB (repeatable)")
     d.add_argument("--exclude", action="append", metavar="GLOB", help="skip files matching GLOB (repeatable)")
-    d.add_argument("--cache-dir", help="cache folder (default: the Hugging Face cache)")
+    d.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: the Hugging Face cache)")
     d.add_argument("--json", action="store_true", help="print a JSON object with the local path")
     d.set_defaults(handler=_download)
 
-    c = sub.add_parser("cache", help="list cached models; delete one; clean up leftovers")
+    c = sub.add_parser(
+        "cache",
+        help="list cached models; delete one; clean up leftovers",
+        description="List the models in the local Hugging Face cache, delete one, or remove leftovers.",
+    )
     c.add_argument("--delete", metavar="REPO", help="delete this cached model")
-    c.add_argument("--revision", help="with --delete: only this revision")
+    c.add_argument("--revision", metavar="REV", help="with --delete: only this revision")
     c.add_argument("--cleanup", action="store_true", help="remove partial downloads and stale lock files")
-    c.add_argument("--cache-dir", help="cache folder (default: the Hugging Face cache)")
+    c.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: the Hugging Face cache)")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(handler=_cache)
 
@@ -68,15 +96,6 @@ def _token() -> str | None:
     return get_token()[0]
 
 
-def _fmt_int(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= div:
-            return f"{n / div:.1f}{unit}"
-    return str(n)
-
-
 def _search(args: argparse.Namespace) -> int:
     from studio.core.hub.api import search
 
@@ -90,82 +109,86 @@ def _search(args: argparse.Namespace) -> int:
         token=_token(),
     )
     if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=2))
+        print_json([r.to_json() for r in results])
         return 0
     if not results:
         print("no models found")
         return 0
-    width = max(len(r.id) for r in results)
-    print(f"{'MODEL':<{width}}  {'DOWNLOADS':>9}  {'LIKES':>6}  {'PARAMS':>7}  TASK")
-    for r in results:
-        flag = " (gated)" if r.gated else ""
-        print(
-            f"{r.id:<{width}}  {_fmt_int(r.downloads):>9}  {r.likes:>6}  {_fmt_int(r.params):>7}  "
-            f"{r.pipeline_tag or '-'}{flag}"
+    rows = [
+        (
+            r.id,
+            format_count(r.downloads),
+            str(r.likes),
+            format_count(r.params),
+            (r.pipeline_tag or "-") + (" (gated)" if r.gated else ""),
         )
+        for r in results
+    ]
+    print(format_table(("MODEL", "DOWNLOADS", "LIKES", "PARAMS", "TASK"), rows, right=(1, 2, 3)))
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
+    from studio.core.hardware import detect
     from studio.core.hub.api import model_details
-    from studio.core.hub.download import format_bytes
+    from studio.core.hub.fit import fit_badge, gguf_fit
 
     d = model_details(args.repo, revision=args.revision, token=_token())
+    hw = detect(probe_torch=False)
+    badge = fit_badge(d.config, d.params, hw)
     if args.json:
-        print(json.dumps(d.to_json(), indent=2))
+        out = d.to_json()
+        out["fit"] = None
+        if badge is not None:
+            out["fit"] = {
+                "preset": badge.preset,
+                "verdict": badge.verdict,
+                "memory_bytes": badge.memory_bytes,
+                "best_preset": badge.best_preset,
+                "estimates": [
+                    {"preset": e.preset, "memory_bytes": e.memory_bytes, "verdict": e.verdict.value}
+                    for e in badge.estimates
+                ],
+            }
+        for f, fj in zip(d.files, out["files"], strict=True):
+            fj["fit"] = gguf_fit(f.size, hw) if f.quant_type and f.size else None
+        print_json(out)
         return 0
     print(f"{d.id}  (commit {d.sha or '?'})")
-    print(f"  parameters: {_fmt_int(d.params)}   license: {d.license or '-'}   task: {d.pipeline_tag or '-'}")
+    print(
+        f"  parameters: {format_count(d.params)}   license: {d.license or '-'}   task: {d.pipeline_tag or '-'}"
+    )
     print(f"  downloads: {d.downloads}   likes: {d.likes}   gated: {'yes' if d.gated else 'no'}")
+    if badge is not None:
+        best = f"; best preset that fits: {badge.best_preset}" if badge.best_preset else ""
+        print(
+            f"  on this machine: {badge.label}, about {format_bytes(badge.memory_bytes)} of memory "
+            f"at 4096 tokens{best}"
+        )
     print(f"  total size: {format_bytes(d.total_size)} in {len(d.files)} files")
     width = max((len(f.name) for f in d.files), default=4)
     for f in d.files:
-        extra = f"  {f.quant_type}" if f.quant_type else ""
+        extra = f"  {f.quant_type}: {gguf_fit(f.size, hw)}" if f.quant_type and f.size else ""
         print(f"    {f.name:<{width}}  {format_bytes(f.size or 0):>10}{extra}")
     return 0
-
-
-class _Printer:
-    """Progress on stderr, at most twice a second, so logs of long downloads stay readable."""
-
-    def __init__(self) -> None:
-        self.last = 0.0
-        self.tty = sys.stderr.isatty()
-
-    def __call__(self, p: Any) -> None:
-        now = time.monotonic()
-        if now - self.last < 0.5 and p.done < p.total:
-            return
-        self.last = now
-        line = f"[{p.file_index}/{p.n_files}] {p.message}"
-        if self.tty:
-            print("\r" + line[:150].ljust(150), end="", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)
 
 
 def _download(args: argparse.Namespace) -> int:
     from studio.core.hub.download import download_snapshot
 
-    printer = _Printer()
-    ctx = JobContext(on_log=lambda msg: print(msg, file=sys.stderr))
-    try:
+    with ProgressLine(width=150) as line:
         res = download_snapshot(
             args.repo,
             args.revision,
             args.include,
             args.cache_dir,
-            ctx,
+            JobContext(on_log=line.log),
             _token(),
             exclude=args.exclude,
-            on_progress=printer,
+            on_progress=lambda p: line.show(
+                f"[{p.file_index}/{p.n_files}] {p.message}", final=p.done >= p.total
+            ),
         )
-    finally:
-        printer.close()
     if args.json:
         out = {
             "path": str(res.path),
@@ -175,7 +198,7 @@ def _download(args: argparse.Namespace) -> int:
             "downloaded_bytes": res.downloaded_bytes,
             "from_cache": res.from_cache,
         }
-        print(json.dumps(out, indent=2))
+        print_json(out)
     else:
         if res.note:
             print(res.note, file=sys.stderr)
@@ -185,12 +208,15 @@ def _download(args: argparse.Namespace) -> int:
 
 def _cache(args: argparse.Namespace) -> int:
     from studio.core.hub.cache import delete_cached, find_leftovers, list_cached, remove_leftovers
-    from studio.core.hub.download import format_bytes
 
+    if args.revision and not args.delete:
+        raise StudioError("--revision goes with --delete REPO (it says which revision to delete).")
+    if args.delete and args.cleanup:
+        raise StudioError("Use --delete or --cleanup, not both at once.")
     if args.delete:
         freed = delete_cached(args.delete, args.revision, args.cache_dir)
         if args.json:
-            print(json.dumps({"deleted": args.delete, "revision": args.revision, "freed_bytes": freed}))
+            print_json({"deleted": args.delete, "revision": args.revision, "freed_bytes": freed})
         else:
             print(
                 f"deleted {args.delete}{' @ ' + args.revision if args.revision else ''}: {format_bytes(freed)} freed"
@@ -201,7 +227,7 @@ def _cache(args: argparse.Namespace) -> int:
         freed = remove_leftovers(items)
         removed = [str(i.path) for i in items if not i.path.exists()]
         if args.json:
-            print(json.dumps({"removed": removed, "freed_bytes": freed}))
+            print_json({"removed": removed, "freed_bytes": freed})
         else:
             kept = len(items) - len(removed)
             busy = f"; {kept} in use by a running download were kept" if kept else ""
@@ -209,14 +235,19 @@ def _cache(args: argparse.Namespace) -> int:
         return 0
     models = list_cached(args.cache_dir)
     if args.json:
-        print(json.dumps([m.to_json() for m in models], indent=2))
+        print_json([m.to_json() for m in models])
         return 0
     if not models:
         print("the cache is empty")
         return 0
-    width = max(len(m.repo_id) for m in models)
-    print(f"{'MODEL':<{width}}  {'SIZE':>10}  {'REVISIONS':>9}  LAST USED")
-    for m in models:
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_accessed))
-        print(f"{m.repo_id:<{width}}  {format_bytes(m.size_on_disk):>10}  {len(m.revisions):>9}  {used}")
+    rows = [
+        (
+            m.repo_id,
+            format_bytes(m.size_on_disk),
+            str(len(m.revisions)),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_accessed)),
+        )
+        for m in models
+    ]
+    print(format_table(("MODEL", "SIZE", "REVISIONS", "LAST USED"), rows, right=(1, 2)))
     return 0

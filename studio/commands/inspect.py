@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections import Counter
 from typing import Any
 
+from studio.commands._common import print_json
 from studio.core.errors import StudioError
+from studio.core.units import format_mib
 
 
 def register(subparsers: Any) -> None:
@@ -34,12 +34,6 @@ def register(subparsers: Any) -> None:
         help="open a pickle pytorch_model.bin (loaded with torch.load(weights_only=True))",
     )
     p.set_defaults(handler=run)
-
-
-def _mib(n: int) -> str:
-    if n >= 1024**3:
-        return f"{n / 1024**3:.2f} GiB"
-    return f"{n / 1024**2:.1f} MiB"
 
 
 def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[str, Any]:
@@ -119,7 +113,7 @@ def format_text(r: dict[str, Any]) -> str:
     lines = [
         f"Model:        {r['path']} ({r['format']}, {len(r['files'])} file{'s' if len(r['files']) != 1 else ''})",
         f"Architecture: {r['architecture']} (model_type {r['model_type']}), {r['layers']} layers",
-        f"Parameters:   {r['parameters']:,} ({_mib(r['weight_bytes'])} stored)",
+        f"Parameters:   {r['parameters']:,} ({format_mib(r['weight_bytes'])} stored)",
         f"Tensors:      {len(r['tensors'])}",
     ]
     for role, n in sorted(r["roles"].items(), key=lambda kv: -kv[1]):
@@ -128,16 +122,16 @@ def format_text(r: dict[str, Any]) -> str:
         lines.append("Warnings:")
         lines += [f"  - {w}" for w in r["warnings"]]
     hw = r["hardware"]
-    gpus = ", ".join(f"{g['name']} {_mib(g['free_bytes'])} free" for g in hw["gpus"]) or "none"
+    gpus = ", ".join(f"{g['name']} {format_mib(g['free_bytes'])} free" for g in hw["gpus"]) or "none"
     lines.append(
-        f"Hardware:     GPU {gpus}; RAM {_mib(hw['ram_available_bytes'])} free of {_mib(hw['ram_total_bytes'])}"
+        f"Hardware:     GPU {gpus}; RAM {format_mib(hw['ram_available_bytes'])} free of {format_mib(hw['ram_total_bytes'])}"
     )
     lines.append(f"Estimates (context {r['ctx']} tokens; memory = weights + KV cache + overhead):")
     lines.append(f"  {'preset':<8}{'file':>12}{'memory':>12}{'bpw':>7}  verdict")
     for e in r["estimates"]:
         note = "" if e["exact"] else "  (approximate)"
         lines.append(
-            f"  {e['preset']:<8}{_mib(e['file_bytes']):>12}{_mib(e['memory_bytes']):>12}"
+            f"  {e['preset']:<8}{format_mib(e['file_bytes']):>12}{format_mib(e['memory_bytes']):>12}"
             f"{e['bits_per_weight']:>7.2f}  {e['verdict']}{note}"
         )
     return "\n".join(lines)
@@ -147,8 +141,7 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``inspect``."""
     r = report(args.model, args.ctx, args.allow_pickle)
     if args.json:
-        json.dump(r, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(r, indent=None)
     else:
         print(format_text(r))
     return 0

@@ -247,12 +247,50 @@ def _estimate_types(
         + vocab * HEADER_BYTES_PER_TOKEN
     )
     n_layers = info.n_layers or (max(per_layer) + 1 if per_layer else 0)
-    kv = kv_cache_bytes(info.config, n_layers, ctx_len)
-    overhead = _overhead(tensor_bytes, info.config)
+    return _make_estimate(
+        label,
+        tensor_bytes=tensor_bytes,
+        header=header,
+        n_weights=n_el,
+        config=info.config,
+        n_layers=n_layers,
+        hw=hw,
+        ctx_len=ctx_len,
+        largest_layer=max(per_layer.values()) if per_layer else 0,
+        outside_layers=tensor_bytes - sum(per_layer.values()),
+        n_fallbacks=n_fallbacks,
+        exact=exact,
+        types=dict(types),
+    )
+
+
+def _make_estimate(
+    label: str,
+    *,
+    tensor_bytes: int,
+    header: int,
+    n_weights: int,
+    config: Any,
+    n_layers: int,
+    hw: HardwareInfo,
+    ctx_len: int,
+    largest_layer: int | None = None,
+    outside_layers: int = 0,
+    **extra: Any,
+) -> Estimate:
+    """KV cache, overhead, memory, verdict and GPU layers around known tensor bytes.
+
+    ``largest_layer``: weight bytes of the biggest layer; None when only the total is known, and
+    weights and cache are then spread evenly over the layers.
+    """
+    kv = kv_cache_bytes(config, n_layers, ctx_len)
+    overhead = _overhead(tensor_bytes, config)
     memory = tensor_bytes + kv + overhead
     verdict = verdict_for(memory, hw)
-    layer_bytes = (max(per_layer.values()) if per_layer else 0) + (kv // n_layers if n_layers else 0)
-    rest = tensor_bytes - sum(per_layer.values()) + overhead
+    if largest_layer is None:
+        layer_bytes = (tensor_bytes + kv) // n_layers if n_layers else 0
+    else:
+        layer_bytes = largest_layer + (kv // n_layers if n_layers else 0)
     return Estimate(
         preset=label,
         file_bytes=tensor_bytes + header,
@@ -262,12 +300,10 @@ def _estimate_types(
         overhead_bytes=overhead,
         memory_bytes=memory,
         verdict=verdict,
-        bits_per_weight=8 * tensor_bytes / n_el if n_el else 0.0,
-        gpu_layers=_gpu_layers(verdict, hw, n_layers, layer_bytes, rest),
+        bits_per_weight=8 * tensor_bytes / n_weights if n_weights else 0.0,
+        gpu_layers=_gpu_layers(verdict, hw, n_layers, layer_bytes, outside_layers + overhead),
         ctx_len=ctx_len,
-        n_fallbacks=n_fallbacks,
-        exact=exact,
-        types=dict(types),
+        **extra,
     )
 
 
@@ -372,23 +408,15 @@ def estimate_from_config(
         else:
             tensor_bytes = int(n_params * _TYPICAL_BPW[preset] / 8)
             header = HEADER_FIXED_BYTES + vocab * HEADER_BYTES_PER_TOKEN
-        kv = kv_cache_bytes(config, n_layers, ctx_len)
-        overhead = _overhead(tensor_bytes, config)
-        memory = tensor_bytes + kv + overhead
-        verdict = verdict_for(memory, hw)
-        layer_bytes = (tensor_bytes + kv) // n_layers if n_layers else 0
         out.append(
-            Estimate(
-                preset=preset,
-                file_bytes=tensor_bytes + header,
+            _make_estimate(
+                preset,
                 tensor_bytes=tensor_bytes,
-                header_bytes=header,
-                kv_bytes=kv,
-                overhead_bytes=overhead,
-                memory_bytes=memory,
-                verdict=verdict,
-                bits_per_weight=8 * tensor_bytes / n_params if n_params else 0.0,
-                gpu_layers=_gpu_layers(verdict, hw, n_layers, layer_bytes, overhead),
+                header=header,
+                n_weights=n_params,
+                config=config,
+                n_layers=n_layers,
+                hw=hw,
                 ctx_len=ctx_len,
             )
         )

@@ -212,12 +212,14 @@ def export_gguf(
     ctx: JobContext | None = None,
     source_repo: str | None = None,
     validate: Callable[[Path], None] | None = None,
+    allow_pickle: bool = False,
 ) -> ExportResult:
     """Export ``checkpoint_path`` to the GGUF file ``out_path`` following ``plan`` (or a preset name).
 
     ``backend``: "studio" (our quantizers, streamed) or "llama.cpp" (llama_model_quantize on our F32
     export, in a child process). ``imatrix`` maps tensor names (HF or GGUF) to one importance value
     per input column. ``validate`` is called on the finished partial file before the rename.
+    ``allow_pickle`` opts in to a pickle ``pytorch_model.bin`` (converted in a child, as ``open_model`` does).
     """
     from studio.core.model import open_model
 
@@ -227,9 +229,10 @@ def export_gguf(
     device = _check_device(device)
     t0 = time.monotonic()
     out = Path(out_path).expanduser()
-    ckpt = open_model(checkpoint_path)
+    ckpt = open_model(checkpoint_path, allow_pickle=allow_pickle)
     try:
         info = ckpt.info
+        check_exportable(info)
         inputs = tuple({t.file for t in info.tensors}) + (info.path,)
         check_output_path(out, inputs=inputs)  # same-as-input, missing or read-only folder: refuse now
         if out.suffix.lower() != ".gguf":
@@ -260,6 +263,17 @@ def export_gguf(
         + tuple(result.get("notes", ())),
         n_weights=n_weights,
     )
+
+
+def check_exportable(info: Any) -> None:
+    """Raise an ExportError when ``info`` is not a checkpoint export can convert (a GGUF file)."""
+    from studio.core.model.types import CheckpointFormat
+
+    if info.format == CheckpointFormat.GGUF:
+        raise ExportError(
+            f"{info.path} is already a GGUF file; export converts a Hugging Face model folder "
+            "(config.json, tokenizer and .safetensors weights). Choose the folder of the original model."
+        )
 
 
 def _check_device(device: str) -> str:
@@ -509,6 +523,7 @@ __all__ = [
     "BACKENDS",
     "ExportResult",
     "JobCancelled",
+    "check_exportable",
     "export_gguf",
     "llamacpp_overrides",
     "llamacpp_validator",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.hf_progress import no_hf_progress_bars
 from studio.paths import resource_path
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the GUI imports this module before torch is wanted
@@ -752,7 +753,8 @@ def make_tiny_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        model.save_pretrained(str(tmp))
+        with no_hf_progress_bars():
+            model.save_pretrained(str(tmp))
         if shards > 1:
             _reshard(tmp, shards)
         ctx.check_cancelled()

@@ -10,6 +10,7 @@ import numpy as np
 
 from studio.core.errors import EvaluationError, StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.hf_progress import no_hf_progress_bars
 
 DEFAULT_TEXT = (
     "The quick brown fox jumps over the lazy dog. Der schnelle braune Fuchs springt. "
@@ -50,6 +51,20 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, floa
     return top1, kl, float(np.abs(ref - got).max()), float(ref.max() - ref.min())
 
 
+def check_verifiable(checkpoint_path: str | Path) -> None:
+    """Raise an EvaluationError when the original cannot be run safely here: transformers would
+    unpickle a ``pytorch_model.bin`` in this process, which the studio only does in a child."""
+    p = Path(checkpoint_path)
+    folder = p if p.is_dir() else p.parent
+    if p.suffix == ".safetensors" or any(folder.glob("*.safetensors")):
+        return
+    raise EvaluationError(
+        f"{folder} holds only pickle weights; verification runs the original with transformers in this "
+        "process, which would unpickle them. Export without verification, or save the model as "
+        "safetensors first."
+    )
+
+
 def verify_gguf(
     gguf_path: str | Path,
     checkpoint_path: str | Path,
@@ -66,6 +81,9 @@ def verify_gguf(
     ctx = ctx or null_context()
     text = text or DEFAULT_TEXT
     folder = Path(checkpoint_path)
+    check_verifiable(folder)
+    if not folder.is_dir():  # a single .safetensors file: transformers wants its folder
+        folder = folder.parent
     read_gguf(gguf_path)  # bounded header check before llama.cpp sees the file
     try:
         import torch
@@ -73,7 +91,10 @@ def verify_gguf(
     except ImportError as err:  # pragma: no cover - dependencies
         raise EvaluationError(f"Verification needs torch and transformers ({err}).") from None
     ctx.report(0, 3, "Loading the original model")
-    cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    try:
+        cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise EvaluationError(f"transformers could not read the config of {folder}: {err}") from None
     is_encoder = cfg.model_type == "bert"
     with LlamaWorker(label="llama.cpp (verification)") as wk:
         ctx.check_cancelled()
@@ -82,7 +103,12 @@ def verify_gguf(
             r = wk.request("embed", text=text)
             ids, got = r["ids"][:max_tokens], np.asarray(r["embeddings"], dtype=np.float32)[:max_tokens]
         else:
-            tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+            try:
+                tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+            except (OSError, ValueError) as err:
+                raise EvaluationError(
+                    f"transformers could not load the tokenizer of {folder}: {err}"
+                ) from None
             ids = list(tok(text)["input_ids"])[:max_tokens]
             if len(ids) < 2:
                 raise EvaluationError("The verification text is too short after tokenization.")
@@ -94,9 +120,9 @@ def verify_gguf(
     try:
         cls = AutoModel if is_encoder else AutoModelForCausalLM
         kw = {"attn_implementation": "eager"} if cfg.model_type in ("gemma2",) else {}
-        model = cls.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=False, **kw).to(
-            device
-        )
+        with no_hf_progress_bars():
+            model = cls.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=False, **kw)
+        model = model.to(device)
         model.eval()
         with torch.no_grad():
             out = model(torch.tensor([ids], device=device))

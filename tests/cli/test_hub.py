@@ -69,3 +69,32 @@ def test_errors_are_one_line_exit_2(hub, capsys):
     assert err.strip().count("\n") == 0 and "does not exist on the Hub" in err
     code, _, err = _run(capsys, "download", "gated-org/gated-llama")
     assert code == 2 and "gated" in err and "Traceback" not in err
+
+
+def test_cache_options_that_do_not_go_together_are_refused(hub, capsys):
+    # regression: --revision without --delete was silently ignored and the listing printed instead
+    code, out, err = _run(capsys, "cache", "--revision", "abc")
+    assert code == 2 and out == "" and "--revision goes with --delete" in err
+    code, out, err = _run(capsys, "cache", "--delete", "tiny-org/tiny-llama", "--cleanup")
+    assert code == 2 and out == "" and "not both" in err
+
+
+def test_info_shows_fit_badges(hub, capsys, monkeypatch):
+    from studio.core.hardware import Backend, GpuInfo, HardwareInfo
+
+    gpu = GpuInfo(0, "Test GPU", Backend.CUDA, 8 * 1024**3, 8 * 1024**3)
+    hw = HardwareInfo(
+        cpu_name="cpu",
+        cpu_cores=4,
+        ram_total_bytes=16 * 1024**3,
+        ram_available_bytes=8 * 1024**3,
+        gpus=(gpu,),
+    )
+    monkeypatch.setattr("studio.core.hardware.detect", lambda probe_torch=True: hw)
+    code, out, _ = _run(capsys, "info", "tiny-org/tiny-llama", "--json")
+    fit = json.loads(out)["fit"]
+    assert code == 0 and fit["preset"] == "Q4_K_M" and fit["verdict"] == "fits on the GPU"
+    assert [e["preset"] for e in fit["estimates"]][:2] == ["F16", "Q8_0"] and fit["best_preset"] == "F16"
+    code, out, _ = _run(capsys, "info", "tiny-org/tiny-llama-GGUF")
+    assert code == 0 and "Q4_K_M: fits on the GPU" in out
+    assert "tiny-llama-IQ4_XS.gguf" in out and "IQ4_XS: fits on the GPU" in out

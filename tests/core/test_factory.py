@@ -340,3 +340,29 @@ def test_cancelled_build_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(JobCancelled):
         make_tiny_model(tmp_path / "m", "gpt2", ctx=ctx)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_no_hf_progress_bars_silences_and_restores():
+    from transformers.utils import logging as hf_logging
+
+    from studio.core.model.hf_progress import no_hf_progress_bars
+
+    assert hf_logging.is_progress_bar_enabled()
+    with no_hf_progress_bars():
+        assert not hf_logging.is_progress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with no_hf_progress_bars():
+            pass
+        assert not hf_logging.is_progress_bar_enabled()  # a caller's own choice is kept
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def test_factory_writes_no_transformers_progress_bar(tmp_path, capsys):
+    # regression: "Writing model shards: 100%|..." from save_pretrained leaked into CLI/test output
+    from studio.core.factory import make_tiny_model
+
+    make_tiny_model(tmp_path / "m", "gpt2", hidden=64, layers=1, outliers=False)
+    assert "Writing model shards" not in capsys.readouterr().err

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import CorruptFileError, ExportError
+from studio.core.units import format_bytes
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -36,14 +37,10 @@ def partial_path(out: Path) -> Path:
     return out.with_name(out.name + PARTIAL_SUFFIX)
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
 def disk_full_error(out: Path, need_bytes: int) -> ExportError:
     """The error for ENOSPC while writing ``out`` (FAULTS 37)."""
     return ExportError(
-        f"Out of disk space writing {out} (need about {_gb(need_bytes)}).",
+        f"Out of disk space writing {out} (need about {format_bytes(need_bytes)}).",
         hint="Free some space or choose another folder; the partial file was deleted.",
     )
 

@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from itertools import islice
 from typing import Any, TypeVar
@@ -399,7 +399,29 @@ def search(
         )
         return [_summary(i) for i in islice(items, offset, offset + limit)]
 
-    return call_hub(run, repo_id=query or "search", ctx=ctx, had_token=bool(token))
+    # list_models pages through huggingface_hub's http_backoff, which itself retries dropped
+    # connections, 429 and 5xx (five times, with backoff, honouring Retry-After). Retrying around it
+    # again made an unreachable Hub cost 30 attempts and over two minutes, so the outer loop tries once.
+    return call_hub(
+        lambda: _without_hf_retry_warnings(run),
+        repo_id=query or "search",
+        ctx=ctx,
+        had_token=bool(token),
+        policy=replace(DEFAULT_POLICY, max_tries=1),
+    )
+
+
+def _without_hf_retry_warnings(fn: Callable[[], T]) -> T:
+    """Run ``fn`` with huggingface_hub's per-retry warnings off (our own error says what failed)."""
+    import logging
+
+    log = logging.getLogger("huggingface_hub.utils._http")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return fn()
+    finally:
+        log.setLevel(level)
 
 
 def _license(info: Any) -> str | None:

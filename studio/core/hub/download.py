@@ -66,6 +66,7 @@ from studio.core.hub.retry import (
     parse_retry_after,
 )
 from studio.core.jobs import JobCancelled, JobContext
+from studio.core.units import format_bytes, format_eta
 
 # huggingface_hub refuses single files above this over plain HTTP (constants.MAX_HTTP_DOWNLOAD_SIZE).
 MAX_HTTP_DOWNLOAD_SIZE = 50 * 1000 * 1000 * 1000
@@ -107,27 +108,6 @@ class DownloadResult:
 
 
 ProgressCallback = Callable[[DownloadProgress], None]
-
-
-def format_bytes(n: float) -> str:
-    """Bytes as a short human string (``12.3 MB``)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
-def format_eta(seconds: float | None) -> str:
-    """Seconds as ``1 h 05 min`` / ``3 min 20 s`` / ``12 s``, or ``?``."""
-    if seconds is None:
-        return "?"
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600} h {s % 3600 // 60:02d} min"
-    if s >= 60:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s} s"
 
 
 # -- small file-system helpers (long-path safe) ----------------------------------------------------

@@ -170,7 +170,7 @@ def _serve(conn: Any, extra_ops: str | None) -> None:
 
         ops.update(importlib.import_module(extra_ops).OPS)
     state = _State()
-    _quiet_llamacpp()
+    log_callback = _quiet_llamacpp()  # noqa: F841 - ctypes needs it alive while the child runs
     while True:
         try:
             msg = conn.recv()
@@ -196,14 +196,44 @@ def _serve(conn: Any, extra_ops: str | None) -> None:
                 conn.send({"ok": False, "error": text, "kind": kind, "trace": traceback.format_exc(limit=5)})
 
 
-def _quiet_llamacpp() -> None:
-    # llama.cpp prints every tensor it loads or quantizes; in the child only errors go to stderr
+# ggml's log levels (ggml.h); llama-cpp-python 0.3.x still maps the older numbering, so with
+# verbose=False it prints every warning (per-tensor quantize overrides, pooling notices) and drops errors.
+_GGML_LOG_ERROR = 4
+_GGML_LOG_CONT = 5
+
+
+def _log_filter() -> Any:
+    """A ggml log callback that writes only errors (and their continuation lines) to stderr."""
+    import ctypes
+    import sys
+
+    import llama_cpp
+
+    last = [0]
+
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level != _GGML_LOG_CONT:
+            last[0] = level
+        if last[0] == _GGML_LOG_ERROR:
+            sys.stderr.write(text.decode("utf-8", "replace"))
+            sys.stderr.flush()
+
+    return callback
+
+
+def _quiet_llamacpp() -> Any:
+    """Route llama.cpp's log to ``_log_filter``; returns the callback, which must stay referenced."""
     try:
+        import llama_cpp
         from llama_cpp import _logger
 
         _logger.set_verbose(False)
+        callback = _log_filter()
+        llama_cpp.llama_log_set(callback, None)
+        return callback
     except Exception:  # pragma: no cover - older llama-cpp-python
-        pass
+        return None
 
 
 def _op_ping(state: _State) -> str:

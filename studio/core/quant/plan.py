@@ -22,9 +22,9 @@ from studio.core.jobs import JobContext
 from studio.core.model.types import ModelInfo
 from studio.core.quant.presets import (
     PRESETS,
-    TYPE_SIZES,
     Fallback,
     allows_quantization,
+    check_type,
     fallback_type,
     preset_choice,
     tensor_bytes,
@@ -86,11 +86,7 @@ class Plan:
         object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
         object.__setattr__(self, "recipe", MappingProxyType(dict(self.recipe)))
         for name, t in self.types.items():
-            if t not in TYPE_SIZES:
-                raise QuantizationError(
-                    f"Plan gives tensor {name!r} the unknown type {t!r}.",
-                    hint="Known: " + ", ".join(TYPE_SIZES) + ".",
-                )
+            check_type(t, f"Plan gives tensor {name!r} the unknown type {t!r}.")
 
     def type_of(self, name: str) -> str:
         """The GGUF type of tensor ``name``; QuantizationError if the plan does not cover it."""
@@ -114,59 +110,59 @@ class Plan:
             "ftype": self.ftype,
             "recipe": _jsonable(dict(self.recipe)),
             "types": dict(self.types),
-            "fallbacks": [
-                {
-                    "tensor": f.tensor,
-                    "gguf_name": f.gguf_name,
-                    "wanted": f.wanted,
-                    "got": f.got,
-                    "reason": f.reason,
-                }
-                for f in self.fallbacks
-            ],
+            "fallbacks": [f.to_dict() for f in self.fallbacks],
             "notes": list(self.notes),
         }
 
     @staticmethod
-    def from_json(text: str, info: ModelInfo | None = None) -> Plan:
-        """A plan from JSON text; with ``info``, checked against that model's tensors."""
+    def from_json(text: str, info: ModelInfo | None = None, source: str | None = None) -> Plan:
+        """A plan from JSON text; with ``info``, checked against that model's tensors.
+
+        ``source`` (the file name) is named in the error messages.
+        """
+        what = f"The plan file {source}" if source else "The plan file"
         try:
             d = json.loads(text)
         except json.JSONDecodeError as err:
-            raise QuantizationError(
-                f"The plan file is not valid JSON ({err.msg} at line {err.lineno})."
-            ) from None
-        return Plan.from_dict(d, info)
+            raise QuantizationError(f"{what} is not valid JSON ({err.msg} at line {err.lineno}).") from None
+        return Plan.from_dict(d, info, source)
 
     @staticmethod
-    def from_dict(d: Any, info: ModelInfo | None = None) -> Plan:
-        """A plan from a dict as written by ``to_dict``."""
+    def from_dict(d: Any, info: ModelInfo | None = None, source: str | None = None) -> Plan:
+        """A plan from a dict as written by ``to_dict``; ``source`` is named in error messages."""
+        what = f"The plan file {source}" if source else "The plan file"
         if not isinstance(d, dict) or "version" not in d:
-            raise QuantizationError("The plan file has no 'version' field; it is not a Quant Studio plan.")
+            raise QuantizationError(f"{what} has no 'version' field; it is not a Quant Studio plan.")
         if d["version"] != PLAN_VERSION:
             raise QuantizationError(
-                f"The plan file has version {d['version']!r}; this Quant Studio reads version {PLAN_VERSION}."
+                f"{what} has version {d['version']!r}; this Quant Studio reads version {PLAN_VERSION}."
             )
         types = d.get("types")
         recipe = d.get("recipe") or {}
         if not isinstance(types, dict) or not types:
-            if info is not None and recipe:
+            if info is not None and isinstance(recipe, dict) and recipe:
                 return plan_from_recipe(info, recipe)
-            raise QuantizationError("The plan file has no 'types' table.")
+            raise QuantizationError(f"{what} has no 'types' table.")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
-            raise QuantizationError("The plan file's 'types' table must map tensor names to type names.")
-        fallbacks = tuple(
-            Fallback(str(f["tensor"]), str(f["gguf_name"]), str(f["wanted"]), str(f["got"]), str(f["reason"]))
-            for f in d.get("fallbacks", [])
-        )
-        plan = Plan(
-            types=types,
-            name=str(d.get("name", "custom")),
-            ftype=int(d.get("ftype", 1)),
-            fallbacks=fallbacks,
-            notes=tuple(str(n) for n in d.get("notes", [])),
-            recipe=recipe,
-        )
+            raise QuantizationError(f"{what}: its 'types' table must map tensor names to type names.")
+        try:
+            fallbacks = tuple(
+                Fallback(
+                    str(f["tensor"]), str(f["gguf_name"]), str(f["wanted"]), str(f["got"]), str(f["reason"])
+                )
+                for f in d.get("fallbacks") or []
+            )
+            plan = Plan(
+                types=types,
+                name=str(d.get("name", "custom")),
+                ftype=int(d.get("ftype", 1)),
+                fallbacks=fallbacks,
+                notes=tuple(str(n) for n in d.get("notes") or []),
+                recipe=recipe if isinstance(recipe, dict) else {},
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            # a hand-edited file: its 'fallbacks', 'ftype' or 'notes' are not what to_dict writes
+            raise QuantizationError(f"{what} is malformed ({type(err).__name__}: {err}).") from None
         if info is not None:
             check_plan(plan, info)
         return plan
@@ -250,8 +246,7 @@ def _finish(
 
     compiled = []
     for o in overrides:
-        if o.qtype not in TYPE_SIZES:
-            raise QuantizationError(f"Override {o.pattern!r} asks for the unknown type {o.qtype!r}.")
+        check_type(o.qtype, f"Override {o.pattern!r} asks for the unknown type {o.qtype!r}.")
         try:
             compiled.append((re.compile(o.pattern), o.qtype))
         except re.error as err:
@@ -304,9 +299,7 @@ def plan_uniform(info: ModelInfo, qtype: str, overrides: Sequence[Override] = ()
     """Every quantizable tensor at ``qtype`` (e.g. Q8_0 for INT8, Q4_K or Q4_0 for INT4)."""
     from studio.core.gguf.arch import layout
 
-    qtype = qtype.upper()
-    if qtype not in TYPE_SIZES:
-        raise QuantizationError(f"Unknown GGUF type {qtype!r}.", hint="Known: " + ", ".join(TYPE_SIZES) + ".")
+    qtype = check_type(qtype.upper())
     wanted = {tm.hf_name: qtype for tm in layout(info).tensors}
     return _finish(
         info,
@@ -323,10 +316,7 @@ def plan_first_last(info: ModelInfo, n: int, high: str, low: str, overrides: Seq
     at ``high``; every other quantizable tensor at ``low``."""
     from studio.core.gguf.arch import layout
 
-    high, low = high.upper(), low.upper()
-    for t in (high, low):
-        if t not in TYPE_SIZES:
-            raise QuantizationError(f"Unknown GGUF type {t!r}.", hint="Known: " + ", ".join(TYPE_SIZES) + ".")
+    high, low = check_type(high.upper()), check_type(low.upper())
     if n < 0:
         raise QuantizationError(f"The number of first/last layers must be 0 or more, not {n}.")
     lay = layout(info)
@@ -349,14 +339,19 @@ def plan_first_last(info: ModelInfo, n: int, high: str, low: str, overrides: Seq
 
 def plan_from_recipe(info: ModelInfo, recipe: Mapping[str, Any]) -> Plan:
     """Remake a plan for ``info`` from its recipe (what ``Plan.recipe`` records)."""
-    ovs = tuple(Override(str(p), str(t)) for p, t in recipe.get("overrides", []))
     kind = recipe.get("kind")
-    if kind == "preset":
-        return plan_from_preset(info, str(recipe["preset"]), ovs, imatrix=bool(recipe.get("imatrix")))
-    if kind == "uniform":
-        return plan_uniform(info, str(recipe["type"]), ovs)
-    if kind == "first_last":
-        return plan_first_last(info, int(recipe["n"]), str(recipe["high"]), str(recipe["low"]), ovs)
+    try:
+        ovs = tuple(Override(str(p), str(t)) for p, t in recipe.get("overrides") or [])
+        if kind == "preset":
+            return plan_from_preset(info, str(recipe["preset"]), ovs, imatrix=bool(recipe.get("imatrix")))
+        if kind == "uniform":
+            return plan_uniform(info, str(recipe["type"]), ovs)
+        if kind == "first_last":
+            return plan_first_last(info, int(recipe["n"]), str(recipe["high"]), str(recipe["low"]), ovs)
+    except (KeyError, TypeError, ValueError) as err:
+        raise QuantizationError(
+            f"The plan recipe {kind!r} is malformed ({type(err).__name__}: {err})."
+        ) from None
     raise QuantizationError(f"The plan recipe kind {kind!r} is unknown.")
 
 

@@ -12,26 +12,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import gguf
+
 from studio.core.errors import QuantizationError
 from studio.core.model.types import ModelInfo
 
-# GGUF type name → (weights per block, bytes per block).
+# The GGUF types the studio writes, in menu order; block geometry comes from gguf-py's table.
+_WRITABLE_TYPES = (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+)  # fmt: skip
+
 TYPE_SIZES: dict[str, tuple[int, int]] = {
-    "F32": (1, 4),
-    "F16": (1, 2),
-    "BF16": (1, 2),
-    "Q8_0": (32, 34),
-    "Q4_0": (32, 18),
-    "Q4_1": (32, 20),
-    "Q5_0": (32, 22),
-    "Q5_1": (32, 24),
-    "IQ4_NL": (32, 18),
-    "Q2_K": (256, 84),
-    "Q3_K": (256, 110),
-    "Q4_K": (256, 144),
-    "Q5_K": (256, 176),
-    "Q6_K": (256, 210),
+    name: tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]) for name in _WRITABLE_TYPES
 }
+"""GGUF type name → (weights per block, bytes per block)."""
 
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 
@@ -83,6 +77,16 @@ class Fallback:
     got: str
     reason: str
 
+    def to_dict(self) -> dict[str, str]:
+        """The fallback as a JSON-ready dict (as plans and ``export --json`` write it)."""
+        return {
+            "tensor": self.tensor,
+            "gguf_name": self.gguf_name,
+            "wanted": self.wanted,
+            "got": self.got,
+            "reason": self.reason,
+        }
+
 
 @dataclass(frozen=True)
 class PresetChoice:
@@ -93,14 +97,19 @@ class PresetChoice:
     fallbacks: tuple[Fallback, ...]
 
 
+def check_type(qtype: str, message: str | None = None) -> str:
+    """``qtype`` itself if the studio writes that GGUF type; otherwise a QuantizationError
+    (``message``, or "Unknown GGUF type ...") whose hint lists the known types."""
+    if qtype not in TYPE_SIZES:
+        raise QuantizationError(
+            message or f"Unknown GGUF type {qtype!r}.", hint="Known: " + ", ".join(TYPE_SIZES) + "."
+        )
+    return qtype
+
+
 def block_size(qtype: str) -> int:
     """Weights per block of a GGUF type; QuantizationError for an unknown type."""
-    try:
-        return TYPE_SIZES[qtype][0]
-    except KeyError:
-        raise QuantizationError(
-            f"Unknown GGUF type {qtype!r}.", hint="Known: " + ", ".join(TYPE_SIZES) + "."
-        ) from None
+    return TYPE_SIZES[check_type(qtype)][0]
 
 
 def row_bytes(qtype: str, n_per_row: int) -> int:

@@ -68,6 +68,31 @@ def test_json_round_trip_and_version(info):
     assert dict(remade.types) == dict(plan.types)
 
 
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        ({"version": 1, "types": {"x": "Q8_0"}, "fallbacks": [1]}, "p.json is malformed"),
+        ({"version": 1, "types": {"x": "Q8_0"}, "ftype": "fifteen"}, "p.json is malformed"),
+        ({"version": 1, "types": {"x": "Q8_0"}, "fallbacks": [{"tensor": "x"}]}, "p.json is malformed"),
+        ({"version": 1, "recipe": {"kind": "uniform"}}, "recipe 'uniform' is malformed"),
+        (
+            {"version": 1, "recipe": {"kind": "first_last", "n": "one", "high": "Q8_0", "low": "Q4_0"}},
+            "malformed",
+        ),
+        ({"version": 1, "recipe": "Q4_K_M"}, "p.json has no 'types' table"),
+    ],
+)
+def test_hand_edited_plan_files_give_one_clear_error(info, doc, match):
+    # regression: these raised KeyError/TypeError/ValueError (a traceback in the CLI) instead of a StudioError
+    with pytest.raises(QuantizationError, match=match):
+        Plan.from_json(json.dumps(doc), info, source="p.json")
+
+
+def test_plan_errors_name_the_file():
+    with pytest.raises(QuantizationError, match=r"The plan file my\.json is not valid JSON"):
+        Plan.from_json("{nope", source="my.json")
+
+
 def test_plan_for_another_model_is_refused(info, odd_info):
     plan = plan_from_preset(info, "Q4_K_M")
     with pytest.raises(QuantizationError, match="made for another model|cannot be"):

@@ -228,3 +228,20 @@ def test_hanging_metadata_call_times_out_and_is_retried(hub, waits, monkeypatch)
     )
     assert d.id == "tiny-org/tiny-llama"
     assert lines == ["network error, waiting 1 s"]
+
+
+def test_search_does_not_retry_around_huggingface_hubs_own_retries(hub, waits, monkeypatch, capfd):
+    # regression: list_models already retries 5xx/429/dropped connections (http_backoff); our loop
+    # around it multiplied that to 30 requests and over two minutes for an unreachable Hub
+    import huggingface_hub.utils._http as hf_http
+
+    from studio.core.errors import HubError
+
+    monkeypatch.setattr(hf_http.time, "sleep", lambda s: None)
+    hub.add_fault(Fault("status", path="/api/models", times=None, status=503))
+    with pytest.raises(HubError, match="503|Hub"):
+        search("tiny")
+    n = sum(1 for r in hub.requests if r.path == "/api/models")
+    assert 1 <= n <= 6  # huggingface_hub's 1 + 5 retries, nothing on top
+    err = capfd.readouterr().err
+    assert "thrown while requesting" not in err and "Retrying in" not in err

@@ -1,0 +1,117 @@
+"""What the subcommands share: JSON output, progress lines on stderr, reading and writing small files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Collection, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from studio.core.errors import StudioError
+
+
+def print_json(obj: Any, *, indent: int | None = 2) -> None:
+    """Print ``obj`` as JSON on stdout (the whole of what ``--json`` prints)."""
+    print(json.dumps(obj, indent=indent))
+
+
+def format_table(header: Sequence[str], rows: Iterable[Sequence[str]], *, right: Collection[int] = ()) -> str:
+    """Columns separated by two spaces, each as wide as its widest cell; ``right`` lists right-aligned ones."""
+    cells = [list(header), *(list(r) for r in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    last = len(header) - 1
+
+    def line(row: list[str]) -> str:
+        parts = [
+            c.rjust(widths[i]) if i in right else (c if i == last else c.ljust(widths[i]))
+            for i, c in enumerate(row)
+        ]
+        return "  ".join(parts)
+
+    return "\n".join(line(r) for r in cells)
+
+
+class ProgressLine:
+    """Progress on stderr: one line rewritten in place on a terminal, plain throttled lines in a log.
+
+    Use it as a context manager so that the line is ended before anything else is printed, also when
+    the work fails (the error then starts on a line of its own).
+    """
+
+    def __init__(self, *, width: int = 100, interval: float = 0.5, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.width = width
+        self.interval = interval
+        self._last = -float("inf")
+        self._open = False
+
+    def show(self, text: str, *, final: bool = False) -> None:
+        """Show ``text``; intermediate updates closer than ``interval`` seconds are dropped."""
+        now = time.monotonic()
+        if not final and now - self._last < self.interval:
+            return
+        self._last = now
+        if self.tty:
+            self.stream.write("\r" + text[: self.width].ljust(self.width))
+            self._open = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def fraction(self, done: int, total: int, msg: str) -> None:
+        """A ``JobContext`` progress callback: ``[ 42.0%] msg``."""
+        pct = 100.0 * done / total if total else 100.0
+        self.show(f"[{pct:5.1f}%] {msg}", final=done >= total)
+
+    def log(self, msg: str) -> None:
+        """A message of its own line (a ``JobContext`` log callback), below the progress line."""
+        self.end()
+        self.stream.write(msg + "\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        """Finish the rewritten line, if one is open."""
+        if self._open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open = False
+
+    def __enter__(self) -> ProgressLine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+
+def read_text(path: str | os.PathLike[str], what: str) -> str:
+    """The UTF-8 text of a small input file, or a StudioError naming ``what`` and the path."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise StudioError(f"The {what} {p} is not UTF-8 text.") from None
+    except OSError as err:
+        raise StudioError(f"Cannot read the {what} {p}: {err.strerror or err}.") from None
+
+
+def write_text(path: str | os.PathLike[str], text: str, what: str) -> None:
+    """Write a small output file atomically (temp file, fsync, rename); errors name ``what`` and the path."""
+    p = Path(path).expanduser()
+    tmp = p.with_name(p.name + ".partial")
+    try:
+        if p.is_dir():
+            raise IsADirectoryError(21, "it is a folder")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StudioError(f"Cannot write the {what} {p}: {err.strerror or err}.") from None

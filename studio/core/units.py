@@ -1,0 +1,47 @@
+"""Human-readable sizes, counts and durations for messages and command-line tables.
+
+Two byte styles on purpose: decimal units (``12.3 MB``) where users compare with disks and Hub pages,
+binary units (``12.3 MiB``) where they compare with RAM and VRAM.
+"""
+
+from __future__ import annotations
+
+_DECIMAL_UNITS = ("B", "KB", "MB", "GB", "TB")
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in decimal units with one decimal (``12.3 MB``); plain bytes stay whole (``512 B``)."""
+    for unit in _DECIMAL_UNITS:
+        if abs(n) < 1000 or unit == _DECIMAL_UNITS[-1]:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns at the last unit
+
+
+def format_mib(n: float) -> str:
+    """Bytes in binary units for memory: ``71.3 MiB`` below 1 GiB, ``1.25 GiB`` from there on."""
+    if n >= 1024**3:
+        return f"{n / 1024**3:.2f} GiB"
+    return f"{n / 1024**2:.1f} MiB"
+
+
+def format_count(n: int | None) -> str:
+    """A count such as downloads or parameters as ``1.5K``/``7.2B``; ``-`` when unknown."""
+    if n is None:
+        return "-"
+    for unit, div in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def format_eta(seconds: float | None) -> str:
+    """Seconds as ``1 h 05 min`` / ``3 min 20 s`` / ``12 s``, or ``?`` when unknown."""
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
