@@ -47,7 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe must not surface at interpreter exit
+        return code
     except StudioError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -312,3 +312,13 @@ def test_real_process_exit_status(tmp_path):
     )
     assert out.returncode == 2
     assert out.stdout == "" and out.stderr.count("\n") == 1 and "bomb.gguf" in out.stderr
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(llama_model) -> None:
+    """`inspect MODEL | true` ends quietly although the reader closed the pipe before any output."""
+    import subprocess
+    import sys
+
+    cmd = f'"{sys.executable}" -m studio.cli inspect "{llama_model}" | true'
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in out.stderr, out.stderr
