@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import accelerator, best, peak_mib, synced  # noqa: E402
 
 from studio.core.quant import blocks  # noqa: E402
 from studio.core.quant import reference as ref  # noqa: E402
@@ -47,33 +47,6 @@ def _ref_quantize(x: np.ndarray, qtype: str, imatrix, threads: int) -> np.ndarra
     return out
 
 
-def _best(fn, repeat: int) -> tuple[float, object]:
-    best = float("inf")
-    res = None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        res = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, res
-
-
-def _peak_mib() -> float:
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
-
-
-def _device():
-    try:
-        import torch
-    except ImportError:
-        return None
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default=",".join(ALL))
@@ -88,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     x = rng.standard_normal((args.size, args.size), dtype=np.float32)
     qw = (rng.random(args.size, dtype=np.float32) ** 2 * 4) if args.imatrix else None
     nw = x.size
-    dev = None if args.no_gpu else _device()
+    dev = None if args.no_gpu else accelerator()
     xt = None
     if dev is not None:
         import torch
@@ -109,25 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - a bench reports and moves on
             print(f"{t:8} unavailable: {exc}")
             continue
-        t_ref, r = _best(lambda t=t: _ref_quantize(x, t, qw, args.threads), args.repeat)
-        t_our, o = _best(lambda t=t: blocks.quantize(x, t, qw, threads=args.threads), args.repeat)
+        t_ref, r = best(lambda t=t: _ref_quantize(x, t, qw, args.threads), args.repeat)
+        t_our, o = best(lambda t=t: blocks.quantize(x, t, qw, threads=args.threads), args.repeat)
         exact = bool(np.array_equal(r, o))
         line = (
             f"{t:8} {t_our / nw * 1e9:10.2f} {t_ref / nw * 1e9:11.2f} {t_our / t_ref:7.2f} "
-            f"{'yes' if exact else 'NO':>6} {_peak_mib():12.0f}"
+            f"{'yes' if exact else 'NO':>6} {peak_mib():12.0f}"
         )
         if dev is not None:
-            import torch
-
-            def on_dev(t=t):
-                res = blocks.quantize(xt, t, qw)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                return res
-
+            on_dev = synced(lambda t=t: blocks.quantize(xt, t, qw), dev)
             try:
                 on_dev()
-                t_dev, g = _best(on_dev, args.repeat)
+                t_dev, g = best(on_dev, args.repeat)
                 line += f" {t_dev / nw * 1e9:12.2f} {'yes' if np.array_equal(g, r) else 'NO':>11}"
             except Exception as exc:  # noqa: BLE001
                 line += f" {'error: ' + str(exc)[:60]:>24}"

@@ -25,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import peak_mib  # noqa: E402
+
 PROMPT = "The river runs past the mill and under the old stone bridge, and the town grew up around it."
 
 
@@ -159,8 +161,8 @@ def main() -> int:
     del direct
 
     best_o, best_d = max(ours_rates), max(direct_rates)
-    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    self_mib = peak_mib()
+    child_mib = peak_mib(resource.RUSAGE_CHILDREN)
     print(
         f"model: {gguf.name} ({gguf.stat().st_size / 1e6:.1f} MB), prompt {len(ids)} tokens, {args.tokens} generated"
     )
@@ -183,7 +185,7 @@ def main() -> int:
         f"(ended: {stop_why}, after {stop_n} tokens)"
     )
     print(
-        f"peak RSS: this process {self_kb / 1024:.0f} MB (holds the direct model), llama.cpp child {child_kb / 1024:.0f} MB"
+        f"peak RSS: this process {self_mib:.0f} MiB (holds the direct model), llama.cpp child {child_mib:.0f} MiB"
     )
     return 0
 

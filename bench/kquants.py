@@ -12,7 +12,6 @@ path on CPU (on a 1/16 slice: it is meant for GPUs) and on CUDA when one is pres
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 from pathlib import Path
@@ -21,23 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _common import best, peak_mib, synced  # noqa: E402
+
 from studio.core.quant import kquants  # noqa: E402
 from studio.core.quant import reference as ref  # noqa: E402
-
-
-def _best(fn, repeat: int) -> tuple[float, object]:
-    best, res = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        res = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, res
-
-
-def _peak_mib() -> float:
-    # ru_maxrss is KiB on Linux, bytes on macOS
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
 
 
 def _torch_rows(x, qtype, qw, device):
@@ -48,11 +34,7 @@ def _torch_rows(x, qtype, qw, device):
     xt = torch.from_numpy(x).to(device)
     qt = None if qw is None else torch.from_numpy(qw).to(device)
 
-    def run():
-        out = kquants_torch.quantize_rows_torch(xt, qtype, qt)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return out.cpu().numpy()
+    run = synced(lambda: kquants_torch.quantize_rows_torch(xt, qtype, qt).cpu().numpy(), device)
 
     run()  # warm-up (allocator, kernels)
     return run
@@ -81,12 +63,12 @@ def main() -> int:
             t0 = time.perf_counter()
             kquants.quantize_rows(x[:1], qtype, qw)  # compile or load from numba's cache
             compile_s = time.perf_counter() - t0
-            t_ours, ours = _best(lambda: kquants.quantize_rows(x, qtype, qw), args.repeat)  # noqa: B023
-            t_ref, theirs = _best(lambda: ref.ggml_quantize(x, qtype, qw), args.repeat)  # noqa: B023
+            t_ours, ours = best(lambda: kquants.quantize_rows(x, qtype, qw), args.repeat)  # noqa: B023
+            t_ref, theirs = best(lambda: ref.ggml_quantize(x, qtype, qw), args.repeat)  # noqa: B023
             same = bool(np.array_equal(ours, theirs))
             print(
                 f"{qtype:6} {'yes' if qw is not None else 'no':7} {compile_s:9.2f} {t_ours / n * 1e9:9.1f} "
-                f"{t_ref / n * 1e9:9.1f} {t_ours / t_ref:6.2f} {str(same):>5} {_peak_mib():8.0f}",
+                f"{t_ref / n * 1e9:9.1f} {t_ours / t_ref:6.2f} {str(same):>5} {peak_mib():8.0f}",
                 flush=True,
             )
             if args.torch:
@@ -96,10 +78,10 @@ def main() -> int:
                 for dev in devices:
                     xs = x[: max(1, args.rows // 16)] if dev == "cpu" else x
                     run = _torch_rows(xs, qtype, qw, dev)
-                    t_t, got = _best(run, args.repeat)
+                    t_t, got = best(run, args.repeat)
                     ok = bool(np.array_equal(got, theirs[: xs.shape[0]]))
                     print(
-                        f"  torch {dev:4} {t_t / xs.size * 1e9:9.1f} ns/w  same={ok}  rss {_peak_mib():.0f} MiB"
+                        f"  torch {dev:4} {t_t / xs.size * 1e9:9.1f} ns/w  same={ok}  rss {peak_mib():.0f} MiB"
                     )
     return 0
 

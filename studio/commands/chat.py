@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from studio.commands._common import print_json
 
 
 def register(subparsers: Any) -> None:
@@ -81,33 +82,37 @@ def run(args: argparse.Namespace) -> int:
                 tokens_per_s=round(r.tokens_per_s, 2),
                 template=r.prompt.template if r.prompt else None,
                 warning=r.prompt.warning if r.prompt else None,
+                truncated_from=r.prompt.truncated_from if r.prompt else None,
                 first_divergence=div,
             )
         rows.append(row)
     if args.json:
-        json.dump(
-            {"prompt": args.prompt, "sampling": sampling.as_dict(), "models": rows}, sys.stdout, indent=2
-        )
-        sys.stdout.write("\n")
+        print_json({"prompt": args.prompt, "sampling": sampling.as_dict(), "models": rows})
     else:
         for row in rows:
             print(f"=== {row['label']}")
             if row["error"]:
-                print(f"error: {row['error']}")
+                print("failed (the error is below)")
                 continue
             if row.get("warning"):
                 print(f"warning: {row['warning']}")
+            if row.get("truncated_from"):
+                print(
+                    f"note: the prompt had {row['truncated_from']} tokens; only its last "
+                    f"{row['prompt_tokens']} were kept (--truncate)"
+                )
             print(row["text"])
             div = row.get("first_divergence")
-            same = (
-                ""
-                if len(rows) == 1
-                else (" · same as the first model" if div is None else f" · differs from token {div}")
-            )
+            # only columns after a first model that answered are compared with it
+            if row is rows[0] or rows[0]["error"]:
+                same = ""
+            else:
+                same = " · same as the first model" if div is None else f" · differs from token {div}"
             print(
                 f"--- {len(row['tokens'])} tokens, {row['tokens_per_s']:.1f} tokens/s, "
                 f"first token after {row['ttft_s'] * 1000:.0f} ms, ended: {row['stop_reason']}{same}"
             )
+    sys.stdout.flush()
     for row in rows:
         if row["error"]:
             print(f"error: {row['error']}", file=sys.stderr)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from typing import Any
 
+from studio.commands._common import ProgressLine, print_json
 from studio.core.jobs import JobContext
 
 
@@ -54,27 +54,22 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate and print the results."""
     from studio.core.evaluate import evaluate
 
-    def progress(done: int, total: int, msg: str) -> None:
-        if not args.json:
-            print(f"\r[{done}/{total}] {msg[:70]:<70}", end="", file=sys.stderr, flush=True)
-
-    report = evaluate(
-        args.original,
-        args.variant,
-        text=args.text,
-        n_ctx=args.ctx,
-        max_chunks=args.chunks,
-        device=args.device,
-        dtype=args.dtype,
-        n_gpu_layers=args.gpu_layers,
-        ctx=JobContext(on_progress=progress, min_interval=0.2),
-    )
+    with ProgressLine() as line:
+        report = evaluate(
+            args.original,
+            args.variant,
+            text=args.text,
+            n_ctx=args.ctx,
+            max_chunks=args.chunks,
+            device=args.device,
+            dtype=args.dtype,
+            n_gpu_layers=args.gpu_layers,
+            ctx=JobContext(on_progress=line.fraction, on_log=line.log),
+        )
     failed = [v for v in report.variants if v.error]
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(report.to_dict())
     else:
-        print(file=sys.stderr)
         o = report.original
         print(
             f"{report.text_name}: {report.n_tokens} tokens, {report.n_chunks} chunks of {report.n_ctx} "
@@ -88,13 +83,14 @@ def run(args: argparse.Namespace) -> int:
         )
         for v in report.variants:
             if v.error:
-                print(f"{v.label[:28]:<28} error: {v.error}")
+                print(f"{v.label[:28]:<28} failed (the error is below)")
                 continue
             print(
                 f"{v.label[:28]:<28} {_fmt(v.ppl, '10.4f')} {_fmt(v.delta_ppl_pct(o.ppl), '+7.2f')}% "
                 f"{_fmt(v.kld_mean, '10.6f')} {_fmt(v.kld_p99, '10.6f')} {_fmt(v.same_top_pct, '8.2f')}% "
                 f"{v.file_bytes / 1e6:9.2f} {_fmt(v.bpw, '6.2f')}"
             )
+    sys.stdout.flush()
     for v in failed:
         print(f"error: {v.error}", file=sys.stderr)
     return 2 if failed else 0

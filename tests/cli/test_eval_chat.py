@@ -21,26 +21,17 @@ def _json(capsys) -> dict:
     return json.loads(out)
 
 
+def _eval_argv(original, *variants, ctx: int = 64, chunks: int = 1, more: tuple[str, ...] = ()) -> list[str]:
+    """``eval`` arguments on the CPU with short chunks."""
+    argv = ["eval", "--original", str(original)]
+    for v in variants:
+        argv += ["--variant", str(v)]
+    return [*argv, "--ctx", str(ctx), "--chunks", str(chunks), "--device", "cpu", *more]
+
+
 def test_eval_json(chat_model, f32_gguf, gguf_of, capsys):
     q4 = gguf_of(chat_model, "Q4_K_M")
-    rc = main(
-        [
-            "eval",
-            "--original",
-            str(chat_model),
-            "--variant",
-            str(f32_gguf),
-            "--variant",
-            str(q4),
-            "--ctx",
-            "64",
-            "--chunks",
-            "3",
-            "--device",
-            "cpu",
-            "--json",
-        ]
-    )
+    rc = main(_eval_argv(chat_model, f32_gguf, q4, chunks=3, more=("--json",)))
     assert rc == 0
     d = _json(capsys)
     assert d["original"]["ppl"] > 1 and d["chunks"] == 3 and d["ctx"] == 64
@@ -53,23 +44,7 @@ def test_eval_json(chat_model, f32_gguf, gguf_of, capsys):
 
 def test_eval_table_and_bad_variant(chat_model, f32_gguf, tmp_path, capsys):
     missing = tmp_path / "nope.gguf"
-    rc = main(
-        [
-            "eval",
-            "--original",
-            str(chat_model),
-            "--variant",
-            str(f32_gguf),
-            "--variant",
-            str(missing),
-            "--ctx",
-            "64",
-            "--chunks",
-            "1",
-            "--device",
-            "cpu",
-        ]
-    )
+    rc = main(_eval_argv(chat_model, f32_gguf, missing))
     captured = capsys.readouterr()
     assert rc == 2
     assert "KL mean" in captured.out and f32_gguf.name[:28] in captured.out
@@ -139,3 +114,66 @@ def test_missing_required_arguments_exit_non_zero(cmd):
     with pytest.raises(SystemExit) as e:
         main([cmd])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing", "missing does not exist"),
+        (
+            lambda d: (d / "notes.txt").write_text("hi") and d / "notes.txt",
+            "notes.txt is neither a GGUF file",
+        ),
+    ],
+)
+def test_eval_bad_original_is_one_line_on_its_own(make, message, f32_gguf, tmp_path, capsys):
+    original = make(tmp_path)
+    rc = main(["eval", "--original", str(original), "--variant", str(f32_gguf), "--ctx", "64"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    # the progress line is ended first: the error starts a line of its own
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [
+        ln for ln in err.splitlines() if "error" in ln
+    ]
+    assert message in err and "for chat" not in err
+
+
+def test_eval_zero_chunks_and_failed_variant_printed_once(chat_model, tmp_path, capfd):
+    assert main(["eval", "--original", str(chat_model), "--chunks", "0"]) == 2
+    assert "At least one chunk" in capfd.readouterr().err
+    rc = main(_eval_argv(chat_model, tmp_path / "gone.gguf"))
+    out, err = capfd.readouterr()
+    assert rc == 2 and "gone.gguf" in out and "failed" in out
+    assert (out + err).count("No such file") == 1  # the sentence once, on stderr
+    # transformers' own bar and its "longer than the maximum sequence length" warning stay out
+    assert "Loading weights" not in err and "Token indices" not in err
+
+
+def test_chat_context_too_small_or_padded_by_llama_cpp(f32_gguf, capsys):
+    assert main(["chat", "--model", str(f32_gguf), "--prompt", "hi", "--ctx", "4"]) == 2
+    assert "A context of 4 tokens is too small" in capsys.readouterr().err
+    # llama.cpp pads 16 up to 256 but llama-cpp-python keeps 16-token buffers: a numpy broadcast
+    # error came out of generation; now the prompt is measured against 16
+    rc = main(["chat", "--model", str(f32_gguf), "--prompt", "hello " * 20, "--ctx", "16"])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(r"prompt too long \(\d+ > 15 tokens\)", err) and "broadcast" not in err
+
+
+def test_chat_text_compares_only_with_a_first_model_that_answered(f32_gguf, tmp_path, capsys):
+    args = ["chat", "--prompt", "Hi", "--max-tokens", "4", "--ctx", "128"]
+    assert main([*args, "--model", str(f32_gguf), "--compare", str(f32_gguf)]) == 0
+    first, second = capsys.readouterr().out.split("=== ")[1:]
+    assert "same as the first model" not in first and "same as the first model" in second
+    assert main([*args, "--model", str(tmp_path / "gone.gguf"), "--compare", str(f32_gguf)]) == 2
+    out, err = capsys.readouterr()
+    assert "same as the first model" not in out and out.count("No such file") + err.count("No such file") == 1
+
+
+def test_chat_says_when_the_prompt_was_truncated(f32_gguf, capsys):
+    args = ["chat", "--model", str(f32_gguf), "--prompt", "word " * 400, "--ctx", "64", "--max-tokens", "4"]
+    assert main([*args, "--truncate"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"note: the prompt had \d+ tokens; only its last 60 were kept", out)
+    assert main([*args, "--truncate", "--json"]) == 0
+    row = _json(capsys)["models"][0]
+    assert row["truncated_from"] > 64 and row["prompt_tokens"] == 60

@@ -193,3 +193,123 @@ def test_kquants_dispatch_to_teammate_module_or_say_unavailable(qtype: str) -> N
     q = ref.ggml_quantize(x, qtype)
     want = gguf.quants.dequantize(q, gguf.GGMLQuantizationType[qtype]).reshape(x.shape)
     assert np.array_equal(blocks.dequantize(q, qtype, x.shape), want.astype(np.float32))
+
+
+# ------------------------------------------------------------------ inputs a library user may pass (QA)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "IQ4_XS", "BF16"])
+def test_array_layouts_and_byte_orders_give_the_same_bytes(qtype: str) -> None:
+    import torch
+
+    x = np.random.default_rng(3).standard_normal((5, 512)).astype(np.float32)
+    want = blocks.quantize(x, qtype)
+    wide = np.repeat(x, 2, axis=1)
+    for v in (
+        np.asfortranarray(x),
+        wide[:, ::2],  # strided view
+        x.astype(">f4"),  # big-endian
+        x.reshape(5, 1, 512),
+        x.tolist(),
+        torch.from_numpy(wide)[:, ::2],
+        torch.from_numpy(np.ascontiguousarray(x.T)).T,
+    ):
+        assert np.array_equal(blocks.quantize(v, qtype), want)
+    half = x.astype(np.float16)
+    assert np.array_equal(blocks.quantize(half, qtype), blocks.quantize(half.astype(np.float32), qtype))
+    bf = torch.from_numpy(x).to(torch.bfloat16)
+    assert np.array_equal(blocks.quantize(bf, qtype), blocks.quantize(bf.float().numpy(), qtype))
+
+
+def test_complex_object_and_text_inputs_are_refused_clearly() -> None:
+    import torch
+
+    with pytest.raises(QuantizationError, match="dtype complex128; only real numbers"):
+        blocks.quantize(np.ones((2, 64), complex), "Q8_0")  # used to drop the imaginary part silently
+    with pytest.raises(QuantizationError, match="dtype complex64"):
+        blocks.quantize(torch.ones((2, 64), dtype=torch.complex64), "Q8_0")
+    with pytest.raises(QuantizationError, match="dtype object"):
+        blocks.quantize(np.array([[None] * 32]), "Q8_0")  # used to claim 32 NaN values
+    with pytest.raises(QuantizationError, match="A str cannot be quantized"):
+        blocks.quantize("abc", "Q8_0")  # used to leak numpy's ValueError
+    ints = np.arange(-64, 64).reshape(2, 64)
+    assert np.array_equal(blocks.quantize(ints, "Q8_0"), blocks.quantize(ints.astype(np.float32), "Q8_0"))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_float64_beyond_float32_range_is_refused_not_written_as_garbage(backend: str) -> None:
+    import torch
+
+    x = np.zeros((2, 256))
+    x[1, 7] = 1e300
+    for v in (x, torch.from_numpy(x)):  # the torch path checked finiteness before casting to float32
+        with pytest.raises(QuantizationError, match=r"1 NaN or infinite.*float32's range.*\(1, 7\)"):
+            blocks.quantize(v, "Q4_K", backend=backend)
+
+
+def test_ggml_type_ids_name_types_as_in_gguf_tensor_infos() -> None:
+    x = np.random.default_rng(4).standard_normal((2, 256)).astype(np.float32)
+    assert np.array_equal(blocks.quantize(x, int(gguf.GGMLQuantizationType.Q4_K)), blocks.quantize(x, "Q4_K"))
+    with pytest.raises(QuantizationError, match="Unknown quantization type 999"):
+        blocks.quantize(x, 999)
+
+
+_NJIT_PROBE = """
+import sys
+import numba
+sys.path.insert(0, sys.argv[1])
+from studio.core.jit import njit
+src = sys.argv[2]
+code = compile(open(src).read(), src, "exec")
+ns = {"njit": njit, "__file__": src, "__name__": "probe"}
+exec(code, ns)
+print(ns["twice"](21))
+try:
+    numba.njit(cache=True)(ns["twice"].py_func)
+    print("numba-cached")
+except RuntimeError:
+    print("numba-refused")
+"""
+
+
+def test_kernels_compile_when_no_numba_cache_folder_is_writable(tmp_path) -> None:
+    """A read-only install: numba's cache=True raised at import; now it only costs compile time."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__pycache__").write_text("")  # a file: the in-tree cache folder cannot be made (even as root)
+    src = pkg / "probe.py"
+    src.write_text("@njit(cache=True, nogil=True)\ndef twice(v):\n    return 2 * v\n")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = {
+        **os.environ,
+        "NUMBA_CACHE_DIR": str(blocker / "numba"),
+        "HOME": str(blocker),
+        "XDG_CACHE_HOME": str(blocker),
+    }
+    root = str(Path(blocks.__file__).resolve().parents[3])
+    out = subprocess.run(
+        [sys.executable, "-c", _NJIT_PROBE, root, str(src)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["42", "numba-refused"]  # the situation is real: numba alone refuses
+
+
+def test_torch_cpu_path_checks_for_cancellation_every_million_values() -> None:
+    """Its chunks were 4M values (~2 s of torch on a CPU), so a cancelled job ran on that long."""
+    import torch
+
+    x = torch.zeros((1024, 4096))  # 4M values
+    seen: list[int] = []
+    ctx = JobContext(on_progress=lambda d, t, m: seen.append(d), min_interval=0.0)
+    blocks.quantize(x, "Q8_0", ctx=ctx, backend="torch")
+    assert seen == [256, 512, 768, 1024]

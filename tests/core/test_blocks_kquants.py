@@ -12,59 +12,24 @@ import torch
 from studio.core.errors import QuantizationError
 from studio.core.quant import kquants, kquants_torch
 from studio.core.quant import reference as ref
+from tests.core import blocks_data
 
 pytestmark = pytest.mark.skipif(not ref.available(), reason="llama-cpp-python's ggml library is missing")
 
 TYPES = ["Q6_K", "Q4_K", "Q5_K", "Q3_K", "Q2_K"]
-DISTS = ["gauss", "student_t3", "zeros", "constant", "outlier", "tiny", "fp16_limits"]
+DISTS = blocks_data.DISTS
 IMATRIX = [None, "imatrix", "imatrix_zeros"]
 ROWS, COLS = 6, 768
 
 
 def make(dist: str, rows: int = ROWS, cols: int = COLS, seed: int = 0) -> np.ndarray:
     """A small float32 matrix of the named kind."""
-    rng = np.random.default_rng(seed)
-    shape = (rows, cols)
-    if dist == "gauss":
-        return rng.standard_normal(shape, dtype=np.float32)
-    if dist == "student_t3":
-        return rng.standard_t(3, shape).astype(np.float32)
-    if dist == "zeros":
-        return np.zeros(shape, np.float32)
-    if dist == "constant":
-        # positive, negative and tiny constants, and rows constant per 16-group, cyclically
-        kinds = [
-            np.full(cols, 0.37, np.float32),
-            np.full(cols, -2.5, np.float32),
-            np.full(cols, 1e-3, np.float32),
-            np.repeat(rng.standard_normal(cols // 16), 16).astype(np.float32),
-        ]
-        return np.stack([kinds[i % 4] for i in range(rows)])
-    if dist == "outlier":
-        x = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-        x[np.arange(rows), rng.integers(0, cols, rows)] = np.where(np.arange(rows) % 2, 300.0, -300.0)
-        return x
-    if dist == "tiny":
-        return (rng.standard_normal(shape) * 1e-8).astype(np.float32)
-    if dist == "fp16_limits":
-        x = rng.uniform(-60000, 60000, shape).astype(np.float32)
-        x[0, :64] = 60000.0
-        x[1, :64] = -65504.0
-        x[2, ::3] = 6e-8  # near the smallest fp16 subnormal
-        return x
-    raise ValueError(dist)
+    return blocks_data.make(dist, rows, cols, seed)
 
 
 def imatrix_for(kind: str | None, cols: int = COLS) -> np.ndarray | None:
     """None, a random positive importance matrix, or one with many exact zeros."""
-    if kind is None:
-        return None
-    rng = np.random.default_rng(7)
-    qw = (rng.random(cols, dtype=np.float32) ** 2 * 4 + 1e-3).astype(np.float32)
-    if kind == "imatrix_zeros":
-        qw[rng.random(cols) < 0.4] = 0.0
-        qw[:32] = 0.0  # a whole group without importance
-    return qw
+    return blocks_data.imatrix_for(kind, cols)
 
 
 def mixed(rows_per: int = 4, cols: int = 256) -> np.ndarray:
@@ -133,23 +98,14 @@ def test_torch_cpu_equals_numpy(qtype: str, im: str | None) -> None:
     )
 
 
-def _accelerators() -> list[str]:
-    devs = []
-    if torch.cuda.is_available():
-        devs.append("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        devs.append("mps")
-    return devs
-
-
-@pytest.mark.skipif(not _accelerators(), reason="no CUDA or MPS device")
+@pytest.mark.skipif(not blocks_data.accelerators(), reason="no CUDA or MPS device")
 @pytest.mark.parametrize("im", [None, "imatrix"], ids=lambda v: v or "no_imatrix")
 @pytest.mark.parametrize("qtype", TYPES)
 def test_torch_accelerator_equals_llama_cpp(qtype: str, im: str | None) -> None:
     x = mixed()
     qw = imatrix_for(im, x.shape[1])
     want = ref.ggml_quantize(x, qtype, qw)
-    for dev in _accelerators():
+    for dev in blocks_data.accelerators():
         got = kquants_torch.quantize_rows_torch(
             torch.from_numpy(x).to(dev), qtype, None if qw is None else torch.from_numpy(qw).to(dev)
         )

@@ -8,6 +8,7 @@ import pytest
 
 from studio.core.quant import blocks, legacy
 from studio.core.quant import reference as ref
+from tests.core import blocks_data
 
 pytestmark = pytest.mark.skipif(not ref.available(), reason="llama-cpp-python's ggml library is missing")
 
@@ -19,52 +20,15 @@ ROWS, COLS = 8, 512
 
 def make(dist: str, seed: int = 0) -> np.ndarray:
     """A small (8, 512) float32 matrix of the named kind."""
-    rng = np.random.default_rng(seed)
-    shape = (ROWS, COLS)
-    if dist == "gauss":
-        return rng.standard_normal(shape, dtype=np.float32)
-    if dist == "student_t3":
-        return rng.standard_t(3, shape).astype(np.float32)
-    if dist == "zeros":
-        return np.zeros(shape, np.float32)
-    if dist == "constant":
-        x = np.full(shape, 0.37, np.float32)
-        x[1] = -2.5
-        x[2] = 1e-3
-        return x
-    if dist == "outlier":
-        x = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-        x[np.arange(ROWS), rng.integers(0, COLS, ROWS)] = np.where(np.arange(ROWS) % 2, 300.0, -300.0)
-        return x
-    if dist == "tiny":
-        return (rng.standard_normal(shape) * 1e-8).astype(np.float32)
-    if dist == "fp16_limits":
-        x = rng.uniform(-60000, 60000, shape).astype(np.float32)
-        x[0, :64] = 60000.0
-        x[1, :64] = -65504.0
-        return x
-    if dist == "ties":  # many values exactly halfway between levels
-        return (rng.integers(-64, 64, shape) / 8).astype(np.float32)
-    if dist == "signed_zeros":
-        x = np.where(rng.random(shape) < 0.5, -0.0, 0.0).astype(np.float32)
-        x[:, ::37] = rng.standard_normal((ROWS, len(range(0, COLS, 37)))).astype(np.float32)
-        return x
-    if dist == "subnormal":  # scales overflow to inf inside the search
-        return (rng.standard_normal(shape) * 1e-40).astype(np.float32)
-    if dist == "beyond_fp16":  # sums overflow to inf/NaN inside the search
-        return (rng.standard_normal(shape) * 1e30).astype(np.float32)
-    raise ValueError(dist)
+    return blocks_data.make(dist, ROWS, COLS, seed)
 
 
-DISTS = ["gauss", "student_t3", "zeros", "constant", "outlier", "tiny", "fp16_limits"]
-EXTREME = ["ties", "signed_zeros", "subnormal", "beyond_fp16"]
+DISTS = blocks_data.DISTS
+EXTREME = blocks_data.EXTREME
 
 
 def imatrix_for(kind: str | None) -> np.ndarray | None:
-    if kind is None:
-        return None
-    rng = np.random.default_rng(7)
-    return (rng.random(COLS, dtype=np.float32) ** 2 * 4).astype(np.float32)
+    return blocks_data.imatrix_for(kind, COLS, floor=0.0)
 
 
 IM = [None, "imatrix"]
@@ -129,20 +93,7 @@ def test_torch_cpu_equals_numpy(qtype: str, dist: str, imatrix: str | None) -> N
     assert np.array_equal(a, b)
 
 
-def _accelerators() -> list[str]:
-    try:
-        import torch
-    except ImportError:
-        return []
-    devs = []
-    if torch.cuda.is_available():
-        devs.append("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        devs.append("mps")
-    return devs
-
-
-@pytest.mark.skipif(not _accelerators(), reason="no CUDA or MPS device")
+@pytest.mark.skipif(not blocks_data.accelerators(), reason="no CUDA or MPS device")
 @pytest.mark.parametrize("imatrix", IM, ids=["plain", "imatrix"])
 @pytest.mark.parametrize("dist", ["gauss", "student_t3", "outlier", "tiny"])
 @pytest.mark.parametrize("qtype", TYPES)
@@ -152,7 +103,7 @@ def test_accelerator_equals_llama_cpp(qtype: str, dist: str, imatrix: str | None
     x = make(dist, seed=5)
     qw = imatrix_for(imatrix)
     expected = ref.ggml_quantize(x, qtype, qw)
-    for dev in _accelerators():
+    for dev in blocks_data.accelerators():
         got = blocks.quantize(torch.from_numpy(x).to(dev), qtype, qw)
         assert np.array_equal(got, expected), dev
 

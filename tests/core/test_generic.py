@@ -138,3 +138,21 @@ def test_torch_input_is_accepted() -> None:
     a = generic.quantize_int(torch.from_numpy(w), 8)
     b = generic.quantize_int(w, 8)
     assert np.array_equal(a.dequantized, b.dequantized)
+
+
+def test_complex_and_object_inputs_are_refused_not_truncated() -> None:
+    import torch
+
+    for bad in (
+        np.ones((2, 64), complex),
+        np.array([[None] * 64]),
+        torch.ones((2, 64), dtype=torch.complex64),
+    ):
+        with pytest.raises(QuantizationError, match="only real numbers"):
+            generic.quantize_int(bad, 8)
+        with pytest.raises(QuantizationError, match="only real numbers"):
+            generic.quantize_fp8(bad)
+    w = np.arange(-32, 32, dtype=np.int16).reshape(2, 32).astype(">i2")  # ints, big-endian: fine
+    assert np.array_equal(
+        generic.quantize_int(w, 8).dequantized, generic.quantize_int(w.astype(np.float32), 8).dequantized
+    )

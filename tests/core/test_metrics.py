@@ -78,3 +78,14 @@ def test_torch_inputs() -> None:
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
     m = error_metrics(x, x.to(torch.bfloat16))
     assert 0 < m.mse < 1e-3 and m.cosine > 0.999
+
+
+def test_complex_inputs_are_refused_not_truncated() -> None:
+    import torch
+
+    a = np.ones((2, 8))
+    with pytest.raises(QuantizationError, match="real numbers, not a tensor of dtype complex128"):
+        error_metrics(a, a + 1j)  # the imaginary error used to vanish: MSE 0, SNR inf
+    with pytest.raises(QuantizationError, match="complex64"):
+        error_metrics(torch.ones((2, 8), dtype=torch.complex64), torch.ones((2, 8)))
+    assert error_metrics(a.astype(">f8"), a.astype(np.int8)).mse == 0.0

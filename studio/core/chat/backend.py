@@ -26,6 +26,7 @@ from studio.core.chat.types import (
 from studio.core.jobs import JobContext
 
 StopCheck = Callable[[], bool]
+MIN_CTX = 8  # smallest context a back end accepts (evaluation's smallest chunk)
 
 
 @runtime_checkable
@@ -86,6 +87,10 @@ class BaseBackend:
         self.path = Path(path)
         self.label = label or self.path.name
         self.n_ctx = int(n_ctx)
+        if self.n_ctx < MIN_CTX:
+            raise ChatError(
+                f"A context of {self.n_ctx} tokens is too small for {self.label}; use at least {MIN_CTX}."
+            )
         self.template: str | None = None
         self.bos_token = ""
         self.eos_token = ""

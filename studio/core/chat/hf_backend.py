@@ -20,6 +20,7 @@ from studio.core.chat.sampling import choose, make_rng
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ModelOpenError, RemoteCodeError
 from studio.core.jobs import JobContext
+from studio.core.model.hf_progress import no_hf_progress_bars
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 PROMPT_BATCH = 256
@@ -38,11 +39,11 @@ def resolve_device(device: str = "auto") -> str:
             return "mps"
         return "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ChatError("CUDA was chosen for chat but no CUDA device is available.", hint="Choose cpu.")
+        raise ChatError("CUDA was chosen but no CUDA device is available.", hint="Choose cpu.")
     if device == "mps" and not (
         getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     ):
-        raise ChatError("MPS was chosen for chat but Metal is not available here.", hint="Choose cpu.")
+        raise ChatError("MPS was chosen but Metal is not available here.", hint="Choose cpu.")
     if not (device == "cpu" or device.startswith("cuda") or device == "mps"):
         raise ChatError(f"Unknown device {device!r}; use auto, cpu, cuda or mps.")
     return device
@@ -161,8 +162,15 @@ class TransformersBackend(BaseBackend):
             return
         folder = self.path
         cfg_path = folder / "config.json"
+        if not folder.exists():
+            raise ModelOpenError(f"{folder} does not exist.", hint="Check the path of the model.")
+        if not folder.is_dir():
+            raise ModelOpenError(
+                f"{folder} is neither a GGUF file (.gguf) nor a Hugging Face model folder.",
+                hint="Choose a .gguf file or a folder with config.json.",
+            )
         if not cfg_path.is_file():
-            raise ModelOpenError(f"{folder} has no config.json, so transformers cannot load it for chat.")
+            raise ModelOpenError(f"{folder} has no config.json, so transformers cannot load it.")
         try:
             cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
@@ -182,13 +190,12 @@ class TransformersBackend(BaseBackend):
         try:
             tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
             kw: dict[str, Any] = {"attn_implementation": "eager"} if cfg.get("model_type") == "gemma2" else {}
-            model = AutoModelForCausalLM.from_pretrained(
-                str(folder), dtype=dtype, trust_remote_code=False, **kw
-            )
+            with no_hf_progress_bars():  # its "Loading weights" bar garbled the CLI's progress line
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(folder), dtype=dtype, trust_remote_code=False, **kw
+                )
         except Exception as err:  # noqa: BLE001 - one sentence for the user, whatever transformers raised
-            raise ModelOpenError(
-                f"transformers could not load {folder} for chat: {_first_line(err)}"
-            ) from err
+            raise ModelOpenError(f"transformers could not load {folder}: {_first_line(err)}") from err
         try:
             model = model.to(device)
         except torch.OutOfMemoryError:
@@ -221,7 +228,9 @@ class TransformersBackend(BaseBackend):
         self._loaded = True
 
     def _tokenize(self, text: str, add_special: bool) -> list[int]:
-        return list(self._tok(text, add_special_tokens=add_special)["input_ids"])
+        # verbose=False: texts longer than the model's positions are chunked by the caller; the
+        # tokenizer's "longer than the specified maximum sequence length" warning only misleads
+        return list(self._tok(text, add_special_tokens=add_special, verbose=False)["input_ids"])
 
     @property
     def _cache_arg(self) -> str:

@@ -168,7 +168,9 @@ class LlamaCppBackend(BaseBackend):
                     f"{self.path.name} did not load as asked ({first_error}); it was loaded with {where} and a context of {n_ctx}."
                 )
             self.n_gpu_layers = layers
-            self.n_ctx = int(info.get("n_ctx", n_ctx))
+            # llama.cpp pads a small context up (to 256) but llama-cpp-python's token buffers keep the
+            # size asked for: writing past it failed with a numpy broadcast error, so keep the smaller
+            self.n_ctx = min(int(info.get("n_ctx", n_ctx)), n_ctx)
             self.n_vocab = int(info.get("n_vocab", 0))
             break
         self._loaded = True

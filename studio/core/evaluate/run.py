@@ -156,6 +156,64 @@ def checkpoint_size(path: str | Path, n_params: int) -> tuple[int, float]:
     return total, (8.0 * total / n_params if n_params else float("nan"))
 
 
+# ------------------------------------------------------------------------------------------ identity
+
+
+def _model_dims(path: Path) -> tuple[int, int] | None:
+    """(layers, hidden width) from a GGUF header or a checkpoint's config.json; None when unknown."""
+    try:
+        if path.suffix.lower() == ".gguf":
+            from studio.core.gguf_read import read_gguf
+
+            meta = read_gguf(path).metadata
+            arch = str(meta.get("general.architecture", ""))
+            layers, width = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.embedding_length")
+        else:
+            import json
+
+            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            cfg = cfg.get("text_config") or cfg
+            layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+            if layers is not None:  # llama.cpp counts multi-token-prediction layers as blocks too
+                layers = int(layers) + int(cfg.get("num_nextn_predict_layers") or 0)
+            width = cfg.get("hidden_size", cfg.get("n_embd"))
+        return (int(layers), int(width)) if layers is not None and width is not None else None
+    except (StudioError, OSError, ValueError, TypeError, AttributeError):
+        return None  # unknown: the vocabulary check still applies
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """What a variant must share with the original for the comparison to mean anything."""
+
+    name: str
+    vocab: tuple[str, ...] | None
+    dims: tuple[int, int] | None
+
+    def check_dims(self, path: Path) -> None:
+        """Refuse a GGUF whose layer count or width differs (a different model, same tokenizer)."""
+        dims = _model_dims(path)
+        if self.dims is None or dims is None or dims == self.dims:
+            return
+        raise EvaluationError(
+            f"{path.name} has {dims[0]} layers of width {dims[1]}, the original {self.name} "
+            f"{self.dims[0]} of width {self.dims[1]}; it is not a variant of this model."
+        )
+
+    def check_vocab(self, path: Path, vocab: tuple[str, ...] | None) -> None:
+        """Refuse a GGUF whose token strings differ: the original's token ids would mean other text."""
+        if not self.vocab or not vocab:
+            return
+        n = min(len(self.vocab), len(vocab))
+        diff = next((i for i in range(n) if self.vocab[i] != vocab[i]), None)
+        if diff is None:
+            return
+        raise EvaluationError(
+            f"{path.name} has another vocabulary than the original {self.name} (token {diff} is "
+            f"{vocab[diff]!r} there, {self.vocab[diff]!r} in the original); it is not a variant of this model."
+        )
+
+
 # ------------------------------------------------------------------------------------------ scorers
 
 
@@ -189,6 +247,8 @@ def evaluate(
     t0 = time.monotonic()
     if n_ctx < 8:
         raise EvaluationError(f"A context of {n_ctx} tokens is too small to evaluate; use at least 8.")
+    if max_chunks is not None and max_chunks < 1:
+        raise EvaluationError(f"At least one chunk must be evaluated, not {max_chunks}.")
     et = text if isinstance(text, EvalText) else load_text(text)
     orig_path = Path(original).expanduser()
     sl = scored_positions(n_ctx)
@@ -236,6 +296,9 @@ def evaluate(
             size, bpw = gguf_size(orig_path)
         else:
             size, bpw = checkpoint_size(orig_path, scorer.param_count)
+        identity = _Identity(
+            orig_path.name, getattr(scorer, "vocab_tokens", lambda: None)(), _model_dims(orig_path)
+        )
         nll = np.concatenate(nll_o)
         ppl, err = perplexity(nll)
         orig_score = ModelScore(
@@ -248,7 +311,17 @@ def evaluate(
             done = len(starts) * (1 + vi)
             scores.append(
                 _score_variant(
-                    Path(vpath).expanduser(), tokens, starts, bos, base, n_ctx, n_gpu_layers, ctx, done, total
+                    Path(vpath).expanduser(),
+                    tokens,
+                    starts,
+                    bos,
+                    base,
+                    n_ctx,
+                    n_gpu_layers,
+                    ctx,
+                    done,
+                    total,
+                    identity,
                 )
             )
         return EvalReport(
@@ -272,6 +345,7 @@ def _score_variant(
     ctx: JobContext,
     done: int,
     total: int,
+    identity: _Identity | None = None,
 ) -> VariantScore:
     from studio.core.chat.llama_backend import LlamaCppBackend
     from studio.core.jobs import JobCancelled
@@ -279,7 +353,14 @@ def _score_variant(
     sl = scored_positions(n_ctx)
     nan = float("nan")
     try:
+        if path.is_dir():
+            raise EvaluationError(
+                f"{path.name} is a folder; a variant must be a GGUF file.",
+                hint="Export it first with quant-studio-cli export.",
+            )
         file_bytes, bpw = gguf_size(path)
+        if identity is not None:
+            identity.check_dims(path)
     except StudioError as err:
         return VariantScore(str(path), path.name, nan, nan, nan, nan, nan, nan, nan, 0, nan, 0, str(err))
     ctx.report(done, total, f"Loading {path.name}")
@@ -291,6 +372,8 @@ def _score_variant(
                 f"{path.name} has {var.n_vocab} tokens in its vocabulary, the original {base.shape[-1]}; "
                 "it is not a variant of this model."
             )
+        if identity is not None:
+            identity.check_vocab(path, var.vocab_tokens())
         nll, kl, same = [], [], []
         for ci, start in enumerate(starts):
             ctx.check_cancelled()

@@ -46,7 +46,16 @@ def _read(path: Path) -> str:
         )
     with open(path, "rb") as f:
         data = f.read(MAX_TEXT_BYTES + 1)
-    text = data.decode("utf-8", errors="replace")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        # a binary or legacy-encoded file would be scored as replacement characters: refuse it
+        raise EvaluationError(
+            f"The evaluation text {path} is not UTF-8 text (byte {err.start} cannot be decoded).",
+            hint="Choose a plain-text file or convert it to UTF-8.",
+        ) from None
+    if "\x00" in text:
+        raise EvaluationError(f"The evaluation text {path} contains NUL bytes; it looks like a binary file.")
     if not text.strip():
         raise EvaluationError(f"The evaluation text {path} is empty.")
     return text

@@ -283,7 +283,10 @@ def _op_load(
     state.path = path
     llm = state.llm
     meta = dict(getattr(llm, "metadata", {}) or {})
-    return {"n_vocab": llm.n_vocab(), "n_ctx": llm.n_ctx(), "metadata": meta}
+    # llama.cpp pads small contexts (to 256) but llama-cpp-python sizes its buffers as asked:
+    # report the smaller, usable size.
+    usable = min(llm.n_ctx(), n_ctx) if n_ctx else llm.n_ctx()
+    return {"n_vocab": llm.n_vocab(), "n_ctx": usable, "metadata": meta}
 
 
 def _need(state: _State) -> Any:

@@ -75,6 +75,14 @@ _GPU_CHUNK = 1 << 22  # temporaries stay well under 1 GiB on small GPUs
 
 
 def _name(qtype: Any) -> str:
+    if isinstance(qtype, (int, np.integer)) and not isinstance(qtype, bool):
+        # a GGML type id as stored in GGUF tensor infos (12 is Q4_K)
+        import gguf
+
+        try:
+            qtype = gguf.GGMLQuantizationType(int(qtype))
+        except ValueError:
+            pass
     name = getattr(qtype, "name", qtype)
     if not isinstance(name, str) or name.upper() not in QTYPES:
         raise QuantizationError(
@@ -117,12 +125,33 @@ def _shape_error(name: str, shape: tuple[int, ...], bs: int) -> QuantizationErro
     )
 
 
-def _nonfinite_error(count: int, index: tuple[int, ...], shape: tuple[int, ...]) -> QuantizationError:
+def _nonfinite_error(
+    count: int, index: tuple[int, ...], shape: tuple[int, ...], wide: bool = False
+) -> QuantizationError:
+    # float64 values beyond float32's range turn infinite on the way in: say so, they looked finite
+    what = (
+        "NaN or infinite value(s) (or values beyond float32's range)" if wide else "NaN or infinite value(s)"
+    )
     return QuantizationError(
-        f"A tensor of shape {shape} contains {count} NaN or infinite value(s), the first at index {index}; "
+        f"A tensor of shape {shape} contains {count} {what}, the first at index {index}; "
         "llama.cpp would write garbage for it.",
         hint="Fix or exclude the tensor before quantizing.",
     )
+
+
+def _check_dtype(x: Any, is_t: bool) -> None:
+    """Only real numbers convert to float32 meaningfully; complex would silently lose its imaginary part."""
+    if is_t:
+        ok = not x.is_complex()
+        kind = str(x.dtype).replace("torch.", "")
+    else:
+        ok = x.dtype.kind in "biuf"
+        kind = str(x.dtype)
+    if not ok:
+        raise QuantizationError(
+            f"A tensor of shape {tuple(x.shape)} has dtype {kind}; only real numbers can be quantized.",
+            hint="Convert it to a float array first.",
+        )
 
 
 def _validate(shape: tuple[int, ...], name: str) -> tuple[int, int]:
@@ -213,7 +242,13 @@ def quantize(
         raise QuantizationError(f"Unknown quantization backend {backend!r}; use auto, numpy or torch.")
     is_t = _is_torch(x)
     if not is_t and not isinstance(x, np.ndarray):
-        x = np.asarray(x, dtype=np.float32)
+        try:
+            x = np.asarray(x, dtype=np.float32)
+        except (TypeError, ValueError) as err:
+            raise QuantizationError(
+                f"A {type(x).__name__} cannot be quantized: it is not an array of numbers ({err})."
+            ) from None
+    _check_dtype(x, is_t)
     shape = tuple(int(s) for s in x.shape)
     rows, n = _validate(shape, name)
     qw = _check_imatrix(imatrix, n, name)
@@ -224,8 +259,15 @@ def quantize(
     if use_torch:
         _quantize_torch(x, shape, rows, n, name, qw, out, ctx)
         return out
-    _quantize_cpu(_row_source(x, is_t, rows, n), rows, n, shape, name, qw, out, ctx, threads)
+    _quantize_cpu(_row_source(x, is_t, rows, n), rows, n, shape, name, qw, out, ctx, threads, _wide(x))
     return out
+
+
+def _wide(x: Any) -> bool:
+    """Whether ``x`` holds values float32 may not represent (float64 and wider)."""
+    if _is_torch(x):
+        return bool(x.is_floating_point()) and x.dtype.itemsize > 4
+    return x.dtype.kind == "f" and x.dtype.itemsize > 4
 
 
 def _row_source(x: Any, is_t: bool, rows: int, n: int):
@@ -238,7 +280,12 @@ def _row_source(x: Any, is_t: bool, rows: int, n: int):
             xt = xt.to("cpu")
         return lambda r0, r1: xt[r0:r1].to(torch.float32).contiguous().numpy()
     xa = np.asarray(x).reshape(rows, n)
-    return lambda r0, r1: np.ascontiguousarray(xa[r0:r1], dtype=np.float32)
+
+    def rows_of(r0: int, r1: int) -> np.ndarray:
+        with np.errstate(over="ignore"):  # float64 overflow becomes inf, reported as such by the caller
+            return np.ascontiguousarray(xa[r0:r1], dtype=np.float32)
+
+    return rows_of
 
 
 def _cpu_count() -> int:
@@ -248,7 +295,7 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _quantize_cpu(src, rows, n, shape, name, qw, out, ctx, threads) -> None:
+def _quantize_cpu(src, rows, n, shape, name, qw, out, ctx, threads, wide=False) -> None:
     step = max(1, _CPU_CHUNK // n)
     starts = list(range(0, rows, step))
     lead = shape[:-1]
@@ -293,17 +340,21 @@ def _quantize_cpu(src, rows, n, shape, name, qw, out, ctx, threads) -> None:
     if bad:
         # Chunks skipped once the call was known to fail were not all counted: count every row now.
         count = sum(int(np.count_nonzero(~np.isfinite(src(r0, min(rows, r0 + step))))) for r0 in starts)
-        raise _nonfinite_error(count, bad[min(bad)][1], shape)
+        raise _nonfinite_error(count, bad[min(bad)][1], shape, wide)
 
 
 def _quantize_torch(x, shape, rows, n, name, qw, out, ctx) -> None:
     import torch
 
+    wide = _wide(x)
     if not _is_torch(x):
-        x = torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.float32)))
+        with np.errstate(over="ignore"):  # checked against float32's range below
+            x = torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.float32)))
     x2 = x.detach().reshape(rows, n)
     dev = x2.device
     finite = torch.isfinite(x2)
+    if wide:  # float64 beyond float32's range becomes inf in the kernels' float32
+        finite &= x2.abs() <= float(np.finfo(np.float32).max)
     if not bool(finite.all()):
         bad = ~finite
         count = int(bad.sum())
@@ -311,13 +362,14 @@ def _quantize_torch(x, shape, rows, n, name, qw, out, ctx) -> None:
         r, c = divmod(flat, n)
         lead = shape[:-1]
         idx = (*(int(i) for i in np.unravel_index(r, lead)), c) if lead else (c,)
-        raise _nonfinite_error(count, idx, shape)
+        raise _nonfinite_error(count, idx, shape, wide)
     qwt = None if qw is None else torch.from_numpy(qw).to(dev)
     if QTYPES[name].kquant:
         fn = _kquants_torch().quantize_rows_torch
     else:
         from studio.core.quant.legacy_torch import quantize_rows_torch as fn
-    step = max(1, (_CPU_CHUNK * 16 if dev.type == "cpu" else _GPU_CHUNK) // n)
+    # ~1M values per CPU chunk: a torch chunk takes ~0.5 s there, so Stop stays prompt
+    step = max(1, (_CPU_CHUNK * 4 if dev.type == "cpu" else _GPU_CHUNK) // n)
     for r0 in range(0, rows, step):
         if ctx is not None:
             ctx.check_cancelled()
@@ -333,6 +385,8 @@ def dequantize(data: Any, qtype: Any, shape: tuple[int, ...] | list[int]) -> np.
     name = _name(qtype)
     shape = tuple(int(s) for s in shape)
     rows, n = _validate(shape, name)
+    if _is_torch(data):  # np.asarray cannot read a CUDA/MPS tensor
+        data = data.detach().to("cpu").numpy()
     raw = np.ascontiguousarray(np.asarray(data)).view(np.uint8).reshape(-1)
     rb = row_bytes(name, n)
     if raw.size != rows * rb:

@@ -44,8 +44,13 @@ class GenericResult:
 
 def _as_numpy(w: Any) -> np.ndarray:
     if type(w).__module__.startswith("torch"):
+        if w.is_complex():
+            raise QuantizationError(f"A tensor of dtype {w.dtype} cannot be analysed; only real numbers can.")
         w = w.detach().to("cpu").float().numpy()
-    a = np.asarray(w, dtype=np.float32)
+    a = np.asarray(w)
+    if a.dtype.kind not in "biuf":  # complex would silently lose its imaginary part
+        raise QuantizationError(f"A tensor of dtype {a.dtype} cannot be analysed; only real numbers can.")
+    a = a.astype(np.float32, copy=False)
     if not np.isfinite(a).all():
         raise QuantizationError(
             f"A tensor of shape {a.shape} contains {int((~np.isfinite(a)).sum())} NaN or infinite values; "

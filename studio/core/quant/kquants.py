@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
 from studio.core.errors import QuantizationError
+from studio.core.jit import njit
 
 QK_K = 256
 
@@ -244,6 +245,20 @@ def _nint32(v):
     return (_bits_of(v + np.float32(12582912.0)) & np.int32(0x7FFFFF)) - np.int32(0x400000)
 
 
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _lanes_absmax(tn, n, xt, amax, fmax):
+    """Per lane: the largest |x| and the signed value that has it (the first one on ties, as C)."""
+    for t in range(tn):
+        amax[t] = np.float32(0.0)
+        fmax[t] = np.float32(0.0)
+    for i in range(n):
+        for t in range(tn):
+            ax = abs(xt[i, t])
+            upd = ax > amax[t]
+            fmax[t] = xt[i, t] if upd else fmax[t]
+            amax[t] = ax if upd else amax[t]
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def _symmetric_lanes(tn, n, nmax, xt, wt, Lt, ws, sc_out):
     """make_qx_quants (rmse_type 1) for lanes 0..tn-1 of xt/wt (n, lanes); levels into Lt."""
@@ -258,15 +273,7 @@ def _symmetric_lanes(tn, n, nmax, xt, wt, Lt, ws, sc_out):
     lo = np.int32(-nmax)
     hi = np.int32(nmax - 1)
     fn = np.float32(nmax)
-    for t in range(tn):
-        amax[t] = np.float32(0.0)
-        fmax[t] = np.float32(0.0)
-    for i in range(n):
-        for t in range(tn):
-            ax = abs(xt[i, t])
-            upd = ax > amax[t]
-            fmax[t] = xt[i, t] if upd else fmax[t]
-            amax[t] = ax if upd else amax[t]
+    _lanes_absmax(tn, n, xt, amax, fmax)
     for t in range(tn):
         iscale[t] = np.float32(-nmax) / fmax[t]
         sumlx[t] = np.float32(0.0)
@@ -420,15 +427,7 @@ def _q3_lanes(tn, n, nmax, xt, Lt, ws, sc_out):
     active = ws[4]
     lo = np.int32(-nmax)
     hi = np.int32(nmax - 1)
-    for t in range(tn):
-        amax[t] = np.float32(0.0)
-        fmax[t] = np.float32(0.0)
-    for i in range(n):
-        for t in range(tn):
-            ax = abs(xt[i, t])
-            upd = ax > amax[t]
-            fmax[t] = xt[i, t] if upd else fmax[t]
-            amax[t] = ax if upd else amax[t]
+    _lanes_absmax(tn, n, xt, amax, fmax)
     for t in range(tn):
         # iscale is kept in active[] until the passes start
         active[t] = np.float32(-nmax) / fmax[t]

@@ -122,16 +122,21 @@ def _affine(xt, wt, nmax, rmin, rdelta, nstep, use_mad):
     return L, torch.where(flat, zero, scale), torch.where(flat, -min0, -fmin)
 
 
-def _symmetric(xt, wt, nmax):
-    """make_qx_quants (rmse_type 1) over groups: xt, wt (n, G) -> (L 0..2nmax-1, scale)."""
-    n = xt.shape[0]
+def _signed_absmax(xt):
+    """Per group (column): the largest |x| and the first value that has it, as C's scan finds it."""
     amax = torch.zeros_like(xt[0])
     fmax = torch.zeros_like(xt[0])
-    for i in range(n):
+    for i in range(xt.shape[0]):
         ax = xt[i].abs()
         upd = ax > amax
         fmax = torch.where(upd, xt[i], fmax)
         amax = torch.where(upd, ax, amax)
+    return amax, fmax
+
+
+def _symmetric(xt, wt, nmax):
+    """make_qx_quants (rmse_type 1) over groups: xt, wt (n, G) -> (L 0..2nmax-1, scale)."""
+    amax, fmax = _signed_absmax(xt)
     wx = wt * xt
 
     def trial(c):
@@ -160,13 +165,7 @@ def _symmetric(xt, wt, nmax):
 def _q3_search(xt, nmax):
     """make_q3_quants with do_rmse over groups: xt (n, G) -> (L 0..2nmax-1, scale)."""
     n = xt.shape[0]
-    amax = torch.zeros_like(xt[0])
-    fmax = torch.zeros_like(xt[0])
-    for i in range(n):
-        ax = xt[i].abs()
-        upd = ax > amax
-        fmax = torch.where(upd, xt[i], fmax)
-        amax = torch.where(upd, ax, amax)
+    amax, fmax = _signed_absmax(xt)
     iscale = _div(float(-nmax), fmax)
     L = torch.clamp(_nint(iscale * xt), -nmax, nmax - 1)
     w = xt * xt

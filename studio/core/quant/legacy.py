@@ -17,19 +17,7 @@ import math
 
 import numpy as np
 
-try:  # numba is a declared dependency; without it the torch implementation on CPU is used instead.
-    from numba import njit
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only on broken installs
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):  # type: ignore[no-redef]
-        def wrap(fn):
-            return fn
-
-        return wrap
-
+from studio.core.jit import HAVE_NUMBA, njit
 
 __all__ = [
     "HAVE_NUMBA",
@@ -169,6 +157,20 @@ def _first_absmax(x, r, o):
         if abs(x[r, o + j]) == amax:
             return x[r, o + j]
     return np.float32(0.0)
+
+
+@njit(inline="always", **_JIT)
+def _min_max32(x, r, o):
+    """(min, max) of the 32 values at x[r, o:o+32], as ggml's Q4_1/Q5_1 scan them."""
+    mn = np.float32(np.inf)
+    mx = np.float32(-np.inf)
+    for j in range(32):
+        v = x[r, o + j]
+        if v < mn:
+            mn = v
+        if v > mx:
+            mx = v
+    return mn, mx
 
 
 @njit(**_JIT)
@@ -437,14 +439,7 @@ def _k_q4_1(x, out):
         orow = out[r]
         for b in range(n // 32):
             o = b * 32
-            mn = np.float32(np.inf)
-            mx = np.float32(-np.inf)
-            for j in range(32):
-                v = x[r, o + j]
-                if v < mn:
-                    mn = v
-                if v > mx:
-                    mx = v
+            mn, mx = _min_max32(x, r, o)
             d = (mx - mn) / np.float32(15.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
             _store_half(orow, b * 20, d, fbuf, ubuf)
@@ -466,14 +461,7 @@ def _k_q5_1(x, out):
         orow = out[r]
         for b in range(n // 32):
             o = b * 32
-            mn = np.float32(np.inf)
-            mx = np.float32(-np.inf)
-            for j in range(32):
-                v = x[r, o + j]
-                if v < mn:
-                    mn = v
-                if v > mx:
-                    mx = v
+            mn, mx = _min_max32(x, r, o)
             d = (mx - mn) / np.float32(31.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
             _store_half(orow, b * 24, d, fbuf, ubuf)

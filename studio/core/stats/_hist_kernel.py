@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from studio.core.jit import njit
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

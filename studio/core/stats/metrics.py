@@ -29,8 +29,13 @@ class ErrorMetrics:
 
 def _as_numpy(a: Any) -> np.ndarray:
     if type(a).__module__.startswith("torch"):
+        if a.is_complex():
+            raise QuantizationError(f"Error metrics need real numbers, not a tensor of dtype {a.dtype}.")
         a = a.detach().to("cpu").float().numpy()
-    return np.asarray(a)
+    a = np.asarray(a)
+    if a.dtype.kind not in "biuf":  # complex would silently lose its imaginary part in float64
+        raise QuantizationError(f"Error metrics need real numbers, not a tensor of dtype {a.dtype}.")
+    return a
 
 
 def error_metrics(ref: Any, approx: Any) -> ErrorMetrics:

@@ -126,3 +126,72 @@ def test_a_broken_variant_is_reported_and_the_others_still_run(chat_model, f32_g
     bad, good = rep.variants
     assert bad.error and "broken.gguf" in bad.error
     assert good.error is None and good.kld_mean < 1e-5
+
+
+def _header_only_gguf(path, *, layers: int, width: int):
+    """A GGUF with only the metadata the identity check reads (no tensors)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_embedding_length(width)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_gguf_of_another_model_is_refused_by_its_dimensions(chat_model, f32_gguf, tmp_path):
+    # the same tokenizer and vocabulary size, but 128 wide: KL against it would be meaningless numbers
+    other = _header_only_gguf(tmp_path / "other.gguf", layers=2, width=128)
+    rep = evaluate(chat_model, [other, chat_model, f32_gguf], n_ctx=64, max_chunks=1, device="cpu")
+    bad, folder, good = rep.variants
+    assert folder.error and f"{chat_model.name} is a folder; a variant must be a GGUF file" in folder.error
+    assert bad.error and "other.gguf has 2 layers of width 128" in bad.error
+    assert "it is not a variant of this model" in bad.error and "256" in bad.error
+    assert good.error is None and good.kld_mean < 1e-5
+
+
+def test_a_vocabulary_with_other_tokens_is_refused():
+    from pathlib import Path
+
+    from studio.core.evaluate.run import _Identity
+
+    ident = _Identity("orig", ("<s>", "a", "b"), None)
+    ident.check_vocab(Path("same.gguf"), ("<s>", "a", "b", "pad"))  # extra padding rows are fine
+    ident.check_vocab(Path("unknown.gguf"), None)
+    with pytest.raises(EvaluationError, match=r"v.gguf has another vocabulary .*token 1 is 'x' there, 'a'"):
+        ident.check_vocab(Path("v.gguf"), ("<s>", "x", "b"))
+
+
+def test_zero_chunks_is_refused_before_loading_anything(tmp_path):
+    with pytest.raises(EvaluationError, match="At least one chunk must be evaluated, not 0"):
+        evaluate(tmp_path / "not-loaded", [], n_ctx=64, max_chunks=0)
+
+
+def test_binary_or_non_utf8_text_is_refused(tmp_path):
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("café au lait ".encode("latin-1") * 50)
+    with pytest.raises(EvaluationError, match=r"latin1.txt is not UTF-8 text \(byte 3"):
+        load_text(latin)  # used to be scored as U+FFFD replacement characters
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(b"GGUF\x00\x00\x00\x03" * 64)
+    with pytest.raises(EvaluationError, match="blob.txt contains NUL bytes"):
+        load_text(binary)
+    utf8 = tmp_path / "ok.txt"
+    utf8.write_text("café ✓ " * 10, encoding="utf-8")
+    assert load_text(utf8).text.startswith("café ✓")
+
+
+def test_model_dims_count_mtp_layers_as_llama_cpp_blocks(tmp_path):
+    from studio.core.evaluate.run import _model_dims
+
+    folder = tmp_path / "glm"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 46, "num_nextn_predict_layers": 1, "hidden_size": 4096})
+    )
+    gguf_file = _header_only_gguf(tmp_path / "glm.gguf", layers=47, width=4096)
+    assert _model_dims(folder) == _model_dims(gguf_file) == (47, 4096)
+    assert _model_dims(tmp_path / "missing") is None
