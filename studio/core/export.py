@@ -221,7 +221,7 @@ def export_gguf(
     per input column. ``validate`` is called on the finished partial file before the rename.
     ``allow_pickle`` opts in to a pickle ``pytorch_model.bin`` (converted in a child, as ``open_model`` does).
     """
-    from studio.core.model import open_model
+    from studio.core.model import hub_repo_id, open_model
 
     ctx = ctx or null_context()
     if backend not in BACKENDS:
@@ -233,6 +233,8 @@ def export_gguf(
     try:
         info = ckpt.info
         check_exportable(info)
+        if source_repo is None:
+            source_repo = hub_repo_id(info.path)  # a Hub download records where it came from
         inputs = tuple({t.file for t in info.tensors}) + (info.path,)
         check_output_path(out, inputs=inputs)  # same-as-input, missing or read-only folder: refuse now
         if out.suffix.lower() != ".gguf":

@@ -9,6 +9,7 @@ from studio.core.model.checkpoint import (
     GGUFCheckpoint,
     PickleCheckpoint,
     SafetensorsCheckpoint,
+    hub_repo_id,
     open_model,
     resolve_model_path,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "Role",
     "SafetensorsCheckpoint",
     "TensorInfo",
+    "hub_repo_id",
     "open_model",
     "resolve_model_path",
 ]

@@ -408,6 +408,15 @@ def resolve_model_path(spec: str | Path) -> Path:
     raise ModelOpenError(f"{p} does not exist.")
 
 
+def hub_repo_id(path: str | Path) -> str | None:
+    """``org/name`` when ``path`` lies in a Hugging Face cache repo (``models--org--name/...``), else None."""
+    for part in reversed(Path(path).expanduser().resolve().parts):
+        m = re.fullmatch(r"models--([\w.\-]+?)--([\w.\-]+)", part)
+        if m:
+            return f"{m.group(1)}/{m.group(2)}"
+    return None
+
+
 def open_model(
     path: str | Path,
     ctx: JobContext | None = None,

@@ -160,3 +160,24 @@ def test_unavailable_device_is_refused(llama_model, tmp_path):
     with pytest.raises(ExportError, match="no CUDA device"):
         export_gguf(llama_model, tmp_path / "m.gguf", "Q8_0", device="cuda")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_from_the_hub_cache_records_the_source_repo(llama_model, tmp_path) -> None:
+    """A model opened from a Hub cache snapshot writes general.source.repo_url; a plain folder does not."""
+    import shutil
+
+    import gguf
+
+    from studio.core.export import export_gguf
+
+    snap = tmp_path / "hub" / "models--tiny-org--tiny-llama" / "snapshots" / ("a" * 40)
+    shutil.copytree(llama_model, snap)
+    out = tmp_path / "from-hub.gguf"
+    export_gguf(snap, out, "Q8_0")
+    fields = gguf.GGUFReader(out).fields
+    url = fields["general.source.repo_url"]
+    assert bytes(url.parts[url.data[0]]).decode() == "https://huggingface.co/tiny-org/tiny-llama"
+
+    plain = tmp_path / "plain.gguf"
+    export_gguf(llama_model, plain, "Q8_0")
+    assert "general.source.repo_url" not in gguf.GGUFReader(plain).fields
