@@ -6,7 +6,8 @@
 #   plan-editor.png   the per-layer precision plan editor with a mixed plan
 #   export.png        the Export dialog with an export running (progress visible)
 #   hub.png           the Hub panel: search results, model card and files (a local fake Hub, no network)
-#   chat.png          the side-by-side chat panel (when studio/qt/panels/chat_panel.py is present)
+#   chat.png          the side-by-side chat: the original next to its Q8_0 export, one greedy prompt
+#   evaluate.png      perplexity / KL divergence of Q8_0, Q4_K_M and Q2_K exports against the original
 #
 #   packaging/screenshots.sh [MODEL]     (default: the offline demo model, as `quant-studio --demo`)
 #
@@ -105,7 +106,7 @@ def main() -> int:
                 break
         print(f"{target}  {target.stat().st_size // 1000} KB", flush=True)
 
-    wait(lambda: win.inspector is not None, "the panels")
+    wait(lambda: win.panels_ready, "the panels")
     if MODEL:
         win.open_path(MODEL)
     else:
@@ -162,11 +163,56 @@ def main() -> int:
     wait(lambda: panel.files.rowCount() > 0 and "loading" not in panel.title_label.text(), "the model card")
     shot("hub")
 
-    # Chat (when the chat panel is installed): two columns, the same greedy prompt.
-    if win.chat_panel is not None and hasattr(win.chat_panel, "screenshot_demo"):
+    # Chat: the original (transformers) next to a Q8_0 export of it (llama.cpp), the same greedy prompt.
+    if win.chat_panel is not None:
+        dlg = win.show_export_dialog()
+        dlg.set_plan_choice("Q8_0")
+        dlg.set_output_path(WORK / "demo-Q8_0.gguf")
+        dlg.verify_check.setChecked(False)
+        job = dlg.start()
+        assert job is not None, dlg.status.text()
+        wait(lambda: not job.active, "the Q8_0 export", 600)
+        dlg.hide()
+        chat = win.chat_panel
         win.show_page("chat")
-        win.chat_panel.screenshot_demo(win)  # pragma: no cover - provided by the chat panel
-        shot("chat", 2.0)
+        wait(lambda: len(chat.columns) >= 2, "the exported file to join the chat")
+        chat.max_tokens.setValue(40)
+        chat.prompt.setPlainText("Write one sentence about the sea.")
+        finished: list[object] = []
+        chat.turnFinished.connect(finished.append)
+        assert chat.send()
+        wait(lambda: bool(finished), "the chat reply", 600)
+        shot("chat", 1.0)
+
+    # Evaluate: the original against Q8_0, Q4_K_M and Q2_K exports on the shipped sample text.
+    if win.eval_panel is not None:
+        for preset in ("Q4_K_M", "Q2_K"):
+            dlg = win.show_export_dialog()
+            dlg.set_plan_choice(preset)
+            dlg.set_output_path(WORK / f"demo-{preset}.gguf")
+            dlg.verify_check.setChecked(False)
+            job = dlg.start()
+            assert job is not None, dlg.status.text()
+            wait(lambda job=job: not job.active, f"the {preset} export", 600)
+            dlg.hide()
+        ev = win.eval_panel
+        win.show_page("evaluate")
+        shown_reports: list[object] = []
+        ev.reportShown.connect(shown_reports.append)
+        ev.chunks_spin.setValue(4)
+        if ev.start():
+            wait(lambda: bool(shown_reports) or not ev.running, "the evaluation", 900)
+            if shown_reports:
+                # Room for the table and the plot: the bottom docks closed, the splitter halved.
+                for name in ("TensorDock", "JobsDock"):
+                    win.dock(name).hide()
+                from PySide6.QtWidgets import QSplitter
+
+                for sp in ev.findChildren(QSplitter):
+                    sp.setSizes([1, 1])
+                shot("evaluate", 1.0)
+            else:
+                print(f"screenshots: evaluation failed: {ev.status.text()}", file=sys.stderr)
 
     win.close()
     hub.stop()

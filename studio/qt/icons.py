@@ -16,6 +16,7 @@ _THEME_FALLBACK = {
     "demo": "applications-science",
     "quit": "application-exit",
     "cancel": "process-stop",
+    "export": "document-save-as",
 }
 
 

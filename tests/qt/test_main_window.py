@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
+from PySide6.QtWidgets import QTableWidget
 
 from studio.qt.fmt import human_bytes
 from studio.qt.main_window import APP_TITLE, RECENT_KEY
@@ -428,3 +429,191 @@ def test_file_menu_shortcuts(make_window):
     assert "&Quit" in texts
     win.act_quit.trigger()
     assert not win.isVisible()
+
+
+# -- the studio window's pages, settings, shortcuts and theme ------------------------------------------
+
+
+def _built(qtbot, win) -> None:
+    """Wait for the pages' panels, which are built just after the first paint."""
+    qtbot.waitUntil(lambda: win.panels_ready, timeout=30_000)
+
+
+def test_the_panels_are_pages_and_a_tensor_chosen_on_the_summary_opens_the_inspector(
+    qtbot, make_window, tiny_models
+):
+    win = make_window()
+    _built(qtbot, win)
+    titles = [win.tabs.tabText(i) for i in range(win.tabs.count())]
+    assert titles[:6] == ["Summary", "Inspector", "Preview", "Overview", "Plan", "Hub"]
+    assert titles[6:] == ["Chat", "Evaluate"]
+    assert win.chat_panel is not None and win.eval_panel is not None
+    assert win.tabs.widget(1).widget is win.inspector
+    assert win.dock("JobsDock").widget() is win.jobs_panel
+    assert win.device_selector.parent() is win.toolbar
+    _open(qtbot, win, tiny_models("llama"))
+    assert win.tabs.currentIndex() == 0
+    name = "model.layers.1.mlp.down_proj.weight"
+    with qtbot.waitSignal(win.inspector.statsShown, timeout=30_000) as shown:
+        win.state.select_tensor(name)
+    assert shown.args == [name]
+    assert win.tabs.currentWidget().widget is win.inspector
+    # The plan editor got the model too, and its plan is the window's current plan.
+    assert win.plan_editor.plan is win.state.plan and win.state.plan is not None
+
+
+def test_a_finished_hub_download_opens_in_the_inspector(qtbot, make_window, tiny_models):
+    win = make_window()
+    _built(qtbot, win)
+    win.show_page("hub")
+    path = tiny_models("llama")
+    win.hub_panel.modelDownloaded.emit(str(path))
+    qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
+    assert Path(win.state.info.path) == path
+    assert win.tabs.currentWidget().widget is win.inspector
+
+
+def test_pages_have_ctrl_number_shortcuts_and_the_page_is_remembered(qtbot, make_window, settings_path):
+    from PySide6.QtGui import QKeySequence
+
+    win = make_window()
+    _built(qtbot, win)
+    assert win.page_actions[4].shortcut() == QKeySequence("Ctrl+5")
+    win.page_actions[4].trigger()
+    assert win.tabs.tabText(win.tabs.currentIndex()) == "Plan"
+    win.close()
+    again = make_window()
+    assert again.tabs.tabText(again.tabs.currentIndex()) == "Plan"
+
+
+def test_help_lists_every_keyboard_shortcut(qtbot, make_window):
+    win = make_window()
+    _built(qtbot, win)
+    assert win.act_shortcuts in win.help_menu.actions()
+    dlg = win.show_shortcuts()
+    table = dlg.findChild(QTableWidget, "ShortcutsTable")
+    rows = {table.item(r, 0).text(): table.item(r, 1).text() for r in range(table.rowCount())}
+    assert rows["Export GGUF"] == "Ctrl+E"
+    assert rows["Open folder"] == "Ctrl+O"
+    assert rows["Go to the Inspector page"] == "Ctrl+2"
+    assert rows["Undo (plan editor)"] == "Ctrl+Z"
+    assert rows["Keyboard shortcuts"] == "F1"
+    # Every shortcut is distinct, so none is silently shadowed by another.
+    keys = [k for v in rows.values() for k in v.split(", ")]
+    assert len(keys) == len(set(keys))
+    dlg.close()
+
+
+def test_the_dark_theme_recolours_the_plots_and_is_remembered(qtbot, make_window, settings_path):
+    from PySide6.QtGui import QPalette
+
+    win = make_window()
+    _built(qtbot, win)
+    try:
+        win.set_theme("dark")
+        assert win.state.dark is True
+        qtbot.waitUntil(
+            lambda: win.palette().color(QPalette.ColorRole.Window).lightness() < 128, timeout=2000
+        )
+        assert win.state.dark is True
+        bg = win.inspector.hist_plot.backgroundBrush().color()
+        assert bg.lightness() < 64  # the pyqtgraph background follows state.dark
+        import pyqtgraph as pg
+
+        assert pg.mkColor(pg.getConfigOption("background")).lightness() < 64  # and so do new plots
+        assert QSettings(str(settings_path), QSettings.Format.IniFormat).value("view/theme") == "dark"
+        win.set_theme("light")
+        assert win.state.dark is False
+        assert win.inspector.hist_plot.backgroundBrush().color().lightness() > 200
+        win.set_theme("dark")
+        win.close()
+        again = make_window()
+        assert again.theme_actions["dark"].isChecked() and again.state.dark is True
+        again.set_theme("system")
+        assert again.theme_actions["system"].isChecked()
+    finally:
+        for w in (win,):
+            w.set_theme("system")
+
+
+def test_the_device_choice_is_remembered_and_preselected_in_the_export_dialog(
+    qtbot, make_window, tiny_models
+):
+    from studio.core.hardware import Backend, GpuInfo, HardwareInfo
+
+    hw = HardwareInfo(
+        "Test CPU",
+        8,
+        32 << 30,
+        16 << 30,
+        (GpuInfo(0, "Test GPU", Backend.CUDA, 24 << 30, 20 << 30),),
+        "torch",
+    )
+    win = make_window()
+    # The real detection first, so it cannot overwrite the test's machine afterwards.
+    qtbot.waitUntil(lambda: win.state.hardware is not None, timeout=30_000)
+    win.state.set_hardware(hw)
+    assert win.device_selector.devices() == ["cuda:0", "cpu"]
+    assert win.device_selector.set_device("cpu")
+    _open(qtbot, win, tiny_models("llama"))
+    dlg = win.show_export_dialog()
+    assert dlg.device == "cpu"
+    assert [dlg.device_combo.itemData(i) for i in range(dlg.device_combo.count())] == ["cuda:0", "cpu"]
+    dlg.hide()
+    win.close()
+
+    again = make_window()
+    qtbot.waitUntil(lambda: again.state.hardware is not None, timeout=30_000)
+    again.state.set_hardware(hw)
+    assert again.device_selector.device == "cpu"  # the remembered choice, not the first GPU
+
+
+def test_a_panel_that_fails_to_build_shows_one_sentence_in_its_place(qtbot, caplog):
+    from studio.qt.main_window import LazyPanel
+
+    def broken(_parent):
+        raise ImportError("No module named 'pyqtgraph'")
+
+    page = LazyPanel("Inspector", broken)
+    qtbot.addWidget(page)
+    assert page.build() is None and page.failed
+    text = page.placeholder.text()
+    assert "inspector panel could not be loaded" in text and "pyqtgraph" in text and "\n" not in text
+    assert any("building the Inspector panel failed" in r.message for r in caplog.records)
+    ok = LazyPanel("Plan", lambda parent: QTableWidget(parent))
+    qtbot.addWidget(ok)
+    built = ok.build()
+    assert isinstance(built, QTableWidget) and ok.build() is built and ok.widget is built
+
+
+def test_a_model_downloaded_from_the_hub_page_opens_in_the_inspector(
+    qtbot, make_window, monkeypatch, tmp_path
+):
+    """End to end over the fake Hub: search, select, Download → the window opens the snapshot."""
+    from tests.core.hub.fakehub import FakeHub, prepare_env
+
+    with FakeHub() as hub:
+        prepare_env(monkeypatch, tmp_path, hub)
+        monkeypatch.setattr("studio.core.hub.auth.get_token", lambda: (None, None))
+        win = make_window()
+        _built(qtbot, win)
+        win.show_page("hub")
+        panel = win.hub_panel
+        assert panel.jobs is win.jobs  # its downloads are the window's jobs (listed, cancelled on quit)
+        panel.search_edit.setText("tiny-llama")
+        panel.search()
+        qtbot.waitUntil(lambda: panel.results.rowCount() > 0, timeout=20_000)
+        panel.results.selectRow(0)
+        qtbot.waitUntil(
+            lambda: panel.files.rowCount() > 0 and panel.download_button.isEnabled(), timeout=20_000
+        )
+        qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=60_000)
+        snapshot = Path(win.state.info.path)
+        assert (snapshot / "model.safetensors").read_bytes() == hub.repos["tiny-org/tiny-llama"].files[
+            "model.safetensors"
+        ]
+        assert win.tabs.currentWidget().widget is win.inspector
+        assert win.model_tree.model.tensor_count() == len(win.state.info.tensors) > 0
+        qtbot.waitUntil(lambda: not win.jobs.busy, timeout=30_000)
+        win.close()

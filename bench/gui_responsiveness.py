@@ -1,0 +1,205 @@
+"""GUI responsiveness benchmark: the longest the GUI thread is blocked while statistics or an export run.
+
+Builds (once, cached) a factory Llama checkpoint with about 500 MB of float32 weights, opens it in the
+real main window (offscreen), and runs, one after the other:
+
+1. idle (the reference: the same timer with nothing running),
+2. the inspector's statistics of the largest weight matrix (selecting it, as a click in the tree does),
+3. an export through the Export dialog for each preset asked (verification off unless ``--verify``).
+
+During each phase a 10 ms ``QTimer`` records the time between its ticks on the GUI thread; the worst
+interval is how long the GUI was unresponsive. Prints the worst and 99th-percentile gap per phase,
+the ratio to the idle reference measured in the same run, and the peak RSS.
+
+    python bench/gui_responsiveness.py [--hidden 2048 --layers 2 --intermediate 8192]
+        [--presets Q8_0,Q4_K_M] [--verify] [--model-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TICK_MS = 10
+BUDGET_MS = 100.0
+
+
+class GapRecorder:
+    """Records the intervals between the ticks of a ``TICK_MS`` timer on the GUI thread."""
+
+    def __init__(self) -> None:
+        from PySide6.QtCore import Qt, QTimer
+
+        self.timer = QTimer()
+        self.timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self.timer.setInterval(TICK_MS)
+        self.timer.timeout.connect(self._tick)
+        self.gaps: list[float] = []
+        self._last = 0.0
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        self.gaps.append((now - self._last) * 1000.0)
+        self._last = now
+
+    def start(self) -> None:
+        self.gaps = []
+        self._last = time.perf_counter()
+        self.timer.start()
+
+    def stop(self) -> dict[str, float]:
+        self.timer.stop()
+        # The interval until "now" counts too: a block at the very end would otherwise be missed.
+        self.gaps.append((time.perf_counter() - self._last) * 1000.0)
+        g = sorted(self.gaps)
+        return {
+            "worst_ms": g[-1],
+            "p99_ms": g[min(len(g) - 1, int(0.99 * len(g)))],
+            "median_ms": statistics.median(g),
+            "ticks": len(g),
+        }
+
+
+def _wait(app, cond, timeout_s: float, what: str) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        app.processEvents()
+        time.sleep(0.001)
+        if time.monotonic() - t0 > timeout_s:
+            raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _build_model(folder: Path, hidden: int, layers: int, intermediate: int) -> Path:
+    from studio.core.factory import make_tiny_model
+
+    marker = folder / f"h{hidden}-l{layers}-i{intermediate}"
+    if (marker / "config.json").is_file():
+        return marker
+    print(
+        f"building a factory model (hidden {hidden}, {layers} layers, intermediate {intermediate}) …",
+        flush=True,
+    )
+    t0 = time.monotonic()
+    make_tiny_model(marker, "llama", hidden=hidden, layers=layers, intermediate=intermediate, dtype="float32")
+    print(f"  built in {time.monotonic() - t0:.0f} s", flush=True)
+    return marker
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, default=8192)
+    parser.add_argument("--presets", default="Q8_0,Q4_K_M", help="comma-separated presets to export")
+    parser.add_argument("--verify", action="store_true", help="also verify each export (llama.cpp vs torch)")
+    parser.add_argument("--idle-s", type=float, default=2.0, help="length of the idle reference phase")
+    parser.add_argument(
+        "--model-dir", default=str(Path(tempfile.gettempdir()) / "quant-studio-bench"), help="model cache"
+    )
+    args = parser.parse_args()
+
+    model = _build_model(Path(args.model_dir), args.hidden, args.layers, args.intermediate)
+
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from studio.app import build_services
+    from studio.qt.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication([sys.argv[0]])
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = QSettings(str(Path(tmp) / "bench.ini"), QSettings.Format.IniFormat)
+        win = MainWindow(build_services(), settings=settings)
+        win.resize(1600, 1000)
+        rec = GapRecorder()
+        results: list[tuple[str, dict[str, float], float]] = []
+        # 0. start-up: from the first show until every page's panel is built (imports run in a worker)
+        t0 = time.monotonic()
+        win.show()
+        rec.start()
+        _wait(app, lambda: win.panels_ready and not win.jobs.busy, 120, "the panels")
+        results.append(("start-up: show → panels built [cold]", rec.stop(), time.monotonic() - t0))
+        win.open_path(model)
+        _wait(app, lambda: win.state.checkpoint is not None, 300, "the model to open")
+        info = win.state.info
+        weight_mb = info.weight_bytes / 1e6
+        print(f"model: {model} — {weight_mb:.0f} MB of weights, {len(info.tensors)} tensors", flush=True)
+        _wait(app, lambda: not win.jobs.busy, 120, "estimates")
+
+        # 1. the reference: nothing running
+        rec.start()
+        t_end = time.monotonic() + args.idle_s
+        _wait(app, lambda: time.monotonic() > t_end, args.idle_s + 5, "idle")
+        results.append(("idle (reference)", rec.stop(), args.idle_s))
+
+        # 2. statistics of the two largest matrices, computed in a worker and drawn by the inspector; the
+        #    first one is "cold" (numba's one-time set-up runs in the worker and holds the GIL at times)
+        win.show_page("inspector")
+        app.processEvents()
+        shown: list[str] = []
+        win.inspector.statsShown.connect(shown.append)
+        bigs = sorted((t for t in info.tensors if len(t.shape) == 2), key=lambda t: -t.n_elements)[:2]
+        for i, big in enumerate(bigs):
+            t0 = time.monotonic()
+            rec.start()
+            win.state.select_tensor(big.name)
+            _wait(app, lambda name=big.name: name in shown, 600, f"statistics of {big.name}")
+            label = f"statistics of {big.name} ({big.n_elements / 1e6:.1f} M values)"
+            results.append((label + (" [cold]" if i == 0 else ""), rec.stop(), time.monotonic() - t0))
+
+        # 3. exports through the dialog
+        for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
+            dlg = win.show_export_dialog()
+            dlg.set_plan_choice(preset)
+            dlg.set_output_path(Path(tmp) / f"bench-{preset}.gguf")
+            dlg.verify_check.setChecked(args.verify)
+            done: list[object] = []
+            dlg.exportFinished.connect(done.append)
+            dlg.exportFailed.connect(done.append)
+            t0 = time.monotonic()
+            rec.start()
+            job = dlg.start()
+            assert job is not None, dlg.status.text()
+            _wait(app, lambda done=done, job=job: bool(done) and not job.active, 3600, f"the {preset} export")
+            stats = rec.stop()
+            dlg.exportFinished.disconnect(done.append)
+            dlg.exportFailed.disconnect(done.append)
+            if isinstance(done[0], str):
+                raise SystemExit(f"the {preset} export failed: {done[0]}")
+            label = f"export {preset}" + (" + verify" if args.verify else "")
+            results.append((label, stats, time.monotonic() - t0))
+            Path(tmp, f"bench-{preset}.gguf").unlink(missing_ok=True)
+        win.close()
+
+    ref = next(st["worst_ms"] for label, st, _t in results if label.startswith("idle"))
+    print()
+    print(f"{'phase':66s} {'seconds':>8s} {'worst gap':>10s} {'p99 gap':>9s} {'ratio':>7s}")
+    for label, s, secs in results:
+        print(
+            f"{label:66s} {secs:8.1f} {s['worst_ms']:8.1f} ms {s['p99_ms']:6.1f} ms {s['worst_ms'] / ref:7.2f}"
+        )
+    working = [(label, st) for label, st, _t in results if not label.startswith("idle")]
+    worst = max(st["worst_ms"] for _label, st in working)
+    warm = max(st["worst_ms"] for label, st in working if "[cold]" not in label)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"\nworst GUI-thread gap while working: {warm:.1f} ms (budget {BUDGET_MS:.0f} ms: "
+        f"{'met' if warm <= BUDGET_MS else 'NOT met'}); including the cold phases (start-up, first statistics): {worst:.1f} ms; "
+        f"idle reference {ref:.1f} ms"
+    )
+    print(f"weights: {weight_mb:.0f} MB; peak RSS: {peak:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
