@@ -23,4 +23,5 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if _TEST_CACHE:
         shutil.rmtree(_TEST_CACHE, ignore_errors=True)
 
+
 pytest_plugins = ["tests.factory_fixtures"]
