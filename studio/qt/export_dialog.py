@@ -1,9 +1,10 @@
 """The Export dialog: the open model → a GGUF file, with a preset or the current plan, then verified.
 
 The export runs as one background job (``studio.core.export.export_gguf``); with "Verify" on, the
-finished file is checked by ``studio.core.verify.verify_gguf`` *before* it gets its final name, so
-Cancel at any point leaves no output file. A verification that cannot run (e.g. transformers does
-not know the architecture) is reported next to the result but does not throw the export away.
+finished file is checked by ``studio.core.verify.verify_gguf`` (in a child process) *before* it gets
+its final name, so Cancel at any point leaves no output file. A verification that cannot run (e.g.
+transformers does not know the architecture) is reported next to the result but does not throw the
+export away.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.errors import StudioError
+from studio.core.errors import EvaluationError, StudioError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.quant.plan import Plan
 from studio.core.quant.presets import PRESETS
@@ -108,6 +109,64 @@ class _Share(JobContext):
         self._parent.check_cancelled()
 
 
+def verify_in_child(
+    gguf: Path, source: Path, *, device: str = "cpu", ctx: JobContext, poll_s: float = 0.1
+) -> Any:
+    """``studio.core.verify.verify_gguf`` in a child process; returns its ``VerifyResult``.
+
+    torch and transformers load the original model there, not in the GUI's process: importing them in
+    a worker thread holds the GIL long enough to freeze the window (~0.5 s), and a crash or an
+    out-of-memory kill of the child becomes an error sentence. Cancel terminates the child.
+    """
+    import multiprocessing as mp
+    import queue
+
+    from studio.qt.verify_child import verify_child_main
+
+    mpc = mp.get_context("spawn")
+    out = mpc.Queue()
+    # Not a daemon: the verification starts llama.cpp in a child process of its own.
+    proc = mpc.Process(
+        target=verify_child_main,
+        args=(out, str(gguf), str(source), device),
+        name="studio-verify",
+        daemon=False,
+    )
+    proc.start()
+    try:
+        while True:
+            try:
+                msg = out.get(timeout=poll_s)
+            except queue.Empty:
+                if ctx.cancelled:
+                    raise JobCancelled() from None
+                if not proc.is_alive():
+                    try:  # the outcome may have arrived just before the child exited
+                        msg = out.get(timeout=1.0)
+                    except queue.Empty:
+                        raise EvaluationError(
+                            f"The verification process stopped unexpectedly (exit code {proc.exitcode}); "
+                            "the machine may be out of memory."
+                        ) from None
+                else:
+                    continue
+            kind = msg[0]
+            if kind == "progress":
+                ctx.report(int(msg[1]), int(msg[2]), str(msg[3]))
+            elif kind == "ok":
+                return msg[1]
+            else:
+                raise EvaluationError(str(msg[1]))
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        proc.join(5)
+        out.close()
+
+
 def run_export(
     ctx: JobContext,
     source: Path,
@@ -117,6 +176,7 @@ def run_export(
     device: str = "cpu",
     backend: str = "studio",
     verify: bool = True,
+    allow_pickle: bool = False,
 ) -> ExportOutcome:
     """Export ``source`` to ``out`` and (optionally) verify it before it is renamed into place."""
     from studio.core.export import export_gguf
@@ -125,12 +185,10 @@ def run_export(
     share = EXPORT_SHARE if verify else 1.0
 
     def check(partial: Path) -> None:
-        from studio.core.verify import verify_gguf
-
         ctx.check_cancelled()
         ctx.report(int(PROGRESS_STEPS * share), PROGRESS_STEPS, "Verifying against the original model")
         try:
-            verified["result"] = verify_gguf(partial, source, device=device, ctx=_Share(ctx, share, 1.0))
+            verified["result"] = verify_in_child(partial, source, device=device, ctx=_Share(ctx, share, 1.0))
         except JobCancelled:
             raise  # the writer deletes the partial file: Cancel leaves nothing behind
         except StudioError as err:
@@ -148,6 +206,7 @@ def run_export(
         backend=backend,
         ctx=_Share(ctx, 0.0, share),
         validate=check if verify else None,
+        allow_pickle=allow_pickle,
     )
     return ExportOutcome(result, verified.get("result"), verified.get("error", ""))
 
@@ -389,13 +448,24 @@ class ExportDialog(QDialog):
 
         source = Path(info.path)
         device, backend, verify = self.device, self.backend, self.verify_check.isChecked()
+        # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
+        allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
         self.outcome = None
         self.progress.setValue(0)
         self.result_label.setText("")
         self._set_status(f"Exporting to {out.name}…")
 
         def task(ctx: JobContext) -> ExportOutcome:
-            return run_export(ctx, source, out, plan, device=device, backend=backend, verify=verify)
+            return run_export(
+                ctx,
+                source,
+                out,
+                plan,
+                device=device,
+                backend=backend,
+                verify=verify,
+                allow_pickle=allow_pickle,
+            )
 
         plan_name = plan if isinstance(plan, str) else plan.name
         self.job = self.jobs.submit(

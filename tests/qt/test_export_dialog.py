@@ -204,3 +204,52 @@ def test_the_output_folder_is_remembered_for_the_next_window(
     dlg.set_output_path(folder / "mine.gguf")
     dlg.set_plan_choice("Q6_K")
     assert dlg.output_path == folder / "mine.gguf"
+
+
+def test_the_llama_cpp_back_end_writes_the_same_types(qtbot, make_window, llama_model, tmp_path):
+    win = make_window()
+    _open(qtbot, win, llama_model)
+    dlg = win.show_export_dialog()
+    dlg.set_plan_choice("Q8_0")
+    dlg.set_backend("llama.cpp")
+    dlg.verify_check.setChecked(False)
+    out = tmp_path / "out" / "llamacpp-Q8_0.gguf"
+    out.parent.mkdir()
+    dlg.set_output_path(out)
+    with qtbot.waitSignal(dlg.exportFinished, timeout=EXPORT_TIMEOUT_MS) as finished:
+        dlg.start()
+    result = finished.args[0].result
+    assert result.backend == "llama.cpp"
+    types = _gguf_types(out)
+    assert types == dict(result.tensor_types)
+    assert types["blk.0.ffn_down.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
+    assert _leftovers(out.parent) == [out.name]  # the F32 intermediate is gone
+    assert win.settings.value("export/backend") == "llama.cpp"
+
+
+def test_cancel_during_verification_stops_the_child_and_leaves_no_file(
+    qtbot, make_window, llama_model, tmp_path
+):
+    import multiprocessing
+
+    win = make_window()
+    _open(qtbot, win, llama_model)
+    dlg = win.show_export_dialog()
+    out = tmp_path / "out" / "verify-cancelled.gguf"
+    out.parent.mkdir()
+    dlg.set_plan_choice("Q8_0")
+    dlg.set_output_path(out)
+    job = dlg.start()
+    # The tensors are written (up to 80 %), then the partial file is checked in a child process.
+    qtbot.waitUntil(lambda: dlg.progress.value() >= 800 or not job.active, timeout=EXPORT_TIMEOUT_MS)
+    assert job.active, dlg.status.text()
+    qtbot.waitUntil(
+        lambda: any(p.name == "studio-verify" for p in multiprocessing.active_children()), timeout=10_000
+    )
+    assert job.active
+    with qtbot.waitSignal(dlg.exportCancelled, timeout=30_000):
+        dlg.cancel_button.click()
+    assert _leftovers(out.parent) == []
+    qtbot.waitUntil(
+        lambda: not any(p.name == "studio-verify" for p in multiprocessing.active_children()), timeout=10_000
+    )
