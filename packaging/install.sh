@@ -14,3 +14,18 @@ fi
 extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
 python -m pip install -q -e ".${extra}"
+# Compile the quantizer and histogram kernels now (tens of seconds, once) so the first export in the
+# window does not stall on it; numba keeps them in its cache beside the sources.
+python - <<'PY'
+import numpy as np
+
+from studio.core.quant.blocks import QTYPES, quantize
+from studio.core.stats.tensor_stats import prepare_kernels
+
+x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
+w = np.ones(256, np.float32)
+for t in QTYPES:
+    quantize(x, t)
+    quantize(x, t, imatrix=w)
+prepare_kernels()
+PY
