@@ -3,6 +3,7 @@ transforms llama.cpp expects (Q/K row permutation, Conv1D transpose, Gemma's nor
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -104,6 +105,7 @@ def head_counts(config: dict[str, Any]) -> tuple[int, int]:
     return n_head, n_kv
 
 
+@functools.lru_cache(maxsize=16)  # building one walks every name pattern x block; maps are only read
 def _tensor_name_map(arch: str, n_blocks: int) -> Any:
     import gguf  # heavy-ish import kept local
 
