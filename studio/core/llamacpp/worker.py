@@ -170,6 +170,7 @@ def _serve(conn: Any, extra_ops: str | None) -> None:
 
         ops.update(importlib.import_module(extra_ops).OPS)
     state = _State()
+    _no_extra_buffers()  # TEMPORARY (issue 10 replaces it): AMX repacked buffers crash the first decode
     log_callback = _quiet_llamacpp()  # noqa: F841 - ctypes needs it alive while the child runs
     while True:
         try:
@@ -234,6 +235,22 @@ def _quiet_llamacpp() -> Any:
         return callback
     except Exception:  # pragma: no cover - older llama-cpp-python
         return None
+
+
+def _no_extra_buffers() -> None:
+    """TEMPORARY: load every model with ``use_extra_bufts = False`` (llama.cpp #20824)."""
+    try:
+        import llama_cpp.llama_cpp as low
+    except Exception:  # pragma: no cover
+        return
+    original = low.llama_model_default_params
+
+    def params() -> Any:
+        p = original()
+        p.use_extra_bufts = False
+        return p
+
+    low.llama_model_default_params = params
 
 
 def _op_ping(state: _State) -> str:
