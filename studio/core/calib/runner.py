@@ -638,6 +638,12 @@ def _run_layerwise(
     if head and sk.head_path and f"{sk.head_path}.weight" not in sk.names and not sk.tied_head:
         raise SkeletonError("the checkpoint has no output head")
     mat.load(outer)
+    if head and sk.tied_head and sk.head_path:
+        # a head tied to the embeddings uses the embedding matrix itself
+        emb = sk.model.get_input_embeddings()
+        if emb is None or emb.weight.device.type == "meta":
+            raise SkeletonError("the tied output head has no embedding matrix to share")
+        _set_param(sk.model, f"{sk.head_path}.weight", emb.weight)
     mat.buffers_to_device(sk.model)
     sites: list[LinearSite] = []
     for i, layer in enumerate(sk.layers):
@@ -748,6 +754,8 @@ def _run_head(
     def identity(*args: Any, **kwargs: Any) -> Any:
         return args[0] if args else kwargs["hidden_states"]
 
+    if sk.head_path and sk.model.get_submodule(sk.head_path).weight.device.type == "meta":
+        raise SkeletonError("the output head's weight was not loaded")
     for i, layer in enumerate(sk.layers):
         layer.forward = first if i == 0 else identity
     hooks.add(spec.sites_of(None))
