@@ -61,7 +61,17 @@ def child(mode: str, model: str, ctx_len: int, chunks: int) -> None:
             t0 = time.perf_counter()
             run_model(ck, inp.chunks, consumers, device="cpu", dtype="float32")
             seconds = time.perf_counter() - t0
-    print(json.dumps({"mode": mode, "seconds": seconds, "tokens": int(inp.chunks.n_tokens), "base_mib": base, "peak_mib": peak_mib()}))
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "seconds": seconds,
+                "tokens": int(inp.chunks.n_tokens),
+                "base_mib": base,
+                "peak_mib": peak_mib(),
+            }
+        )
+    )
 
 
 def _layer_bytes(model: str) -> tuple[int, dict]:
@@ -92,14 +102,39 @@ def main() -> int:
     if not model:
         from studio.core.factory import make_tiny_model
 
-        model = str(make_tiny_model(Path(tempfile.mkdtemp(prefix="bench-calib-")) / "llama", "llama", hidden=768, layers=6, outliers=True))
+        model = str(
+            make_tiny_model(
+                Path(tempfile.mkdtemp(prefix="bench-calib-")) / "llama",
+                "llama",
+                hidden=768,
+                layers=6,
+                outliers=True,
+            )
+        )
     results: dict[str, dict] = {}
     for _ in range(max(1, args.repeat)):  # interleaved, best of N: a busy machine slows every mode alike
         for mode in ("plain", "layers", "calibrate"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--model", model, "--ctx", str(args.ctx), "--chunks", str(args.chunks), "--child", mode],
-                capture_output=True, text=True, check=True,
-            ).stdout.strip().splitlines()[-1]
+            out = (
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--model",
+                        model,
+                        "--ctx",
+                        str(args.ctx),
+                        "--chunks",
+                        str(args.chunks),
+                        "--child",
+                        mode,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             r = json.loads(out)
             if mode not in results or r["seconds"] < results[mode]["seconds"]:
                 results[mode] = r
@@ -111,7 +146,9 @@ def main() -> int:
     temps = args.ctx * (3 * inter + 6 * hidden) * 4 + heads * args.ctx * args.ctx * 4
     acts = states + temps
     tps = {k: v["tokens"] / v["seconds"] for k, v in results.items()}
-    print(f"model {model}: {args.chunks} chunks × {args.ctx} tokens, hidden {hidden}, {cfg.get('num_hidden_layers')} layers")
+    print(
+        f"model {model}: {args.chunks} chunks × {args.ctx} tokens, hidden {hidden}, {cfg.get('num_hidden_layers')} layers"
+    )
     print(f"plain forward (whole model, no hooks)   {tps['plain']:9.1f} tokens/s")
     print(f"layer runner, no hooks                  {tps['layers']:9.1f} tokens/s")
     print(f"calibration (runner + collector hooks)  {tps['calibrate']:9.1f} tokens/s")

@@ -22,7 +22,18 @@ def _text(tmp_path, llama_model):
 def test_calibrate_then_export(llama_model, tmp_path, capsys):
     text = _text(tmp_path, llama_model)
     out = tmp_path / "imatrix.gguf"
-    argv = ["calibrate", str(llama_model), "--text", str(text), "--ctx", "64", "--chunks", "3", "-o", str(out)]
+    argv = [
+        "calibrate",
+        str(llama_model),
+        "--text",
+        str(text),
+        "--ctx",
+        "64",
+        "--chunks",
+        "3",
+        "-o",
+        str(out),
+    ]
     assert main([*argv, "--json", "--int8", "--device", "cpu"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["entries"] == 14 and d["chunks"] == 3 and d["tokens"] == 192 and d["mode"] == "layer-wise"
@@ -31,14 +42,35 @@ def test_calibrate_then_export(llama_model, tmp_path, capsys):
     im = read_imatrix(out)
     assert len(im) == 14 and im.chunk_count == 3
     gg = tmp_path / "m.gguf"
-    assert main(["export", str(llama_model), "-o", str(gg), "--preset", "Q4_K_M", "--imatrix", str(out), "--json"]) == 0
+    assert (
+        main(
+            ["export", str(llama_model), "-o", str(gg), "--preset", "Q4_K_M", "--imatrix", str(out), "--json"]
+        )
+        == 0
+    )
     e = json.loads(capsys.readouterr().out)
     assert e["imatrix"] == {"file": str(out), "entries": 14, "chunks": 3}
     meta = read_gguf(gg).metadata
     assert meta["quantize.imatrix.file"] == str(out) and meta["quantize.imatrix.chunks_count"] == 3
     # text output and the legacy format
     dat = tmp_path / "imatrix.dat"
-    assert main(["calibrate", str(llama_model), "--text", str(text), "--ctx", "64", "--chunks", "2", "-o", str(dat)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                str(llama_model),
+                "--text",
+                str(text),
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "-o",
+                str(dat),
+            ]
+        )
+        == 0
+    )
     shown = capsys.readouterr().out
     assert "wrote" in shown and "largest outlier features" in shown
     assert read_imatrix(dat).legacy
@@ -68,7 +100,23 @@ def test_bad_text_is_one_line_and_nothing_is_written(llama_model, tmp_path, caps
 def test_export_refuses_another_models_imatrix(llama_model, odd_hidden_model, tmp_path, capsys):
     text = _text(tmp_path, llama_model)
     im = tmp_path / "other.gguf"
-    assert main(["calibrate", str(odd_hidden_model), "--text", str(text), "--ctx", "64", "--chunks", "2", "-o", str(im)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                str(odd_hidden_model),
+                "--text",
+                str(text),
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "-o",
+                str(im),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     out = tmp_path / "m.gguf"
     assert main(["export", str(llama_model), "-o", str(out), "--preset", "Q4_K_M", "--imatrix", str(im)]) == 2

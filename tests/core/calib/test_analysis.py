@@ -45,7 +45,9 @@ def test_planted_outlier_channels_are_found(llama_model, llama_stats):
     prof = channel_profile(q, name="q")
     assert planted <= set(prof.outliers_kmedian.tolist())
     assert planted <= set(prof.outliers_abs.tolist())
-    assert set(outlier_features(q, FeatureRule.k_median(10))) == planted  # only the planted ones stand out that far
+    assert (
+        set(outlier_features(q, FeatureRule.k_median(10))) == planted
+    )  # only the planted ones stand out that far
     per_layer = layer_outlier_counts(llama_stats, FeatureRule.k_median(10))
     assert [lo.layer for lo in per_layer] == [0, 1]
     assert all(planted <= set(lo.channels) for lo in per_layer)
@@ -84,7 +86,10 @@ def test_rules_and_histogram(llama_stats):
     assert outlier_features(st).tolist() == [2, 4]  # |x| ≥ 6: the threshold itself counts
     assert outlier_features(st, FeatureRule.k_median(5)).tolist() == [4]
     mean_mag = st.mean_magnitude
-    assert outlier_features(st, FeatureRule.k_mean(3)).tolist() == np.flatnonzero(st.channel_absmax >= 3 * mean_mag).tolist()
+    assert (
+        outlier_features(st, FeatureRule.k_mean(3)).tolist()
+        == np.flatnonzero(st.channel_absmax >= 3 * mean_mag).tolist()
+    )
     h = activation_histogram(llama_stats.inputs["model.layers.1.mlp.down_proj.weight"])
     assert h.total == CHUNKS * CTX * 768 and h.edges[0] == 0 and np.isinf(h.edges[-1])
     assert np.all(np.diff(h.edges[1:-1]) > 0)

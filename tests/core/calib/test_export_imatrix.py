@@ -34,7 +34,9 @@ def f32_values(llama_model, tmp_path_factory):
     return {t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(out).tensors}
 
 
-def test_export_with_imatrix_equals_ggml_quantize_chunk(llama_model, llama_imatrix_file, f32_values, tmp_path):
+def test_export_with_imatrix_equals_ggml_quantize_chunk(
+    llama_model, llama_imatrix_file, f32_values, tmp_path
+):
     im = read_imatrix(llama_imatrix_file)
     with open_model(llama_model) as ck:
         plan = plan_uniform(ck.info, "Q4_K", [Override(rx, t) for rx, t in SPREAD.items()])
@@ -48,7 +50,9 @@ def test_export_with_imatrix_equals_ggml_quantize_chunk(llama_model, llama_imatr
         qw = im[t.name] if t.name in im else None
         want = ggml_quantize(x.reshape(-1, x.shape[-1]), qtype, qw)
         got = np.array(t.data).view(np.uint8).reshape(want.shape)
-        assert np.array_equal(got, want), f"{t.name} ({qtype}) differs from ggml_quantize_chunk with the imatrix"
+        assert np.array_equal(got, want), (
+            f"{t.name} ({qtype}) differs from ggml_quantize_chunk with the imatrix"
+        )
         if qw is not None:
             seen.add(qtype)
             plain = ggml_quantize(x.reshape(-1, x.shape[-1]), qtype, None)
@@ -56,7 +60,11 @@ def test_export_with_imatrix_equals_ggml_quantize_chunk(llama_model, llama_imatr
             assert qtype == "Q8_0" or not np.array_equal(want, plain), f"{qtype} ignored the imatrix"
     assert seen == set(SPREAD.values()) | {"Q4_K"}  # 12 types, every one with an imatrix
     meta = {f.name for f in gguf.GGUFReader(res.path).fields.values()}
-    assert {"quantize.imatrix.file", "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count"} <= meta
+    assert {
+        "quantize.imatrix.file",
+        "quantize.imatrix.entries_count",
+        "quantize.imatrix.chunks_count",
+    } <= meta
 
 
 def test_iq4_xs_with_imatrix_equals_ggml_quantize_chunk(llama_imatrix_file, f32_values):

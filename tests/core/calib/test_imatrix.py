@@ -35,7 +35,9 @@ def test_semantics_follow_llama_imatrix(llama_model, llama_stats):
     e = im.entries["blk.0.attn_q.weight"]
     assert e.counts.tolist() == [CHUNKS * CTX] and e.sums.shape == (1, 256)
     st = llama_stats.inputs["model.layers.0.self_attn.q_proj.weight"]
-    np.testing.assert_array_equal(im["blk.0.attn_q.weight"], (st.sum_sq[0].astype(np.float32) / np.float32(CHUNKS * CTX)))
+    np.testing.assert_array_equal(
+        im["blk.0.attn_q.weight"], (st.sum_sq[0].astype(np.float32) / np.float32(CHUNKS * CTX))
+    )
 
 
 def test_gguf_file_has_llama_cpps_layout(llama_imatrix_file):
@@ -67,8 +69,19 @@ def test_gguf_and_dat_round_trip(llama_model, llama_stats, tmp_path):
 
 def test_experts_keep_their_own_counts(tmp_path):
     sums = np.array([[4.0, 8.0], [0.0, 0.0], [3.0, 6.0]], dtype=np.float32)
-    im = Imatrix({"blk.0.ffn_down_exps.weight": ImatrixEntry("blk.0.ffn_down_exps.weight", sums, np.array([2, 0, 3], np.float32))}, ("d",), 1, 4)
-    want = np.array([2, 4, 1, 1, 1, 2], dtype=np.float32)  # an expert that saw no token gets 1, as in llama-quantize
+    im = Imatrix(
+        {
+            "blk.0.ffn_down_exps.weight": ImatrixEntry(
+                "blk.0.ffn_down_exps.weight", sums, np.array([2, 0, 3], np.float32)
+            )
+        },
+        ("d",),
+        1,
+        4,
+    )
+    want = np.array(
+        [2, 4, 1, 1, 1, 2], dtype=np.float32
+    )  # an expert that saw no token gets 1, as in llama-quantize
     np.testing.assert_array_equal(im["blk.0.ffn_down_exps.weight"], want)
     back = read_imatrix(write_imatrix(im, tmp_path / "moe.gguf").path)
     np.testing.assert_array_equal(back["blk.0.ffn_down_exps.weight"], want)
@@ -95,7 +108,9 @@ def test_another_models_imatrix_is_refused(llama_imatrix_file, odd_hidden_model,
     with pytest.raises(CalibrationError) as exc:
         check_for_model(im, _info(odd_hidden_model))  # hidden 320 instead of 256
     msg = str(exc.value)
-    assert "was made for another model" in msg and "256 values" in msg and "needs 320" in msg and "\n" not in msg
+    assert (
+        "was made for another model" in msg and "256 values" in msg and "needs 320" in msg and "\n" not in msg
+    )
     one_layer = tiny_model("llama", layers=1)
     with pytest.raises(CalibrationError, match=r"entry for blk\.1\..* does not have"):
         check_for_model(im, _info(one_layer))
@@ -126,8 +141,25 @@ def test_llama_imatrix_computes_the_same(llama_model, llama_imatrix_file, calib_
     f32 = export_gguf(llama_model, tmp_path / "f32.gguf", "F32").path
     out = tmp_path / "theirs.gguf"
     subprocess.run(
-        [str(tool), "-m", str(f32), "-f", str(calib_text), "-c", str(CTX), "--chunks", str(CHUNKS), "-o", str(out), "--no-ppl", "-t", "2"],
-        check=True, capture_output=True, timeout=300,
+        [
+            str(tool),
+            "-m",
+            str(f32),
+            "-f",
+            str(calib_text),
+            "-c",
+            str(CTX),
+            "--chunks",
+            str(CHUNKS),
+            "-o",
+            str(out),
+            "--no-ppl",
+            "-t",
+            "2",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     ours, theirs = read_imatrix(llama_imatrix_file), read_imatrix(out)
     assert set(ours) == set(theirs) and theirs.chunk_count == CHUNKS
@@ -147,10 +179,34 @@ def test_llama_quantize_reads_ours_and_writes_what_we_write(llama_model, llama_s
     path = str(tmp_path / f"imatrix.{fmt}")
     write_imatrix(im, path)
     assert main(["export", str(llama_model), "-o", str(tmp_path / "f32.gguf"), "--preset", "F32"]) == 0
-    assert main(["export", str(llama_model), "-o", str(tmp_path / "ours.gguf"), "--preset", "Q4_K_M", "--imatrix", path]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(llama_model),
+                "-o",
+                str(tmp_path / "ours.gguf"),
+                "--preset",
+                "Q4_K_M",
+                "--imatrix",
+                path,
+            ]
+        )
+        == 0
+    )
     r = subprocess.run(
-        [str(tool), "--imatrix", path, str(tmp_path / "f32.gguf"), str(tmp_path / "theirs.gguf"), "Q4_K_M", "2"],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(tool),
+            "--imatrix",
+            path,
+            str(tmp_path / "f32.gguf"),
+            str(tmp_path / "theirs.gguf"),
+            "Q4_K_M",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "loaded 14 importance matrix entries" in r.stdout + r.stderr
@@ -166,7 +222,9 @@ def test_llama_quantize_reads_ours_and_writes_what_we_write(llama_model, llama_s
         for f in r.fields.values():
             if f.name.startswith("quantize.imatrix."):
                 v = f.parts[f.data[0]]
-                out[f.name] = bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else (int(v[0]), f.types[0])
+                out[f.name] = (
+                    bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else (int(v[0]), f.types[0])
+                )
         return out
 
     assert kv(a) == kv(b) and len(kv(a)) == 4
