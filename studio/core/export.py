@@ -33,7 +33,8 @@ from studio.core.gguf.writer import (
 )
 from studio.core.jobs import JobCancelled, JobContext, null_context
 from studio.core.quant.plan import Plan, check_plan, count_nonfinite, nonfinite_error, plan_from_preset
-from studio.core.quant.presets import Fallback, tensor_bytes
+from studio.core.quant.presets import Fallback
+from studio.core.quant.types import tensor_bytes
 
 # Rows are converted and quantized in chunks of about this many float32 bytes.
 CHUNK_BYTES = 16 << 20
@@ -73,10 +74,6 @@ def _llama_order(name: str) -> tuple[int, str]:
     return -1, name
 
 
-def _type_bytes(qtype: str, shape: tuple[int, ...]) -> int:
-    return tensor_bytes(qtype, shape)
-
-
 @dataclass(frozen=True)
 class _Item:
     gguf_name: str
@@ -91,7 +88,7 @@ def _items(plan: Plan, lay: Layout, extras: list[tuple[str, np.ndarray]]) -> lis
     items = [_Item(n, tuple(a.shape), "F32", a.nbytes, None, a) for n, a in extras]
     for tm in lay.tensors:
         t = plan.type_of(tm.hf_name)
-        items.append(_Item(tm.gguf_name, tm.shape, t, _type_bytes(t, tm.shape), tm))
+        items.append(_Item(tm.gguf_name, tm.shape, t, tensor_bytes(t, tm.shape), tm))
     items.sort(key=lambda it: _llama_order(it.gguf_name))
     return items
 

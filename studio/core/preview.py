@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 _CHUNK_ELEMENTS = 1 << 22
-_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
@@ -79,9 +78,9 @@ class PreviewResult:
 
 def block_schemes() -> list[str]:
     """GGUF block types the preview can apply (quantized ones, smallest block first as listed by the core)."""
-    from studio.core.quant.blocks import QTYPES
+    from studio.core.quant.types import QTYPES
 
-    return [q for q in QTYPES if q not in ("F32",)]
+    return [q for q in QTYPES if q != "F32"]
 
 
 _GENERIC = (
@@ -113,7 +112,8 @@ def preview_schemes() -> list[str]:
 
 
 def _roundtrip_block(x: np.ndarray, qtype: str, ctx: JobContext) -> tuple[np.ndarray, float]:
-    from studio.core.quant.blocks import dequantize, quantize, row_bytes
+    from studio.core.quant.blocks import dequantize, quantize
+    from studio.core.quant.types import row_bytes
 
     rows, cols = x.shape
     y = np.empty_like(x)
@@ -183,12 +183,12 @@ def preview_array(
             f"Tensor {name or '?'} holds {bad} NaN or infinite value(s), so it cannot be quantized.",
             hint="Fix or exclude the tensor before quantizing.",
         )
-    from studio.core.quant.blocks import QTYPES, fallback_type
+    from studio.core.quant.types import QTYPES, fallback_type
 
     upper = scheme.upper()
     reason = None
     if upper in QTYPES:
-        applied = fallback_type(upper, cols)
+        applied = fallback_type(upper, cols).qtype
         if applied != upper:
             reason = (
                 f"rows of {cols} values are not a multiple of the {QTYPES[upper].block_size}-value "

@@ -20,36 +20,10 @@ import numpy as np
 from studio.core.errors import QuantizationError
 from studio.core.jobs import JobContext
 from studio.core.model.types import ModelInfo
-from studio.core.quant.presets import (
-    PRESETS,
-    Fallback,
-    allows_quantization,
-    check_type,
-    fallback_type,
-    preset_choice,
-    tensor_bytes,
-)
+from studio.core.quant.presets import PRESETS, Fallback, allows_quantization, preset_choice
+from studio.core.quant.types import FLOAT_TYPES, QTYPES, check_type, fallback_type, tensor_bytes
 
 PLAN_VERSION = 1
-
-# general.file_type for a plan that is not a named preset: the llama_ftype of its main type.
-_FTYPE_OF_TYPE = {
-    "F32": 0,
-    "F16": 1,
-    "Q4_0": 2,
-    "Q4_1": 3,
-    "Q8_0": 7,
-    "Q5_0": 8,
-    "Q5_1": 9,
-    "Q2_K": 10,
-    "Q3_K": 12,
-    "Q4_K": 15,
-    "Q5_K": 17,
-    "Q6_K": 18,
-    "IQ4_NL": 25,
-    "BF16": 32,
-}
-
 
 @dataclass(frozen=True)
 class Override:
@@ -211,7 +185,7 @@ def check_plan(plan: Plan, info: ModelInfo) -> None:
                 hint="The plan was probably made for another model; make a new one.",
             )
         t = plan.types[tm.hf_name]
-        if t not in ("F32", "F16", "BF16"):
+        if t not in FLOAT_TYPES:
             if not allows_quantization(tm.gguf_name, len(tm.shape)):
                 raise QuantizationError(
                     f"Tensor {tm.hf_name!r} ({tm.gguf_name}) must stay F32, the plan says {t}."
@@ -305,7 +279,7 @@ def plan_uniform(info: ModelInfo, qtype: str, overrides: Sequence[Override] = ()
         info,
         wanted,
         name=f"uniform {qtype}",
-        ftype=_FTYPE_OF_TYPE.get(qtype, 1),
+        ftype=QTYPES[qtype].ftype or 1,
         overrides=overrides,
         recipe={"kind": "uniform", "type": qtype},
     )
@@ -331,7 +305,7 @@ def plan_first_last(info: ModelInfo, n: int, high: str, low: str, overrides: Seq
         info,
         wanted,
         name=f"first/last {n} at {high}, rest {low}",
-        ftype=_FTYPE_OF_TYPE.get(low, 1),
+        ftype=QTYPES[low].ftype or 1,
         overrides=overrides,
         recipe={"kind": "first_last", "n": n, "high": high, "low": low},
     )

@@ -35,13 +35,14 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.model.types import Role
 from studio.core.quant.plan import Plan, plan_from_preset, plan_uniform
-from studio.core.quant.presets import PRESETS, TYPE_SIZES, Fallback, allows_quantization, fallback_type
+from studio.core.quant.presets import PRESETS, Fallback, allows_quantization
+from studio.core.quant.types import PLAN_TYPES, fallback_type
 from studio.qt.fmt import human_bytes
 from studio.qt.panels import assert_gui_thread
 
 __all__ = ["PlanEditorPanel", "PlanTableModel", "TypeDelegate", "replace_types"]
 
-TYPES: tuple[str, ...] = tuple(TYPE_SIZES)
+TYPES: tuple[str, ...] = PLAN_TYPES
 DEFAULT_PRESET = "Q4_K_M"
 # Uniform plans offered next to llama.cpp's presets: INT8 and INT4 everywhere.
 _UNIFORM = {
@@ -73,7 +74,7 @@ _MIXED = "mixed"
 def replace_types(plan: Plan, layout_by_name: Mapping[str, Any], changes: Mapping[str, str]) -> Plan:
     """``plan`` with the tensors in ``changes`` asked to take new types, llama.cpp's fallbacks applied.
 
-    The fallback decision is the core's (``presets.fallback_type``); this only assembles the new plan.
+    The fallback decision is the core's (``types.fallback_type``); this only assembles the new plan.
     """
     types = dict(plan.types)
     fallbacks: list[Fallback] = [f for f in plan.fallbacks if f.tensor not in changes]
@@ -211,7 +212,7 @@ class PlanTableModel(QAbstractTableModel):
     def setData(
         self, index: QModelIndex | QPersistentModelIndex, value: Any, role: int = Qt.ItemDataRole.EditRole
     ) -> bool:
-        if role != Qt.ItemDataRole.EditRole or not index.isValid() or str(value) not in TYPE_SIZES:
+        if role != Qt.ItemDataRole.EditRole or not index.isValid() or str(value) not in PLAN_TYPES:
             return False
         if (index.row(), index.column()) not in self.cells:
             return False

@@ -19,7 +19,8 @@ from studio.core.quant.plan import (
     plan_uniform,
     with_overrides,
 )
-from studio.core.quant.presets import PRESETS, preset_types, tensor_bytes
+from studio.core.quant.presets import PRESETS, preset_types
+from studio.core.quant.types import tensor_bytes
 
 
 @pytest.fixture(scope="module")
