@@ -32,7 +32,8 @@ from studio.core.gguf.writer import (
     validate_written,
 )
 from studio.core.jobs import JobCancelled, JobContext, null_context
-from studio.core.quant.plan import Plan, check_plan, count_nonfinite, nonfinite_error, plan_from_preset
+from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+from studio.core.quant.plan import Plan, check_plan, plan_from_preset
 from studio.core.quant.presets import Fallback
 from studio.core.quant.types import tensor_bytes
 
