@@ -481,7 +481,8 @@ def _hold_lock(p: Path) -> int | None:
 
 
 def llamacpp_validator(path: Path) -> None:
-    """Post-write check (FAULTS 42): llama.cpp loads the file's vocabulary in a child process."""
+    """Post-write check: llama.cpp loads the file's vocabulary in a child process
+    (test_llamacpp_validation_rejects_unloadable_file in tests/core/export/test_export_faults.py)."""
     from studio.core.llamacpp import LlamaWorker
 
     with LlamaWorker(label="llama.cpp (validation)") as wk:
