@@ -1,6 +1,6 @@
 """File size and run-time memory per preset, and whether that fits this machine.
 
-File size: every exported tensor's bytes in the GGUF type the preset gives it (the types come from
+File size: every exported tensor's bytes in the qtype the preset gives it (the qtypes come from
 ``studio.core.quant.presets.preset_types``, which applies llama.cpp's per-tensor rules and its
 fallbacks for rows that are not a multiple of the block size), plus a header allowance.
 
@@ -26,7 +26,7 @@ from studio.core.hardware import HardwareInfo
 from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
 from studio.core.quant.types import QTYPES, fallback_type
 
-if TYPE_CHECKING:  # plan imports the quantizers (numba); estimates must stay light
+if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never make one
     from studio.core.quant.plan import Plan
 
 PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
@@ -79,7 +79,7 @@ class Estimate:
 
 
 def type_bytes(n_elements: int, row: int, type_name: str) -> int:
-    """Bytes of ``n_elements`` values (rows of ``row``) stored as GGUF type ``type_name``."""
+    """Bytes of ``n_elements`` values (rows of ``row``) stored as qtype ``type_name``."""
     info = QTYPES[type_name]
     if row % info.block_size:
         raise ValueError(f"rows of {row} do not fit {type_name} blocks of {info.block_size}")
@@ -97,7 +97,7 @@ def gguf_row(t: TensorInfo) -> int:
 
 
 def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
-    """(tensor -> GGUF type, exact). Exact: the exporter's llama.cpp rules applied to this model.
+    """(tensor -> qtype, exact). Exact: the exporter's llama.cpp rules applied to this model.
 
     For what the exporter cannot map (an unknown architecture, a GGUF file) every 2-D float tensor gets
     the preset's default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.

@@ -1,8 +1,10 @@
 """Quantization preview of one tensor: quantize, dequantize, and measure what was lost.
 
-Block types (``"Q4_K"``, ``"Q8_0"``, ...) go through ``studio.core.quant.blocks``, byte-identical to
-llama.cpp, on the tensor as llama.cpp stores it (rows = output channels); generic INT/FP8 schemes go
-through ``studio.core.quant.generic`` (named like ``"INT4 sym g128"`` or ``"FP8 E4M3 channel"``). Error numbers come from ``studio.core.stats.metrics``.
+A scheme is what a preview applies: a qtype (``"Q4_K"``, ``"Q8_0"``, ...), through
+``studio.core.quant.blocks``, byte-identical to llama.cpp, on the tensor as llama.cpp stores it
+(rows = output channels); or a generic INT/FP8 scheme, through ``studio.core.quant.generic``
+(named like ``"INT4 sym g128"`` or ``"FP8 E4M3 channel"``). Error numbers come from
+``studio.core.stats.metrics``.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class PreviewResult:
 
 
 def block_schemes() -> list[str]:
-    """GGUF block types the preview can apply (quantized ones, smallest block first as listed by the core)."""
+    """The qtypes the preview can apply (all but F32), in the registry's menu order."""
     from studio.core.quant.types import QTYPES
 
     return [q for q in QTYPES if q != "F32"]
@@ -107,7 +109,7 @@ def generic_schemes() -> list[str]:
 
 
 def preview_schemes() -> list[str]:
-    """Every scheme a preview accepts: block types, then generic schemes."""
+    """Every scheme a preview accepts: qtypes, then generic schemes."""
     return block_schemes() + generic_schemes()
 
 

@@ -1,5 +1,8 @@
 """The quant type of a GGUF file: from its name (remote listings) or its header (local files).
 
+A file's quant type is the name of its file type, ``general.file_type``: a preset such as
+``Q4_K_M`` (or a qtype such as ``F16``, which names the preset of that qtype alone).
+
 The header reader is deliberately tiny and bounded: it walks the key/value section only until
 ``general.file_type``, checks every length against the bytes left in the file, and gives up (None)
 on anything odd, because a hostile GGUF must not make a badge allocate or loop without end.

@@ -1,4 +1,4 @@
-"""llama.cpp's named quantization mixtures (Q4_K_M, Q6_K, ...) as per-tensor type choices.
+"""Presets: llama.cpp's named quantization mixtures (Q4_K_M, Q6_K, ...) as per-tensor qtype choices.
 
 ``preset_types`` reproduces the per-tensor decisions of llama.cpp's ``llama_tensor_get_type``
 (src/llama-quant.cpp, as vendored in llama-cpp-python 0.3.x) for the architectures we export:
@@ -81,7 +81,7 @@ class PresetChoice:
     """The per-tensor types of a preset for one model, with the fallbacks that were applied."""
 
     preset: str
-    types: dict[str, str]  # HF tensor name → GGUF type name
+    types: dict[str, str]  # HF tensor name → qtype
     fallbacks: tuple[Fallback, ...]
 
 
@@ -202,7 +202,7 @@ def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counter
 
 
 def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> PresetChoice:
-    """Per-tensor GGUF types of ``preset`` for ``info`` (keyed by HF name) and the fallbacks;
+    """Per-tensor qtypes of ``preset`` for ``info`` (keyed by HF name) and the fallbacks;
     ``imatrix``: whether an importance matrix will be used (it changes a few choices)."""
     from studio.core.gguf.arch import head_counts, layout
 
@@ -258,7 +258,7 @@ def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> Pre
 
 
 def preset_types(info: ModelInfo, preset: str, *, imatrix: bool = False) -> dict[str, str]:
-    """Tensor name → GGUF type name that llama.cpp's ``preset`` would choose for this model.
+    """Tensor name → the qtype llama.cpp's ``preset`` would choose for this model.
 
     Tensors llama.cpp does not write (rotary buffers, a tied lm_head, BERT's pooler) are absent.
     """
