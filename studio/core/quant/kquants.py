@@ -22,11 +22,9 @@ from studio.core.quant.types import GROUP_MAX_EPS, QK_K, QTYPES, row_bytes
 KQUANT_TYPES: tuple[str, ...] = tuple(n for n, i in QTYPES.items() if i.kquant)
 
 # Bytes per super-block, the stride of each kernel's output (numba freezes these as constants).
-_B_Q2_K = QTYPES["Q2_K"].type_size
-_B_Q3_K = QTYPES["Q3_K"].type_size
-_B_Q4_K = QTYPES["Q4_K"].type_size
-_B_Q5_K = QTYPES["Q5_K"].type_size
-_B_Q6_K = QTYPES["Q6_K"].type_size
+_B_Q2_K, _B_Q3_K, _B_Q4_K, _B_Q5_K, _B_Q6_K = (
+    QTYPES[t].type_size for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+)
 
 
 # ------------------------------------------------------------------- scale searches (ggml)

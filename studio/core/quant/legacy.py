@@ -29,13 +29,9 @@ __all__ = [
 _IQ4_F32 = IQ4NL_LEVELS.astype(np.float32)
 
 # Bytes per block, the stride of each kernel's output (numba freezes these as constants).
-_B_Q8_0 = QTYPES["Q8_0"].type_size
-_B_Q4_0 = QTYPES["Q4_0"].type_size
-_B_Q4_1 = QTYPES["Q4_1"].type_size
-_B_Q5_0 = QTYPES["Q5_0"].type_size
-_B_Q5_1 = QTYPES["Q5_1"].type_size
-_B_IQ4_NL = QTYPES["IQ4_NL"].type_size
-_B_IQ4_XS = QTYPES["IQ4_XS"].type_size
+_B_Q8_0, _B_Q4_0, _B_Q4_1, _B_Q5_0, _B_Q5_1, _B_IQ4_NL, _B_IQ4_XS = (
+    QTYPES[t].type_size for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS")
+)
 
 
 # ----------------------------------------------------------------------------------------- helpers
