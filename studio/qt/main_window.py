@@ -56,13 +56,13 @@ from studio.core.jobs import JobCancelled, JobContext
 from studio.qt.fmt import describe_hardware, model_display_name
 from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
-from studio.qt.model_tree import ModelTreePanel
 from studio.qt.panels.device_selector import DeviceSelector
 from studio.qt.panels.jobs_panel import JobsPanel
+from studio.qt.panels.model_tree import ModelTreePanel
+from studio.qt.panels.summary import SummaryPanel
+from studio.qt.panels.tensor_panel import TensorPanel
 from studio.qt.services import Services
 from studio.qt.state import StudioState
-from studio.qt.summary import SummaryPanel
-from studio.qt.tensor_panel import TensorPanel
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ PAGES = (
     PageSpec("preview", "Preview", "studio.qt.panels.preview", "PreviewPanel"),
     PageSpec("overview", "Overview", "studio.qt.panels.overview", "OverviewPanel"),
     PageSpec("plan_editor", "Plan", "studio.qt.panels.plan_editor", "PlanEditorPanel"),
-    PageSpec("hub_panel", "Hub", "studio.qt.hub_panel", "HubPanel"),
+    PageSpec("hub_panel", "Hub", "studio.qt.panels.hub_panel", "HubPanel"),
     PageSpec("chat_panel", "Chat", "studio.qt.panels.chat_panel", "ChatPanel"),
     PageSpec("eval_panel", "Evaluate", "studio.qt.panels.eval_panel", "EvalPanel"),
 )
@@ -867,7 +867,8 @@ class MainWindow(QMainWindow):
             return None
         self.ensure_panels()
         if self._export_dialog is None:
-            from studio.qt.export_dialog import ExportDialog  # imports the export core: not at start-up
+            # The dialog imports the export core: not at start-up.
+            from studio.qt.panels.export_dialog import ExportDialog
 
             self._export_dialog = ExportDialog(
                 self.state, self.jobs, self, settings=self.settings, device=self.device_selector.device

@@ -20,8 +20,8 @@ from safetensors import safe_open
 from studio.core.factory import read_factory_info
 from studio.core.quant.blocks import dequantize, quantize
 from studio.core.stats.metrics import error_metrics
-from studio.qt.export_dialog import ExportDialog
 from studio.qt.jobs import JobState
+from studio.qt.panels.export_dialog import ExportDialog
 
 # Generous: a loaded 2-core machine, and the first statistics/quantize job may compile kernels.
 OPEN_TIMEOUT_MS = 60_000

@@ -1,4 +1,5 @@
-"""Dockable panels of the studio window: inspector, overview, preview, plan editor, jobs, device selector.
+"""The studio window's panels: summary, model tree, tensor details, inspector, preview, overview, plan
+editor, Hub, chat, evaluation, jobs, device selector, and the Export dialog.
 
 Each panel is a self-contained ``QWidget`` built as ``Panel(state, jobs, parent=None, ...)`` from the
 shared ``StudioState`` and the window's ``JobManager``; panels never import each other and talk only
@@ -15,25 +16,23 @@ from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QThread
 
-__all__ = [
-    "DeviceSelector",
-    "InspectorPanel",
-    "JobsPanel",
-    "OverviewPanel",
-    "PlanEditorPanel",
-    "PreviewPanel",
-    "assert_gui_thread",
-    "make_array_feed",
-]
-
 _LAZY = {
-    "InspectorPanel": "studio.qt.panels.inspector",
-    "OverviewPanel": "studio.qt.panels.overview",
-    "PreviewPanel": "studio.qt.panels.preview",
-    "PlanEditorPanel": "studio.qt.panels.plan_editor",
-    "JobsPanel": "studio.qt.panels.jobs_panel",
+    "ChatPanel": "studio.qt.panels.chat_panel",
     "DeviceSelector": "studio.qt.panels.device_selector",
+    "EvalPanel": "studio.qt.panels.eval_panel",
+    "ExportDialog": "studio.qt.panels.export_dialog",
+    "HubPanel": "studio.qt.panels.hub_panel",
+    "InspectorPanel": "studio.qt.panels.inspector",
+    "JobsPanel": "studio.qt.panels.jobs_panel",
+    "ModelTreePanel": "studio.qt.panels.model_tree",
+    "OverviewPanel": "studio.qt.panels.overview",
+    "PlanEditorPanel": "studio.qt.panels.plan_editor",
+    "PreviewPanel": "studio.qt.panels.preview",
+    "SummaryPanel": "studio.qt.panels.summary",
+    "TensorPanel": "studio.qt.panels.tensor_panel",
 }
+
+__all__ = [*_LAZY, "assert_gui_thread", "make_array_feed"]
 
 
 def __getattr__(name: str) -> Any:

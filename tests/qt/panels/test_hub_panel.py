@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QMessageBox
 
 from studio.core.hub.paths import PARTIAL_SUFFIX
-from studio.qt.hub_panel import HubPanel
+from studio.qt.panels.hub_panel import HubPanel
 from tests.core.hub.fakehub import FakeHub, Fault, prepare_env
 
 LLAMA = "tiny-org/tiny-llama"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings, Qt
 
-from studio.qt.export_dialog import CURRENT_PLAN, OUTPUT_DIR_KEY, ExportDialog
 from studio.qt.jobs import JobState
+from studio.qt.panels.export_dialog import CURRENT_PLAN, OUTPUT_DIR_KEY, ExportDialog
 
 OPEN_TIMEOUT_MS = 60_000
 EXPORT_TIMEOUT_MS = 240_000  # includes verification: torch, transformers and a llama.cpp child start
