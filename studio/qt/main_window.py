@@ -20,7 +20,6 @@ from PySide6.QtGui import (
     QAction,
     QActionGroup,
     QCloseEvent,
-    QColor,
     QDragEnterEvent,
     QDropEvent,
     QGuiApplication,
@@ -63,6 +62,7 @@ from studio.qt.panels.summary import SummaryPanel
 from studio.qt.panels.tensor_panel import TensorPanel
 from studio.qt.services import Services
 from studio.qt.state import StudioState
+from studio.qt.theme import dark_palette, light_palette, set_plot_defaults
 
 log = logging.getLogger(__name__)
 
@@ -113,56 +113,6 @@ def _module_available(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def _set_plot_defaults(dark: bool) -> None:
-    """pyqtgraph's default colours for plots made from now on (the panels restyle their own plots)."""
-    pg = sys.modules.get("pyqtgraph")  # never imported here just for this: it costs ~0.2 s
-    if pg is None:
-        return
-    from studio.qt.panels import plot_colors
-
-    colours = plot_colors(dark)
-    pg.setConfigOptions(background=colours["bg"], foreground=colours["fg"])
-
-
-def dark_palette() -> QPalette:
-    """A dark palette for the Fusion style, used when the platform cannot switch colour schemes itself."""
-    p = QPalette()
-    base, window, text = QColor(30, 30, 30), QColor(45, 45, 45), QColor(220, 220, 220)
-    disabled = QColor(127, 127, 127)
-    for role, colour in (
-        (QPalette.ColorRole.Window, window),
-        (QPalette.ColorRole.WindowText, text),
-        (QPalette.ColorRole.Base, base),
-        (QPalette.ColorRole.AlternateBase, QColor(40, 40, 40)),
-        (QPalette.ColorRole.ToolTipBase, window),
-        (QPalette.ColorRole.ToolTipText, text),
-        (QPalette.ColorRole.PlaceholderText, disabled),
-        (QPalette.ColorRole.Text, text),
-        (QPalette.ColorRole.Button, window),
-        (QPalette.ColorRole.ButtonText, text),
-        (QPalette.ColorRole.BrightText, QColor(255, 80, 80)),
-        (QPalette.ColorRole.Link, QColor(90, 160, 255)),
-        (QPalette.ColorRole.Highlight, QColor(42, 110, 200)),
-        (QPalette.ColorRole.HighlightedText, QColor(255, 255, 255)),
-        (QPalette.ColorRole.Light, QColor(70, 70, 70)),
-        (QPalette.ColorRole.Midlight, QColor(60, 60, 60)),
-        (QPalette.ColorRole.Mid, QColor(50, 50, 50)),
-        (QPalette.ColorRole.Dark, QColor(20, 20, 20)),
-        (QPalette.ColorRole.Shadow, QColor(0, 0, 0)),
-    ):
-        p.setColor(role, colour)
-    for role in (QPalette.ColorRole.WindowText, QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText):
-        p.setColor(QPalette.ColorGroup.Disabled, role, disabled)
-    return p
-
-
-def light_palette() -> QPalette:
-    """The light palette of the current style."""
-    app = QApplication.instance()
-    style = app.style() if isinstance(app, QApplication) else None
-    return style.standardPalette() if style is not None else QPalette()
 
 
 class LazyPanel(QWidget):
@@ -293,7 +243,7 @@ class MainWindow(QMainWindow):
         self.state.contextLengthChanged.connect(self._recompute_estimates)
         self.state.hardwareChanged.connect(self._on_hardware)
         self.state.tensorSelected.connect(self._on_tensor_selected)
-        self.state.themeChanged.connect(_set_plot_defaults)
+        self.state.themeChanged.connect(set_plot_defaults)
         self.jobs.jobChanged.connect(self._on_job_changed)
         self.jobs.busyChanged.connect(self._on_busy_changed)
         hints = QGuiApplication.styleHints()
@@ -545,7 +495,7 @@ class MainWindow(QMainWindow):
         if self._panels_built or self._shut_down:
             return
         self._panels_built = True
-        _set_plot_defaults(self.state.dark)
+        set_plot_defaults(self.state.dark)
         QApplication.setOverrideCursor(Qt.CursorShape.BusyCursor)
         try:
             for page in self._pages.values():

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QTableWidget
 from studio.qt.fmt import human_bytes
 from studio.qt.main_window import APP_TITLE, RECENT_KEY
 from studio.qt.panels.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_ROLE
-from studio.qt.panels.summary import verdict_colour
+from studio.qt.theme import verdict_colour
 
 PRESETS = ["F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"]
 OPEN_TIMEOUT_MS = 30_000

@@ -51,32 +51,6 @@ def assert_gui_thread(what: str = "A UI method") -> None:
         )
 
 
-def plot_colors(dark: bool) -> dict[str, Any]:
-    """Colours of plots for a light or dark window."""
-    if dark:
-        return {
-            "bg": "#1e1e1e",
-            "fg": "#d0d0d0",
-            "main": "#4ea3ff",
-            "second": "#ffb454",
-            "outlier": "#ff4d4d",
-        }
-    return {"bg": "#ffffff", "fg": "#303030", "main": "#1f6fd0", "second": "#e07b00", "outlier": "#d00000"}
-
-
-def style_plot(widget: Any, dark: bool) -> None:
-    """Apply the light/dark background and axis colours to a pyqtgraph ``PlotWidget``."""
-    import pyqtgraph as pg
-
-    c = plot_colors(dark)
-    widget.setBackground(c["bg"])
-    item = widget.getPlotItem()
-    for name in ("left", "bottom"):
-        ax = item.getAxis(name)
-        ax.setPen(pg.mkPen(c["fg"]))
-        ax.setTextPen(pg.mkPen(c["fg"]))
-
-
 def make_array_feed(parent: Any = None) -> Any:
     """An ``ArrayFeed``: ``publish(arr)`` from any thread emits ``arrays`` with a read-only copy (FAULTS 52).
 

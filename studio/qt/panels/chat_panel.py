@@ -36,11 +36,12 @@ from PySide6.QtWidgets import (
 
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
+from studio.qt import theme
 from studio.qt.panels import assert_gui_thread
 
 __all__ = ["ChatColumn", "ChatPanel", "TokenView"]
 
-DIVERGE_COLOR = QColor("#ffd54f")
+DIVERGE_COLOR = QColor(theme.DIVERGE_COLOR)
 USER_PREVIEW_CHARS = 2000  # a 5 MB paste is sent whole but shown shortened
 
 
@@ -184,8 +185,7 @@ class ChatColumn(QFrame):
         self.tokens = []
         self.error = None
         self.divergence = None
-        self.stats.setText("working…")
-        self.stats.setStyleSheet("")
+        theme.set_status(self.stats, "working…")
 
     def add_token(self, ev: TokenEvent) -> None:
         """Append one streamed token."""
@@ -215,13 +215,12 @@ class ChatColumn(QFrame):
     def fail(self, message: str) -> None:
         """Show an error in this column only."""
         self.error = message
-        self.stats.setText(f"Error: {message}")
+        theme.set_status(self.stats, f"Error: {message}", error=True)
         self.stats.setWordWrap(True)
-        self.stats.setStyleSheet("color: #c62828;")
         cur = QTextCursor(self.view.document())
         cur.movePosition(QTextCursor.MoveOperation.End)
         fmt = QTextCharFormat()
-        fmt.setForeground(QColor("#c62828"))
+        fmt.setForeground(QColor(theme.error_color(self.view)))
         cur.insertText(f"[{message}]", fmt)
 
     def mark_divergence(self, index: int) -> None:

@@ -32,7 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.panels import assert_gui_thread
+from studio.qt.theme import plot_colors, set_status, style_plot
 
 __all__ = ["COLUMNS", "EvalPanel"]
 
@@ -301,8 +302,7 @@ class EvalPanel(QWidget):
 
     def _on_error(self, message: str) -> None:
         self._finish()
-        self.status.setText(message)
-        self.status.setStyleSheet("color: #c62828;")
+        set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
     def _on_cancel(self) -> None:
@@ -351,10 +351,11 @@ class EvalPanel(QWidget):
                     item.setToolTip(v.error)
                 self.table.setItem(r, c, item)
         errors = [v for v in report.variants if v.error]
-        self.status.setStyleSheet("color: #c62828;" if errors else "")
-        self.status.setText(
+        set_status(
+            self.status,
             " ".join(v.error for v in errors)
-            or f"{report.text_name}: {report.n_chunks} chunks of {report.n_ctx} tokens, {report.seconds:.1f} s."
+            or f"{report.text_name}: {report.n_chunks} chunks of {report.n_ctx} tokens, {report.seconds:.1f} s.",
+            error=bool(errors),
         )
         self._draw(report)
         self.reportShown.emit(report)

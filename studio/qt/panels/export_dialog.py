@@ -38,6 +38,7 @@ from studio.core.quant.plan import Plan
 from studio.core.quant.presets import PRESETS
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, unexpected_error_sentence
+from studio.qt.theme import set_status
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
 EXPORT_SHARE = 0.8  # of the progress bar when verification follows; the rest is verification
 PROGRESS_STEPS = 1000
-_ERROR_STYLE = "color: #d0342c;"
 
 
 @dataclass(frozen=True)
@@ -393,8 +393,7 @@ class ExportDialog(QDialog):
         self._path_edited = False
         self._fill_plans()
         self.progress.setValue(0)
-        self.status.setText("")
-        self.status.setStyleSheet("")
+        set_status(self.status, "")
         self.result_label.setText("")
         self._update_buttons()
 
@@ -517,8 +516,7 @@ class ExportDialog(QDialog):
             f"Wrote {r.path} ({human_bytes(r.file_bytes)}, {r.n_tensors} tensors, {r.bpw:.2f} bits per weight) "
             f"in {r.seconds:.1f} s."
         )
-        self.result_label.setText(self._verification_text(outcome))
-        self.result_label.setStyleSheet(_ERROR_STYLE if outcome.verify_error else "")
+        set_status(self.result_label, self._verification_text(outcome), error=bool(outcome.verify_error))
         self.exportFinished.emit(outcome)
 
     def _on_error(self, message: str) -> None:
@@ -555,8 +553,7 @@ class ExportDialog(QDialog):
         return None
 
     def _set_status(self, text: str, *, error: bool = False) -> None:
-        self.status.setText(text)
-        self.status.setStyleSheet(_ERROR_STYLE if error else "")
+        set_status(self.status, text, error=error)
 
     def _update_buttons(self) -> None:
         running = self.running

@@ -29,7 +29,8 @@ from PySide6.QtWidgets import (
 
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.panels import assert_gui_thread
+from studio.qt.theme import MAIN_FILL_ALPHA, fill_color, plot_colors, set_status, style_plot
 
 __all__ = ["InspectorPanel", "rule_from_widgets"]
 
@@ -80,12 +81,11 @@ class _ChannelPlot:
         item.setLabel("left", "absmax")
         item.setDownsampling(auto=True, mode="peak")
         item.setClipToView(True)
-        self.curve = item.plot([], [], pen=pg.mkPen("#1f6fd0"))
-        self.outliers = pg.ScatterPlotItem(size=6, pen=None, brush=pg.mkBrush("#d00000"))
+        # Coloured by recolor(), which the panel calls with the theme before anything is drawn.
+        self.curve = item.plot([], [])
+        self.outliers = pg.ScatterPlotItem(size=6, pen=None)
         item.addItem(self.outliers)
-        self.threshold = pg.InfiniteLine(
-            angle=0, movable=False, pen=pg.mkPen("#d00000", style=Qt.PenStyle.DashLine)
-        )
+        self.threshold = pg.InfiniteLine(angle=0, movable=False)
         item.addItem(self.threshold)
         self.mask = np.zeros(0, bool)
 
@@ -180,7 +180,7 @@ class InspectorPanel(QWidget):
         hp.setTitle("Weight histogram")
         hp.setLabel("left", "log10(1 + count)")
         hp.setLabel("bottom", "value")
-        self.hist_item = hp.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0, brush=(31, 111, 208, 80))
+        self.hist_item = hp.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0)
         self.out_plot = pg.PlotWidget(self)
         self.out_channels = _ChannelPlot(self.out_plot, "absmax per output channel", "output channel")
         self.in_plot = pg.PlotWidget(self)
@@ -342,7 +342,7 @@ class InspectorPanel(QWidget):
         assert_gui_thread("InspectorPanel._on_error")
         if name != self._job_name:
             return
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
     def _cancel_job(self) -> None:
@@ -366,6 +366,7 @@ class InspectorPanel(QWidget):
         for w in (self.hist_plot, self.heat_plot):
             style_plot(w, dark)
         self.hist_item.setPen(pg.mkPen(c["main"]))
+        self.hist_item.setBrush(fill_color(c["main"], MAIN_FILL_ALPHA))
         self.out_channels.recolor(dark)
         self.in_channels.recolor(dark)
 

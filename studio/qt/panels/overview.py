@@ -13,32 +13,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from studio.core.model.types import Role
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.panels import assert_gui_thread
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
+from studio.qt.theme import plot_colors, role_color, set_status, style_plot
 
-__all__ = ["OverviewPanel", "role_color"]
-
-_ROLE_COLORS = {
-    Role.TOKEN_EMBD: "#7f7f7f",
-    Role.ATTN_Q: "#1f77b4",
-    Role.ATTN_K: "#17becf",
-    Role.ATTN_V: "#2ca02c",
-    Role.ATTN_QKV: "#1f77b4",
-    Role.ATTN_OUT: "#9467bd",
-    Role.FFN_GATE: "#ff7f0e",
-    Role.FFN_UP: "#bcbd22",
-    Role.FFN_GATE_UP: "#ff7f0e",
-    Role.FFN_DOWN: "#d62728",
-    Role.OUTPUT: "#8c564b",
-}
-
-
-def role_color(role: Role) -> str:
-    """The colour of a role's points."""
-    return _ROLE_COLORS.get(role, "#e377c2")
+__all__ = ["OverviewPanel"]
 
 
 class OverviewPanel(QWidget):
@@ -93,7 +74,7 @@ class OverviewPanel(QWidget):
         self.scatter = pg.ScatterPlotItem(size=9, hoverable=True, tip=self._tip)
         self.scatter.sigClicked.connect(self._on_clicked)
         pi.addItem(self.scatter)
-        self.selected_marker = pg.ScatterPlotItem(size=16, pen=pg.mkPen("#d00000", width=2), brush=None)
+        self.selected_marker = pg.ScatterPlotItem(size=16, brush=None)  # its pen follows the theme
         pi.addItem(self.selected_marker)
 
         lay = QVBoxLayout(self)
@@ -183,7 +164,7 @@ class OverviewPanel(QWidget):
     def _on_error(self, message: str) -> None:
         assert_gui_thread("OverviewPanel._on_error")
         self._update_enabled()
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
     def _on_cancel(self) -> None:

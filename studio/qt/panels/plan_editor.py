@@ -38,6 +38,7 @@ from studio.core.quant.plan import Plan, plan_from_preset, plan_uniform
 from studio.core.quant.presets import PRESETS, TYPE_SIZES, Fallback, allows_quantization, fallback_type
 from studio.qt.fmt import human_bytes
 from studio.qt.panels import assert_gui_thread
+from studio.qt.theme import FALLBACK_RGBA, set_status
 
 __all__ = ["PlanEditorPanel", "PlanTableModel", "TypeDelegate", "replace_types"]
 
@@ -66,7 +67,7 @@ _ROLE_ORDER = (
     Role.OTHER,
     Role.UNKNOWN,
 )
-_FALLBACK_BRUSH = QBrush(QColor(255, 190, 90, 150))
+_FALLBACK_BRUSH = QBrush(QColor(*FALLBACK_RGBA))
 _MIXED = "mixed"
 
 
@@ -525,7 +526,7 @@ class PlanEditorPanel(QWidget):
         self.verdict_label.setText(self.estimate.get("text", "–"))
 
     def _error(self, message: str) -> None:
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
     # -- slots ------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.preview import PreviewResult, block_schemes, generic_schemes, preview_tensor
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.panels import assert_gui_thread
+from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, plot_colors, set_status, style_plot
 
 __all__ = ["PreviewPanel", "format_db"]
 
@@ -99,7 +100,7 @@ class PreviewPanel(QWidget):
         ep = self.err_plot.getPlotItem()
         ep.setTitle("Error (dequantized − original)")
         ep.setLabel("left", "log10(1 + count)")
-        self.err_item = ep.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0, brush=(208, 0, 0, 70))
+        self.err_item = ep.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0)
         self.overlay_plot = pg.PlotWidget(self)
         op = self.overlay_plot.getPlotItem()
         op.setTitle("Original and dequantized values")
@@ -238,7 +239,7 @@ class PreviewPanel(QWidget):
         self._update_enabled()
         if key != self._key:
             return
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
     @Slot(str)
@@ -256,5 +257,6 @@ class PreviewPanel(QWidget):
         style_plot(self.err_plot, dark)
         style_plot(self.overlay_plot, dark)
         self.err_item.setPen(pg.mkPen(c["outlier"]))
+        self.err_item.setBrush(fill_color(c["outlier"], ERROR_FILL_ALPHA))
         self.orig_item.setPen(pg.mkPen(c["main"], width=2))
         self.deq_item.setPen(pg.mkPen(c["second"], width=1, style=Qt.PenStyle.DashLine))

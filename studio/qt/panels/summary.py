@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from PySide6.QtCore import Qt, Slot
-from PySide6.QtGui import QAction, QColor, QFont
+from PySide6.QtGui import QAction, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFormLayout,
@@ -38,24 +38,11 @@ from studio.qt.fmt import (
 )
 from studio.qt.icons import app_icon
 from studio.qt.state import StudioState
+from studio.qt.theme import verdict_colour, warning_box_style
 
 ESTIMATE_COLUMNS = ("Preset", "File size", "Bits/weight", "Memory", "Verdict")
 ROLE_COLUMNS = ("Role", "Tensors", "Parameters")
 CTX_MIN, CTX_MAX = 128, 1 << 20
-
-
-_VERDICT_RGB = {
-    "FITS_GPU": (40, 170, 70),  # green
-    "PARTIAL_OFFLOAD": (230, 160, 0),  # amber
-    "CPU_ONLY": (38, 139, 210),  # blue
-    "DOES_NOT_FIT": (220, 50, 47),  # red
-}
-
-
-def verdict_colour(verdict: Any) -> QColor:
-    """A translucent background for a verdict that reads on light and dark palettes alike."""
-    rgb = _VERDICT_RGB.get(getattr(verdict, "name", str(verdict)), (128, 128, 128))
-    return QColor(*rgb, 90)
 
 
 def _cell(text: str, *, right: bool = False) -> QTableWidgetItem:
@@ -193,10 +180,7 @@ class SummaryPanel(QWidget):
         self.warnings_label = QLabel(page)
         self.warnings_label.setWordWrap(True)
         self.warnings_label.setObjectName("WarningsLabel")
-        self.warnings_label.setStyleSheet(
-            "QLabel#WarningsLabel { background: rgba(230,160,0,60); border: 1px solid rgba(230,160,0,160);"
-            " border-radius: 4px; padding: 6px; }"
-        )
+        self.warnings_label.setStyleSheet(warning_box_style("WarningsLabel"))
         self.warnings_label.hide()
         outer.addWidget(self.warnings_label)
 
