@@ -63,7 +63,7 @@ def _open_folder(qtbot, win, monkeypatch, path: Path) -> None:
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: str(path)))
     win.act_open_folder.trigger()
     qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
-    assert win.panels_ready and win.inspector is not None
+    assert win.panels_ready and win.panel("inspector") is not None
 
 
 def _click_tensor(qtbot, win, name: str) -> None:
@@ -80,7 +80,7 @@ def _click_tensor(qtbot, win, name: str) -> None:
 
 def _select_and_wait_for_stats(qtbot, win, name: str) -> None:
     with qtbot.waitSignal(
-        win.inspector.statsShown, timeout=JOB_TIMEOUT_MS, check_params_cb=lambda shown: shown == name
+        win.panel("inspector").statsShown, timeout=JOB_TIMEOUT_MS, check_params_cb=lambda shown: shown == name
     ):
         _click_tensor(qtbot, win, name)
     assert win.state.selected_tensor == name
@@ -96,7 +96,7 @@ def _click_tab(qtbot, win, key: str) -> None:
 
 def _assert_inspector_shows(win, x: np.ndarray) -> None:
     """The inspector's histogram and channel plots hold exactly what numpy computes from ``x``."""
-    panel = win.inspector
+    panel = win.panel("inspector")
     # float64 bins over [min, max] (np.histogram of the float32 array would round its edges to float32).
     counts, edges = np.histogram(
         x.astype(np.float64), bins=panel.bins, range=(float(x.min()), float(x.max()))
@@ -130,7 +130,7 @@ def test_selecting_a_tensor_in_the_tree_draws_numpy_histogram_channels_and_plant
     _assert_inspector_shows(win, x)
 
     # The highlighted input channels (default rule: 5 × median absmax) are exactly the planted ones.
-    panel = win.inspector
+    panel = win.panel("inspector")
     sx, sy = panel.in_channels.outliers.getData()
     assert sorted(sx.astype(int).tolist()) == sorted(planted.outlier_channels)
     np.testing.assert_array_equal(sy, np.abs(x).max(axis=0)[sorted(planted.outlier_channels)])
@@ -148,7 +148,7 @@ def test_preview_page_shows_the_core_snr_for_the_chosen_scheme(
     _open_folder(qtbot, win, monkeypatch, path)
     _select_and_wait_for_stats(qtbot, win, name)
     _click_tab(qtbot, win, "preview")
-    preview = win.preview
+    preview = win.panel("preview")
     assert name in preview.tensor_label.text()
     x = _read(path, name)
 
@@ -179,8 +179,8 @@ def test_plan_cell_edit_changes_the_size_by_that_tensors_bytes_and_undo_restores
     name = "model.layers.1.self_attn.q_proj.weight"
     win = make_window()
     _open_folder(qtbot, win, monkeypatch, path)
-    _click_tab(qtbot, win, "plan_editor")
-    editor = win.plan_editor
+    _click_tab(qtbot, win, "plan")
+    editor = win.panel("plan")
     model = editor.model
 
     # The cell a user sees as row "layer 1", column "attn_q".

@@ -12,7 +12,7 @@ import bisect
 import html
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
@@ -37,7 +37,13 @@ from PySide6.QtWidgets import (
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
 from studio.qt import theme
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
+
+if TYPE_CHECKING:
+    from studio.qt.panels.export_dialog import ExportOutcome
 
 __all__ = ["ChatColumn", "ChatPanel", "TokenView"]
 
@@ -242,18 +248,19 @@ def _default_factory(n_ctx: int) -> BackendFactory:
     return make
 
 
-class ChatPanel(QWidget):
+class ChatPanel(JobPanel, QWidget):
     """Chat with several models at once; see the module docstring."""
 
     tokenShown = Signal(int, object)  # column, TokenEvent
     turnFinished = Signal(object)  # list[ColumnOutcome]
     stopped = Signal()
     columnsChanged = Signal()
+    errorShown = Signal(str)  # a turn failed for every column
 
     def __init__(
         self,
-        state: Any,
-        jobs: Any,
+        state: StudioState,
+        jobs: JobManager,
         parent: QWidget | None = None,
         *,
         backend_factory: BackendFactory | None = None,
@@ -267,14 +274,15 @@ class ChatPanel(QWidget):
         self.columns: list[ChatColumn] = []
         self._backends: dict[str, Any] = {}
         self._session: ChatSession | None = None
-        self._job: Any = None
+        # A stopped turn still delivers its partial replies (to on_done, then on_cancel).
+        self.init_task(jobs, "chat", keep_partial=True)
         self._turn = 0
         self._stopping = False
         self._bridge = _Bridge(self)
         self._bridge.token.connect(self._on_token)
         self._build()
         state.modelOpened.connect(self._on_model_opened)
-        state.resultReady.connect(self._on_result)
+        state.exported.connect(self._on_exported)
         self._update_enabled()
 
     # -- building ---------------------------------------------------------------------------------
@@ -405,18 +413,10 @@ class ChatPanel(QWidget):
             self.add_model(path)
 
     @Slot(object)
-    def _on_result(self, result: Any) -> None:
-        # a finished export becomes a column to compare
-        path = getattr(result, "path", None)
-        if path is not None and hasattr(result, "tensor_types") and str(path).lower().endswith(".gguf"):
-            self.add_model(path)
+    def _on_exported(self, outcome: ExportOutcome) -> None:
+        self.add_model(outcome.result.path)  # a finished export becomes a column to compare
 
     # -- a turn -----------------------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        """Whether a turn is in progress."""
-        return self._job is not None
 
     def sampling(self) -> Sampling:
         """The sampling settings shown in the panel."""
@@ -466,25 +466,17 @@ class ChatPanel(QWidget):
                 ctx=ctx,
             )
 
-        self._job = self.jobs.submit(
-            "Chat",
-            work,
-            kind="chat",
-            on_success=self._on_done,
-            on_error=self._on_failed,
-            on_cancel=self._on_cancelled,
-            discard=self._on_done,  # a stopped turn still delivers its partial replies
-        )
+        self.task.start("Chat", work)
         self._update_enabled()
         return True
 
     @Slot()
     def stop(self) -> None:
         """Stop every column before its next token."""
-        if self._job is None:
+        if not self.running:
             return
         self._stopping = True
-        self._job.cancel()
+        self.task.cancel()
         if self._session is not None:
             self._session.request_stop()
 
@@ -510,8 +502,7 @@ class ChatPanel(QWidget):
                 col.mark_divergence(i)
                 ref.mark_divergence(i)
 
-    def _on_done(self, outcomes: list[ColumnOutcome]) -> None:
-        self._job = None
+    def on_done(self, outcomes: list[ColumnOutcome]) -> None:
         stopped = self._stopping
         for out in outcomes:
             if out.column < len(self.columns):
@@ -520,14 +511,13 @@ class ChatPanel(QWidget):
         self._update_enabled()
         self.turnFinished.emit(outcomes)
 
-    def _on_failed(self, message: str) -> None:
-        self._job = None
+    def on_error(self, message: str) -> None:
         for col in self.columns:
             col.fail(message)
         self._update_enabled()
+        self.errorShown.emit(message)
 
-    def _on_cancelled(self) -> None:
-        self._job = None
+    def on_cancel(self) -> None:
         self._update_enabled()
         self.stopped.emit()
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QSettings, Signal, Slot
+from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QWidget
 
-__all__ = ["DeviceSelector", "device_choices"]
+from studio.qt.jobs import JobManager
+from studio.qt.settings import AppSettings
+from studio.qt.state import StudioState
 
-SETTINGS_KEY = "quantize/device"
+__all__ = ["DeviceSelector", "device_choices"]
 
 
 def device_choices(hw: Any) -> list[tuple[str, str]]:
@@ -39,11 +41,11 @@ class DeviceSelector(QWidget):
 
     def __init__(
         self,
-        state: Any,
-        jobs: Any = None,
+        state: StudioState,
+        jobs: JobManager,
         parent: QWidget | None = None,
         *,
-        settings: QSettings | None = None,
+        settings: AppSettings | None = None,
     ) -> None:
         super().__init__(parent)
         self.state = state
@@ -55,7 +57,7 @@ class DeviceSelector(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(QLabel("Device:", self))
         lay.addWidget(self.combo, 1)
-        self._wanted = str(settings.value(SETTINGS_KEY, "")) if settings is not None else ""
+        self._wanted = settings.device if settings is not None else ""
         self._populate(state.hardware)
         self.combo.currentIndexChanged.connect(self._on_index)
         state.hardwareChanged.connect(self._populate)
@@ -95,5 +97,5 @@ class DeviceSelector(QWidget):
     def _on_index(self, _i: int) -> None:
         self._wanted = self.device
         if self.settings is not None:
-            self.settings.setValue(SETTINGS_KEY, self.device)
+            self.settings.device = self.device
         self.deviceChanged.emit(self.device)

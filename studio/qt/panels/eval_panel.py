@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
@@ -32,8 +32,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.qt.jobs import Job, JobManager
+from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
 from studio.qt.theme import plot_colors, set_status, style_plot
+
+if TYPE_CHECKING:
+    from studio.qt.panels.export_dialog import ExportOutcome
 
 __all__ = ["COLUMNS", "EvalPanel"]
 
@@ -49,7 +55,7 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
-class EvalPanel(QWidget):
+class EvalPanel(JobPanel, QWidget):
     """Pick an original, its GGUF variants and a text; evaluate in the background; show table and plot."""
 
     reportShown = Signal(object)  # the EvalReport just drawn
@@ -57,8 +63,8 @@ class EvalPanel(QWidget):
 
     def __init__(
         self,
-        state: Any,
-        jobs: Any,
+        state: StudioState,
+        jobs: JobManager,
         parent: QWidget | None = None,
         *,
         evaluate_fn: Callable[..., Any] | None = None,
@@ -67,12 +73,12 @@ class EvalPanel(QWidget):
         self.state = state
         self.jobs = jobs
         self.report: Any = None
-        self._job: Any = None
+        self.init_task(jobs, "eval", progress=True)
         self._text_file: str | None = None
         self._evaluate = evaluate_fn
         self._build()
         state.modelOpened.connect(self._on_model_opened)
-        state.resultReady.connect(self._on_result)
+        state.exported.connect(self._on_exported)
         state.themeChanged.connect(self._apply_theme)
         self._apply_theme(bool(getattr(state, "dark", False)))
         self._update_enabled()
@@ -229,17 +235,10 @@ class EvalPanel(QWidget):
             self.set_original(path)
 
     @Slot(object)
-    def _on_result(self, result: Any) -> None:
-        path = getattr(result, "path", None)
-        if path is not None and hasattr(result, "tensor_types") and str(path).lower().endswith(".gguf"):
-            self.add_variant(path)
+    def _on_exported(self, outcome: ExportOutcome) -> None:
+        self.add_variant(outcome.result.path)
 
     # -- running ----------------------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        """Whether an evaluation job is active."""
-        return self._job is not None
 
     @Slot()
     def start(self) -> bool:
@@ -262,50 +261,37 @@ class EvalPanel(QWidget):
         self.status.setText("")
         self.progress.setRange(0, 0)
         self.progress.show()
-        self._job = self.jobs.submit(
-            "Evaluate variants",
-            work,
-            kind="eval",
-            on_success=self._on_done,
-            on_error=self._on_error,
-            on_cancel=self._on_cancel,
-        )
-        self._job.signals.progress.connect(self._on_progress)
+        self.task.start("Evaluate variants", work)
         self._update_enabled()
         return True
 
     @Slot()
     def cancel(self) -> None:
         """Stop the running evaluation at its next chunk."""
-        if self._job is not None:
-            self._job.cancel()
+        self.task.cancel()
 
-    @Slot(object, object, object, str)
-    def _on_progress(self, job: Any, done: int, total: int, msg: str) -> None:
-        if job is not self._job:
+    def on_progress(self, job: Job) -> None:
+        if job.total <= 0:
             return
-        self.progress.setRange(0, max(int(total), 1))
-        self.progress.setValue(int(done))
-        self.progress.setFormat(f"%p% · {msg}")
+        self.progress.setRange(0, max(job.total, 1))
+        self.progress.setValue(job.done)
+        self.progress.setFormat(f"%p% · {job.message}")
 
     def _finish(self) -> None:
-        self._job = None
         self.progress.hide()
         self._update_enabled()
 
-    def _on_done(self, report: Any) -> None:
+    def on_done(self, result: Any) -> None:
         self._finish()
-        self.show_report(report)
-        publish = getattr(self.state, "publish_result", None)
-        if publish is not None:
-            publish(report)
+        self.show_report(result)
+        self.state.publish_evaluation(result)
 
-    def _on_error(self, message: str) -> None:
+    def on_error(self, message: str) -> None:
         self._finish()
         set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
-    def _on_cancel(self) -> None:
+    def on_cancel(self) -> None:
         self._finish()
         self.status.setText("Evaluation cancelled.")
 

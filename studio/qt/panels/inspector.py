@@ -29,7 +29,10 @@ from PySide6.QtWidgets import (
 
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
 from studio.qt.theme import MAIN_FILL_ALPHA, fill_color, plot_colors, set_status, style_plot
 
 __all__ = ["InspectorPanel", "rule_from_widgets"]
@@ -124,7 +127,7 @@ class _SmoothImageItem(pg.ImageItem):
         super().paint(p, *args)
 
 
-class InspectorPanel(QWidget):
+class InspectorPanel(JobPanel, QWidget):
     """Statistics of the selected tensor; recomputed (or taken from the cache) on every selection."""
 
     statsShown = Signal(str)  # tensor name, after its plots were drawn
@@ -132,8 +135,8 @@ class InspectorPanel(QWidget):
 
     def __init__(
         self,
-        state: Any,
-        jobs: Any,
+        state: StudioState,
+        jobs: JobManager,
         parent: QWidget | None = None,
         *,
         cache: StatsCache | None = None,
@@ -146,9 +149,8 @@ class InspectorPanel(QWidget):
         self.bins = bins
         self.stats: TensorStats | None = None
         self._draw_token = 0
-        self._job: Any = None
-        self._job_name = ""
-        self.jobs_started = 0
+        self._job_name = ""  # the tensor of the newest statistics job
+        self.init_task(jobs, "statistics")
         self._build()
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(self._on_model_opened)
@@ -226,16 +228,12 @@ class InspectorPanel(QWidget):
         """The outlier rule chosen in the panel."""
         return rule_from_widgets(self.rule_combo, self.rule_spin)
 
-    @property
-    def busy(self) -> bool:
-        """Whether statistics are being computed."""
-        return self._job is not None and self._job.active
-
     @Slot()
     def clear(self) -> None:
         """Forget the shown tensor (the model was closed)."""
         assert_gui_thread("InspectorPanel.clear")
-        self._cancel_job()
+        self.task.cancel(quiet=True)
+        self._job_name = ""
         self._draw_token += 1
         self.stats = None
         self.hist_item.setData([0.0, 1.0], [0.0], stepMode="center")
@@ -314,9 +312,8 @@ class InspectorPanel(QWidget):
         ckpt = self.state.checkpoint
         if ckpt is None or name not in ckpt:
             return
-        if self.busy and self._job_name == name:
+        if self.running and self._job_name == name:
             return  # already on its way (FAULTS 50: repeated requests start one job)
-        self._cancel_job()
         self._job_name = name
         self.status.setText(f"Computing statistics of {name}…")
         cache, bins = self.cache, self.bins
@@ -324,32 +321,15 @@ class InspectorPanel(QWidget):
         def work(ctx: Any) -> TensorStats:
             return tensor_stats(ckpt, name, cache=cache, bins=bins, ctx=ctx)
 
-        self.jobs_started += 1
-        self._job = self.jobs.submit(
-            f"Statistics of {name}",
-            work,
-            kind="statistics",
-            on_success=lambda st, n=name: self._on_done(n, st),
-            on_error=lambda msg, n=name: self._on_error(n, msg),
-        )
+        self.task.start(f"Statistics of {name}", work)
 
-    def _on_done(self, name: str, stats: TensorStats) -> None:
-        if name != self._job_name:
-            return  # a stale result: the user has moved on
-        self.show_stats(stats)
+    def on_done(self, result: TensorStats) -> None:
+        self.show_stats(result)
 
-    def _on_error(self, name: str, message: str) -> None:
-        assert_gui_thread("InspectorPanel._on_error")
-        if name != self._job_name:
-            return
+    def on_error(self, message: str) -> None:
+        assert_gui_thread("InspectorPanel.on_error")
         set_status(self.status, message, error=True)
         self.errorShown.emit(message)
-
-    def _cancel_job(self) -> None:
-        if self._job is not None and self._job.active:
-            self._job.cancel()
-        self._job = None
-        self._job_name = ""
 
     @Slot()
     def _rule_changed(self, *_: Any) -> None:

@@ -15,29 +15,36 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBox
 
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
+from studio.qt.state import StudioState
 from studio.qt.theme import plot_colors, role_color, set_status, style_plot
 
 __all__ = ["OverviewPanel"]
 
 
-class OverviewPanel(QWidget):
+class OverviewPanel(JobPanel, QWidget):
     """A scatter of one statistic per weight matrix; hard tensors stand out, a click selects one."""
 
     overviewShown = Signal(object)  # the ModelOverview drawn
     errorShown = Signal(str)
 
     def __init__(
-        self, state: Any, jobs: Any, parent: QWidget | None = None, *, cache: StatsCache | None = None
+        self,
+        state: StudioState,
+        jobs: JobManager,
+        parent: QWidget | None = None,
+        *,
+        cache: StatsCache | None = None,
     ) -> None:
         super().__init__(parent)
         self.state = state
         self.jobs = jobs
         self.cache = cache if cache is not None else StatsCache()
         self.overview: ModelOverview | None = None
-        self._job: Any = None
-        self.jobs_started = 0
+        self.init_task(jobs, "statistics")
         self._names: list[str] = []
         self._build()
         state.modelOpened.connect(lambda _c: self.clear())
@@ -93,17 +100,12 @@ class OverviewPanel(QWidget):
         """Plot ``metric``."""
         self.metric_combo.setCurrentIndex(list(OverviewMetric).index(metric))
 
-    @property
-    def busy(self) -> bool:
-        """Whether the analysis runs."""
-        return self._job is not None and self._job.active
-
     @Slot()
     def start(self) -> None:
         """Analyze every weight matrix of the open model (ignored while an analysis runs)."""
         assert_gui_thread("OverviewPanel.start")
         ckpt = self.state.checkpoint
-        if ckpt is None or self.busy:
+        if ckpt is None or self.running:
             return
         rule = rule_from_widgets(self.rule_combo, self.rule_spin)
         cache = self.cache
@@ -111,25 +113,15 @@ class OverviewPanel(QWidget):
         def work(ctx: Any) -> ModelOverview:
             return model_overview(ckpt, rule=rule, cache=cache, ctx=ctx)
 
-        self.jobs_started += 1
         self.status.setText("Analyzing every weight matrix…")
-        self._job = self.jobs.submit(
-            "Statistics of all tensors",
-            work,
-            kind="statistics",
-            on_success=lambda ov, c=ckpt: self._on_done(c, ov),
-            on_error=self._on_error,
-            on_cancel=self._on_cancel,
-        )
+        self.task.start("Statistics of all tensors", work)
         self._update_enabled()
 
     @Slot()
     def clear(self) -> None:
         """Forget the overview (another model was opened)."""
         assert_gui_thread("OverviewPanel.clear")
-        if self.busy:
-            self._job.cancel()
-        self._job = None
+        self.task.cancel(quiet=True)  # another model: the analysis of this one is not wanted
         self.overview = None
         self._names = []
         self.scatter.setData([])
@@ -155,19 +147,17 @@ class OverviewPanel(QWidget):
 
     # -- slots ------------------------------------------------------------------------------------
 
-    def _on_done(self, ckpt: Any, overview: ModelOverview) -> None:
+    def on_done(self, result: ModelOverview) -> None:
         self._update_enabled()
-        if ckpt is not self.state.checkpoint:
-            return  # the model changed meanwhile
-        self.show_overview(overview)
+        self.show_overview(result)
 
-    def _on_error(self, message: str) -> None:
-        assert_gui_thread("OverviewPanel._on_error")
+    def on_error(self, message: str) -> None:
+        assert_gui_thread("OverviewPanel.on_error")
         self._update_enabled()
         set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
-    def _on_cancel(self) -> None:
+    def on_cancel(self) -> None:
         self._update_enabled()
         self.status.setText("Analysis cancelled.")
 
@@ -221,7 +211,7 @@ class OverviewPanel(QWidget):
             self.selected_marker.setData([])
 
     def _update_enabled(self) -> None:
-        self.run_button.setEnabled(self.state.checkpoint is not None and not self.busy)
+        self.run_button.setEnabled(self.state.checkpoint is not None and not self.running)
 
     @Slot(bool)
     def _apply_theme(self, dark: bool) -> None:

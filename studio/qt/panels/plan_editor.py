@@ -37,7 +37,9 @@ from studio.core.model.types import Role
 from studio.core.quant.plan import Plan, plan_from_preset, plan_uniform
 from studio.core.quant.presets import PRESETS, TYPE_SIZES, Fallback, allows_quantization, fallback_type
 from studio.qt.fmt import human_bytes
+from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
 from studio.qt.theme import FALLBACK_RGBA, set_status
 
 __all__ = ["PlanEditorPanel", "PlanTableModel", "TypeDelegate", "replace_types"]
@@ -247,7 +249,7 @@ class PlanEditorPanel(QWidget):
     planEdited = Signal(object)  # the plan now shown (after any change, undo or redo)
     errorShown = Signal(str)
 
-    def __init__(self, state: Any, jobs: Any = None, parent: QWidget | None = None) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state
         self.jobs = jobs  # unused today: every operation here is instant

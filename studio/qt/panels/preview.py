@@ -25,7 +25,10 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.preview import PreviewResult, block_schemes, generic_schemes, preview_tensor
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
 from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, plot_colors, set_status, style_plot
 
 __all__ = ["PreviewPanel", "format_db"]
@@ -36,22 +39,26 @@ def format_db(v: float) -> str:
     return f"{v:.2f} dB" if math.isfinite(v) else f"{v} dB"
 
 
-class PreviewPanel(QWidget):
+class PreviewPanel(JobPanel, QWidget):
     """Quantize the selected tensor with a chosen scheme and show what it costs."""
 
     previewShown = Signal(object)  # the PreviewResult just drawn
     errorShown = Signal(str)
 
     def __init__(
-        self, state: Any, jobs: Any, parent: QWidget | None = None, *, default_scheme: str = "Q4_K"
+        self,
+        state: StudioState,
+        jobs: JobManager,
+        parent: QWidget | None = None,
+        *,
+        default_scheme: str = "Q4_K",
     ) -> None:
         super().__init__(parent)
         self.state = state
         self.jobs = jobs
         self.result: PreviewResult | None = None
-        self._job: Any = None
-        self._key: tuple[str, str] | None = None
-        self.jobs_started = 0
+        self._key: tuple[str, str] | None = None  # (tensor, scheme) of the newest preview
+        self.init_task(jobs, "quantize")
         self._build(default_scheme)
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(lambda _c: self.clear())
@@ -150,11 +157,6 @@ class PreviewPanel(QWidget):
             raise ValueError(f"scheme {scheme!r} is not offered")
         self.scheme_combo.setCurrentIndex(i)
 
-    @property
-    def busy(self) -> bool:
-        """Whether a preview is being computed."""
-        return self._job is not None and self._job.active
-
     @Slot()
     def start(self) -> None:
         """Preview the chosen scheme on the selected tensor (ignored while the same preview runs)."""
@@ -164,10 +166,8 @@ class PreviewPanel(QWidget):
         if ckpt is None or not name:
             return
         key = (name, self.scheme)
-        if self.busy and self._key == key:
+        if self.running and self._key == key:
             return  # FAULTS 50: repeated clicks start one job
-        if self.busy:
-            self._job.cancel()
         self._key = key
         scheme = key[1]
         self.status.setText(f"Quantizing {name} to {scheme}…")
@@ -175,24 +175,14 @@ class PreviewPanel(QWidget):
         def work(ctx: Any) -> PreviewResult:
             return preview_tensor(ckpt, name, scheme, ctx=ctx)
 
-        self.jobs_started += 1
-        self._job = self.jobs.submit(
-            f"Preview {scheme} on {name}",
-            work,
-            kind="quantize",
-            on_success=lambda r, k=key: self._on_done(k, r),
-            on_error=lambda msg, k=key: self._on_error(k, msg),
-            on_cancel=self._update_enabled,
-        )
+        self.task.start(f"Preview {scheme} on {name}", work)
         self._update_enabled()
 
     @Slot()
     def clear(self) -> None:
         """Forget the shown preview."""
         assert_gui_thread("PreviewPanel.clear")
-        if self.busy:
-            self._job.cancel()
-        self._job = None
+        self.task.cancel(quiet=True)
         self._key = None
         self.result = None
         for item in (self.err_item, self.orig_item, self.deq_item):
@@ -228,19 +218,18 @@ class PreviewPanel(QWidget):
 
     # -- slots ------------------------------------------------------------------------------------
 
-    def _on_done(self, key: tuple[str, str], r: PreviewResult) -> None:
+    def on_done(self, result: PreviewResult) -> None:
         self._update_enabled()
-        if key != self._key:
-            return
-        self.show_result(r)
+        self.show_result(result)
 
-    def _on_error(self, key: tuple[str, str], message: str) -> None:
-        assert_gui_thread("PreviewPanel._on_error")
+    def on_error(self, message: str) -> None:
+        assert_gui_thread("PreviewPanel.on_error")
         self._update_enabled()
-        if key != self._key:
-            return
         set_status(self.status, message, error=True)
         self.errorShown.emit(message)
+
+    def on_cancel(self) -> None:
+        self._update_enabled()
 
     @Slot(str)
     def _on_tensor_selected(self, name: str) -> None:
@@ -249,7 +238,7 @@ class PreviewPanel(QWidget):
 
     def _update_enabled(self) -> None:
         ok = self.state.checkpoint is not None and bool(self.state.selected_tensor)
-        self.run_button.setEnabled(ok and not self.busy)
+        self.run_button.setEnabled(ok and not self.running)
 
     @Slot(bool)
     def _apply_theme(self, dark: bool) -> None:

@@ -37,6 +37,7 @@ from studio.qt.fmt import (
     role_text,
 )
 from studio.qt.icons import app_icon
+from studio.qt.jobs import JobManager
 from studio.qt.state import StudioState
 from studio.qt.theme import verdict_colour, warning_box_style
 
@@ -91,7 +92,12 @@ class SummaryPanel(QWidget):
     """
 
     def __init__(
-        self, state: StudioState, welcome_actions: Sequence[QAction] = (), parent: QWidget | None = None
+        self,
+        state: StudioState,
+        jobs: JobManager,
+        parent: QWidget | None = None,
+        *,
+        welcome_actions: Sequence[QAction] = (),
     ) -> None:
         super().__init__(parent)
         self.setObjectName("SummaryPanel")

@@ -135,7 +135,7 @@ def test_save_and_load_plan_json(tmp_path, editor):
 def test_fallback_cells_are_marked(qtbot, tiny_model):
     state = StudioState()
     ckpt = open_model(tiny_model("llama", hidden=320))
-    panel = PlanEditorPanel(state)
+    panel = PlanEditorPanel(state, JobManager())
     qtbot.addWidget(panel)
     state.set_checkpoint(ckpt)
     try:
