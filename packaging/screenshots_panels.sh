@@ -99,7 +99,7 @@ win.grab().save(str(out / "overview.png"))
 tabs.setCurrentWidget(preview)
 got = []
 preview.previewShown.connect(got.append)
-preview.set_scheme("Q4_K")
+preview.set_qtype("Q4_K")
 preview.start()
 pump(lambda: got)
 win.grab().save(str(out / "preview.png"))

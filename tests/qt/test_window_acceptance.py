@@ -139,7 +139,7 @@ def test_selecting_a_tensor_in_the_tree_draws_numpy_histogram_channels_and_plant
     assert dialogs.calls == []
 
 
-def test_preview_page_shows_the_core_snr_for_the_chosen_scheme(
+def test_preview_page_shows_the_core_snr_for_the_chosen_qtype(
     qtbot, make_window, tiny_models, monkeypatch, dialogs
 ):
     path = tiny_models("llama")
@@ -152,22 +152,22 @@ def test_preview_page_shows_the_core_snr_for_the_chosen_scheme(
     assert name in preview.tensor_label.text()
     x = _read(path, name)
 
-    # Q8_0 first, then Q4_K (the default choice): the label must follow the scheme chosen.
+    # Q8_0 first, then Q4_K (the default choice): the label must follow the qtype chosen.
     shown: dict[str, str] = {}
-    for scheme in ("Q8_0", "Q4_K"):
-        preview.scheme_combo.setCurrentIndex(preview.scheme_combo.findText(scheme))
-        assert preview.scheme == scheme
+    for qtype in ("Q8_0", "Q4_K"):
+        preview.qtype_combo.setCurrentIndex(preview.qtype_combo.findText(qtype))
+        assert preview.qtype == qtype
         qtbot.waitUntil(preview.run_button.isEnabled, timeout=JOB_TIMEOUT_MS)
         with qtbot.waitSignal(
             preview.previewShown,
             timeout=JOB_TIMEOUT_MS,
-            check_params_cb=lambda r, s=scheme: r.scheme == s and r.name == name,
+            check_params_cb=lambda r, q=qtype: r.scheme == q and r.name == name,
         ):
             qtbot.mouseClick(preview.run_button, Qt.MouseButton.LeftButton)
-        core = error_metrics(x, dequantize(quantize(x, scheme), scheme, x.shape))
+        core = error_metrics(x, dequantize(quantize(x, qtype), qtype, x.shape))
         assert preview.snr_label.text() == f"{core.snr_db:.2f} dB"
         assert preview.cosine_label.text() == f"{core.cosine:.6f}"
-        shown[scheme] = preview.snr_label.text()
+        shown[qtype] = preview.snr_label.text()
     assert shown["Q8_0"] != shown["Q4_K"]
     assert dialogs.calls == []
 

@@ -43,7 +43,8 @@ def __getattr__(name: str) -> Any:
 
 
 def assert_gui_thread(what: str = "A UI method") -> None:
-    """Raise RuntimeError unless called on the application's GUI thread (FAULTS 51: widgets only there)."""
+    """Raise RuntimeError unless called on the application's GUI thread, the only one that may touch
+    widgets (tests/qt/panels/test_inspector.py::test_ui_methods_refuse_worker_threads)."""
     app = QCoreApplication.instance()
     if app is not None and QThread.currentThread() is not app.thread():
         raise RuntimeError(
@@ -52,7 +53,8 @@ def assert_gui_thread(what: str = "A UI method") -> None:
 
 
 def make_array_feed(parent: Any = None) -> Any:
-    """An ``ArrayFeed``: ``publish(arr)`` from any thread emits ``arrays`` with a read-only copy (FAULTS 52).
+    """An ``ArrayFeed``: ``publish(arr)`` from any thread emits ``arrays`` with a read-only copy
+    (tests/qt/panels/test_threads.py::test_emitted_arrays_are_snapshots_under_1khz_mutation).
 
     A worker that keeps writing into its buffer can never tear what the GUI is drawing, because the
     GUI only ever receives a snapshot that nobody else holds.

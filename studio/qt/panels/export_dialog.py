@@ -410,7 +410,9 @@ class ExportDialog(JobPanel, QDialog):
     def start(self) -> Job | None:
         """Start the export job; None (with a sentence in the dialog) when something is missing."""
         if self.running:
-            return None  # a second click while it runs changes nothing (FAULTS 50)
+            # A second click while it runs changes nothing
+            # (test_export_dialog.py::test_cancel_leaves_no_file_and_the_window_still_answers).
+            return None
         info = self.state.info
         if info is None:
             return self._refuse("Open a model before exporting.")

@@ -313,7 +313,9 @@ class InspectorPanel(JobPanel, QWidget):
         if ckpt is None or name not in ckpt:
             return
         if self.running and self._job_name == name:
-            return  # already on its way (FAULTS 50: repeated requests start one job)
+            # Already on its way: repeated requests start one job
+            # (test_inspector.py::test_repeated_selection_starts_one_job).
+            return
         self._job_name = name
         self.status.setText(f"Computing statistics of {name}…")
         cache, bins = self.cache, self.bins

@@ -40,7 +40,11 @@ def format_db(v: float) -> str:
 
 
 class PreviewPanel(JobPanel, QWidget):
-    """Quantize the selected tensor with a chosen scheme and show what it costs."""
+    """Quantize the selected tensor to a chosen qtype and show what it costs.
+
+    The qtypes offered are the GGUF block types, then generic INT/FP8 ones (for analysis only: a GGUF
+    file cannot hold them).
+    """
 
     previewShown = Signal(object)  # the PreviewResult just drawn
     errorShown = Signal(str)
@@ -51,15 +55,15 @@ class PreviewPanel(JobPanel, QWidget):
         jobs: JobManager,
         parent: QWidget | None = None,
         *,
-        default_scheme: str = "Q4_K",
+        default_qtype: str = "Q4_K",
     ) -> None:
         super().__init__(parent)
         self.state = state
         self.jobs = jobs
         self.result: PreviewResult | None = None
-        self._key: tuple[str, str] | None = None  # (tensor, scheme) of the newest preview
+        self._key: tuple[str, str] | None = None  # (tensor, qtype) of the newest preview
         self.init_task(jobs, "quantize")
-        self._build(default_scheme)
+        self._build(default_qtype)
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(lambda _c: self.clear())
         state.modelClosed.connect(self.clear)
@@ -67,23 +71,23 @@ class PreviewPanel(JobPanel, QWidget):
         self._apply_theme(bool(getattr(state, "dark", False)))
         self._on_tensor_selected(state.selected_tensor)
 
-    def _build(self, default_scheme: str) -> None:
-        self.scheme_combo = QComboBox(self)
-        for s in block_schemes():
-            self.scheme_combo.addItem(s)
-        self.scheme_combo.insertSeparator(self.scheme_combo.count())
-        for s in generic_schemes():
-            self.scheme_combo.addItem(s)
-        i = self.scheme_combo.findText(default_scheme)
-        self.scheme_combo.setCurrentIndex(max(i, 0))
+    def _build(self, default_qtype: str) -> None:
+        self.qtype_combo = QComboBox(self)
+        for q in block_schemes():
+            self.qtype_combo.addItem(q)
+        self.qtype_combo.insertSeparator(self.qtype_combo.count())
+        for q in generic_schemes():
+            self.qtype_combo.addItem(q)
+        i = self.qtype_combo.findText(default_qtype)
+        self.qtype_combo.setCurrentIndex(max(i, 0))
         self.run_button = QPushButton("Preview", self)
-        self.run_button.setToolTip("Quantize the selected tensor with this scheme and measure the error")
+        self.run_button.setToolTip("Quantize the selected tensor to this type and measure the error")
         self.run_button.clicked.connect(self.start)
         self.tensor_label = QLabel("No tensor selected.", self)
         top = QHBoxLayout()
         top.addWidget(self.tensor_label, 1)
-        top.addWidget(QLabel("Scheme:", self))
-        top.addWidget(self.scheme_combo)
+        top.addWidget(QLabel("Type:", self))
+        top.addWidget(self.qtype_combo)
         top.addWidget(self.run_button)
 
         self.status = QLabel("", self)
@@ -146,36 +150,37 @@ class PreviewPanel(JobPanel, QWidget):
     # -- public -----------------------------------------------------------------------------------
 
     @property
-    def scheme(self) -> str:
-        """The scheme chosen in the combo."""
-        return self.scheme_combo.currentText()
+    def qtype(self) -> str:
+        """The qtype chosen in the combo."""
+        return self.qtype_combo.currentText()
 
-    def set_scheme(self, scheme: str) -> None:
-        """Choose ``scheme`` in the combo (ValueError if it is not offered)."""
-        i = self.scheme_combo.findText(scheme)
+    def set_qtype(self, qtype: str) -> None:
+        """Choose ``qtype`` in the combo (ValueError if it is not offered)."""
+        i = self.qtype_combo.findText(qtype)
         if i < 0:
-            raise ValueError(f"scheme {scheme!r} is not offered")
-        self.scheme_combo.setCurrentIndex(i)
+            raise ValueError(f"qtype {qtype!r} is not offered")
+        self.qtype_combo.setCurrentIndex(i)
 
     @Slot()
     def start(self) -> None:
-        """Preview the chosen scheme on the selected tensor (ignored while the same preview runs)."""
+        """Preview the chosen qtype on the selected tensor (ignored while the same preview runs)."""
         assert_gui_thread("PreviewPanel.start")
         ckpt = self.state.checkpoint
         name = self.state.selected_tensor
         if ckpt is None or not name:
             return
-        key = (name, self.scheme)
+        key = (name, self.qtype)
         if self.running and self._key == key:
-            return  # FAULTS 50: repeated clicks start one job
+            # Repeated clicks start one job (test_preview.py::test_five_rapid_clicks_start_one_job).
+            return
         self._key = key
-        scheme = key[1]
-        self.status.setText(f"Quantizing {name} to {scheme}…")
+        qtype = key[1]
+        self.status.setText(f"Quantizing {name} to {qtype}…")
 
         def work(ctx: Any) -> PreviewResult:
-            return preview_tensor(ckpt, name, scheme, ctx=ctx)
+            return preview_tensor(ckpt, name, qtype, ctx=ctx)
 
-        self.task.start(f"Preview {scheme} on {name}", work)
+        self.task.start(f"Preview {qtype} on {name}", work)
         self._update_enabled()
 
     @Slot()

@@ -143,7 +143,7 @@ def test_the_current_plan_from_the_plan_editor_is_exported_tensor_by_tensor(
     win = make_window()
     _open(qtbot, win, llama_model)
     editor = win.panel("plan")
-    editor.apply_preset("INT4 (Q4_0 everywhere)")
+    editor.apply_uniform("Q4_0")
     editor.apply_regex(r"layers\.0\.", "Q8_0")
     plan = win.state.plan
     assert {"Q4_0", "Q8_0"} <= set(plan.types.values())
