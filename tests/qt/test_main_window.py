@@ -463,6 +463,17 @@ def test_the_panels_are_pages_and_a_tensor_chosen_on_the_summary_opens_the_inspe
     assert win.panel("plan").plan is win.state.plan and win.state.plan is not None
 
 
+def test_a_pages_error_also_shows_in_the_status_bar(qtbot, make_window):
+    win = make_window()
+    _built(qtbot, win)
+    win.show_page("plan")
+    win.panel("plan").set_selected("Q8_0")  # nothing selected: the editor says so
+    assert "Select one or more cells first." in win.panel("plan").status.text()
+    assert win.statusBar().currentMessage() == "Select one or more cells first."
+    win.panel("hub").show_error("The Hub answered 503.")
+    assert win.statusBar().currentMessage() == "The Hub answered 503."
+
+
 def test_a_finished_hub_download_opens_in_the_inspector(qtbot, make_window, tiny_models):
     win = make_window()
     _built(qtbot, win)
