@@ -50,8 +50,9 @@ except Exception:
 win = QMainWindow()
 win.setWindowTitle("Quant Studio — llama-512x4")
 tabs = QTabWidget()
-inspector = InspectorPanel(state, jobs, cache=cache)
-overview = OverviewPanel(state, jobs, cache=cache)
+inspector = InspectorPanel(state, jobs)
+overview = OverviewPanel(state, jobs)
+inspector.cache = overview.cache = cache
 preview = PreviewPanel(state, jobs)
 plan = PlanEditorPanel(state, jobs)
 tabs.addTab(inspector, "Inspector")

@@ -19,6 +19,8 @@ from PySide6.QtCore import QObject, Slot
 
 from studio.core.jobs import JobContext
 from studio.qt.jobs import Job, JobManager
+from studio.qt.state import StudioState
+from studio.qt.theme import set_status
 
 __all__ = ["JobPanel", "PanelJob"]
 
@@ -98,15 +100,28 @@ class PanelJob(QObject):
 
 
 class JobPanel:
-    """Mix-in for a panel with one kind of background work: ``self.task`` runs it; override the hooks."""
+    """Mix-in for a panel with one kind of background work: ``self.task`` runs it; override the hooks.
 
+    The default ``on_error`` shows the sentence in the panel's ``status`` label and emits its
+    ``errorShown`` signal; ``on_error`` and ``on_cancel`` then call ``update_controls``.
+    """
+
+    state: StudioState
+    jobs: JobManager
     task: PanelJob
 
     def init_task(
-        self, jobs: JobManager, kind: str, *, progress: bool = False, keep_partial: bool = False
+        self,
+        state: StudioState,
+        jobs: JobManager,
+        kind: str,
+        *,
+        progress: bool = False,
+        keep_partial: bool = False,
     ) -> None:
-        """Create ``self.task``; with ``progress``, ``on_progress`` follows the running job."""
+        """Keep ``state`` and ``jobs`` and create ``self.task``; with ``progress``, ``on_progress`` follows the job."""
         assert isinstance(self, QObject)
+        self.state, self.jobs = state, jobs
         self.task = PanelJob(
             jobs,
             kind,
@@ -123,19 +138,25 @@ class JobPanel:
         """Whether this panel's job is queued or running."""
         return self.task.running
 
-    @property
-    def jobs_started(self) -> int:
-        """How many jobs this panel has submitted."""
-        return self.task.started
-
     def on_done(self, result: Any) -> None:
         """The newest job's result (GUI thread)."""
 
     def on_error(self, message: str) -> None:
         """The newest job failed; ``message`` is one sentence (GUI thread)."""
+        self.update_controls()
+        self.show_error(message)
 
     def on_cancel(self) -> None:
         """The newest job was cancelled (GUI thread)."""
+        self.update_controls()
 
     def on_progress(self, job: Job) -> None:
         """The running job reported progress (``job.done``, ``job.total``, ``job.message``)."""
+
+    def update_controls(self) -> None:
+        """Enable the panel's buttons for whether its job runs."""
+
+    def show_error(self, message: str) -> None:
+        """Show ``message`` in the status line in the theme's error colour, and announce it."""
+        set_status(self.status, message, error=True)  # type: ignore[attr-defined]
+        self.errorShown.emit(message)  # type: ignore[attr-defined]

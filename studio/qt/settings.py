@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from PySide6.QtCore import QByteArray, QSettings
 
@@ -19,12 +19,70 @@ DEVICE_KEY = "quantize/device"
 MAX_RECENT = 10
 THEMES = ("system", "light", "dark")
 
+T = TypeVar("T")
+
+
+class _Setting(Generic[T]):
+    """One key of the settings as a typed attribute of ``AppSettings``: reading decodes, writing stores."""
+
+    def __init__(self, key: str, doc: str) -> None:
+        self.key = key
+        self.__doc__ = doc
+
+    def decode(self, raw: Any) -> T:
+        raise NotImplementedError
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Setting[T]: ...
+    @overload
+    def __get__(self, obj: AppSettings, owner: type) -> T: ...
+    def __get__(self, obj: AppSettings | None, owner: type) -> Any:
+        return self if obj is None else self.decode(obj.qsettings.value(self.key))
+
+    def __set__(self, obj: AppSettings, value: T) -> None:
+        obj.qsettings.setValue(self.key, value)
+
+
+class _Text(_Setting[str]):
+    def __init__(self, key: str, doc: str, default: str = "", choices: tuple[str, ...] = ()) -> None:
+        super().__init__(key, doc)
+        self.default, self.choices = default, choices
+
+    def decode(self, raw: Any) -> str:
+        text = str(raw or self.default)
+        return text if not self.choices or text in self.choices else self.default
+
+
+class _Bytes(_Setting["QByteArray | None"]):
+    def decode(self, raw: Any) -> QByteArray | None:
+        return raw if isinstance(raw, QByteArray) and not raw.isEmpty() else None
+
+
+class _Paths(_Setting["list[str]"]):
+    def decode(self, raw: Any) -> list[str]:
+        if isinstance(raw, str):  # QSettings returns a bare string for a one-element list in INI files
+            raw = [raw] if raw else []
+        return [str(v) for v in (raw or [])]
+
+    def __set__(self, obj: AppSettings, value: list[str]) -> None:
+        super().__set__(obj, list(value)[:MAX_RECENT])
+
 
 class AppSettings:
-    """Typed properties over a ``QSettings`` (the user's, or an INI file for tests and screenshots).
+    """Typed attributes over a ``QSettings`` (the user's, or an INI file for tests and screenshots).
 
-    Setting a property writes it at once; ``sync`` flushes to disk.
+    Setting an attribute writes it at once; ``sync`` flushes to disk.
     """
+
+    recent_models = _Paths(RECENT_KEY, f"Recently opened models, most recent first (at most {MAX_RECENT}).")
+    window_geometry = _Bytes(GEOMETRY_KEY, "The main window's saved geometry, or None.")
+    window_state = _Bytes(STATE_KEY, "The main window's saved dock layout, or None.")
+    page = _Text(PAGE_KEY, 'Title of the page shown last, or "".')
+    theme = _Text(THEME_KEY, '"system" (follow the desktop), "light" or "dark".', "system", THEMES)
+    export_folder = _Text(OUTPUT_DIR_KEY, 'The folder of the last export, or "".')
+    export_preset = _Text(PRESET_KEY, 'The preset of the last export, or "".')
+    export_backend = _Text(BACKEND_KEY, 'The back end of the last export: "studio" or "llama.cpp".', "studio")
+    device = _Text(DEVICE_KEY, 'The device last chosen for quantization ("cuda:0", "mps", "cpu"), or "".')
 
     def __init__(self, qsettings: QSettings | None = None) -> None:
         self.qsettings = qsettings if qsettings is not None else QSettings()
@@ -37,104 +95,3 @@ class AppSettings:
     def sync(self) -> None:
         """Write pending changes to disk."""
         self.qsettings.sync()
-
-    def _text(self, key: str, default: str = "") -> str:
-        return str(self.qsettings.value(key, default) or default)
-
-    def _bytes(self, key: str) -> QByteArray | None:
-        value = self.qsettings.value(key)
-        return value if isinstance(value, QByteArray) and not value.isEmpty() else None
-
-    def _set(self, key: str, value: Any) -> None:
-        self.qsettings.setValue(key, value)
-
-    # -- models ------------------------------------------------------------------------------------
-
-    @property
-    def recent_models(self) -> list[str]:
-        """Paths of recently opened models, most recent first."""
-        value = self.qsettings.value(RECENT_KEY, [])
-        if isinstance(value, str):  # QSettings returns a bare string for a one-element list in INI files
-            value = [value] if value else []
-        return [str(v) for v in (value or [])]
-
-    @recent_models.setter
-    def recent_models(self, paths: list[str]) -> None:
-        self._set(RECENT_KEY, list(paths)[:MAX_RECENT])
-
-    # -- window ------------------------------------------------------------------------------------
-
-    @property
-    def window_geometry(self) -> QByteArray | None:
-        """The main window's saved geometry, or None."""
-        return self._bytes(GEOMETRY_KEY)
-
-    @window_geometry.setter
-    def window_geometry(self, value: QByteArray) -> None:
-        self._set(GEOMETRY_KEY, value)
-
-    @property
-    def window_state(self) -> QByteArray | None:
-        """The main window's saved dock layout, or None."""
-        return self._bytes(STATE_KEY)
-
-    @window_state.setter
-    def window_state(self, value: QByteArray) -> None:
-        self._set(STATE_KEY, value)
-
-    @property
-    def page(self) -> str:
-        """Title of the page shown last, or ""."""
-        return self._text(PAGE_KEY)
-
-    @page.setter
-    def page(self, title: str) -> None:
-        self._set(PAGE_KEY, title)
-
-    @property
-    def theme(self) -> str:
-        """ "system" (follow the desktop), "light" or "dark"."""
-        mode = self._text(THEME_KEY, "system")
-        return mode if mode in THEMES else "system"
-
-    @theme.setter
-    def theme(self, mode: str) -> None:
-        self._set(THEME_KEY, mode)
-
-    # -- export and devices ------------------------------------------------------------------------
-
-    @property
-    def export_folder(self) -> str:
-        """The folder of the last export, or ""."""
-        return self._text(OUTPUT_DIR_KEY)
-
-    @export_folder.setter
-    def export_folder(self, folder: str) -> None:
-        self._set(OUTPUT_DIR_KEY, folder)
-
-    @property
-    def export_preset(self) -> str:
-        """The preset of the last export, or ""."""
-        return self._text(PRESET_KEY)
-
-    @export_preset.setter
-    def export_preset(self, name: str) -> None:
-        self._set(PRESET_KEY, name)
-
-    @property
-    def export_backend(self) -> str:
-        """The back end of the last export: "studio" or "llama.cpp"."""
-        return self._text(BACKEND_KEY, "studio")
-
-    @export_backend.setter
-    def export_backend(self, backend: str) -> None:
-        self._set(BACKEND_KEY, backend)
-
-    @property
-    def device(self) -> str:
-        """The device last chosen for quantization ("cuda:0", "mps", "cpu"), or ""."""
-        return self._text(DEVICE_KEY)
-
-    @device.setter
-    def device(self, device: str) -> None:
-        self._set(DEVICE_KEY, device)

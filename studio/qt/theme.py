@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt
@@ -48,6 +49,12 @@ def style_plot(widget: Any, dark: bool) -> None:
         ax = item.getAxis(name)
         ax.setPen(pg.mkPen(c["fg"]))
         ax.setTextPen(pg.mkPen(c["fg"]))
+
+
+def follow_theme(state: StudioState, restyle: Callable[[bool], None]) -> None:
+    """Call ``restyle(dark)`` now and whenever the window turns light or dark."""
+    state.themeChanged.connect(restyle)
+    restyle(state.dark)
 
 
 def set_plot_defaults(dark: bool) -> None:

@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QWidget
 
 from studio.qt.jobs import JobManager, JobState
 from studio.qt.panel_job import JobPanel, PanelJob
+from studio.qt.state import StudioState
 
 
 class Recorder:
@@ -135,7 +136,7 @@ class _Panel(JobPanel, QWidget):
     def __init__(self, jobs: JobManager) -> None:
         super().__init__()
         self.results: list[object] = []
-        self.init_task(jobs, "statistics")
+        self.init_task(StudioState(), jobs, "statistics")
 
     def on_done(self, result: object) -> None:
         self.results.append(result)
@@ -147,4 +148,4 @@ def test_a_panel_overrides_the_hooks_and_counts_its_jobs(qtbot, jobs):
     job = panel.task.start("stats", lambda ctx: 42)
     assert panel.running or not job.active
     qtbot.waitUntil(lambda: panel.results == [42], timeout=5000)
-    assert not panel.running and panel.jobs_started == 1 and job.kind == "statistics"
+    assert not panel.running and panel.task.started == 1 and job.kind == "statistics"

@@ -32,7 +32,7 @@ _LAZY = {
     "TensorPanel": "studio.qt.panels.tensor_panel",
 }
 
-__all__ = [*_LAZY, "assert_gui_thread", "make_array_feed"]
+__all__ = [*_LAZY, "assert_gui_thread", "choose", "make_array_feed", "page_layout"]
 
 
 def __getattr__(name: str) -> Any:
@@ -50,6 +50,30 @@ def assert_gui_thread(what: str = "A UI method") -> None:
         raise RuntimeError(
             f"{what} was called from a worker thread; results must reach widgets through signals."
         )
+
+
+def choose(combo: Any, value: str, *, by_text: bool = False) -> bool:
+    """Select the item of ``combo`` whose data (or text) is ``value``; False when none is."""
+    i = combo.findText(value) if by_text else combo.findData(value)
+    if i >= 0:
+        combo.setCurrentIndex(i)
+    return i >= 0
+
+
+def page_layout(panel: Any, top: Any, status: Any, main: Any, side: Any, stretch: int) -> None:
+    """A page's layout: a row of controls, a status line, then ``main`` and ``side`` at ``stretch``:1."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QSplitter, QVBoxLayout
+
+    split = QSplitter(Qt.Orientation.Horizontal, panel)
+    split.addWidget(main)
+    split.addWidget(side)
+    split.setStretchFactor(0, stretch)
+    split.setStretchFactor(1, 1)
+    lay = QVBoxLayout(panel)
+    lay.addLayout(top)
+    lay.addWidget(status)
+    lay.addWidget(split, 1)
 
 
 def make_array_feed(parent: Any = None) -> Any:

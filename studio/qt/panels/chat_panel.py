@@ -257,25 +257,16 @@ class ChatPanel(JobPanel, QWidget):
     columnsChanged = Signal()
     errorShown = Signal(str)  # a turn failed for every column
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        backend_factory: BackendFactory | None = None,
-        n_ctx: int = 2048,
-    ) -> None:
+    n_ctx = 2048  # context of the models the default factory opens
+
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.n_ctx = n_ctx
-        self._factory = backend_factory or _default_factory(n_ctx)
+        # A stopped turn still delivers its partial replies (to on_done, then on_cancel).
+        self.init_task(state, jobs, "chat", keep_partial=True)
+        self.backend_factory: BackendFactory = _default_factory(self.n_ctx)  # path -> ChatBackend
         self.columns: list[ChatColumn] = []
         self._backends: dict[str, Any] = {}
         self._session: ChatSession | None = None
-        # A stopped turn still delivers its partial replies (to on_done, then on_cancel).
-        self.init_task(jobs, "chat", keep_partial=True)
         self._turn = 0
         self._stopping = False
         self._bridge = _Bridge(self)
@@ -283,7 +274,7 @@ class ChatPanel(JobPanel, QWidget):
         self._build()
         state.modelOpened.connect(self._on_model_opened)
         state.exported.connect(self._on_exported)
-        self._update_enabled()
+        self.update_controls()
 
     # -- building ---------------------------------------------------------------------------------
 
@@ -392,7 +383,7 @@ class ChatPanel(JobPanel, QWidget):
         # a new set of columns starts a new conversation (the models stay loaded)
         self._session = None
         self.placeholder.setVisible(not self.columns)
-        self._update_enabled()
+        self.update_controls()
         self.columnsChanged.emit()
 
     def _choose_gguf(self) -> None:
@@ -432,7 +423,7 @@ class ChatPanel(JobPanel, QWidget):
             for col in self.columns:
                 key = str(col.path)
                 if key not in self._backends:
-                    self._backends[key] = self._factory(col.path)
+                    self._backends[key] = self.backend_factory(col.path)
                 b = self._backends[key]
                 b.label = col.label
                 backends.append(b)
@@ -467,7 +458,7 @@ class ChatPanel(JobPanel, QWidget):
             )
 
         self.task.start("Chat", work)
-        self._update_enabled()
+        self.update_controls()
         return True
 
     @Slot()
@@ -508,17 +499,17 @@ class ChatPanel(JobPanel, QWidget):
             if out.column < len(self.columns):
                 self.columns[out.column].finish(out, stopped)
         self._update_divergence()
-        self._update_enabled()
+        self.update_controls()
         self.turnFinished.emit(outcomes)
 
     def on_error(self, message: str) -> None:
         for col in self.columns:
             col.fail(message)
-        self._update_enabled()
+        self.update_controls()
         self.errorShown.emit(message)
 
     def on_cancel(self) -> None:
-        self._update_enabled()
+        self.update_controls()
         self.stopped.emit()
 
     @Slot()
@@ -534,7 +525,7 @@ class ChatPanel(JobPanel, QWidget):
             col.tokens = []
             col.stats.setText("")
 
-    def _update_enabled(self) -> None:
+    def update_controls(self) -> None:
         busy = self.running
         self.send_button.setEnabled(not busy and bool(self.columns))
         self.stop_button.setEnabled(busy)

@@ -8,6 +8,7 @@ from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QWidget
 
 from studio.qt.jobs import JobManager
+from studio.qt.panels import choose
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 
@@ -35,32 +36,30 @@ def device_choices(hw: Any) -> list[tuple[str, str]]:
 
 
 class DeviceSelector(QWidget):
-    """A labelled combo box of devices for quantization; remembers the choice in ``settings``."""
+    """A labelled combo box of devices for quantization; with ``remember_in`` the choice is kept."""
 
     deviceChanged = Signal(str)  # device id: "cuda:0", "mps" or "cpu"
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        settings: AppSettings | None = None,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.settings = settings
+        self.state, self.jobs = state, jobs
+        self.settings: AppSettings | None = None
         self.combo = QComboBox(self)
         self.combo.setToolTip("Where quantization and verification run")
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(QLabel("Device:", self))
         lay.addWidget(self.combo, 1)
-        self._wanted = settings.device if settings is not None else ""
+        self._wanted = ""  # the user's last explicit choice
         self._populate(state.hardware)
         self.combo.currentIndexChanged.connect(self._on_index)
         state.hardwareChanged.connect(self._populate)
+
+    def remember_in(self, settings: AppSettings) -> None:
+        """Keep the choice in ``settings`` from now on, and choose the one they remember."""
+        self.settings = settings
+        self._wanted = settings.device
+        self._populate(self.state.hardware)
 
     @property
     def device(self) -> str:
@@ -69,11 +68,7 @@ class DeviceSelector(QWidget):
 
     def set_device(self, device: str) -> bool:
         """Choose ``device`` if it is available; returns whether it was."""
-        i = self.combo.findData(device)
-        if i < 0:
-            return False
-        self.combo.setCurrentIndex(i)
-        return True
+        return choose(self.combo, device)
 
     def devices(self) -> list[str]:
         """Every device id offered."""

@@ -7,7 +7,6 @@ alone); this widget collects the inputs and shows the ``EvalReport``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
 from studio.qt.state import StudioState
-from studio.qt.theme import plot_colors, set_status, style_plot
+from studio.qt.theme import follow_theme, plot_colors, set_status, style_plot
 
 if TYPE_CHECKING:
     from studio.qt.panels.export_dialog import ExportOutcome
@@ -61,34 +60,23 @@ class EvalPanel(JobPanel, QWidget):
     reportShown = Signal(object)  # the EvalReport just drawn
     errorShown = Signal(str)
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        evaluate_fn: Callable[..., Any] | None = None,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
+        self.init_task(state, jobs, "eval", progress=True)
         self.report: Any = None
-        self.init_task(jobs, "eval", progress=True)
         self._text_file: str | None = None
-        self._evaluate = evaluate_fn
         self._build()
         state.modelOpened.connect(self._on_model_opened)
         state.exported.connect(self._on_exported)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
-        self._update_enabled()
+        follow_theme(state, self._apply_theme)
+        self.update_controls()
 
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
         self.original_edit = QLineEdit(self)
         self.original_edit.setPlaceholderText("the original model folder (or a GGUF)")
-        self.original_edit.textChanged.connect(self._update_enabled)
+        self.original_edit.textChanged.connect(self.update_controls)
         browse = QPushButton("…", self)
         browse.setToolTip("Choose the original model folder")
         browse.clicked.connect(self._choose_original)
@@ -184,7 +172,7 @@ class EvalPanel(JobPanel, QWidget):
         p = str(path)
         if p not in self.variants():
             self.variant_list.addItem(p)
-        self._update_enabled()
+        self.update_controls()
 
     def variants(self) -> list[str]:
         """The listed variant paths."""
@@ -216,7 +204,7 @@ class EvalPanel(JobPanel, QWidget):
     def _remove_selected(self) -> None:
         for item in self.variant_list.selectedItems():
             self.variant_list.takeItem(self.variant_list.row(item))
-        self._update_enabled()
+        self.update_controls()
 
     def _on_text_choice(self, index: int) -> None:
         if self.text_combo.itemData(index) == "file":
@@ -248,9 +236,8 @@ class EvalPanel(JobPanel, QWidget):
         variants = self.variants()
         if self.running or not original or not variants:
             return False
-        evaluate = self._evaluate
-        if evaluate is None:
-            from studio.core.evaluate import evaluate
+        from studio.core.evaluate import evaluate  # torch and llama.cpp: only when asked
+
         text = self.text_source()
         n_ctx = self.ctx_spin.value()
         chunks = self.chunks_spin.value() or None
@@ -262,7 +249,7 @@ class EvalPanel(JobPanel, QWidget):
         self.progress.setRange(0, 0)
         self.progress.show()
         self.task.start("Evaluate variants", work)
-        self._update_enabled()
+        self.update_controls()
         return True
 
     @Slot()
@@ -277,22 +264,13 @@ class EvalPanel(JobPanel, QWidget):
         self.progress.setValue(job.done)
         self.progress.setFormat(f"%p% · {job.message}")
 
-    def _finish(self) -> None:
-        self.progress.hide()
-        self._update_enabled()
-
     def on_done(self, result: Any) -> None:
-        self._finish()
+        self.update_controls()
         self.show_report(result)
         self.state.publish_evaluation(result)
 
-    def on_error(self, message: str) -> None:
-        self._finish()
-        set_status(self.status, message, error=True)
-        self.errorShown.emit(message)
-
     def on_cancel(self) -> None:
-        self._finish()
+        self.update_controls()
         self.status.setText("Evaluation cancelled.")
 
     # -- results ----------------------------------------------------------------------------------
@@ -377,8 +355,9 @@ class EvalPanel(JobPanel, QWidget):
         self.line.setPen(pg.mkPen(c["main"], width=1))
         self.line.setSymbolBrush(pg.mkBrush(c["main"]))
 
-    def _update_enabled(self) -> None:
+    def update_controls(self) -> None:
         busy = self.running
+        self.progress.setVisible(busy)
         self.run_button.setEnabled(
             not busy and bool(self.original_edit.text().strip()) and self.variant_list.count() > 0
         )

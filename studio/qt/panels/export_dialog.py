@@ -39,6 +39,7 @@ from studio.core.quant.presets import PRESETS
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
 from studio.qt.panel_job import JobPanel
+from studio.qt.panels import choose
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
@@ -231,10 +232,8 @@ class ExportDialog(JobPanel, QDialog):
         super().__init__(parent)
         self.setObjectName("ExportDialog")
         self.setWindowTitle("Export GGUF")
-        self.state = state
-        self.jobs = jobs
+        self.init_task(state, jobs, "export", progress=True)
         self.settings = settings if settings is not None else AppSettings()
-        self.init_task(jobs, "export", progress=True)
         self.outcome: ExportOutcome | None = None
         self._path_edited = False
         self._build()
@@ -353,10 +352,8 @@ class ExportDialog(JobPanel, QDialog):
 
     def set_plan_choice(self, key: str) -> None:
         """Choose a preset by name, or the current plan with ``CURRENT_PLAN`` (ValueError if not offered)."""
-        i = self.plan_combo.findData(key)
-        if i < 0:
+        if not choose(self.plan_combo, key):
             raise ValueError(f"{key!r} is not offered")
-        self.plan_combo.setCurrentIndex(i)
 
     def set_output_path(self, path: str | Path) -> None:
         """Write to ``path`` (as if typed)."""
@@ -365,17 +362,12 @@ class ExportDialog(JobPanel, QDialog):
 
     def set_device(self, device: str) -> bool:
         """Choose ``device`` if offered; returns whether it was."""
-        i = self.device_combo.findData(device)
-        if i >= 0:
-            self.device_combo.setCurrentIndex(i)
-        return i >= 0
+        return choose(self.device_combo, device)
 
     def set_backend(self, backend: str) -> None:
         """Choose the back end ("studio" or "llama.cpp")."""
-        i = self.backend_combo.findData(backend)
-        if i < 0:
+        if not choose(self.backend_combo, backend):
             raise ValueError(f"unknown back end {backend!r}")
-        self.backend_combo.setCurrentIndex(i)
 
     @Slot()
     def reset(self, device: str | None = None) -> None:
@@ -394,7 +386,7 @@ class ExportDialog(JobPanel, QDialog):
         self.progress.setValue(0)
         set_status(self.status, "")
         self.result_label.setText("")
-        self._update_buttons()
+        self.update_controls()
 
     @Slot()
     def browse(self) -> None:
@@ -471,7 +463,7 @@ class ExportDialog(JobPanel, QDialog):
         job = self.task.start(
             f"Exporting {model_display_name(source)} ({plan_name})", task, confirm_on_quit=True
         )
-        self._update_buttons()
+        self.update_controls()
         self.exportStarted.emit(job)
         return job
 
@@ -493,7 +485,7 @@ class ExportDialog(JobPanel, QDialog):
 
     def on_done(self, outcome: ExportOutcome) -> None:
         self.outcome = outcome
-        self._update_buttons()
+        self.update_controls()
         self.progress.setValue(PROGRESS_STEPS)
         r = outcome.result
         self._set_status(
@@ -504,12 +496,12 @@ class ExportDialog(JobPanel, QDialog):
         self.exportFinished.emit(outcome)
 
     def on_error(self, message: str) -> None:
-        self._update_buttons()
+        self.update_controls()
         self._set_status(message, error=True)
         self.exportFailed.emit(message)
 
     def on_cancel(self) -> None:
-        self._update_buttons()
+        self.update_controls()
         self.progress.setValue(0)
         self._set_status("Export cancelled; no file was written.")
         self.exportCancelled.emit()
@@ -539,7 +531,7 @@ class ExportDialog(JobPanel, QDialog):
     def _set_status(self, text: str, *, error: bool = False) -> None:
         set_status(self.status, text, error=error)
 
-    def _update_buttons(self) -> None:
+    def update_controls(self) -> None:
         running = self.running
         has_model = self.state.info is not None and _exportable(self.state.info)
         self.export_button.setEnabled(has_model and not running)

@@ -126,22 +126,14 @@ class HubPanel(QWidget):
     statusMessage = Signal(str)  # what the panel's status line says (progress, counts)
     errorShown = Signal(str)  # a Hub call failed: one sentence
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        cache_dir: str | Path | None = None,
-        ask_token: Callable[[QWidget, str], tuple[str | None, bool]] | None = None,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("HubPanel")
-        self.state = state
-        self.jobs = jobs
+        self.state, self.jobs = state, jobs
         self.hardware = state.hardware
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.ask_token = ask_token or _ask_token_dialog
+        self.cache_dir: Path | None = None  # None: the Hugging Face cache
+        # (parent, reason) -> (token or None, remember it): a dialog, or a test's stand-in.
+        self.ask_token: Callable[[QWidget, str], tuple[str | None, bool]] = _ask_token_dialog
         self._session_token: str | None = None  # typed this session and not stored (never in settings)
         self._results: list[Any] = []
         self._cached: list[Any] = []

@@ -20,10 +20,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QSplitter,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -31,9 +29,9 @@ from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, page_layout
 from studio.qt.state import StudioState
-from studio.qt.theme import MAIN_FILL_ALPHA, fill_color, plot_colors, set_status, style_plot
+from studio.qt.theme import MAIN_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
 
 __all__ = ["InspectorPanel", "rule_from_widgets"]
 
@@ -132,31 +130,20 @@ class InspectorPanel(JobPanel, QWidget):
 
     statsShown = Signal(str)  # tensor name, after its plots were drawn
     errorShown = Signal(str)  # the sentence shown for a failed computation
+    bins = DEFAULT_BINS  # of the weight histogram
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        cache: StatsCache | None = None,
-        bins: int = DEFAULT_BINS,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.cache = cache if cache is not None else StatsCache()
-        self.bins = bins
+        self.init_task(state, jobs, "statistics")
+        self.cache = StatsCache()  # replace it with the overview's to share the statistics
         self.stats: TensorStats | None = None
         self._draw_token = 0
         self._job_name = ""  # the tensor of the newest statistics job
-        self.init_task(jobs, "statistics")
         self._build()
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(self._on_model_opened)
         state.modelClosed.connect(self.clear)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
+        follow_theme(state, self._apply_theme)
         if state.checkpoint is not None and state.selected_tensor:
             self.request(state.selected_tensor)  # built lazily after the user already chose one
 
@@ -210,16 +197,7 @@ class InspectorPanel(JobPanel, QWidget):
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
 
-        split = QSplitter(Qt.Orientation.Horizontal, self)
-        split.addWidget(plots)
-        split.addWidget(self.table)
-        split.setStretchFactor(0, 4)
-        split.setStretchFactor(1, 1)
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(split, 1)
+        page_layout(self, top, self.status, plots, self.table, 4)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -327,11 +305,6 @@ class InspectorPanel(JobPanel, QWidget):
 
     def on_done(self, result: TensorStats) -> None:
         self.show_stats(result)
-
-    def on_error(self, message: str) -> None:
-        assert_gui_thread("InspectorPanel.on_error")
-        set_status(self.status, message, error=True)
-        self.errorShown.emit(message)
 
     @Slot()
     def _rule_changed(self, *_: Any) -> None:

@@ -20,7 +20,7 @@ from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
 from studio.qt.state import StudioState
-from studio.qt.theme import plot_colors, role_color, set_status, style_plot
+from studio.qt.theme import follow_theme, plot_colors, role_color, style_plot
 
 __all__ = ["OverviewPanel"]
 
@@ -31,28 +31,18 @@ class OverviewPanel(JobPanel, QWidget):
     overviewShown = Signal(object)  # the ModelOverview drawn
     errorShown = Signal(str)
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        cache: StatsCache | None = None,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.cache = cache if cache is not None else StatsCache()
+        self.init_task(state, jobs, "statistics")
+        self.cache = StatsCache()  # replace it with the inspector's to share the statistics
         self.overview: ModelOverview | None = None
-        self.init_task(jobs, "statistics")
         self._names: list[str] = []
         self._build()
         state.modelOpened.connect(lambda _c: self.clear())
         state.modelClosed.connect(self.clear)
         state.tensorSelected.connect(self._mark_selected)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
-        self._update_enabled()
+        follow_theme(state, self._apply_theme)
+        self.update_controls()
 
     def _build(self) -> None:
         self.metric_combo = QComboBox(self)
@@ -115,7 +105,7 @@ class OverviewPanel(JobPanel, QWidget):
 
         self.status.setText("Analyzing every weight matrix…")
         self.task.start("Statistics of all tensors", work)
-        self._update_enabled()
+        self.update_controls()
 
     @Slot()
     def clear(self) -> None:
@@ -127,7 +117,7 @@ class OverviewPanel(JobPanel, QWidget):
         self.scatter.setData([])
         self.selected_marker.setData([])
         self.status.setText("Analyze the model to see which tensors are hard to quantize.")
-        self._update_enabled()
+        self.update_controls()
 
     def show_overview(self, overview: ModelOverview) -> None:
         """Draw ``overview`` (GUI thread only)."""
@@ -148,17 +138,11 @@ class OverviewPanel(JobPanel, QWidget):
     # -- slots ------------------------------------------------------------------------------------
 
     def on_done(self, result: ModelOverview) -> None:
-        self._update_enabled()
+        self.update_controls()
         self.show_overview(result)
 
-    def on_error(self, message: str) -> None:
-        assert_gui_thread("OverviewPanel.on_error")
-        self._update_enabled()
-        set_status(self.status, message, error=True)
-        self.errorShown.emit(message)
-
     def on_cancel(self) -> None:
-        self._update_enabled()
+        self.update_controls()
         self.status.setText("Analysis cancelled.")
 
     @Slot()
@@ -210,7 +194,7 @@ class OverviewPanel(JobPanel, QWidget):
         else:
             self.selected_marker.setData([])
 
-    def _update_enabled(self) -> None:
+    def update_controls(self) -> None:
         self.run_button.setEnabled(self.state.checkpoint is not None and not self.running)
 
     @Slot(bool)

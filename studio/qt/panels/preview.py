@@ -27,11 +27,13 @@ from PySide6.QtWidgets import (
 from studio.core.preview import PreviewResult, block_schemes, generic_schemes, preview_tensor
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, choose, page_layout
 from studio.qt.state import StudioState
-from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, plot_colors, set_status, style_plot
+from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
 
 __all__ = ["PreviewPanel", "format_db"]
+
+DEFAULT_QTYPE = "Q4_K"
 
 
 def format_db(v: float) -> str:
@@ -49,26 +51,16 @@ class PreviewPanel(JobPanel, QWidget):
     previewShown = Signal(object)  # the PreviewResult just drawn
     errorShown = Signal(str)
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        default_qtype: str = "Q4_K",
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
+        self.init_task(state, jobs, "quantize")
         self.result: PreviewResult | None = None
         self._key: tuple[str, str] | None = None  # (tensor, qtype) of the newest preview
-        self.init_task(jobs, "quantize")
-        self._build(default_qtype)
+        self._build(DEFAULT_QTYPE)
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(lambda _c: self.clear())
         state.modelClosed.connect(self.clear)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
+        follow_theme(state, self._apply_theme)
         self._on_tensor_selected(state.selected_tensor)
 
     def _build(self, default_qtype: str) -> None:
@@ -78,8 +70,7 @@ class PreviewPanel(JobPanel, QWidget):
         self.qtype_combo.insertSeparator(self.qtype_combo.count())
         for q in generic_schemes():
             self.qtype_combo.addItem(q)
-        i = self.qtype_combo.findText(default_qtype)
-        self.qtype_combo.setCurrentIndex(max(i, 0))
+        choose(self.qtype_combo, default_qtype, by_text=True)
         self.run_button = QPushButton("Preview", self)
         self.run_button.setToolTip("Quantize the selected tensor to this type and measure the error")
         self.run_button.clicked.connect(self.start)
@@ -136,16 +127,7 @@ class PreviewPanel(JobPanel, QWidget):
         plots = QSplitter(Qt.Orientation.Vertical, self)
         plots.addWidget(self.overlay_plot)
         plots.addWidget(self.err_plot)
-        split = QSplitter(Qt.Orientation.Horizontal, self)
-        split.addWidget(plots)
-        split.addWidget(side)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 1)
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(split, 1)
+        page_layout(self, top, self.status, plots, side, 3)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -156,10 +138,8 @@ class PreviewPanel(JobPanel, QWidget):
 
     def set_qtype(self, qtype: str) -> None:
         """Choose ``qtype`` in the combo (ValueError if it is not offered)."""
-        i = self.qtype_combo.findText(qtype)
-        if i < 0:
+        if not choose(self.qtype_combo, qtype, by_text=True):
             raise ValueError(f"qtype {qtype!r} is not offered")
-        self.qtype_combo.setCurrentIndex(i)
 
     @Slot()
     def start(self) -> None:
@@ -181,7 +161,7 @@ class PreviewPanel(JobPanel, QWidget):
             return preview_tensor(ckpt, name, qtype, ctx=ctx)
 
         self.task.start(f"Preview {qtype} on {name}", work)
-        self._update_enabled()
+        self.update_controls()
 
     @Slot()
     def clear(self) -> None:
@@ -224,24 +204,15 @@ class PreviewPanel(JobPanel, QWidget):
     # -- slots ------------------------------------------------------------------------------------
 
     def on_done(self, result: PreviewResult) -> None:
-        self._update_enabled()
+        self.update_controls()
         self.show_result(result)
-
-    def on_error(self, message: str) -> None:
-        assert_gui_thread("PreviewPanel.on_error")
-        self._update_enabled()
-        set_status(self.status, message, error=True)
-        self.errorShown.emit(message)
-
-    def on_cancel(self) -> None:
-        self._update_enabled()
 
     @Slot(str)
     def _on_tensor_selected(self, name: str) -> None:
         self.tensor_label.setText(f"<b>{name}</b>" if name else "No tensor selected.")
-        self._update_enabled()
+        self.update_controls()
 
-    def _update_enabled(self) -> None:
+    def update_controls(self) -> None:
         ok = self.state.checkpoint is not None and bool(self.state.selected_tensor)
         self.run_button.setEnabled(ok and not self.running)
 

@@ -88,22 +88,16 @@ def _fit_height(table: QTableWidget) -> None:
 class SummaryPanel(QWidget):
     """Facts about the open model, its tensors per role, and the estimate table with verdicts.
 
-    Before a model is open it shows a welcome page with the window's open actions.
+    Before a model is open it shows a welcome page, with buttons for the window's open actions
+    (``set_welcome_actions``).
     """
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        welcome_actions: Sequence[QAction] = (),
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("SummaryPanel")
         self._state = state
         self.stack = QStackedWidget(self)
-        self.stack.addWidget(self._build_welcome(welcome_actions))
+        self.stack.addWidget(self._build_welcome())
         self.stack.addWidget(self._build_summary())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -117,7 +111,16 @@ class SummaryPanel(QWidget):
 
     # -- construction -----------------------------------------------------------------------------
 
-    def _build_welcome(self, actions: Sequence[QAction]) -> QWidget:
+    def set_welcome_actions(self, actions: Sequence[QAction]) -> None:
+        """Show a button for each of ``actions`` on the welcome page."""
+        for action in actions:
+            button = QPushButton(action.icon(), action.text().replace("&", ""), self)
+            button.clicked.connect(action.trigger)
+            button.setMinimumHeight(32)
+            self._welcome_row.insertWidget(self._welcome_row.count() - 1, button)
+            self.welcome_buttons.append(button)
+
+    def _build_welcome(self) -> QWidget:
         page = QWidget(self)
         outer = QVBoxLayout(page)
         outer.addStretch(2)
@@ -138,14 +141,9 @@ class SummaryPanel(QWidget):
         text.setFixedWidth(560)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
-        self.welcome_buttons: list[QPushButton] = []
-        for action in actions:
-            button = QPushButton(action.icon(), action.text().replace("&", ""), page)
-            button.clicked.connect(action.trigger)
-            button.setMinimumHeight(32)
-            buttons.addWidget(button)
-            self.welcome_buttons.append(button)
         buttons.addStretch(1)
+        self._welcome_row = buttons
+        self.welcome_buttons: list[QPushButton] = []
         logo = QLabel(page)
         logo.setPixmap(app_icon().pixmap(96, 96))
         logo.setAlignment(Qt.AlignmentFlag.AlignCenter)

@@ -30,7 +30,8 @@ def make_panel(qtbot):
 
     def make(n_ctx: int = 256) -> ChatPanel:
         state, jobs = StudioState(), JobManager()
-        panel = ChatPanel(state, jobs, backend_factory=lambda p: open_backend(p, n_ctx=n_ctx, device="cpu"))
+        panel = ChatPanel(state, jobs)
+        panel.backend_factory = lambda p: open_backend(p, n_ctx=n_ctx, device="cpu")
         qtbot.addWidget(panel)
         panel.resize(1000, 600)
         panel.show()

@@ -29,11 +29,8 @@ def hub(monkeypatch, tmp_path):
 @pytest.fixture
 def panel(qtbot, hub):
     prompts: list[str] = []
-    p = HubPanel(
-        StudioState(),
-        JobManager(),
-        ask_token=lambda parent, msg: (prompts.append(msg), (p.next_token, False))[1],
-    )
+    p = HubPanel(StudioState(), JobManager())
+    p.ask_token = lambda parent, msg: (prompts.append(msg), (p.next_token, False))[1]
     p.next_token = None
     p.prompts = prompts
     qtbot.addWidget(p)
