@@ -466,11 +466,10 @@ class MainWindow(QMainWindow):
             # The dialog imports the export core: not at start-up.
             from studio.qt.panels.export_dialog import ExportDialog
 
-            self._export_dialog = ExportDialog(
-                self.state, self.jobs, self, settings=self.settings, device=self.device_selector.device
-            )
+            self._export_dialog = ExportDialog(self.state, self.jobs, self)
+            self._export_dialog.remember_in(self.settings)
             self._export_dialog.exportFinished.connect(self._on_export_finished)
-        elif not self._export_dialog.running:
+        if not self._export_dialog.running:
             self._export_dialog.reset(device=self.device_selector.device)
         self._export_dialog.show()
         self._export_dialog.raise_()

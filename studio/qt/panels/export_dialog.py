@@ -220,20 +220,12 @@ class ExportDialog(JobPanel, QDialog):
     exportFailed = Signal(str)  # one sentence
     exportCancelled = Signal()
 
-    def __init__(
-        self,
-        state: StudioState,
-        jobs: JobManager,
-        parent: QWidget | None = None,
-        *,
-        settings: AppSettings | None = None,
-        device: str = "cpu",
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("ExportDialog")
         self.setWindowTitle("Export GGUF")
         self.init_task(state, jobs, "export", progress=True)
-        self.settings = settings if settings is not None else AppSettings()
+        self.settings = AppSettings()  # the user's; the window hands in its own with remember_in
         self.outcome: ExportOutcome | None = None
         self._path_edited = False
         self._build()
@@ -241,7 +233,12 @@ class ExportDialog(JobPanel, QDialog):
         state.modelOpened.connect(lambda _c: self.reset())
         state.modelClosed.connect(self.reset)
         state.hardwareChanged.connect(lambda _hw: self._fill_devices(self.device))
-        self.reset(device=device)
+        self.reset(device="cpu")
+
+    def remember_in(self, settings: AppSettings) -> None:
+        """Take the remembered folder, preset and back end from ``settings``, and keep new ones there."""
+        self.settings = settings
+        self.reset()
 
     # -- layout -----------------------------------------------------------------------------------
 
