@@ -280,7 +280,7 @@ class PlanEditorPanel(QWidget):
                 self.preset_combo.count() - 1, preset.description, Qt.ItemDataRole.ToolTipRole
             )
         self.preset_combo.insertSeparator(self.preset_combo.count())
-        self._add_heading("Uniform: one type everywhere")
+        self._add_heading("Uniform (one type)")
         for qtype in UNIFORM_TYPES:
             self.preset_combo.addItem(f"uniform {qtype}", f"uniform:{qtype}")
         self.preset_combo.setCurrentIndex(self.preset_combo.findData(f"preset:{DEFAULT_PRESET}"))

@@ -54,7 +54,7 @@ def test_start_from_offers_presets_and_uniform_plans_under_their_own_headings(qt
     combo = panel.preset_combo
     texts = [combo.itemText(i) for i in range(combo.count())]
     # Headings (not choosable) name the two groups; a uniform plan is never called a preset.
-    presets_at, uniform_at = texts.index("llama.cpp presets"), texts.index("Uniform: one type everywhere")
+    presets_at, uniform_at = texts.index("llama.cpp presets"), texts.index("Uniform (one type)")
     assert not combo.model().item(presets_at).isEnabled() and not combo.model().item(uniform_at).isEnabled()
     assert texts[presets_at + 1 : presets_at + 1 + len(PRESETS)] == list(PRESETS)
     assert texts[uniform_at + 1 :] == ["uniform Q8_0", "uniform Q4_K", "uniform Q4_0"]
