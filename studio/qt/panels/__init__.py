@@ -1,10 +1,12 @@
 """The studio window's panels: summary, model tree, tensor details, inspector, preview, overview, plan
 editor, Hub, chat, evaluation, jobs, device selector, and the Export dialog.
 
-Each panel is a self-contained ``QWidget`` built as ``Panel(state, jobs, parent=None, ...)`` from the
-shared ``StudioState`` and the window's ``JobManager``; panels never import each other and talk only
-through the state's signals. Computation runs in ``studio.core`` inside jobs; results come back to the
-GUI thread through the job manager's queued signals.
+Each panel is a self-contained widget built the same way, ``Panel(state, jobs, parent)``, from the
+shared ``StudioState`` and the window's ``JobManager``; what tests and scripts swap in (a shared
+statistics cache, the chat's back-end factory, the Hub's token prompt) is an attribute set afterwards.
+Panels talk only through the state's signals. Computation runs in ``studio.core`` inside jobs, which a
+panel starts through ``studio.qt.panel_job``; results come back to the GUI thread through the job
+manager's queued signals.
 
 The panel classes are imported lazily (pyqtgraph costs ~0.2 s) so that importing this package is free.
 """
