@@ -73,6 +73,7 @@ class RunSpec:
     n_ctx: int
     sites: tuple[LinearSite, ...]
     head: bool  # logits are computed (consumers' ``logits`` is called)
+    outer: OuterView | None = field(default=None, compare=False, repr=False)  # layer-wise runs only
 
     def sites_of(self, layer: int | None) -> tuple[LinearSite, ...]:
         """The sites inside decoder layer ``layer`` (None: the head)."""
@@ -102,17 +103,48 @@ class LayerView:
     computes the layer's outputs again so the next layer sees the changed layer.
     """
 
-    def __init__(self, index: int, module: Any, sites: tuple[LinearSite, ...], root: Any) -> None:
+    def __init__(
+        self,
+        index: int,
+        module: Any,
+        sites: tuple[LinearSite, ...],
+        root: Any,
+        *,
+        args: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+        inputs: Sequence[Any] = (),
+    ) -> None:
         self.index = index
         self.module = module
         self.sites = sites
         self._root = root
+        self._args = args
+        self.inputs = tuple(inputs)  # the hidden states (1 × tokens × hidden) that entered, per chunk
         self.changed = False
+
+    def forward(self, hidden: Any) -> Any:
+        """The layer's output for ``hidden`` (batch × tokens × hidden, the run's tokens per chunk), with
+        the arguments the model passes to this layer (mask, positions): extra streams, such as the
+        sensitivity scan's perturbed copies, go through the layer as the chunks did."""
+        if self._args is None:
+            raise CalibrationError("This layer view cannot run the layer again (whole-model mode).")
+        rest, kwargs = self._args
+        out = self.module(hidden, *rest, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    @contextlib.contextmanager
+    def swapped(self, site: LinearSite, value: Any) -> Iterator[None]:
+        """While active, ``site`` computes with ``value`` (same shape); the layer counts as unchanged."""
+        with swapped_param(self._param(site), value):
+            yield
 
     def _param(self, site: LinearSite) -> Any:
         if site.kind == "experts":
             return self._root.get_parameter(site.name)
         return self._root.get_submodule(site.module).weight
+
+    def submodule(self, site: LinearSite) -> Any:
+        """The module of ``site`` (an ``nn.Linear``, a GPT-2 ``Conv1D`` or the experts' module)."""
+        return self._root.get_submodule(site.module)
 
     def weight(self, site: LinearSite) -> Any:
         """The weight tensor of ``site`` (do not modify it in place; use ``set_weight``)."""
@@ -131,6 +163,161 @@ class LayerView:
         with torch.no_grad():
             p.copy_(v.to(device=p.device, dtype=p.dtype))
         self.changed = True
+
+
+@contextlib.contextmanager
+def swapped_param(p: Any, value: Any) -> Iterator[None]:
+    """While active, parameter ``p`` (and every module sharing it) holds ``value``; restored after."""
+    import torch
+
+    v = torch.as_tensor(value)
+    if tuple(v.shape) != tuple(p.shape):
+        raise CalibrationError(
+            f"A replacement of shape {tuple(v.shape)} does not fit a parameter of {tuple(p.shape)}."
+        )
+    orig = p.data
+    p.data = v.to(device=orig.device, dtype=orig.dtype)
+    try:
+        yield
+    finally:
+        p.data = orig
+
+
+class OuterView:
+    """The model outside its decoder layers during a layer-wise run: the embeddings and, when the run
+    has a head, the final norm and output head. Consumers reach it as ``spec.outer``.
+
+    ``embedding`` and ``head`` name the checkpoint tensors (``head`` is None when the head is tied to
+    the embeddings, or not loaded); ``embed`` and ``logits`` run the model's own code, so scaling,
+    position embeddings, final norm and soft-capping are those of the architecture.
+    """
+
+    def __init__(self, sk: _Skeleton, device: str, has_head: bool) -> None:
+        self._sk = sk
+        self._device = device
+        self._has_head = has_head
+        emb = sk.model.get_input_embeddings()
+        path = next((n for n, m in sk.model.named_modules() if m is emb), None)
+        self.embedding: str | None = sk.names.get(f"{path}.weight") if path else None
+        self._emb_path = f"{path}.weight" if path else None
+        head_w = f"{sk.head_path}.weight" if sk.head_path else None
+        self.tied = bool(sk.tied_head)
+        self.head: str | None = sk.names.get(head_w) if (head_w and has_head and not self.tied) else None
+        self._head_w = head_w
+
+    def param(self, name: str) -> Any:
+        """The parameter of checkpoint tensor ``name`` (the embedding or head weight); KeyError if none."""
+        for path, ck in self._sk.names.items():
+            if ck == name:
+                return self._sk.model.get_parameter(path)
+        raise KeyError(name)
+
+    def embed(self, ids: Any, replace: dict[str, Any] | None = None) -> Any:
+        """The hidden states entering layer 0 for token ``ids`` (batch × tokens), with the checkpoint
+        tensors in ``replace`` (name → values) used instead of the loaded ones."""
+        import torch
+
+        sk = self._sk
+        got: list[Any] = []
+
+        def first(*args: Any, **kwargs: Any) -> Any:
+            got.append(args[0] if args else kwargs["hidden_states"])
+            raise _Stop
+
+        stack = contextlib.ExitStack()
+        with stack:
+            for name, value in (replace or {}).items():
+                stack.enter_context(swapped_param(self.param(name), value))
+            sk.layers[0].forward = first
+            try:
+                sk.base(input_ids=torch.as_tensor(ids, device=self._device), use_cache=False)
+            except _Stop:
+                pass
+            finally:
+                sk.layers[0].__dict__.pop("forward", None)
+        if not got:
+            raise SkeletonError("the model's forward did not reach the first decoder layer")
+        return got[0].detach()
+
+    def head_input(self, hidden: Any) -> Any:
+        """What the output head multiplies for the last hidden states ``hidden`` (batch × tokens ×
+        hidden): the model's own final norm applied, the head itself not run."""
+        import torch
+
+        if not self._has_head or self._sk.head_path is None:
+            raise CalibrationError("This run has no output head.")
+        sk = self._sk
+        head_mod = sk.model.get_submodule(sk.head_path)
+        got: list[Any] = []
+
+        def pre(_m: Any, args: tuple[Any, ...]) -> None:
+            got.append(args[0])
+            raise _Stop
+
+        def first(*_a: Any, **_k: Any) -> Any:
+            return hidden
+
+        def identity(*args: Any, **kwargs: Any) -> Any:
+            return args[0] if args else kwargs["hidden_states"]
+
+        handle = head_mod.register_forward_pre_hook(pre)
+        for i, layer in enumerate(sk.layers):
+            layer.forward = first if i == 0 else identity
+        try:
+            ids = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self._device)
+            sk.model(input_ids=ids, use_cache=False)
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
+            for layer in sk.layers:
+                layer.__dict__.pop("forward", None)
+        if not got:
+            raise SkeletonError("the model's forward did not reach its output head")
+        return got[0].detach()
+
+    def logits(self, hidden: Any, rows: Any = None, weight: Any = None) -> Any:
+        """Logits (batch × tokens × vocabulary, float32) of the last hidden states ``hidden`` through the
+        model's final norm, head and soft-capping; ``rows`` (token ids) keeps only those outputs,
+        ``weight`` (rows × hidden) replaces the head's weight for them (a quantized head)."""
+        import torch
+
+        if not self._has_head or self._head_w is None:
+            raise CalibrationError("This run has no output head to compute logits with.")
+        sk = self._sk
+        head_mod = sk.model.get_submodule(self._sk.head_path)
+        full = head_mod.weight
+        if full.device.type == "meta":
+            raise SkeletonError("the output head's weight was not loaded")
+        w = full if rows is None else full[torch.as_tensor(rows, device=full.device)]
+        if weight is not None:
+            w = torch.as_tensor(weight).to(device=full.device, dtype=full.dtype)
+        bias = getattr(head_mod, "bias", None)
+        if bias is not None and rows is not None:
+            bias = bias[torch.as_tensor(rows, device=bias.device)]
+
+        def first(*_a: Any, **_k: Any) -> Any:
+            return hidden
+
+        def identity(*args: Any, **kwargs: Any) -> Any:
+            return args[0] if args else kwargs["hidden_states"]
+
+        saved = (head_mod._parameters.get("weight"), head_mod._parameters.get("bias"))
+        head_mod._parameters["weight"] = torch.nn.Parameter(w, requires_grad=False)
+        if bias is not None:
+            head_mod._parameters["bias"] = torch.nn.Parameter(bias, requires_grad=False)
+        for i, layer in enumerate(sk.layers):
+            layer.forward = first if i == 0 else identity
+        try:
+            ids = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self._device)
+            out = sk.model(input_ids=ids, use_cache=False)
+            return out.logits.float()
+        finally:
+            head_mod._parameters["weight"], b = saved
+            if bias is not None:
+                head_mod._parameters["bias"] = b
+            for layer in sk.layers:
+                layer.__dict__.pop("forward", None)
 
 
 class Consumer:
@@ -686,6 +873,7 @@ def _run_layerwise(
         chunks.n_ctx,
         tuple(sites),
         head,
+        OuterView(sk, dev, head),
     )
     prog = _Progress(ctx, chunks.n_chunks * (n + 1 + int(head)))
     for c in consumers:
@@ -713,7 +901,7 @@ def _run_layerwise(
                     outs.append(out[0] if isinstance(out, tuple) else out)
                     prog.step(f"layer {i + 1}/{n}: chunk {c + 1}/{chunks.n_chunks}")
                 hooks.remove()
-                view = LayerView(i, layer, lsites, sk.model)
+                view = LayerView(i, layer, lsites, sk.model, args=(rest, kwargs), inputs=states)
                 for cons in consumers:
                     cons.layer_collected(view)
                 if view.changed:
@@ -936,9 +1124,11 @@ __all__ = [
     "Consumer",
     "LayerView",
     "LinearSite",
+    "OuterView",
     "RunInfo",
     "RunSpec",
     "RunnerMode",
     "params_on_meta",
     "run_model",
+    "swapped_param",
 ]
