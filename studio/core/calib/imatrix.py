@@ -21,7 +21,6 @@ computes it, so an export with our imatrix is byte-identical to llama-quantize's
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import struct
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from studio.core.atomic import write_atomic
 from studio.core.calib.errors import CalibrationError
 
 GGUF_MAGIC = b"GGUF"
@@ -218,10 +218,6 @@ def imatrix_from_stats(stats: Any, info: Any, *, process_output: bool = False) -
 # ------------------------------------------------------------------------------------------ writing
 
 
-def _partial(out: Path) -> Path:
-    return out.with_name(out.name + ".partial")
-
-
 def write_gguf(imatrix: Imatrix, out: str | os.PathLike[str]) -> Path:
     """Write ``imatrix`` as llama.cpp's GGUF imatrix (atomically: ``OUT.partial`` then rename)."""
     from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
@@ -300,17 +296,9 @@ def write_dat(imatrix: Imatrix, out: str | os.PathLike[str]) -> Path:
         parts.append(vals.astype("<f4").tobytes())
     ds = (imatrix.datasets[-1] if imatrix.datasets else "").encode("utf-8")
     parts.append(struct.pack("<i", int(imatrix.chunk_count)) + struct.pack("<i", len(ds)) + ds)
-    tmp = _partial(p)
     try:
-        with open(tmp, "wb") as f:
-            for b in parts:
-                f.write(b)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        write_atomic(p, b"".join(parts))
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise CalibrationError(f"Cannot write the imatrix {p}: {err.strerror or err}.") from None
     return p
 

@@ -501,6 +501,27 @@ def _set_param(root: Any, path: str, value: Any) -> None:
     )
 
 
+_COPYABLE = {"F32": None, "F16": None, "BF16": "bfloat16"}
+
+
+def _read_tensor(ckpt: Any, name: str) -> Any:
+    """One tensor as a CPU torch tensor, copied out of a short-lived memory map of just its bytes.
+
+    safetensors' own handle keeps the whole file mapped, so every layer read would stay in the
+    process's resident memory until the end; a per-tensor map is released as soon as it is copied.
+    """
+    import numpy as np
+    import torch
+
+    info = ckpt.info.tensor(name)
+    if info.dtype in _COPYABLE and getattr(ckpt.info.format, "value", "") == "safetensors":
+        raw = ckpt.read_raw(name)
+        t = torch.from_numpy(np.array(raw).reshape(info.shape))
+        del raw
+        return t.view(torch.bfloat16) if info.dtype == "BF16" else t
+    return ckpt.read_torch(name)
+
+
 class _Materializer:
     """Reads parameters from the checkpoint onto the device, and sends them back to the meta device."""
 
@@ -516,7 +537,7 @@ class _Materializer:
 
         nbytes = 0
         for path in paths:
-            t = self.ckpt.read_torch(self.sk.names[path])
+            t = _read_tensor(self.ckpt, self.sk.names[path])
             want = tuple(self.sk.model.get_parameter(path).shape)
             if tuple(t.shape) != want:
                 raise SkeletonError(f"{self.sk.names[path]} has shape {tuple(t.shape)}, the model {want}")

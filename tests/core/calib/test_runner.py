@@ -24,7 +24,9 @@ def _independent_sum_sq(model_dir, tokens):
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
-    m = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False).eval()
+    m = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, trust_remote_code=False
+    ).eval()
     sums: dict[str, list] = {}
 
     def hook(name):
@@ -52,7 +54,9 @@ def test_imatrix_equals_plain_transformers_hooks(tiny_model, calib_text, arch):
     assert stats.info.mode is RunnerMode.LAYERWISE
     with open_model(model) as ck:
         im = imatrix_from_stats(stats, ck.info)
-    ref = _independent_sum_sq(model, prepare_input(model, calib_text, n_ctx=CTX, n_chunks=CHUNKS).chunks.tokens)
+    ref = _independent_sum_sq(
+        model, prepare_input(model, calib_text, n_ctx=CTX, n_chunks=CHUNKS).chunks.tokens
+    )
     by_hf = {s.name: s for s in stats.sites}
     assert set(ref) == set(by_hf)  # every linear of every layer was observed, nothing else
     from studio.core.gguf.arch import layout
@@ -92,7 +96,9 @@ def test_statistics_are_consistent(llama_stats):
     k = llama_stats.inputs["model.layers.0.self_attn.k_proj.weight"]
     assert k is st
     assert llama_stats.inputs["model.layers.0.mlp.down_proj.weight"].n_cols == 768
-    assert [h.layer for h in llama_stats.hidden] == [0, 1] and all(h.tokens == CHUNKS * CTX for h in llama_stats.hidden)
+    assert [h.layer for h in llama_stats.hidden] == [0, 1] and all(
+        h.tokens == CHUNKS * CTX for h in llama_stats.hidden
+    )
 
 
 class _Logits(Consumer):
@@ -133,7 +139,9 @@ class _ZeroV(Consumer):
             view.set_weight(site, torch.zeros_like(view.weight(site)))
 
 
-def test_a_consumer_changes_weights_and_the_next_layer_sees_it(llama_model, calib_text, llama_stats, tmp_path):
+def test_a_consumer_changes_weights_and_the_next_layer_sees_it(
+    llama_model, calib_text, llama_stats, tmp_path
+):
     from safetensors.torch import load_file, save_file
 
     changed = ActivationCollector()
@@ -151,7 +159,9 @@ def test_a_consumer_changes_weights_and_the_next_layer_sees_it(llama_model, cali
     copy = tmp_path / "zeroed"
     shutil.copytree(llama_model, copy)
     sd = load_file(str(copy / "model.safetensors"))
-    sd["model.layers.0.self_attn.v_proj.weight"] = torch.zeros_like(sd["model.layers.0.self_attn.v_proj.weight"])
+    sd["model.layers.0.self_attn.v_proj.weight"] = torch.zeros_like(
+        sd["model.layers.0.self_attn.v_proj.weight"]
+    )
     save_file(sd, str(copy / "model.safetensors"), metadata={"format": "pt"})
     ref = calibrate(copy, calib_text, n_ctx=CTX, n_chunks=CHUNKS, device="cpu")
     np.testing.assert_allclose(got.inputs[name1].sum_sq, ref.inputs[name1].sum_sq, rtol=1e-5)
