@@ -284,6 +284,36 @@ def export_gguf(
     )
 
 
+def export_file_bytes(
+    info: Any, plan: Plan, *, imatrix: Mapping[str, Any] | None = None, source_repo: str | None = None
+) -> int:
+    """The exact size of the file ``export_gguf`` writes for ``plan`` (studio back end, or a calibrated
+    export): the same metadata and tensor infos serialized in memory, plus the aligned tensor data."""
+    import types
+
+    import gguf
+
+    from studio.core.model import hub_repo_id
+
+    check_plan(plan, info)
+    lay = layout(info)
+    if source_repo is None:
+        source_repo = hub_repo_id(info.path)
+    kv = gguf.GGUFWriter(None, lay.arch)
+    _write_metadata(types.SimpleNamespace(kv=kv), info, plan, plan.ftype, source_repo, imatrix)
+    items = _items(plan, lay, extra_tensors(info))
+    align = kv.data_alignment
+    n = 4 + 4 + 8 + 8  # magic, version, tensor count, key count
+    for key, val in kv.kv_data[0].items():
+        n += len(kv._pack_val(key, gguf.GGUFValueType.STRING, add_vtype=False))
+        n += len(kv._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type))
+    for it in items:
+        n += len(kv._pack_val(it.gguf_name, gguf.GGUFValueType.STRING, add_vtype=False))
+        n += 4 + 8 * len(it.shape) + 4 + 8
+    n += -n % align
+    return n + sum(it.nbytes + (-it.nbytes % align) for it in items)
+
+
 def check_exportable(info: Any) -> None:
     """Raise an ExportError when ``info`` is not a checkpoint export can convert (a GGUF file)."""
     from studio.core.model.types import CheckpointFormat
@@ -572,6 +602,7 @@ __all__ = [
     "ExportResult",
     "JobCancelled",
     "check_exportable",
+    "export_file_bytes",
     "export_gguf",
     "llamacpp_overrides",
     "llamacpp_validator",

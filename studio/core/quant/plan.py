@@ -57,6 +57,7 @@ class RecipeKind(str, Enum):
 
     PRESET = "preset"  # one of llama.cpp's mixtures
     UNIFORM = "uniform"  # one qtype for every quantizable tensor
+    BUDGET = "budget"  # chosen per tensor from a sensitivity scan for a size budget
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,13 @@ class Recipe:
     """
 
     kind: RecipeKind
-    base: str  # the preset (PRESET) or the qtype (UNIFORM)
+    base: str  # the preset (PRESET), the qtype (UNIFORM) or the budget as written (BUDGET, "4.8bpw")
     imatrix: bool = False  # PRESET: made for an export with an importance matrix
     keep_first_last: tuple[int, str] | None = None  # (n, qtype)
     overrides: tuple[Override, ...] = ()
     edited: bool = False
     method: str = DEFAULT_METHOD  # the plan-wide method (``with_method``), applied last
+    candidates: tuple[str, ...] = ()  # BUDGET: the qtypes the allocator could choose from
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as saved in plan files (a uniform start with first/last layers is written as
@@ -83,6 +85,8 @@ class Recipe:
             d: dict[str, Any] = {"kind": "first_last", "n": n, "high": high, "low": self.base}
         elif self.kind is RecipeKind.UNIFORM:
             d = {"kind": "uniform", "type": self.base}
+        elif self.kind is RecipeKind.BUDGET:
+            d = {"kind": "budget", "budget": self.base, "candidates": list(self.candidates)}
         else:
             d = {"kind": "preset", "preset": self.base}
             if self.imatrix:
@@ -119,6 +123,11 @@ class Recipe:
                 )
             if kind == "uniform":
                 return Recipe(RecipeKind.UNIFORM, str(d["type"]), overrides=ovs, edited=edited, method=method)
+            if kind == "budget":
+                cands = tuple(str(c) for c in d.get("candidates") or ())
+                return Recipe(
+                    RecipeKind.BUDGET, str(d["budget"]), edited=edited, method=method, candidates=cands
+                )
             if kind == "first_last":
                 keep_fl = (int(d["n"]), str(d["high"]))
                 return Recipe(
@@ -462,6 +471,11 @@ def plan_first_last(info: ModelInfo, n: int, high: str, low: str, overrides: Seq
 def plan_from_recipe(info: ModelInfo, recipe: Recipe | Mapping[str, Any]) -> Plan:
     """Remake a plan for ``info`` from its recipe (a ``Recipe`` or the dict a plan file holds)."""
     r = recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
+    if r.kind is RecipeKind.BUDGET:
+        raise QuantizationError(
+            f"A plan for the budget {r.base} is made from a sensitivity scan of the model, not from its recipe.",
+            hint=f"Run quant-studio-cli plan MODEL --budget {r.base} for this model.",
+        )
     if r.keep_first_last is None:  # one step, named as when it was made
         if r.kind is RecipeKind.PRESET:
             plan = plan_from_preset(info, r.base, r.overrides, imatrix=r.imatrix)
@@ -473,6 +487,30 @@ def plan_from_recipe(info: ModelInfo, recipe: Recipe | Mapping[str, Any]) -> Pla
         plan = keep_first_last(plan_from_preset(info, r.base, imatrix=r.imatrix), info, *r.keep_first_last)
         plan = with_overrides(plan, info, r.overrides) if r.overrides else plan
     return with_method(plan, info, r.method) if r.method != DEFAULT_METHOD else plan
+
+
+def plan_from_types(
+    info: ModelInfo,
+    types: Mapping[str, str],
+    *,
+    name: str,
+    recipe: Recipe | None = None,
+    notes: Sequence[str] = (),
+    method: str = DEFAULT_METHOD,
+) -> Plan:
+    """The plan giving each tensor of ``types`` (HF name → qtype, every quantizable tensor named) its
+    qtype, fallbacks applied; its file type is that of the qtype holding most bytes (llama.cpp names a
+    mixed file after its main type)."""
+    from studio.core.gguf.arch import layout
+
+    plan = _finish(info, types, name=name, ftype=1, recipe=recipe, method=method)
+    by_bytes: dict[str, int] = {}
+    for tm in layout(info).tensors:
+        q = plan.types[tm.hf_name]
+        if q not in FLOAT_TYPES:
+            by_bytes[q] = by_bytes.get(q, 0) + tensor_bytes(q, tm.shape)
+    main = max(by_bytes, key=lambda q: by_bytes[q]) if by_bytes else "F16"
+    return dataclasses.replace(plan, ftype=QTYPES[main].ftype or 1, notes=plan.notes + tuple(notes))
 
 
 # ----------------------------------------------------------------------------------------- verbs

@@ -92,8 +92,7 @@ def _info(name: str, fallback: str | None, file_type: str | None, *, plannable: 
 
 
 # Menu order: floats, the 32-weight types, then the 256-weight ones. A K-quant's file type is the
-# _M mixture, the one llama.cpp names after it; IQ4_XS is quantized and previewed but no plan offers
-# it yet (no preset uses it and the exporter's tests do not cover it).
+# _M mixture, the one llama.cpp names after it. No preset uses IQ4_XS; budget plans may choose it.
 QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
     {
         i.name: i
@@ -112,7 +111,7 @@ QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
             _info("Q4_K", "Q5_0", "Q4_K_M"),
             _info("Q5_K", "Q5_1", "Q5_K_M"),
             _info("Q6_K", "Q8_0", "Q6_K"),
-            _info("IQ4_XS", "IQ4_NL", "IQ4_XS", plannable=False),
+            _info("IQ4_XS", "IQ4_NL", "IQ4_XS"),
         )
     }
 )

@@ -1,0 +1,197 @@
+"""What ``sensitivity``, ``plan`` and ``export --budget`` share: the scan's arguments, the scan, the budget plan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+
+def default_cache_dir() -> Path:
+    """Where scans are kept between runs: ``$QUANT_STUDIO_CACHE`` or the user's cache folder."""
+    env = os.environ.get("QUANT_STUDIO_CACHE")
+    if env:
+        return Path(env).expanduser() / "sensitivity"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "quant-studio" / "sensitivity"
+
+
+def _types(spec: str | None) -> tuple[str, ...] | None:
+    if not spec:
+        return None
+    return tuple(t.strip().upper() for t in spec.split(",") if t.strip())
+
+
+def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> None:
+    """The scan's options (candidates, mode, chunks, cache)."""
+    if calib_text:
+        p.add_argument(
+            "--calib-text",
+            metavar="FILE",
+            help="calibration text (UTF-8, or a .jsonl of chats; default: the built-in text)",
+        )
+        p.add_argument(
+            "--calib-ctx",
+            type=int,
+            default=512,
+            metavar="N",
+            help="tokens per calibration chunk (default 512)",
+        )
+        p.add_argument(
+            "--calib-chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
+        )
+    p.add_argument(
+        "--types",
+        metavar="T,T,...",
+        help="candidate qtypes (default: Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,Q8_0,IQ4_XS,IQ4_NL,Q4_0,Q4_1,Q5_0,Q5_1)",
+    )
+    p.add_argument("--exact", action="store_true", help="measure every (tensor, type) instead of the proxy")
+    p.add_argument(
+        "--scan-ctx", type=int, default=128, metavar="N", help="tokens per scan chunk (default 128)"
+    )
+    p.add_argument("--scan-chunks", type=int, default=2, metavar="N", help="scan chunks (default 2)")
+    p.add_argument(
+        "--scan", metavar="SCAN.json", help="use a scan saved by sensitivity -o instead of scanning"
+    )
+    p.add_argument("--no-cache", action="store_true", help="scan again even when a cached scan matches")
+
+
+def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
+    """The ``ScanSettings`` the arguments describe."""
+    from studio.core.calib.sensitivity import DEFAULT_TYPES, ScanSettings
+
+    return ScanSettings(
+        types=_types(args.types) or DEFAULT_TYPES,
+        exact=bool(args.exact),
+        n_ctx=args.scan_ctx,
+        n_chunks=args.scan_chunks,
+        calib_ctx=args.calib_ctx,
+        calib_chunks=args.calib_chunks,
+        device=device if device in ("cpu", "cuda", "mps") else "cpu",
+    )
+
+
+def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
+    """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``)."""
+    import dataclasses
+    import hashlib
+
+    from studio.core.calib.calibrate import calibrate, load_tokenizer
+    from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
+    from studio.core.calib.imatrix import imatrix_from_stats, read_imatrix, write_imatrix
+    from studio.core.stats.cache import checkpoint_key
+
+    tok = load_tokenizer(info.path)
+    data = load_calibration(args.calib_text or BUILTIN, ChatFormat.of_tokenizer(tok, info.path.name), ctx)
+    ck = checkpoint_key(info, "")
+    key = hashlib.sha256(
+        f"{info.path}|{ck.mtime_ns}|{ck.size}|{data.digest}|{args.calib_ctx}|{args.calib_chunks}".encode()
+    ).hexdigest()[:24]
+    cached = None if args.no_cache else default_cache_dir() / f"imatrix-{key}.gguf"
+    if cached is not None and cached.is_file():
+        try:
+            return dataclasses.replace(read_imatrix(cached), path=None)  # as a fresh one: no file recorded
+        except StudioError:
+            pass  # a damaged cache file: calibrate again
+    ctx.report(0, 1, "Calibrating (importance matrix)")
+    stats = calibrate(
+        info.path,
+        data,
+        n_ctx=args.calib_ctx,
+        n_chunks=args.calib_chunks,
+        device="cpu",
+        dtype="float32",
+        histogram=False,
+        ctx=ctx,
+    )
+    im = imatrix_from_stats(stats, info)
+    if cached is not None:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            write_imatrix(im, cached)
+        except (OSError, StudioError):
+            pass  # without a cache the next run calibrates again
+    return im
+
+
+def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
+    """The scan the arguments ask for: read from ``--scan``, or run (cached unless ``--no-cache``)."""
+    from studio.commands._common import read_text
+    from studio.core.calib.data import BUILTIN
+    from studio.core.calib.sensitivity import Sensitivity, scan_sensitivity
+
+    if getattr(args, "scan", None):
+        import json
+
+        try:
+            scan = Sensitivity.from_dict(json.loads(read_text(args.scan, "sensitivity scan")))
+        except ValueError:
+            raise StudioError(f"The sensitivity scan {args.scan} is not valid JSON.") from None
+        if Path(scan.model).resolve() != Path(info.path).resolve():
+            raise StudioError(f"The scan {args.scan} was made for {scan.model}, not for {info.path}.")
+        return scan
+    return scan_sensitivity(
+        info.path,
+        args.calib_text or BUILTIN,
+        settings_of(args),
+        imatrix=imatrix,
+        cache_dir=None if args.no_cache else default_cache_dir(),
+        ctx=ctx,
+    )
+
+
+def add_budget_args(p: argparse.ArgumentParser) -> None:
+    """The budget plan's options beside ``--budget``."""
+    p.add_argument(
+        "--ctx",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="context a memory budget (vram=…, gpu) is sized for",
+    )
+    p.add_argument(
+        "--exclude",
+        metavar="T,T,...",
+        help="qtypes the allocator may not choose (e.g. Q4_1 on a model dequantized from a Q4_1 file)",
+    )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="also measure the plan's KL on the scan chunks with every tensor quantized at once",
+    )
+
+
+def allocation(
+    args: argparse.Namespace, info: Any, scan: Any, imatrix: Any, method: str | None, ctx: Any
+) -> Any:
+    """The budget plan for ``--budget`` (with ``--exclude`` and ``--measure``)."""
+    from studio.core.quant.allocate import allocate, parse_budget
+
+    budget = parse_budget(args.budget, ctx_len=args.ctx)
+    excluded = set(_types(args.exclude) or ())
+    unknown = [q for q in excluded if q not in scan.types]
+    if unknown:
+        raise StudioError(f"--exclude names {unknown[0]}, which the scan did not measure.")
+    cands = tuple(q for q in scan.types if q not in excluded)
+    if not cands:
+        raise StudioError("--exclude leaves no qtype to choose from.")
+    alloc = allocate(info, scan, budget, candidates=cands, imatrix=imatrix, method=method)
+    if args.measure:
+        import dataclasses
+
+        from studio.core.calib.data import BUILTIN
+        from studio.core.calib.sensitivity import measure_plans
+
+        (kl,) = measure_plans(
+            info.path,
+            [dict(alloc.plan.types)],
+            args.calib_text or BUILTIN,
+            settings_of(args),
+            imatrix=imatrix,
+            ctx=ctx,
+        )
+        alloc = dataclasses.replace(alloc, measured_kl=kl)
+    return alloc

@@ -1,0 +1,82 @@
+"""``quant-studio-cli plan MODEL --budget SIZE -o plan.json``: the per-tensor plan for a budget, without quantizing."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from studio.commands._common import ProgressLine, print_json, write_text
+from studio.commands._scan import add_budget_args, add_scan_args, allocation, calibration, run_scan
+from studio.core.units import format_bytes
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``plan`` subcommand."""
+    p = subparsers.add_parser(
+        "plan",
+        help="choose per-tensor types for a size, bits-per-weight or memory budget (writes a plan)",
+        description=(
+            "Scan the model's per-tensor sensitivity (cached) and choose for every tensor the type that "
+            "minimises the predicted KL within the budget: file bytes (105454336, 4.5GB, 800MiB), bits "
+            "per weight (4.8bpw), or run-time memory (vram=8GB, gpu) at --ctx. The plan is written as "
+            "JSON for export --plan; nothing is quantized."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="model folder (or cached Hub id)")
+    p.add_argument("--budget", required=True, metavar="SIZE", help="bytes, 4.5GB, 4.8bpw, vram=8GB or gpu")
+    p.add_argument("-o", "--output", required=True, metavar="PLAN.json", help="the plan file to write")
+    p.add_argument(
+        "--method",
+        metavar="M",
+        default="imatrix",
+        help="the method the plan records for the export (default imatrix; gptq, awq, awq+gptq)",
+    )
+    add_budget_args(p)
+    add_scan_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``plan``."""
+    from studio.core.export import check_exportable
+    from studio.core.gguf.writer import check_output_path
+    from studio.core.jobs import JobContext
+    from studio.core.model import open_model
+    from studio.core.quant.allocate import parse_budget
+    from studio.core.quant.methods import check_method
+
+    parse_budget(args.budget, ctx_len=args.ctx)  # a malformed budget is refused before any work
+    method = check_method(args.method)
+    with open_model(args.model) as ck:
+        info = ck.info
+    check_exportable(info)
+    from pathlib import Path
+
+    check_output_path(Path(args.output).expanduser())
+    with ProgressLine() as line:
+        ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
+        imatrix = calibration(args, info, ctx)
+        scan = run_scan(args, info, ctx, imatrix)
+        alloc = allocation(args, info, scan, imatrix if method == "imatrix" else None, method, ctx)
+    write_text(args.output, alloc.plan.to_json(), "plan")
+    out = {"output": args.output, "plan": alloc.plan.name, "method": method, **alloc.to_dict()}
+    out["scan"] = {
+        "mode": scan.mode,
+        "tokens": scan.n_tokens,
+        "seconds": round(scan.seconds, 3),
+        "key": scan.key,
+    }
+    out["types"] = dict(alloc.plan.summary(info).tensors_by_type)
+    if args.json:
+        print_json(out)
+        return 0
+    print(
+        f"wrote {args.output}: {format_bytes(alloc.file_bytes)} file ({alloc.bpw:.2f} bpw) for a budget of "
+        f"{alloc.budget.describe()}; predicted KL {alloc.predicted_kl:.4f}"
+        + (f", measured {alloc.measured_kl:.4f} on the scan chunks" if alloc.measured_kl is not None else "")
+    )
+    print("types: " + ", ".join(f"{k}×{v}" for k, v in sorted(out["types"].items())))
+    for n in alloc.notes:
+        print(f"note: {n}")
+    return 0

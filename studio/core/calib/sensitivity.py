@@ -1,0 +1,1080 @@
+"""Per-tensor sensitivity: the KL a model's output moves by when only one tensor is quantized.
+
+For every quantizable tensor and candidate qtype the scan reports the mean KL(original ‖ perturbed)
+of the next-token distributions over a few calibration chunks (llama.cpp's convention: natural log,
+every position counted), the tensor's bytes at that qtype, and the imatrix-weighted quantization
+error ``Σ_j imatrix_j Σ_i (W − Ŵ)²_ij`` (the expected ‖(W − Ŵ)x‖² per token). Candidates are
+quantized as the export would (llama.cpp's search weighted by the imatrix of the calibration text);
+a qtype whose rows the tensor cannot take is measured as its fallback.
+
+**Exact mode** runs on the sequential layer runner (``runner.run_model``) as one consumer: the runner
+moves the original chunks through the model layer by layer; ``SensitivityScan`` carries *perturbed
+streams* alongside. When layer ``l`` is on the device it (1) moves every stream started in earlier
+layers through layer ``l`` (batched, original weights), and (2) starts new streams for the tensors of
+layer ``l``: the layer's original inputs run through the layer once with that tensor replaced by its
+dequantized candidate (all candidates of one tensor in one batched call). Every stream therefore
+runs only from its perturbed layer on, on a few hundred tokens, and memory stays one layer plus the
+streams' differences from the original (float16). At the head, the output change is
+``δ = W_head (ĥ' − ĥ)`` (bfloat16 matrix product of a small difference, float32 result) and
+``KL = log Σ_v p_v e^{δ_v} − Σ_v p_v δ_v``, which needs no second full softmax. The token embedding
+(tied to the output or not) and an untied output head are streams too.
+
+**Proxy mode** measures exactly only a sample: every tensor of a few layers (first, last, and evenly
+in between) at one reference qtype (its smallest candidate). Their ``gain = KL / error`` is
+interpolated over layers per role (log-linear), and every other (tensor, qtype) is predicted as
+``gain × error``, the error coming from a sample of rows. A few held-out pairs are measured exactly
+too and reported as ``check`` (how far the proxy is from the exact KL).
+
+``plans`` measured in the same run are streams in which every tensor takes its plan's qtype at once:
+the allocator's interaction check (``studio.core.quant.allocate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.atomic import write_atomic
+from studio.core.calib.errors import CalibrationError
+from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec
+from studio.core.jobs import JobContext, null_context
+from studio.core.quant.types import QTYPES, fallback_type, tensor_bytes
+
+SCAN_VERSION = 1
+
+DEFAULT_TYPES: tuple[str, ...] = (
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "Q8_0",
+    "IQ4_XS",
+    "IQ4_NL",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+)
+"""Candidate qtypes of a scan (Q2_K … Q8_0, IQ4_XS, IQ4_NL and the legacy 32-weight types)."""
+
+SCAN_CTX = 128  # tokens per scan chunk: short chunks keep the perturbed streams cheap
+SCAN_CHUNKS = 2
+PROXY_ROW_SHARE = 1 / 16  # rows of a tensor quantized to estimate its error in proxy mode
+PROXY_MIN_ROWS = 64
+_BATCH_TOKENS = 8192  # tokens per batched layer call (bounds the activations' memory)
+_DELTA_DTYPE = "float16"  # streams store h' − h: small differences keep their precision in float16
+
+
+class Mode(str):
+    """Scan modes (plain strings so that JSON and the CLI read them as they are)."""
+
+    EXACT = "exact"
+    PROXY = "proxy"
+
+
+@dataclass(frozen=True)
+class TypeCost:
+    """One candidate of one tensor: the KL when only this tensor takes ``qtype``, and its bytes.
+
+    ``effective`` is the qtype the tensor really gets (a fallback when its rows do not fit the
+    block); ``measured`` tells an exact KL from a proxy prediction; ``error`` is the imatrix-weighted
+    quantization error (None when it was not computed).
+    """
+
+    qtype: str
+    kl: float
+    bytes: int
+    effective: str
+    measured: bool
+    error: float | None = None
+
+
+@dataclass(frozen=True)
+class TensorSensitivity:
+    """The candidates of one quantizable tensor."""
+
+    name: str  # HF name (as plans key tensors)
+    gguf_name: str
+    role: str
+    layer: int | None
+    n_params: int
+    by_type: Mapping[str, TypeCost]
+
+    def cost(self, qtype: str) -> TypeCost:
+        """The candidate ``qtype`` (KeyError when it was not scanned)."""
+        return self.by_type[qtype]
+
+
+@dataclass(frozen=True)
+class ProxyCheck:
+    """How the proxy compares with the exact KL on held-out (tensor, qtype) pairs."""
+
+    pairs: tuple[tuple[str, str, float, float], ...]  # (tensor, qtype, exact KL, proxy KL)
+
+    @property
+    def median_abs_log_ratio(self) -> float:
+        """Median |ln(proxy / exact)| (0 is perfect; 0.26 is a factor 1.3)."""
+        r = [abs(math.log(p / e)) for _, _, e, p in self.pairs if e > 0 and p > 0]
+        return float(np.median(r)) if r else float("nan")
+
+    @property
+    def spearman(self) -> float:
+        """Rank correlation of proxy and exact KL over the pairs."""
+        if len(self.pairs) < 3:
+            return float("nan")
+        e = np.argsort(np.argsort([p[2] for p in self.pairs]))
+        q = np.argsort(np.argsort([p[3] for p in self.pairs]))
+        return float(np.corrcoef(e, q)[0, 1])
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """A scan of one model: the candidates of every quantizable tensor, and how they were measured."""
+
+    model: str
+    dataset: str
+    mode: str
+    method: str  # how candidates were quantized ("imatrix": llama.cpp's search with the imatrix)
+    types: tuple[str, ...]
+    n_tokens: int
+    tensors: tuple[TensorSensitivity, ...]
+    fixed: Mapping[str, str] = field(default_factory=dict)  # quantizable tensors not scanned → qtype kept
+    plan_kls: tuple[float, ...] = ()  # measured KL of each plan given to the scan
+    check: ProxyCheck | None = None
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    key: str = ""
+
+    def tensor(self, name: str) -> TensorSensitivity:
+        """The tensor called ``name`` (HF or GGUF name); KeyError if it was not scanned."""
+        for t in self.tensors:
+            if name in (t.name, t.gguf_name):
+                return t
+        raise KeyError(name)
+
+    def predicted_kl(self, types: Mapping[str, str]) -> float:
+        """The sum of the tensors' KLs at ``types`` (HF name → qtype; float types count 0)."""
+        total = 0.0
+        for t in self.tensors:
+            q = types.get(t.name)
+            if q is None or QTYPES[q].is_float:
+                continue
+            c = t.by_type.get(q)
+            if c is None:
+                c = next((v for v in t.by_type.values() if v.effective == q), None)
+            if c is None:
+                raise KeyError(f"{t.name} was not scanned at {q}")
+            total += c.kl
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``sensitivity --json``): ``{"tensors": [{"name", "role", "layer", "by_type":
+        {TYPE: {"kl", "bytes", ...}}}], ...}``."""
+        out: dict[str, Any] = {
+            "version": SCAN_VERSION,
+            "model": self.model,
+            "dataset": self.dataset,
+            "mode": self.mode,
+            "method": self.method,
+            "types": list(self.types),
+            "tokens": self.n_tokens,
+            "seconds": round(self.seconds, 3),
+            "cpu_seconds": round(self.cpu_seconds, 3),
+            "key": self.key,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "gguf_name": t.gguf_name,
+                    "role": t.role,
+                    "layer": t.layer,
+                    "params": t.n_params,
+                    "by_type": {
+                        q: {
+                            "kl": c.kl,
+                            "bytes": c.bytes,
+                            "effective": c.effective,
+                            "measured": c.measured,
+                            "error": c.error,
+                        }
+                        for q, c in t.by_type.items()
+                    },
+                }
+                for t in self.tensors
+            ],
+            "fixed": dict(self.fixed),
+            "plan_kls": list(self.plan_kls),
+        }
+        if self.check is not None:
+            out["check"] = {
+                "pairs": [list(p) for p in self.check.pairs],
+                "median_abs_log_ratio": self.check.median_abs_log_ratio,
+                "spearman": self.check.spearman,
+            }
+        return out
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Sensitivity:
+        """A scan as ``to_dict`` wrote it; CalibrationError if it is not one."""
+        try:
+            if d.get("version") != SCAN_VERSION:
+                raise ValueError(f"version {d.get('version')!r}")
+            tensors = tuple(
+                TensorSensitivity(
+                    str(t["name"]),
+                    str(t["gguf_name"]),
+                    str(t["role"]),
+                    None if t["layer"] is None else int(t["layer"]),
+                    int(t["params"]),
+                    {
+                        str(q): TypeCost(
+                            str(q),
+                            float(c["kl"]),
+                            int(c["bytes"]),
+                            str(c["effective"]),
+                            bool(c["measured"]),
+                            None if c.get("error") is None else float(c["error"]),
+                        )
+                        for q, c in t["by_type"].items()
+                    },
+                )
+                for t in d["tensors"]
+            )
+            chk = d.get("check")
+            check = (
+                ProxyCheck(tuple((str(a), str(b), float(c), float(e)) for a, b, c, e in chk["pairs"]))
+                if chk
+                else None
+            )
+            return Sensitivity(
+                str(d["model"]),
+                str(d["dataset"]),
+                str(d["mode"]),
+                str(d["method"]),
+                tuple(str(x) for x in d["types"]),
+                int(d["tokens"]),
+                tensors,
+                {str(k): str(v) for k, v in (d.get("fixed") or {}).items()},
+                tuple(float(x) for x in d.get("plan_kls") or ()),
+                check,
+                float(d.get("seconds", 0.0)),
+                float(d.get("cpu_seconds", 0.0)),
+                str(d.get("key", "")),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CalibrationError(f"This is not a sensitivity scan of Quant Studio ({err}).") from None
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held (for cache budgets)."""
+        return 512 + sum(256 + 96 * len(t.by_type) for t in self.tensors)
+
+
+# ------------------------------------------------------------------------------------------ targets
+
+
+@dataclass(frozen=True)
+class ScanTarget:
+    """A quantizable tensor the scan can perturb: where it sits in the run, and its candidates."""
+
+    name: str
+    gguf_name: str
+    role: str
+    layer: int | None
+    shape: tuple[int, ...]  # GGUF numpy shape (rows × n_per_row)
+    candidates: Mapping[str, str]  # asked qtype → effective qtype
+    kind: str  # "linear" (a site in a layer), "embedding" or "output"
+
+    @property
+    def effective(self) -> tuple[str, ...]:
+        """The distinct effective qtypes, smallest first."""
+        eff = set(self.candidates.values())
+        return tuple(sorted(eff, key=lambda q: (tensor_bytes(q, self.shape), q)))
+
+
+def scan_targets(info: Any, types: Sequence[str]) -> tuple[list[ScanTarget], dict[str, str]]:
+    """The tensors a scan covers (HF order) and the quantizable ones it cannot perturb (→ Q8_0)."""
+    from studio.core.gguf.arch import layout
+    from studio.core.quant.presets import allows_quantization
+
+    lay = layout(info)
+    roles = {t.name: t.role.value for t in info.tensors}
+    out: list[ScanTarget] = []
+    fixed: dict[str, str] = {}
+    for tm in lay.tensors:
+        if not allows_quantization(tm.gguf_name, len(tm.shape)) or math.prod(tm.shape) == 0:
+            continue
+        cands = {q: fallback_type(q, tm.n_per_row).qtype for q in types}
+        cands = {q: e for q, e in cands.items() if not QTYPES[e].is_float}
+        role = roles.get(tm.hf_name, "unknown")
+        if tm.gguf_name == "token_embd.weight":
+            kind = "embedding"
+        elif tm.gguf_name == "output.weight":
+            kind = "output"
+        elif tm.layer is not None:
+            kind = "linear"
+        else:
+            fixed[tm.hf_name] = fallback_type("Q8_0", tm.n_per_row).qtype
+            continue
+        if not cands:
+            fixed[tm.hf_name] = "F16"
+            continue
+        out.append(ScanTarget(tm.hf_name, tm.gguf_name, role, tm.layer, tm.shape, cands, kind))
+    return out, fixed
+
+
+# ------------------------------------------------------------------------------------------ quantizing
+
+
+def _rows_of(w: Any, site: LinearSite | None) -> Any:
+    """The weight as GGUF rows (float32 numpy, rows × n_per_row)."""
+    x = w.detach().float().cpu()
+    if site is not None and site.kind == "conv1d":
+        x = x.T
+    return np.ascontiguousarray(x.reshape(-1, x.shape[-1]).numpy())
+
+
+def _from_rows(rows: np.ndarray, like: Any, site: LinearSite | None) -> Any:
+    import torch
+
+    t = torch.from_numpy(rows)
+    if site is not None and site.kind == "conv1d":
+        return t.reshape(like.shape[1], like.shape[0]).T.contiguous()
+    return t.reshape(like.shape)
+
+
+def quantize_rows(rows: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.ndarray:
+    """``rows`` quantized to ``qtype`` (with the importance ``qw`` per column) and decoded again."""
+    from studio.core.quant.blocks import dequantize, quantize
+
+    q = quantize(rows, qtype, qw if qtype != "Q8_0" else None)
+    return dequantize(q, qtype, rows.shape)
+
+
+def weighted_error(rows: np.ndarray, deq: np.ndarray, qw: np.ndarray | None) -> float:
+    """``Σ_j qw_j Σ_i (rows − deq)²_ij`` (unweighted without ``qw``)."""
+    d = (rows.astype(np.float64) - deq) ** 2
+    col = d.sum(0)
+    if qw is None:
+        return float(col.sum())
+    return float((col * np.asarray(qw, dtype=np.float64)).sum())
+
+
+# ------------------------------------------------------------------------------------------ streams
+
+
+@dataclass(eq=False)
+class _Stream:
+    """A perturbed copy of the scan chunks: ``delta`` is h' − h entering the current layer (None: no
+    difference yet)."""
+
+    key: tuple[Any, ...]  # ("t", tensor, qtype) or ("p", plan index)
+    delta: Any = None  # torch (C, T, H), float16 (float32 where float16 would overflow)
+    head: Any = None  # the head's weight for this stream (tied embedding or output quantized), or None
+    plan: Mapping[str, str] | None = None
+
+
+def _pack(delta: Any) -> Any:
+    import torch
+
+    d16 = delta.to(torch.float16)
+    return d16 if bool(torch.isfinite(d16).all()) else delta.float()
+
+
+class SensitivityScan(Consumer):
+    """The scan's consumer (see the module docstring).
+
+    ``exact``: tensor → effective qtypes whose KL is measured; ``errors``: tensor → qtypes whose
+    imatrix-weighted error is wanted (a ``row_share`` of the rows, at least ``min_rows``; measured
+    candidates use every row); ``plans``: assignments (tensor → qtype) measured as one stream each;
+    ``imatrix``: HF tensor name → importance per column (what the export uses); ``chunk_ids``: the
+    run's token ids (chunks × tokens), which the embedding's streams start from.
+    """
+
+    needs_layerwise = True
+    wants_head = True
+
+    def __init__(
+        self,
+        targets: Sequence[ScanTarget],
+        chunk_ids: Any,
+        *,
+        exact: Mapping[str, Sequence[str]],
+        errors: Mapping[str, Sequence[str]] | None = None,
+        plans: Sequence[Mapping[str, str]] = (),
+        imatrix: Mapping[str, np.ndarray] | None = None,
+        row_share: float = PROXY_ROW_SHARE,
+        min_rows: int = PROXY_MIN_ROWS,
+        seed: int = 0,
+        ctx: JobContext | None = None,
+    ) -> None:
+        self.targets = {t.name: t for t in targets}
+        self.chunk_ids = chunk_ids
+        self.exact = {k: tuple(v) for k, v in exact.items() if v}
+        self.errors = {k: tuple(v) for k, v in (errors or {}).items() if v}
+        self.plans = [dict(p) for p in plans]
+        self.imatrix = dict(imatrix or {})
+        self.row_share = row_share
+        self.min_rows = min_rows
+        self.rng = np.random.default_rng(seed)
+        self.ctx = ctx or null_context()
+        self.kl: dict[tuple[str, str], float] = {}
+        self.err: dict[tuple[str, str], float] = {}
+        self.plan_kl: list[float] = [float("nan")] * len(self.plans)
+        self._spec: RunSpec | None = None
+        self._streams: list[_Stream] = []
+        self._ref: dict[int, Any] = {}
+        self._last: Any = None
+        self._units = 1
+        self._done = 0
+        self._t0 = time.monotonic()
+
+    # -- progress: one unit per stream and layer it goes through, plus the head
+    def _plan_work(self, n_layers: int) -> int:
+        n = 0
+        for name, qs in self.exact.items():
+            t = self.targets[name]
+            start = 0 if t.layer is None else t.layer
+            n += len(qs) * (n_layers - start + 1) if t.kind != "output" else len(qs)
+        return max(1, n + len(self.plans) * (n_layers + 1))
+
+    def _step(self, n: int, msg: str) -> None:
+        from studio.core.units import format_eta
+
+        self._done += n
+        el = time.monotonic() - self._t0
+        left = el / self._done * max(0, self._units - self._done) if self._done else None
+        self.ctx.report(min(self._done, self._units), self._units, f"{msg} · ETA {format_eta(left)}")
+
+    # -- quantizing
+    def _qw(self, name: str) -> np.ndarray | None:
+        v = self.imatrix.get(name)
+        return None if v is None else np.asarray(v, dtype=np.float32).reshape(-1)
+
+    def _quantized(
+        self, name: str, rows: np.ndarray, qtype: str, full: bool
+    ) -> tuple[np.ndarray | None, float]:
+        """(dequantized rows or None, weighted error): every row when ``full``, a sample otherwise."""
+        qw = self._qw(name)
+        n_rows, n_cols = rows.shape
+        if qw is not None and qw.size != n_cols and qw.size % n_cols == 0:
+            # experts: each block of rows takes its own expert's importance
+            n_exp = qw.size // n_cols
+            per = n_rows // n_exp
+            deq = np.empty_like(rows)
+            err = 0.0
+            for e in range(n_exp):
+                sl = slice(e * per, (e + 1) * per)
+                v = qw[e * n_cols : (e + 1) * n_cols]
+                deq[sl] = quantize_rows(rows[sl], qtype, v)
+                err += weighted_error(rows[sl], deq[sl], v)
+            return deq, err
+        if full:
+            deq = quantize_rows(rows, qtype, qw)
+            return deq, weighted_error(rows, deq, qw)
+        k = min(n_rows, max(self.min_rows, int(math.ceil(n_rows * self.row_share))))
+        idx = np.sort(self.rng.choice(n_rows, size=k, replace=False)) if k < n_rows else np.arange(n_rows)
+        sub = np.ascontiguousarray(rows[idx])
+        return None, weighted_error(sub, quantize_rows(sub, qtype, qw), qw) * (n_rows / k)
+
+    def _wanted(self, name: str) -> list[str]:
+        """Effective qtypes of ``name`` that need the whole tensor quantized (measured or in a plan)."""
+        want = set(self.exact.get(name, ())) | {p[name] for p in self.plans if name in p}
+        return sorted(q for q in want if not QTYPES[q].is_float)
+
+    def _errors_only(self, name: str, rows: np.ndarray) -> None:
+        for q in self.errors.get(name, ()):
+            if (name, q) not in self.err:
+                self.ctx.check_cancelled()
+                _, self.err[(name, q)] = self._quantized(name, rows, q, False)
+
+    # -- consumer
+    def start(self, spec: RunSpec) -> None:
+        """Check the run; start the plans' streams and those of the token embedding."""
+        import torch
+
+        if spec.outer is None or not spec.head:
+            raise CalibrationError(
+                "The sensitivity scan needs the layer-by-layer runner with the output head."
+            )
+        self._spec = spec
+        self._units = self._plan_work(spec.n_layers)
+        self._t0 = time.monotonic()
+        plan_streams = [_Stream(("p", i), plan=p) for i, p in enumerate(self.plans)]
+        self._streams.extend(plan_streams)
+        outer = spec.outer
+        emb = next((t for t in self.targets.values() if t.kind == "embedding"), None)
+        if emb is None or outer.embedding is None:
+            return
+        p = outer.param(outer.embedding)
+        rows = _rows_of(p, None)
+        wanted = self._wanted(emb.name)
+        ids = torch.as_tensor(np.asarray(self.chunk_ids), device=p.device)
+        h0 = outer.embed(ids) if wanted else None
+        for q in wanted:
+            self.ctx.check_cancelled()
+            deq, self.err[(emb.name, q)] = self._quantized(emb.name, rows, q, True)
+            new = torch.from_numpy(deq).reshape(p.shape).to(device=p.device, dtype=p.dtype)
+            delta = _pack(outer.embed(ids, {outer.embedding: new}) - h0)
+            head = new if outer.tied else None
+            if q in self.exact.get(emb.name, ()):
+                self._streams.append(_Stream(("t", emb.name, q), delta, head))
+            for s in plan_streams:
+                if s.plan.get(emb.name) == q:
+                    s.delta, s.head = delta, head
+            self._step(1, f"token embedding at {q}")
+        self._errors_only(emb.name, rows)
+
+    def layer_collected(self, view: LayerView) -> None:
+        """Move the streams through this layer, then start the streams of its tensors."""
+        import contextlib
+
+        ctx = self.ctx
+        h_in = torch_cat(view.inputs)  # (C, T, H)
+        h_out = view.forward(h_in)
+        sites = {s.name: s for s in view.sites}
+        names = [n for n in sites if n in self.targets]
+        deq: dict[tuple[str, str], Any] = {}
+        for name in names:
+            site = sites[name]
+            w = view.weight(site)
+            rows = _rows_of(w, site)
+            for q in self._wanted(name):
+                ctx.check_cancelled()
+                d, self.err[(name, q)] = self._quantized(name, rows, q, True)
+                deq[(name, q)] = _from_rows(d, w, site).to(device=w.device, dtype=w.dtype)
+            self._errors_only(name, rows)
+        # 1. streams from earlier layers through the original layer, batched
+        carried = [s for s in self._streams if s.delta is not None and s.plan is None]
+        self._advance(view, carried, h_in, h_out)
+        # plans: every tensor of this layer at its plan's qtype
+        for s in self._streams:
+            if s.plan is None:
+                continue
+            mine = [(sites[n], deq[(n, s.plan[n])]) for n in names if (n, s.plan.get(n, "F32")) in deq]
+            if s.delta is None and not mine:
+                continue
+            ctx.check_cancelled()
+            x = h_in if s.delta is None else h_in + s.delta.to(h_in.dtype)
+            with contextlib.ExitStack() as stack:
+                for site, value in mine:
+                    stack.enter_context(view.swapped(site, value))
+                s.delta = _pack(view.forward(x) - h_out)
+        # 2. new streams: every candidate of one tensor in one batched call
+        for name in names:
+            qs = [q for q in self.exact.get(name, ()) if (name, q) in deq]
+            if not qs:
+                continue
+            ctx.check_cancelled()
+            ys = _each_weight(view, sites[name], [deq[(name, q)] for q in qs], h_in)
+            for q, y in zip(qs, ys, strict=True):
+                self._streams.append(_Stream(("t", name, q), _pack(y - h_out)))
+        n_new = sum(len([q for q in self.exact.get(n, ()) if (n, q) in deq]) for n in names)
+        n_plan = sum(1 for s in self._streams if s.plan is not None)
+        n = self._spec.n_layers if self._spec else 0
+        self._step(len(carried) + n_new + n_plan, f"layer {view.index + 1}/{n}")
+        self._last = h_out
+
+    def _advance(self, view: LayerView, streams: list[_Stream], h_in: Any, h_out: Any) -> None:
+        import torch
+
+        if not streams:
+            return
+        c, t = int(h_in.shape[0]), int(h_in.shape[1])
+        per = max(1, _BATCH_TOKENS // (c * t))
+        for a in range(0, len(streams), per):
+            self.ctx.check_cancelled()
+            group = streams[a : a + per]
+            x = torch.cat([h_in + s.delta.to(h_in.dtype) for s in group], 0)
+            y = view.forward(x).reshape(len(group), c, t, -1)
+            for s, yy in zip(group, y, strict=True):
+                s.delta = _pack(yy - h_out)
+
+    def logits(self, chunk: int, logits: Any) -> None:
+        """Keep the original's logits of every chunk."""
+        self._ref[chunk] = logits
+
+    def finish(self) -> None:
+        """The head: the KL of every stream against the original."""
+        import torch
+
+        spec = self._spec
+        assert spec is not None and spec.outer is not None
+        outer = spec.outer
+        ref = torch.stack([self._ref[c] for c in sorted(self._ref)])  # (C, T, V)
+        p = torch.softmax(ref.double(), -1)
+        hidden = self._last
+        hh = outer.head_input(hidden)
+        head_name = outer.head or (outer.embedding if outer.tied else None)
+        head_w = outer.param(head_name) if head_name else None
+        fast = head_w is not None and _head_is_linear(hh, head_w, ref)
+        wb = head_w.detach().to(torch.bfloat16) if fast else None
+        out = next((t for t in self.targets.values() if t.kind == "output"), None)
+        if out is not None and head_w is not None:
+            rows = _rows_of(head_w, None)
+            for q in self._wanted(out.name):
+                self.ctx.check_cancelled()
+                d, self.err[(out.name, q)] = self._quantized(out.name, rows, q, True)
+                new = torch.from_numpy(d).reshape(head_w.shape).to(head_w.dtype)
+                if q in self.exact.get(out.name, ()):
+                    self._streams.append(_Stream(("t", out.name, q), None, new))
+                for s in self._streams:
+                    if s.plan is not None and s.plan.get(out.name) == q:
+                        s.head = new
+            self._errors_only(out.name, rows)
+        for s in self._streams:
+            self.ctx.check_cancelled()
+            kl = 0.0
+            if s.delta is not None or s.head is not None:
+                h2 = hh if s.delta is None else outer.head_input(hidden + s.delta.to(hidden.dtype))
+                if fast:
+                    # δ = Ŵĥ' − Wĥ = W(ĥ' − ĥ) + (Ŵ − W)ĥ': products of small differences keep their
+                    # precision in bfloat16
+                    delta = ((h2 - hh).to(torch.bfloat16) @ wb.T).float()
+                    if s.head is not None:
+                        dw = (s.head - head_w).to(torch.bfloat16)
+                        delta = delta + (h2.to(torch.bfloat16) @ dw.T).float()
+                else:
+                    delta = outer.logits(h2, weight=s.head) - ref
+                kl = kl_from_delta(p, delta)
+            if s.key[0] == "t":
+                self.kl[(s.key[1], s.key[2])] = kl
+            else:
+                self.plan_kl[s.key[1]] = kl
+            self._step(1, "output head")
+        self._streams.clear()
+        self._ref.clear()
+
+
+def torch_cat(parts: Sequence[Any]) -> Any:
+    """``torch.cat`` along the batch axis (a lazy import for module-level helpers)."""
+    import torch
+
+    return torch.cat(list(parts), 0)
+
+
+def kl_from_delta(p: Any, delta: Any) -> float:
+    """Mean over positions of KL(p ‖ softmax(log p + δ)) = log Σ p e^δ − Σ p δ, in float64."""
+    import torch
+
+    d = delta.double()
+    m = d.amax(-1, keepdim=True)
+    pd = p.double()
+    lse = torch.log((pd * torch.exp(d - m)).sum(-1)) + m.squeeze(-1)
+    return float((lse - (pd * d).sum(-1)).clamp_min(0).mean())
+
+
+def _head_is_linear(hh: Any, w: Any, ref: Any) -> bool:
+    """Whether the logits are ``ĥ Wᵀ`` (no soft-capping, no scaling), so that δ = W(ĥ' − ĥ) holds."""
+    import torch
+
+    z = hh.float() @ w.float().T
+    scale = float(ref.abs().amax()) or 1.0
+    return bool(torch.allclose(z, ref.float(), atol=1e-4 * scale, rtol=1e-4))
+
+
+def _each_weight(view: LayerView, site: LinearSite, weights: Sequence[Any], h_in: Any) -> list[Any]:
+    """The layer's outputs for ``h_in`` once per candidate weight of ``site``.
+
+    Linear sites run all candidates in one call: the inputs are repeated and a forward hook gives
+    each copy the product with its own weight. Fused experts take one call per candidate.
+    """
+    import torch
+
+    k = len(weights)
+    if site.kind == "experts" or k == 1:
+        outs = []
+        for w in weights:
+            with view.swapped(site, w):
+                outs.append(view.forward(h_in))
+        return outs
+    mod = view.submodule(site)
+    stack = torch.stack(list(weights))  # (k, out, in); GPT-2 Conv1D (k, in, out)
+    c = int(h_in.shape[0])
+
+    def hook(m: Any, args: tuple[Any, ...], out: Any) -> Any:
+        x = args[0].reshape(k, -1, args[0].shape[-1])
+        y = torch.bmm(x, stack if site.kind == "conv1d" else stack.transpose(1, 2))
+        if getattr(m, "bias", None) is not None:
+            y = y + m.bias
+        return y.reshape(out.shape)
+
+    handle = mod.register_forward_hook(hook)
+    try:
+        y = view.forward(h_in.repeat(k, 1, 1))
+    finally:
+        handle.remove()
+    return list(y.reshape(k, c, *y.shape[1:]))
+
+
+# ------------------------------------------------------------------------------------------ the scan
+
+
+class _Muted(JobContext):
+    """The runner's own progress is dropped (the scan reports its streams); cancel goes through."""
+
+    def __init__(self, parent: JobContext) -> None:
+        super().__init__()
+        self._parent = parent
+
+    def report(self, done: int, total: int, msg: str = "") -> None:  # noqa: D401
+        return None
+
+    def check_cancelled(self) -> None:
+        self._parent.check_cancelled()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._parent.cancelled
+
+
+def spread_chunks(chunks: Any, n_chunks: int, n_ctx: int) -> Any:
+    """``n_chunks`` chunks of ``n_ctx`` tokens taken evenly across ``chunks`` (each chunk's first
+    ``n_ctx`` tokens, BOS first as before), so a few short chunks still mix the calibration text."""
+    from studio.core.calib.data import Chunks
+
+    if n_ctx > chunks.n_ctx:
+        raise CalibrationError(
+            f"Scan chunks of {n_ctx} tokens do not fit calibration chunks of {chunks.n_ctx}; use --scan-ctx "
+            f"{chunks.n_ctx} or less."
+        )
+    if n_chunks < 1:
+        raise CalibrationError(f"At least one scan chunk is needed, not {n_chunks}.")
+    n = min(n_chunks, chunks.n_chunks)
+    idx = np.unique(np.round(np.linspace(0, chunks.n_chunks - 1, n)).astype(int))
+    return Chunks(
+        np.ascontiguousarray(chunks.tokens[idx, :n_ctx]),
+        n_ctx,
+        chunks.n_text_tokens,
+        chunks.bos,
+        chunks.dataset,
+    )
+
+
+def gain_layers(n_layers: int) -> tuple[int, ...]:
+    """The layers whose tensors the proxy measures: the first three, the last two, and every fourth."""
+    if n_layers <= 0:
+        return ()
+    picks = {0, 1, 2, n_layers - 2, n_layers - 1, *range(0, n_layers, 4)}
+    return tuple(sorted(i for i in picks if 0 <= i < n_layers))
+
+
+def _interp_log(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
+    """Log-linear interpolation of positive ``ys`` at ``x`` (the nearest end outside the range)."""
+    pts = sorted((a, b) for a, b in zip(xs, ys, strict=True) if b > 0 and math.isfinite(b))
+    if not pts:
+        return float("nan")
+    if x <= pts[0][0]:
+        return pts[0][1]
+    if x >= pts[-1][0]:
+        return pts[-1][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x0 <= x <= x1:
+            f = (x - x0) / (x1 - x0) if x1 > x0 else 0.0
+            return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
+    return pts[-1][1]
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _imatrix_digest(imatrix: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(imatrix):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(imatrix[k], dtype=np.float32).tobytes())
+    return h.hexdigest()[:24]
+
+
+def hf_imatrix(imatrix: Mapping[str, np.ndarray], info: Any) -> dict[str, np.ndarray]:
+    """An imatrix keyed by GGUF names (``Imatrix``) re-keyed by the HF tensor names a scan uses."""
+    from studio.core.gguf.arch import layout
+
+    out = {}
+    for tm in layout(info).tensors:
+        if tm.gguf_name in imatrix:
+            out[tm.hf_name] = np.asarray(imatrix[tm.gguf_name], dtype=np.float32)
+    return out
+
+
+@dataclass(frozen=True)
+class ScanSettings:
+    """How a scan runs: candidates, mode, the chunks it measures on and the imatrix's calibration."""
+
+    types: tuple[str, ...] = DEFAULT_TYPES
+    exact: bool = False
+    n_ctx: int = SCAN_CTX
+    n_chunks: int = SCAN_CHUNKS
+    calib_ctx: int = 512
+    calib_chunks: int | None = None
+    device: str = "cpu"
+    check_pairs: int = 2  # proxy: held-out pairs per role measured exactly as a check
+
+
+def scan_sensitivity(
+    model: str | os.PathLike[str],
+    text: Any = "builtin",
+    settings: ScanSettings | None = None,
+    *,
+    imatrix: Mapping[str, np.ndarray] | None = None,
+    plans: Sequence[Mapping[str, str]] = (),
+    cache_dir: str | os.PathLike[str] | None = None,
+    stats_cache: Any = None,
+    ctx: JobContext | None = None,
+) -> Sensitivity:
+    """Scan ``model`` (a Hugging Face folder) on ``text`` (``"builtin"``, a file or a ``CalibrationText``).
+
+    ``imatrix`` (GGUF names, as ``Imatrix``) is computed from ``text`` when not given; ``plans`` are
+    measured in the same run (``Sensitivity.plan_kls``); a scan found in ``cache_dir`` (JSON files
+    keyed by the model's files, the text, the settings and the imatrix) is returned without running.
+    """
+    from studio.core.calib.calibrate import _open, prepare_input
+    from studio.core.calib.imatrix import imatrix_from_stats
+    from studio.core.calib.runner import run_model
+    from studio.core.stats.cache import checkpoint_key
+
+    st = settings or ScanSettings()
+    ctx = ctx or null_context()
+    for q in st.types:
+        if q not in QTYPES or QTYPES[q].is_float:
+            raise CalibrationError(f"{q} is not a quantized GGUF type a scan can measure.")
+    t0, c0 = time.monotonic(), time.process_time()
+    ckpt = _open(model, False)
+    try:
+        info = ckpt.info
+        from studio.core.export import check_exportable
+
+        check_exportable(info)
+        targets, fixed = scan_targets(info, st.types)
+        if not targets:
+            raise CalibrationError(f"{Path(str(info.path)).name} has no tensor a GGUF plan quantizes.")
+        ctx.report(0, 1, "Tokenizing the calibration text")
+        inp = prepare_input(info.path, text, n_ctx=st.calib_ctx, n_chunks=st.calib_chunks, ctx=ctx)
+        if imatrix is None:
+            from studio.core.calib.calibrate import calibrate
+
+            ctx.report(0, 1, "Calibrating (importance matrix)")
+            stats = calibrate(
+                info.path,
+                inp.data,
+                n_ctx=st.calib_ctx,
+                n_chunks=st.calib_chunks,
+                device=st.device,
+                dtype="float32",
+                histogram=False,
+                cache=stats_cache,
+                ctx=ctx,
+            )
+            imatrix = imatrix_from_stats(stats, info)
+        qw = hf_imatrix(imatrix, info)
+        chunks = spread_chunks(inp.chunks, st.n_chunks, st.n_ctx)
+        ck = checkpoint_key(info, "")
+        key = _digest(
+            {
+                "v": SCAN_VERSION,
+                "model": str(info.path),
+                "files": [ck.mtime_ns, ck.size],
+                "text": inp.data.digest,
+                "settings": dataclasses.asdict(st),
+                "imatrix": _imatrix_digest(qw),
+                "plans": [sorted(p.items()) for p in plans],
+            }
+        )
+        cached = _load_cached(cache_dir, key)
+        if cached is not None:
+            return cached
+        n_layers = max([t.layer + 1 for t in targets if t.layer is not None], default=0)
+        exact, errors, check = _measure_sets(targets, st, n_layers)
+        scan = SensitivityScan(
+            targets, chunks.tokens, exact=exact, errors=errors, plans=plans, imatrix=qw, ctx=ctx
+        )
+        run_model(ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=_Muted(ctx))
+    finally:
+        ckpt.close()
+    result = _assemble(info, inp.data.name, st, targets, fixed, scan, check, chunks.n_tokens)
+    result = dataclasses.replace(
+        result, seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0, key=key
+    )
+    _save_cached(cache_dir, key, result)
+    return result
+
+
+def _measure_sets(
+    targets: Sequence[ScanTarget], st: ScanSettings, n_layers: int
+) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], list[tuple[str, str]]]:
+    """(tensor → qtypes measured exactly, tensor → qtypes whose error is estimated, check pairs)."""
+    if st.exact:
+        return {t.name: t.effective for t in targets}, {}, []
+    sampled = set(gain_layers(n_layers))
+    exact: dict[str, list[str]] = {}
+    errors = {t.name: t.effective for t in targets}
+    for t in targets:
+        if t.layer is None or t.layer in sampled:
+            exact[t.name] = [t.effective[0]]
+    rng = np.random.default_rng(1)
+    check: list[tuple[str, str]] = []
+    by_role: dict[str, list[ScanTarget]] = {}
+    for t in targets:
+        if t.layer is not None and t.layer not in sampled and len(t.effective) > 1:
+            by_role.setdefault(t.role, []).append(t)
+    for role in sorted(by_role):
+        pool = by_role[role]
+        for i in rng.choice(len(pool), size=min(st.check_pairs, len(pool)), replace=False):
+            t = pool[int(i)]
+            q = t.effective[int(rng.integers(0, len(t.effective)))]
+            exact.setdefault(t.name, []).append(q)
+            check.append((t.name, q))
+    return {k: tuple(dict.fromkeys(v)) for k, v in exact.items()}, errors, check
+
+
+def _assemble(
+    info: Any,
+    dataset: str,
+    st: ScanSettings,
+    targets: Sequence[ScanTarget],
+    fixed: Mapping[str, str],
+    scan: SensitivityScan,
+    check: Sequence[tuple[str, str]],
+    n_tokens: int,
+) -> Sensitivity:
+    kl, err = scan.kl, scan.err
+    check_set = set(check)
+    gains: dict[str, float] = {}
+    for t in targets:
+        ref = t.effective[0]
+        if (t.name, ref) in kl and (t.name, ref) not in check_set:
+            e = err.get((t.name, ref), 0.0)
+            gains[t.name] = kl[(t.name, ref)] / e if e > 0 else float("nan")
+    by_role: dict[str, tuple[list[int], list[float]]] = {}
+    for t in targets:
+        if t.layer is not None and t.name in gains:
+            xs, ys = by_role.setdefault(t.role, ([], []))
+            xs.append(t.layer)
+            ys.append(gains[t.name])
+
+    def gain_of(t: ScanTarget) -> float:
+        if t.name in gains:
+            return gains[t.name]
+        xs, ys = by_role.get(t.role, ([], []))
+        g = _interp_log(xs, ys, t.layer if t.layer is not None else 0)
+        if not math.isfinite(g):  # a role never sampled: the median gain of the model
+            allg = [v for v in gains.values() if v > 0 and math.isfinite(v)]
+            g = float(np.median(allg)) if allg else 0.0
+        return g
+
+    tensors = []
+    check_rows = []
+    for t in targets:
+        g = None if st.exact else gain_of(t)
+        by_type: dict[str, TypeCost] = {}
+        for q, e in t.candidates.items():
+            nbytes = tensor_bytes(e, t.shape)
+            error = err.get((t.name, e))
+            if (t.name, e) in kl:
+                value, measured = kl[(t.name, e)], True
+                if (t.name, e) in check_set and g is not None and error is not None:
+                    check_rows.append((t.name, e, value, g * error))
+            elif g is not None and error is not None:
+                value, measured = g * error, False
+            else:
+                raise CalibrationError(f"The scan has no value for {t.name} at {e}.")
+            by_type[q] = TypeCost(q, float(value), nbytes, e, measured, error)
+        tensors.append(TensorSensitivity(t.name, t.gguf_name, t.role, t.layer, math.prod(t.shape), by_type))
+    return Sensitivity(
+        str(info.path),
+        dataset,
+        Mode.EXACT if st.exact else Mode.PROXY,
+        "imatrix",
+        tuple(st.types),
+        n_tokens,
+        tuple(tensors),
+        dict(fixed),
+        tuple(scan.plan_kl),
+        None if st.exact else ProxyCheck(tuple(dict.fromkeys(check_rows))),
+    )
+
+
+def _load_cached(cache_dir: str | os.PathLike[str] | None, key: str) -> Sensitivity | None:
+    if cache_dir is None:
+        return None
+    p = Path(cache_dir) / f"sensitivity-{key}.json"
+    try:
+        return Sensitivity.from_dict(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, ValueError, CalibrationError):
+        return None
+
+
+def _save_cached(cache_dir: str | os.PathLike[str] | None, key: str, result: Sensitivity) -> None:
+    if cache_dir is None:
+        return
+    try:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(cache_dir) / f"sensitivity-{key}.json", json.dumps(result.to_dict()))
+    except OSError:
+        pass  # a cache that cannot be written only costs the next scan its time
+
+
+def measure_plans(
+    model: str | os.PathLike[str],
+    plans: Sequence[Mapping[str, str]],
+    text: Any = "builtin",
+    settings: ScanSettings | None = None,
+    *,
+    imatrix: Mapping[str, np.ndarray] | None = None,
+    ctx: JobContext | None = None,
+) -> tuple[float, ...]:
+    """The KL of each plan (HF name → qtype) on the scan chunks, every tensor quantized at once."""
+    st = dataclasses.replace(settings or ScanSettings(), exact=True)
+    return _run_plans(model, plans, text, st, imatrix, ctx)
+
+
+def _run_plans(
+    model: Any, plans: Sequence[Mapping[str, str]], text: Any, st: ScanSettings, imatrix: Any, ctx: Any
+) -> tuple[float, ...]:
+    from studio.core.calib.calibrate import _open, prepare_input
+    from studio.core.calib.runner import run_model
+
+    ctx = ctx or null_context()
+    ckpt = _open(model, False)
+    try:
+        info = ckpt.info
+        targets, _ = scan_targets(info, st.types)
+        inp = prepare_input(info.path, text, n_ctx=st.calib_ctx, n_chunks=st.calib_chunks, ctx=ctx)
+        chunks = spread_chunks(inp.chunks, st.n_chunks, st.n_ctx)
+        qw = hf_imatrix(imatrix or {}, info)
+        scan = SensitivityScan(targets, chunks.tokens, exact={}, plans=plans, imatrix=qw, ctx=ctx)
+        run_model(ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=_Muted(ctx))
+    finally:
+        ckpt.close()
+    return tuple(scan.plan_kl)
+
+
+__all__ = [
+    "DEFAULT_TYPES",
+    "Mode",
+    "ProxyCheck",
+    "ScanSettings",
+    "ScanTarget",
+    "Sensitivity",
+    "SensitivityScan",
+    "TensorSensitivity",
+    "TypeCost",
+    "gain_layers",
+    "hf_imatrix",
+    "kl_from_delta",
+    "measure_plans",
+    "scan_sensitivity",
+    "scan_targets",
+    "spread_chunks",
+]
