@@ -155,13 +155,41 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--exclude",
         metavar="T,T,...",
-        help="qtypes the allocator may not choose (e.g. Q4_1 on a model dequantized from a Q4_1 file)",
+        help=(
+            "qtypes the allocator may not choose, as a candidate or as another's fallback (e.g. Q4_1,Q5_1 on "
+            "a model dequantized from a Q4_1 file)"
+        ),
     )
     p.add_argument(
         "--measure",
         action="store_true",
         help="also measure the plan's KL on the scan chunks with every tensor quantized at once",
     )
+
+
+def _candidates(args: argparse.Namespace, types: tuple[str, ...]) -> tuple[str, ...]:
+    """The scanned ``types`` less ``--exclude``."""
+    excluded = set(_types(args.exclude) or ())
+    unknown = [q for q in excluded if q not in types]
+    if unknown:
+        raise StudioError(f"--exclude names {unknown[0]}, which the scan did not measure.")
+    cands = tuple(q for q in types if q not in excluded)
+    if not cands:
+        raise StudioError("--exclude leaves no qtype to choose from.")
+    return cands
+
+
+def check_budget_args(args: argparse.Namespace, info: Any) -> None:
+    """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning."""
+    from studio.core.quant.allocate import check_budget, parse_budget
+    from studio.core.quant.types import QTYPES
+
+    budget = parse_budget(args.budget, ctx_len=args.ctx)
+    types = settings_of(args).types
+    bad = next((q for q in types if q not in QTYPES or QTYPES[q].is_float), None)
+    if bad is not None:
+        raise StudioError(f"--types names {bad}, which is not a quantized GGUF type.")
+    check_budget(info, budget, _candidates(args, types), exclude=_types(args.exclude) or ())
 
 
 def allocation(
@@ -171,14 +199,16 @@ def allocation(
     from studio.core.quant.allocate import allocate, parse_budget
 
     budget = parse_budget(args.budget, ctx_len=args.ctx)
-    excluded = set(_types(args.exclude) or ())
-    unknown = [q for q in excluded if q not in scan.types]
-    if unknown:
-        raise StudioError(f"--exclude names {unknown[0]}, which the scan did not measure.")
-    cands = tuple(q for q in scan.types if q not in excluded)
-    if not cands:
-        raise StudioError("--exclude leaves no qtype to choose from.")
-    alloc = allocate(info, scan, budget, candidates=cands, imatrix=imatrix, method=method)
+    cands = _candidates(args, scan.types)
+    alloc = allocate(
+        info,
+        scan,
+        budget,
+        candidates=cands,
+        imatrix=imatrix,
+        method=method,
+        exclude=_types(args.exclude) or (),
+    )
     if args.measure:
         import dataclasses
 

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from studio.commands._common import ProgressLine, print_json, read_text, write_text
+from studio.commands._scan import add_budget_args, add_scan_args
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 
@@ -29,6 +30,14 @@ def register(subparsers: Any) -> None:
         "--preset", metavar="NAME", help="F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, ..."
     )
     src.add_argument("--plan", metavar="PLAN.json", help="a plan saved by Quant Studio")
+    src.add_argument(
+        "--budget",
+        metavar="SIZE",
+        help=(
+            "choose per-tensor types from a sensitivity scan for a budget: bytes, 4.5GB, 4.8bpw, vram=8GB "
+            "or gpu (method imatrix unless --method says otherwise)"
+        ),
+    )
     src.add_argument(
         "--uniform",
         metavar="TYPE",
@@ -91,6 +100,8 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
     )
+    add_budget_args(p)
+    add_scan_args(p, calib_text=False)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 
@@ -169,6 +180,42 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
     return plan
 
 
+def _check_budget_args(args: argparse.Namespace, info: Any) -> None:
+    """Refuse what does not go with ``--budget`` before any work (a malformed budget included)."""
+    from studio.commands._scan import check_budget_args
+    from studio.core.quant.methods import check_method
+
+    if args.keep_first_last or args.override:
+        raise StudioError(
+            "--keep-first-last and --override go with --preset or --uniform, not with --budget."
+        )
+    if args.backend != "studio":
+        raise StudioError("A budget plan is written by the studio back end; drop --backend llama.cpp.")
+    if args.act_order and (args.method or "imatrix") not in ("gptq", "awq+gptq"):
+        raise StudioError("--act-order goes with --method gptq or awq+gptq.")
+    method = check_method(args.method or "imatrix")
+    if args.imatrix and method != "imatrix":
+        raise StudioError("--imatrix goes with --method imatrix; gptq and awq collect their own statistics.")
+    if method == "rtn":
+        raise StudioError(
+            "A budget plan is scanned with an imatrix; give --method imatrix, gptq, awq or awq+gptq."
+        )
+    check_budget_args(args, info)
+
+
+def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any]:
+    """The allocation for ``--budget`` and the imatrix the export weights its search with (None when the
+    method collects its own statistics): the scan is weighted by the calibration text's imatrix."""
+    from studio.commands._scan import allocation, calibration, run_scan
+
+    method = args.method or "imatrix"
+    if imatrix is None:
+        imatrix = calibration(args, info, ctx)
+    scan = run_scan(args, info, ctx, imatrix)
+    own = imatrix if method == "imatrix" else None
+    return allocation(args, info, scan, own, method, ctx), own
+
+
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any) -> Any:
     from studio.core.calib.data import BUILTIN
     from studio.core.calib.quantize import CalibOptions, export_calibrated
@@ -208,12 +255,21 @@ def run(args: argparse.Namespace) -> int:
 
         imatrix = read_imatrix(args.imatrix)
         check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
-    plan = _with_method(args, build_plan(args, info), info)
-    if args.save_plan:
-        write_text(args.save_plan, plan.to_json(), "plan")
+    alloc = None
+    if args.budget:
+        _check_budget_args(args, info)
+    else:
+        plan = _with_method(args, build_plan(args, info), info)
+        if args.save_plan:
+            write_text(args.save_plan, plan.to_json(), "plan")
     calibration = None
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
+        if args.budget:
+            alloc, imatrix = _budget_plan(args, info, imatrix, ctx)
+            plan = alloc.plan
+            if args.save_plan:
+                write_text(args.save_plan, plan.to_json(), "plan")
         if plan.calibrated and imatrix is None:
             calibration = _calibrated(args, info, plan, ctx)
             res = calibration.export
@@ -242,7 +298,9 @@ def run(args: argparse.Namespace) -> int:
         "fallbacks": [f.to_dict() for f in res.fallbacks],
         "notes": list(res.notes),
     }
-    if imatrix is not None:
+    if alloc is not None:
+        out["budget"] = alloc.to_dict()
+    if imatrix is not None and args.imatrix:
         out["imatrix"] = {"file": args.imatrix, "entries": len(imatrix), "chunks": imatrix.chunk_count}
     if calibration is not None:
         out["calibration"] = calibration.to_dict()
@@ -270,6 +328,15 @@ def run(args: argparse.Namespace) -> int:
         f"{res.seconds:.1f} s)"
     )
     print("types: " + ", ".join(f"{k}×{v}" for k, v in sorted(counts.items())))
+    if alloc is not None:
+        print(
+            f"budget {alloc.budget.describe()}: predicted KL {alloc.predicted_kl:.4f}"
+            + (
+                f", measured {alloc.measured_kl:.4f} on the scan chunks"
+                if alloc.measured_kl is not None
+                else ""
+            )
+        )
     for f in res.fallbacks:
         print(f"fallback: {f.tensor}: {f.wanted} → {f.got} ({f.reason})")
     if calibration is not None:

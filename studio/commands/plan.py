@@ -6,7 +6,14 @@ import argparse
 from typing import Any
 
 from studio.commands._common import ProgressLine, print_json, write_text
-from studio.commands._scan import add_budget_args, add_scan_args, allocation, calibration, run_scan
+from studio.commands._scan import (
+    add_budget_args,
+    add_scan_args,
+    allocation,
+    calibration,
+    check_budget_args,
+    run_scan,
+)
 from studio.core.units import format_bytes
 
 
@@ -43,14 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from studio.core.gguf.writer import check_output_path
     from studio.core.jobs import JobContext
     from studio.core.model import open_model
-    from studio.core.quant.allocate import parse_budget
     from studio.core.quant.methods import check_method
 
-    parse_budget(args.budget, ctx_len=args.ctx)  # a malformed budget is refused before any work
     method = check_method(args.method)
     with open_model(args.model) as ck:
         info = ck.info
     check_exportable(info)
+    check_budget_args(args, info)  # a malformed or too small budget is refused before any work
     from pathlib import Path
 
     check_output_path(Path(args.output).expanduser())

@@ -333,6 +333,24 @@ def scan_targets(info: Any, types: Sequence[str]) -> tuple[list[ScanTarget], dic
     return out, fixed
 
 
+def sizes_only(info: Any, types: Sequence[str]) -> Sensitivity:
+    """A scan with every KL 0: the candidates' bytes without running the model (what a budget's range
+    needs, so that a budget no plan can meet is refused before any scan)."""
+    targets, fixed = scan_targets(info, types)
+    tensors = tuple(
+        TensorSensitivity(
+            t.name,
+            t.gguf_name,
+            t.role,
+            t.layer,
+            math.prod(t.shape),
+            {q: TypeCost(q, 0.0, tensor_bytes(e, t.shape), e, False) for q, e in t.candidates.items()},
+        )
+        for t in targets
+    )
+    return Sensitivity(str(info.path), "", "sizes", "", tuple(types), 0, tensors, fixed)
+
+
 # ------------------------------------------------------------------------------------------ quantizing
 
 
@@ -1076,5 +1094,6 @@ __all__ = [
     "measure_plans",
     "scan_sensitivity",
     "scan_targets",
+    "sizes_only",
     "spread_chunks",
 ]

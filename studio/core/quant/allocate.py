@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -270,7 +270,13 @@ class _Model:
     f16: dict[str, str] = field(default_factory=dict)
 
 
-def _model(info: Any, scan: Any, candidates: Sequence[str] | None, keep: Mapping[str, str]) -> _Model:
+def _model(
+    info: Any,
+    scan: Any,
+    candidates: Sequence[str] | None,
+    keep: Mapping[str, str],
+    exclude: Collection[str] = (),
+) -> _Model:
     from studio.core.gguf.arch import layout
     from studio.core.quant.presets import allows_quantization
 
@@ -300,6 +306,8 @@ def _model(info: Any, scan: Any, candidates: Sequence[str] | None, keep: Mapping
         seen: dict[str, Choice] = {}
         for asked, c in t.by_type.items():
             if allowed is not None and asked not in allowed:
+                continue
+            if c.effective in exclude:  # an excluded type is not taken as another's fallback either
                 continue
             if c.effective in seen:
                 continue
@@ -367,11 +375,13 @@ def allocate(
     keep: Mapping[str, str] | None = None,
     imatrix: Any = None,
     method: str | None = None,
+    exclude: Collection[str] = (),
 ) -> Allocation:
     """The plan that minimises ``scan``'s predicted KL within ``budget``.
 
     ``candidates`` limits the qtypes the allocator may choose (default: all the scan measured);
-    ``keep`` pins tensors to qtypes; ``imatrix`` is the one the export will record (its metadata counts
+    ``exclude`` removes qtypes even where they are another candidate's fallback (Q5_1 for Q5_K on rows
+    a super-block does not divide); ``keep`` pins tensors to qtypes; ``imatrix`` is the one the export will record (its metadata counts
     in the file size); ``method`` is written into the plan (``studio.core.quant.methods``).
     """
     from studio.core.quant.methods import DEFAULT_METHOD
@@ -383,7 +393,7 @@ def allocate(
         raise QuantizationError(
             f"The scan did not measure {unknown[0]}; rescan with it or choose among {', '.join(scan.types)}."
         )
-    m = _model(info, scan, cands, dict(keep or {}))
+    m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
     recipe = Recipe(RecipeKind.BUDGET, budget.text, candidates=cands, method=method or DEFAULT_METHOD)
     bound = _bound(budget, m)
     name = f"budget {budget.text}"
@@ -405,25 +415,39 @@ def allocate(
         plan = _plan_of(
             m, [next(c for c in cs if c.qtype == "F16") for _, cs in m.items], name, recipe, (note,)
         )
-        return _allocation(m, plan, budget, bound, big, scan, cands, (note,))
+        return _allocation(m, plan, budget, bound, _sizes(m, plan, budget, imatrix), scan, cands, (note,))
     # the item limit: the bound minus what the rest costs, tightened until the exact size fits
     overhead = _measure(budget, *small) - sum(c.bytes for c in smallest)
     if budget.kind is BudgetKind.MEMORY:
         limit = _memory_limit(m, bound, budget)
     else:
         limit = bound - overhead
+    note = f"Chosen for {budget.describe()} from a {scan.mode} sensitivity scan ({scan.method})."
     for _ in range(8):
         chosen = solve([c for _, c in m.items], limit)
         assert chosen is not None
-        plan = _plan_of(m, chosen, name, recipe, ())
+        plan = _plan_of(m, chosen, name, recipe, (note,))  # the note is in the file: sized with it
         sizes = _sizes(m, plan, budget, imatrix)
         excess = _measure(budget, *sizes) - bound
         if excess <= 0:
-            note = f"Chosen for {budget.describe()} from a {scan.mode} sensitivity scan ({scan.method})."
-            plan = _plan_of(m, chosen, name, recipe, (note,))
             return _allocation(m, plan, budget, bound, sizes, scan, cands, (note,))
         limit -= excess + _ALIGN
     raise QuantizationError(f"No plan within {budget.describe()} was found for {info.path.name}.")
+
+
+def check_budget(
+    info: Any,
+    budget: Budget,
+    candidates: Sequence[str],
+    *,
+    keep: Mapping[str, str] | None = None,
+    exclude: Collection[str] = (),
+) -> None:
+    """Refuse, before any scan, a budget below the smallest plan of ``candidates`` (QuantizationError
+    naming the minimum): the sizes depend on the shapes alone."""
+    from studio.core.calib.sensitivity import sizes_only
+
+    allocate(info, sizes_only(info, candidates), budget, candidates=candidates, keep=keep, exclude=exclude)
 
 
 def _memory_limit(m: _Model, bound: int, budget: Budget) -> int:
@@ -467,13 +491,14 @@ def pareto_front(
     candidates: Sequence[str] | None = None,
     points: int = 40,
     keep: Mapping[str, str] | None = None,
+    exclude: Collection[str] = (),
 ) -> tuple[CurvePoint, ...]:
     """Predicted KL against file size for budgets from the smallest plan to the Q8_0-sized one (the
     header counted as in the smallest plan's file): the curve a budget slider moves along."""
     from studio.core.export import export_file_bytes
 
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
-    m = _model(info, scan, cands, dict(keep or {}))
+    m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
     smallest = [min(c, key=lambda x: (x.bytes, x.kl)) for _, c in m.items]
     plan = _plan_of(m, smallest, "smallest", None, ())
     overhead = export_file_bytes(info, plan) - sum(c.bytes for c in smallest)
@@ -517,6 +542,7 @@ __all__ = [
     "Choice",
     "CurvePoint",
     "allocate",
+    "check_budget",
     "hull",
     "pareto_front",
     "parse_budget",

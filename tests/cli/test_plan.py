@@ -1,0 +1,103 @@
+"""``sensitivity``, ``plan`` and ``export --budget``: the scan's JSON, a plan the export writes within the
+budget to the byte, and bad input as one line (exit 2) before any calibration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studio.cli import main
+
+SCAN = [
+    "--types",
+    "Q4_0,Q8_0,Q4_K",
+    "--exact",
+    "--scan-ctx",
+    "32",
+    "--scan-chunks",
+    "2",
+    "--calib-ctx",
+    "64",
+    "--calib-chunks",
+    "4",
+]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "sensitivity"
+
+
+@pytest.fixture
+def text(tmp_path):
+    from studio.core.factory import sample_text
+
+    p = tmp_path / "calib.txt"
+    p.write_text(sample_text(), encoding="utf-8")
+    return p
+
+
+def test_scan_plan_and_budget_export(llama_model, text, cache, tmp_path, capsys):
+    from studio.core.gguf_read import read_gguf
+
+    assert main(["sensitivity", str(llama_model), "--calib-text", str(text), *SCAN, "--json"]) == 0
+    scan = json.loads(capsys.readouterr().out)
+    assert scan["mode"] == "exact" and len(scan["tensors"]) == 16
+    t = scan["tensors"][0]
+    assert {"name", "role", "layer", "by_type"} <= set(t) and {"kl", "bytes"} <= set(t["by_type"]["Q4_0"])
+    assert len(list(cache.glob("sensitivity-*.json"))) == 1 and len(list(cache.glob("imatrix-*.gguf"))) == 1
+
+    # a budget halfway between all-Q4_0 and all-Q8_0
+    sizes = {q: sum(x["by_type"][q]["bytes"] for x in scan["tensors"]) for q in ("Q4_0", "Q8_0")}
+    budget = 100_000 + (sizes["Q4_0"] + sizes["Q8_0"]) // 2  # header and norms: under 100 kB
+    plan_file = tmp_path / "plan.json"
+    argv = [
+        "plan",
+        str(llama_model),
+        "--budget",
+        str(budget),
+        "-o",
+        str(plan_file),
+        "--calib-text",
+        str(text),
+    ]
+    assert main([*argv, *SCAN, "--json", "--measure"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["file_bytes"] <= budget and p["measured_kl"] > 0 and p["predicted_kl"] > 0
+    assert {"Q4_0", "Q8_0"} <= set(p["types"]) or {"Q4_K", "Q8_0"} <= set(p["types"])  # a mixture
+    assert json.loads(plan_file.read_text())["recipe"]["kind"] == "budget"
+
+    out = tmp_path / "b.gguf"
+    argv = ["export", str(llama_model), "-o", str(out), "--budget", str(budget), "--calib-text", str(text)]
+    assert main([*argv, *SCAN, "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert out.stat().st_size == e["file_bytes"] == e["budget"]["file_bytes"] == p["file_bytes"]
+    assert len(list(cache.glob("sensitivity-*.json"))) == 1  # the cached scan served both
+    g = read_gguf(out)
+    assert any(k.startswith("quantize.imatrix") for k in g.metadata)  # weighted by the text's imatrix
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--budget", "100kB"], "the smallest plan needs"),
+        (["--budget", "4 parsecs"], "is not a size"),
+        (["--budget", "8MB", "--exclude", "Q2_K"], "which the scan did not measure"),
+        (["--budget", "8MB", "--exclude", "Q4_0,Q8_0,Q4_K"], "leaves no qtype"),
+        (["--budget", "8MB", "--types", "F16"], "not a quantized GGUF type"),
+        (["--budget", "8MB", "--keep-first-last", "1:Q8_0"], "not with --budget"),
+    ],
+)
+def test_bad_budget_input_is_one_line_before_any_work(
+    llama_model, text, cache, tmp_path, capsys, extra, needle
+):
+    out = tmp_path / "x.gguf"
+    argv = ["export", str(llama_model), "-o", str(out), "--calib-text", str(text), *SCAN]
+    if "--types" in extra:
+        argv = ["export", str(llama_model), "-o", str(out), "--calib-text", str(text)]
+    assert main([*argv, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and needle in err[-1], err
+    assert not out.exists() and not cache.parent.exists()  # refused before calibrating: nothing cached
