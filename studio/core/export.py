@@ -484,11 +484,11 @@ def _hold_lock(p: Path) -> int | None:
 
 def llamacpp_validator(path: Path) -> None:
     """Post-write check (FAULTS 42): llama.cpp loads the file's vocabulary in a child process."""
-    from studio.core.llamacpp import LlamaWorker
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
 
-    with LlamaWorker(label="llama.cpp (validation)") as wk:
+    with LlamaRunner(label="llama.cpp (validation)") as wk:
         try:
-            wk.request("load", path=str(path), vocab_only=True, timeout=120)
+            wk.load(path, LoadOptions(vocab_only=True), timeout=120)
         except Exception as err:
             raise ExportError(f"llama.cpp cannot load the written file {path.name}: {err}") from err
 

@@ -21,6 +21,7 @@ from studio.core.export import export_gguf, llamacpp_validator
 from studio.core.gguf.writer import AtomicGGUFWriter, remove_stale_partials, stale_partials
 from studio.core.gguf_read import read_gguf
 from studio.core.jobs import JobCancelled, JobContext
+from studio.core.llamacpp import LoadOptions
 from studio.core.model import open_model
 from studio.core.quant.plan import scan_nonfinite
 
@@ -293,7 +294,7 @@ def test_empty_and_scalar_tensors_are_skipped_with_a_note(llama_model, tmp_path,
     assert any("model.layers.0.extra_empty" in n for n in res.notes)
     names = {t.name for t in read_gguf(res.path).tensors}
     assert not any("extra" in n for n in names)
-    llama_worker.request("load", path=str(res.path), vocab_only=True)
+    llama_worker.load(res.path, LoadOptions(vocab_only=True))
 
 
 def test_rows_not_divisible_fall_back_visibly(odd_hidden_model, tmp_path):
