@@ -262,7 +262,7 @@ loading) whenever extra buffers are on, the way llama.cpp #20824 does on AMX CPU
 
 
 @contextlib.contextmanager
-def _model_params(extra_buffers: bool) -> Iterator[None]:
+def model_params(extra_buffers: bool) -> Iterator[None]:
     """Make llama-cpp-python's ``Llama(...)`` load with ``use_extra_bufts = extra_buffers``.
 
     ``Llama`` takes no such argument in 0.3.36; it builds its parameters from
@@ -353,7 +353,7 @@ def _op_load(
     state.decoded = False
     _test_crash(state, "load")
     try:
-        with _model_params(state.extra_buffers):
+        with model_params(state.extra_buffers):
             state.llm = llama_cpp.Llama(**kwargs)
     except ValueError as err:
         raise RuntimeError(f"llama.cpp could not load {path}: {err}") from None
