@@ -298,10 +298,12 @@ def _check_device(device: str) -> str:
 
 
 def _write_metadata(
-    w: AtomicGGUFWriter, info: Any, plan: Plan, ftype: int, source_repo: str | None
+    w: AtomicGGUFWriter, info: Any, plan: Plan, ftype: int, source_repo: str | None, n_params: int
 ) -> TokenizerSummary:
+    add_general_metadata(
+        w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo, n_params=n_params
+    )
     add_arch_metadata(w.kv, info)
-    add_general_metadata(w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo)
     return add_tokenizer(w.kv, info)
 
 
@@ -331,7 +333,8 @@ def _export_studio(
     done = 0
     ctx.report(0, total, "Writing metadata")
     with AtomicGGUFWriter(out, lay.arch) as w:
-        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo)
+        n_params = sum(math.prod(it.shape) for it in items)
+        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, n_params)
         for it in items:
             w.add_tensor_info(it.gguf_name, it.shape, it.qtype, it.nbytes)
         w.begin()
