@@ -14,6 +14,15 @@ from typing import Any, TextIO
 from studio.core.errors import StudioError
 
 
+def add_allow_pickle_option(parser: Any) -> None:
+    """``--allow-pickle``: accept pickle weights, converted in a child process, never unpickled here."""
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
+    )
+
+
 def add_extra_buffers_option(parser: Any, what: str) -> None:
     """``--llama-extra-buffers {auto,on,off}``: llama.cpp's weight repacking for ``what``."""
     from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES

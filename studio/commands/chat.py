@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from studio.commands._common import add_extra_buffers_option, print_json, print_notes
+from studio.commands._common import add_allow_pickle_option, add_extra_buffers_option, print_json, print_notes
 
 
 def register(subparsers: Any) -> None:
@@ -40,6 +40,7 @@ def register(subparsers: Any) -> None:
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
     p.add_argument("--truncate", action="store_true", help="keep only the end of a prompt that is too long")
+    add_allow_pickle_option(p)
     add_extra_buffers_option(p, "GGUF files")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             n_gpu_layers=args.gpu_layers,
             extra_buffers=args.llama_extra_buffers,
+            allow_pickle=args.allow_pickle,
         )
         for p in paths
     ]

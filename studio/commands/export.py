@@ -8,6 +8,7 @@ from typing import Any
 
 from studio.commands._common import (
     ProgressLine,
+    add_allow_pickle_option,
     add_extra_buffers_option,
     print_json,
     print_notes,
@@ -67,11 +68,7 @@ def register(subparsers: Any) -> None:
     )
     add_extra_buffers_option(p, "--verify")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
-    )
+    add_allow_pickle_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 

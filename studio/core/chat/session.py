@@ -33,10 +33,12 @@ def open_backend(
     n_gpu_layers: int = 0,
     label: str | None = None,
     extra_buffers: str = "auto",
+    allow_pickle: bool = False,
 ) -> ChatBackend:
     """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder.
 
-    ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``.
+    ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``;
+    ``allow_pickle`` lets a pickle-only folder be converted (in a child process) instead of refused.
     """
     p = Path(path).expanduser()
     if p.suffix.lower() == ".gguf":
@@ -47,7 +49,9 @@ def open_backend(
         )
     from studio.core.chat.hf_backend import TransformersBackend
 
-    return TransformersBackend(p, n_ctx=n_ctx, device=device, dtype=dtype, label=label)
+    return TransformersBackend(
+        p, n_ctx=n_ctx, device=device, dtype=dtype, label=label, allow_pickle=allow_pickle
+    )
 
 
 def generate(

@@ -242,12 +242,13 @@ def _open_scorer(
     n_gpu_layers: int,
     extra_buffers: str,
     on_note: Callable[[str], None],
+    allow_pickle: bool,
 ) -> Any:
     if path.suffix.lower() == ".gguf":
         return _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note)
     from studio.core.chat.hf_backend import TransformersBackend
 
-    return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype)
+    return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
 
 ScorerFactory = Callable[[Path, int], Any]
@@ -264,11 +265,14 @@ def evaluate(
     dtype: str = "auto",
     n_gpu_layers: int = 0,
     extra_buffers: str = "auto",
+    allow_pickle: bool = False,
     ctx: JobContext | None = None,
 ) -> EvalReport:
     """Score ``original`` and every variant on ``text``; see the module docstring for the method.
 
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking for the GGUFs, see ``studio.core.llamacpp``.
+    ``allow_pickle``: an original holding only ``pytorch_model.bin`` is converted in a child process
+    (``open_model``'s cached safetensors) instead of refused; it is never unpickled in this process.
     """
     ctx = ctx or null_context()
     t0 = time.monotonic()
@@ -289,7 +293,7 @@ def evaluate(
         notes.append(text)
         ctx.log(text)
 
-    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note)
+    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note, allow_pickle)
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
     try:
         scorer.load(ctx)
