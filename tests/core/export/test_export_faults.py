@@ -321,10 +321,16 @@ def test_crashing_llamacpp_child_is_an_error_not_a_crash(llama_model, tmp_path):
     with LlamaWorker() as wk:
         with pytest.raises(ChildProcessError_, match="SIGABRT"):
             wk.request("crash", how="abort")
-    # a damaged GGUF reaching verification: llama.cpp refuses it in the child, the parent goes on
+    # a damaged GGUF reaching verification: our bounded reader accepts its header (an architecture
+    # name llama.cpp does not know), so it is llama.cpp in the child that refuses it; the parent goes on
+    good = export_gguf(llama_model, tmp_path / "good.gguf", "F32").path
+    raw = good.read_bytes()
+    key = b"general.architecture"
+    at = raw.index(key) + len(key) + 4 + 8  # after the key, its value type (u32) and length (u64)
     bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (10**6).to_bytes(8, "little") + bytes(8))
-    with pytest.raises(StudioError, match="bad.gguf"):
+    bad.write_bytes(raw[:at] + b"zzzzz" + raw[at + 5 :])
+    assert read_gguf(bad).metadata["general.architecture"] == "zzzzz"
+    with pytest.raises(StudioError, match=r"llama\.cpp could not load \S*bad\.gguf: Failed to load model"):
         verify_gguf(bad, llama_model)
     # the parent is alive and a fresh worker serves requests again
     with LlamaWorker() as wk:
