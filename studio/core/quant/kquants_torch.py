@@ -33,7 +33,10 @@ def _div(a, b):
 
 def _nint(v: torch.Tensor) -> torch.Tensor:
     # ggml's nearest_int: add 1.5*2^23 in float32 and read the low mantissa bits (also what C
-    # yields for |v| >= 2^22 and for inf/NaN).
+    # yields for |v| >= 2^22 and for inf). A NaN gives its payload bits there: C's NaNs here are
+    # x86's default quiet NaN (payload 0, so 0), but torch's CPU kernels may return another NaN
+    # (0x7fffffff from a division), so every NaN is read as the default one.
+    v = torch.where(torch.isnan(v), torch.zeros_like(v), v)
     return ((v + 12582912.0).view(torch.int32) & 0x7FFFFF) - 0x400000
 
 
