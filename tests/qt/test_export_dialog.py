@@ -60,6 +60,7 @@ def test_export_is_in_the_file_menu_with_ctrl_e_and_needs_a_checkpoint(qtbot, ma
     assert dlg.output_path is not None and dlg.output_path.suffix == ".gguf"
     dlg.close()
     # with a GPU in the window's device list, choosing it there is what the dialog starts on
+    qtbot.waitUntil(lambda: win.state.hardware is not None, timeout=OPEN_TIMEOUT_MS)  # detected off-thread
     hw = win.state.hardware
     gpu = GpuInfo(0, "Test GPU", Backend.CUDA, 8 << 30, 6 << 30)
     win.state.set_hardware(dataclasses.replace(hw, gpus=(gpu,)))
