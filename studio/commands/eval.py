@@ -7,7 +7,12 @@ import math
 import sys
 from typing import Any
 
-from studio.commands._common import ProgressLine, print_json
+from studio.commands._common import (
+    ProgressLine,
+    add_allow_pickle_option,
+    add_extra_buffers_option,
+    print_json,
+)
 from studio.core.jobs import JobContext
 
 
@@ -42,6 +47,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
+    add_allow_pickle_option(p)
+    add_extra_buffers_option(p, "the GGUF files")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(handler=run)
 
@@ -64,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             n_gpu_layers=args.gpu_layers,
-            ctx=JobContext(on_progress=line.fraction, on_log=line.log),
+            extra_buffers=args.llama_extra_buffers,
+            allow_pickle=args.allow_pickle,
+            ctx=JobContext(on_progress=line.fraction, on_log=lambda m: line.log(f"note: {m}")),
         )
     failed = [v for v in report.variants if v.error]
     if args.json:

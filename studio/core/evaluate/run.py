@@ -98,6 +98,7 @@ class EvalReport:
     n_chunks: int
     n_tokens: int
     seconds: float
+    notes: tuple[str, ...] = ()  # what the user should know about how models ran (llama.cpp restarts)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (NaN becomes None)."""
@@ -110,6 +111,7 @@ class EvalReport:
                 "chunks": self.n_chunks,
                 "tokens": self.n_tokens,
                 "seconds": self.seconds,
+                "notes": list(self.notes),
             }
         )
 
@@ -217,14 +219,36 @@ class _Identity:
 # ------------------------------------------------------------------------------------------ scorers
 
 
-def _open_scorer(path: Path, n_ctx: int, device: str, dtype: str, n_gpu_layers: int) -> Any:
-    if path.suffix.lower() == ".gguf":
-        from studio.core.chat.llama_backend import LlamaCppBackend
+def _llama_scorer(
+    path: Path, n_ctx: int, n_gpu_layers: int, extra_buffers: str, on_note: Callable[[str], None]
+) -> Any:
+    from studio.core.chat.llama_backend import LlamaCppBackend
 
-        return LlamaCppBackend(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, logits_all=True)
+    return LlamaCppBackend(
+        path,
+        n_ctx=n_ctx,
+        n_gpu_layers=n_gpu_layers,
+        logits_all=True,
+        extra_buffers=extra_buffers,
+        on_note=on_note,
+    )
+
+
+def _open_scorer(
+    path: Path,
+    n_ctx: int,
+    device: str,
+    dtype: str,
+    n_gpu_layers: int,
+    extra_buffers: str,
+    on_note: Callable[[str], None],
+    allow_pickle: bool,
+) -> Any:
+    if path.suffix.lower() == ".gguf":
+        return _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note)
     from studio.core.chat.hf_backend import TransformersBackend
 
-    return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype)
+    return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
 
 ScorerFactory = Callable[[Path, int], Any]
@@ -240,9 +264,16 @@ def evaluate(
     device: str = "auto",
     dtype: str = "auto",
     n_gpu_layers: int = 0,
+    extra_buffers: str = "auto",
+    allow_pickle: bool = False,
     ctx: JobContext | None = None,
 ) -> EvalReport:
-    """Score ``original`` and every variant on ``text``; see the module docstring for the method."""
+    """Score ``original`` and every variant on ``text``; see the module docstring for the method.
+
+    ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking for the GGUFs, see ``studio.core.llamacpp``.
+    ``allow_pickle``: an original holding only ``pytorch_model.bin`` is converted in a child process
+    (``open_model``'s cached safetensors) instead of refused; it is never unpickled in this process.
+    """
     ctx = ctx or null_context()
     t0 = time.monotonic()
     if n_ctx < 8:
@@ -255,7 +286,14 @@ def evaluate(
     n_rows = sl.stop - sl.start
 
     ctx.report(0, 1, f"Loading {orig_path.name}")
-    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers)
+    notes: list[str] = []
+
+    def note(text: str) -> None:
+        # a restart without extra buffers: in the report and the job's log (the CLI prints it)
+        notes.append(text)
+        ctx.log(text)
+
+    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note, allow_pickle)
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
     try:
         scorer.load(ctx)
@@ -322,10 +360,19 @@ def evaluate(
                     done,
                     total,
                     identity,
+                    extra_buffers,
+                    note,
                 )
             )
         return EvalReport(
-            orig_score, tuple(scores), et.name, n_ctx, len(starts), len(tokens), time.monotonic() - t0
+            orig_score,
+            tuple(scores),
+            et.name,
+            n_ctx,
+            len(starts),
+            len(tokens),
+            time.monotonic() - t0,
+            tuple(notes),
         )
     finally:
         scorer.close()
@@ -346,8 +393,9 @@ def _score_variant(
     done: int,
     total: int,
     identity: _Identity | None = None,
+    extra_buffers: str = "auto",
+    on_note: Callable[[str], None] | None = None,
 ) -> VariantScore:
-    from studio.core.chat.llama_backend import LlamaCppBackend
     from studio.core.jobs import JobCancelled
 
     sl = scored_positions(n_ctx)
@@ -364,7 +412,7 @@ def _score_variant(
     except StudioError as err:
         return VariantScore(str(path), path.name, nan, nan, nan, nan, nan, nan, nan, 0, nan, 0, str(err))
     ctx.report(done, total, f"Loading {path.name}")
-    var = LlamaCppBackend(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, logits_all=True)
+    var = _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note or ctx.log)
     try:
         var.load(ctx)
         if var.n_vocab != base.shape[-1]:
