@@ -40,6 +40,12 @@ def register(subparsers: Any) -> None:
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
     p.add_argument("--truncate", action="store_true", help="keep only the end of a prompt that is too long")
+    p.add_argument(
+        "--kv-type",
+        default=None,
+        choices=("f32", "f16", "q8_0", "q4_0"),
+        help="llama.cpp KV-cache type for GGUF models (default f32); q8_0 and q4_0 use flash attention",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 
@@ -57,7 +63,14 @@ def run(args: argparse.Namespace) -> int:
     )
     paths = [args.model, *args.compare]
     backends = [
-        open_backend(p, n_ctx=args.ctx, device=args.device, dtype=args.dtype, n_gpu_layers=args.gpu_layers)
+        open_backend(
+            p,
+            n_ctx=args.ctx,
+            device=args.device,
+            dtype=args.dtype,
+            n_gpu_layers=args.gpu_layers,
+            kv_type=args.kv_type,
+        )
         for p in paths
     ]
     session = ChatSession(backends, system=args.system)

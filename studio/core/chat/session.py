@@ -32,13 +32,17 @@ def open_backend(
     dtype: str = "auto",
     n_gpu_layers: int = 0,
     label: str | None = None,
+    kv_type: str | None = None,
 ) -> ChatBackend:
-    """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder."""
+    """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder.
+
+    ``kv_type`` (``f32``, ``f16``, ``q8_0``, ``q4_0``) is llama.cpp's KV-cache type; transformers ignores it.
+    """
     p = Path(path).expanduser()
     if p.suffix.lower() == ".gguf":
         from studio.core.chat.llama_backend import LlamaCppBackend
 
-        return LlamaCppBackend(p, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, label=label)
+        return LlamaCppBackend(p, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, label=label, kv_type=kv_type)
     from studio.core.chat.hf_backend import TransformersBackend
 
     return TransformersBackend(p, n_ctx=n_ctx, device=device, dtype=dtype, label=label)
