@@ -9,6 +9,7 @@ from studio.core.hardware import HardwareInfo
 from studio.core.lab.memory import (
     FORMULAS,
     ModelShape,
+    fits_card,
     kv_cache_bytes,
     memory_report,
     shape_from_config,
@@ -76,6 +77,11 @@ def test_kv_cache_by_hand(kv, ctx, expected):
     shape = ModelShape("Llama-3-8B", 8_030_261_248, 32, 8, 128, 128_256)
     assert kv_cache_bytes(shape, ctx, kv) == expected
     assert memory_report(shape, ctx, kv, HW).kv_cache_bytes == expected
+
+
+def test_a_card_keeps_512_mib_for_the_driver():
+    assert fits_card(8 * GIB - 512 * MIB, 8) and not fits_card(8 * GIB - 511 * MIB, 8)
+    assert fits_card(80 * GIB - 512 * MIB, 80) and not fits_card(80 * GIB, 80)
 
 
 def test_a_small_model_fits_this_machine():

@@ -19,6 +19,7 @@ from studio.core.quant import generic
 def test_fake_quantize_is_the_generic_int_grid(bits, group, symmetric):
     w = np.random.default_rng(bits).standard_normal((8, 128)).astype(np.float32)
     w[2] *= 12
+    w[5] = np.abs(w[5]) + 1  # all positive: the asymmetric range still reaches down to zero
     ref = generic.quantize_int(
         w, bits, symmetric=symmetric, granularity="group" if group else "channel", group_size=group
     )
