@@ -130,18 +130,11 @@ class ModelShape:
             raise StudioError(f"The vocabulary size cannot be negative ({self.vocab}).")
 
 
-def _cfg_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
-    for k in keys:
-        v = cfg.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
 def shape_from_config(
     config: Mapping[str, Any], params: int, *, name: str = "model", info: ModelInfo | None = None
 ) -> ModelShape:
     """The shape from a config.json (or a GGUF's ``gguf_config``) and a parameter count."""
+    from studio.core.estimate import _cfg_int  # the same config keys as the estimates
     from studio.core.estimate import kv_cache_bytes as f16_kv
 
     cfg = dict(config.get("text_config") or config)
@@ -164,6 +157,8 @@ def shape_from_config(
 
 def shape_from_info(info: ModelInfo) -> ModelShape:
     """The shape of an opened checkpoint (``studio.core.model.open_model(...).info``); exact sizes."""
+    from studio.core.estimate import _cfg_int
+
     cfg = dict(info.config)
     if info.n_layers and not _cfg_int(cfg, "num_hidden_layers", "n_layer", "num_layers"):
         cfg["num_hidden_layers"] = info.n_layers
