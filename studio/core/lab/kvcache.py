@@ -43,11 +43,10 @@ def kv_type(name: str) -> KVType:
     key = str(name).strip().lower()
     if key not in KV_TYPES:
         raise StudioError(f"Unknown KV-cache type {name!r}; choose one of {', '.join(KV_TYPES)}.")
-    import gguf
+    from studio.core.quant.types import qtype_info
 
-    qt = gguf.GGMLQuantizationType[key.upper()]
-    block, size = gguf.GGML_QUANT_SIZES[qt]
-    return KVType(key, int(qt), int(block), int(size))
+    info = qtype_info(key.upper())
+    return KVType(key, int(info.ggml_type), info.block_size, info.type_size)
 
 
 def llama_kwargs(name: str) -> dict[str, object]:

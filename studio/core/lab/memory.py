@@ -79,10 +79,9 @@ class Precision:
 
 
 def _format_bpw(type_name: str) -> float:
-    import gguf
+    from studio.core.quant.types import qtype_info
 
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
-    return 8.0 * size / block
+    return qtype_info(type_name).bits_per_weight
 
 
 def _precisions() -> tuple[Precision, ...]:

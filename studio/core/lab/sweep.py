@@ -48,7 +48,6 @@ CLIFF_SNR_DB = 12.0
 _SCALE_GROUP = {"Q2_K": 16, "Q3_K": 16, "Q6_K": 16, "Q4_K": 32, "Q5_K": 32, "IQ4_XS": 32}
 # Types that store a minimum (or offset) per block besides the scale.
 _ASYMMETRIC = frozenset({"Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K"})
-_FLOATS = frozenset({"F16", "BF16"})
 
 
 @dataclass(frozen=True)
@@ -138,10 +137,11 @@ def _int_label(bits: int, symmetric: bool, granularity: str, group: int | None) 
 
 
 def _gguf_row(x: np.ndarray, qtype: str, ctx: JobContext) -> SweepRow:
-    from studio.core.quant.blocks import QTYPES, dequantize, fallback_type, quantize, row_bytes
+    from studio.core.quant.blocks import dequantize, quantize
+    from studio.core.quant.types import QTYPES, fallback_type, row_bytes
 
     rows, cols = x.shape
-    applied = fallback_type(qtype, cols)
+    applied = fallback_type(qtype, cols).qtype
     y = np.empty_like(x)
     step = max(1, (1 << 22) // max(cols, 1))  # bounded temporaries on large tensors
     for r0 in range(0, rows, step):
@@ -150,7 +150,7 @@ def _gguf_row(x: np.ndarray, qtype: str, ctx: JobContext) -> SweepRow:
         y[r0:r1] = dequantize(quantize(x[r0:r1], applied), applied, (r1 - r0, cols))
     m = error_metrics(x, y)
     info = QTYPES[applied]
-    is_float = applied in _FLOATS
+    is_float = info.is_float
     return SweepRow(
         scheme=qtype,
         kind="gguf",
@@ -195,7 +195,7 @@ def sweep_array(
     ``gguf_types`` defaults to every quantized GGUF type the studio writes (F16 and BF16 included).
     """
     from studio.core.quant import generic
-    from studio.core.quant.blocks import QTYPES
+    from studio.core.quant.types import QTYPES
 
     ctx = ctx or null_context()
     t0 = time.monotonic()
