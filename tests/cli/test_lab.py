@@ -132,3 +132,19 @@ def test_eval_kv_type_and_verdict(capsys, chat_model, f32_gguf):
     rc = main(argv)
     out = capsys.readouterr().out
     assert rc == 0 and "verdict" in out and "[KV q8_0]" in out
+
+
+def test_memory_of_a_hub_id_fetches_only_its_config(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from studio.core.hub import api
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}
+    cfg |= {"num_key_value_heads": 8}
+    monkeypatch.setattr(
+        api, "model_details", lambda repo_id, **kw: SimpleNamespace(params=8 * 10**9, config=cfg)
+    )
+    # not a folder and not in the Hugging Face cache: only the Hub's details are asked for
+    rc, d, _ = _run(capsys, "memory", "org/not-cached-model", "--ctx", "8192", "--json")
+    assert rc == 0 and d["model"] == "org/not-cached-model"
+    assert d["kv_cache_bytes"] == 2 * 32 * 8 * 128 * 8192 * 2 == GIB

@@ -133,3 +133,32 @@ def test_bad_shapes_are_refused():
         memory_report(LLAMA3_70B, 512, "q5_1", HW)
     with pytest.raises(StudioError, match="does not give"):
         shape_from_config({"hidden_size": 64}, 1000)
+
+
+def test_a_hub_model_is_sized_from_its_config(monkeypatch):
+    from types import SimpleNamespace
+
+    from studio.core.hub import api
+    from studio.core.lab.memory import shape_from_hub
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}
+    cfg |= {"num_key_value_heads": 8, "vocab_size": 128_256}
+    seen = {}
+
+    def details(repo_id, **kw):
+        seen.update(kw, repo=repo_id)
+        return SimpleNamespace(params=8_030_261_248, config=cfg)
+
+    monkeypatch.setattr(api, "model_details", details)
+    shape = shape_from_hub("meta-llama/Meta-Llama-3-8B")
+    assert (shape.params, shape.layers, shape.kv_heads, shape.head_dim, shape.vocab) == (
+        8_030_261_248,
+        32,
+        8,
+        128,
+        128_256,
+    )
+    assert seen["repo"] == "meta-llama/Meta-Llama-3-8B" and seen["with_card"] is False
+    monkeypatch.setattr(api, "model_details", lambda repo_id, **kw: SimpleNamespace(params=None, config=cfg))
+    with pytest.raises(StudioError, match="does not say how many parameters"):
+        shape_from_hub("org/gguf-only")
