@@ -8,10 +8,12 @@ import pytest
 
 from studio.cli import main
 from tests.core.chat import fixtures as _fixtures
+from tests.core.lab import conftest as _lab_fixtures
 
 chat_model = _fixtures.chat_model
 f32_gguf = _fixtures.f32_gguf
 gguf_of = _fixtures.gguf_of
+one_torch_thread = _lab_fixtures.one_torch_thread
 
 GIB = 1024**3
 
@@ -83,6 +85,7 @@ def test_sweep_json(capsys, chat_model):
     assert d["cliff_snr_db"] == 12.0 and d["cliffs"]
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_qat_json(capsys, chat_model, tmp_path):
     text = tmp_path / "train.txt"
     text.write_text(_fixtures_text(), encoding="utf-8")

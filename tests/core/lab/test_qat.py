@@ -53,6 +53,7 @@ def texts():
     return EvalText("multilingual", TEXT_PATH.read_text(encoding="utf-8")), load_text("sample")
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_qat_beats_ptq_and_exports_the_rounded_weights(llama_model, texts, tmp_path):
     train, held_out = texts
     out = tmp_path / "qat"
