@@ -57,6 +57,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch", type=int, default=1, metavar="N", help="chunks per step (default 1)")
     p.add_argument("--eval-chunks", type=int, default=8, metavar="N", help="evaluation chunks (default 8)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads for torch (default: torch's choice)",
+    )
     p.add_argument("-o", "--output", metavar="OUTDIR", help="write the QAT model folder here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
@@ -68,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.group is not None and args.group < 1:
         raise StudioError(f"--group must be a positive number of values, not {args.group}.")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise StudioError(f"--threads must be at least 1, not {args.threads}.")
+        import torch
+
+        torch.set_num_threads(args.threads)  # this process only runs this job: the CLI may set it
     with ProgressLine() as line:
         r = run_qat(
             args.model,

@@ -103,6 +103,8 @@ def test_qat_json(capsys, chat_model, tmp_path):
         str(text),
         "--seq-len",
         "32",
+        "--threads",
+        "1",  # the fixture puts torch's thread count back afterwards
         "--eval-chunks",
         "1",
         "--lr",
@@ -116,6 +118,8 @@ def test_qat_json(capsys, chat_model, tmp_path):
         ["qat", str(chat_model), "--bits", "3", "--steps", "1", "--text", str(tmp_path / "missing.txt")]
     )
     assert rc == 2 and "missing.txt" in capsys.readouterr().err
+    rc = main(["qat", str(chat_model), "--bits", "3", "--steps", "1", "--text", str(text), "--threads", "0"])
+    assert rc == 2 and "--threads" in capsys.readouterr().err
 
 
 def _fixtures_text() -> str:
