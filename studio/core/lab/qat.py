@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -206,11 +207,13 @@ def run_qat(
     device: str = "cpu",
     output: str | os.PathLike[str] | None = None,
     ctx: JobContext | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> QatResult:
     """Fine-tune ``model`` (a Hugging Face folder) through the STE and compare; see the module docstring.
 
     ``output``: a folder to write the QAT weights to (already rounded, in the model's dtype, with its
     config and tokenizer), which ``quant-studio-cli export`` then takes like any checkpoint.
+    ``on_step(step, loss)`` is called after every training step (a live loss curve).
     """
     import torch
     from torch.nn.utils import parametrize
@@ -282,6 +285,8 @@ def run_qat(
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             train_losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(step + 1, train_losses[-1])
             ctx.report(2 + step, total, f"QAT step {step + 1}/{steps}: loss {train_losses[-1]:.3f}")
         train_seconds = time.monotonic() - t_train
         del opt

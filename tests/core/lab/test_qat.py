@@ -57,6 +57,7 @@ def texts():
 def test_qat_beats_ptq_and_exports_the_rounded_weights(llama_model, texts, tmp_path):
     train, held_out = texts
     out = tmp_path / "qat"
+    steps: list[tuple[int, float]] = []
     r = run_qat(
         llama_model,
         train,
@@ -68,8 +69,10 @@ def test_qat_beats_ptq_and_exports_the_rounded_weights(llama_model, texts, tmp_p
         seq_len=32,
         max_eval_chunks=2,
         output=out,
+        on_step=lambda i, loss: steps.append((i, loss)),
     )
     assert r.quantized_tensors == 14 and len(r.train_losses) == 6
+    assert steps == list(enumerate(r.train_losses, start=1))
     assert r.ptq_loss != r.float_loss  # the rounding reached the forward pass
     assert r.qat_loss < r.ptq_loss - 0.1  # training through the STE moved the weights
     assert r.train_seconds > 0 and r.eval_tokens == 2 * 31
