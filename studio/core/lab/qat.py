@@ -14,6 +14,11 @@ frozen (as GPTQ/AWQ leave them), so only the weights that get quantized move.
 and, to tell adaptation to the text from adaptation to the grid, the fine-tuned weights unrounded.
 Losses are mean next-token cross-entropy (nats per token) over chunks of ``seq_len`` tokens. The
 model stays in eval mode (no dropout) and batches run in text order, so a run is deterministic.
+
+Cost, measured on SmolLM2-135M-Instruct (float32, 210 linear layers, 106 M rounded weights) on one
+CPU thread: 30 steps of 128 tokens plus four losses on 8 chunks took 114 s of CPU time and a peak of
+3.4 GiB resident (float32 weights, gradients and AdamW's two moments for the rounded layers).
+3 bits, groups of 32: float 3.464, PTQ 4.310, QAT 3.902 nats per token on the held-out text.
 """
 
 from __future__ import annotations
