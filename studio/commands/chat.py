@@ -42,6 +42,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--truncate", action="store_true", help="keep only the end of a prompt that is too long")
     add_allow_pickle_option(p)
     add_extra_buffers_option(p, "GGUF files")
+    p.add_argument(
+        "--kv-type",
+        default=None,
+        choices=("f32", "f16", "q8_0", "q4_0"),
+        help="llama.cpp KV-cache type for GGUF models (default f32); q8_0 and q4_0 use flash attention",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             n_gpu_layers=args.gpu_layers,
             extra_buffers=args.llama_extra_buffers,
             allow_pickle=args.allow_pickle,
+            kv_type=args.kv_type,
         )
         for p in paths
     ]

@@ -326,6 +326,16 @@ class TransformersBackend(BaseBackend):
         return out.logits[0].float().cpu().numpy()
 
     @property
+    def torch_model(self) -> Any:
+        """The loaded ``transformers`` model (for the lab's fine-tuning); None until loaded."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded ``transformers`` tokenizer; None until loaded."""
+        return self._tok
+
+    @property
     def param_count(self) -> int:
         """Number of distinct parameters (tied weights counted once)."""
         self._require_loaded()

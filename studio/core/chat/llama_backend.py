@@ -67,6 +67,7 @@ class LlamaCppBackend(BaseBackend):
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         f32_kv: bool = True,
+        kv_type: str | None = None,
         logits_all: bool = False,
         label: str | None = None,
         extra_ops: str = CHAT_OPS,
@@ -79,6 +80,11 @@ class LlamaCppBackend(BaseBackend):
         self.n_gpu_layers = 0
         self.n_threads = n_threads
         self.f32_kv = f32_kv
+        if kv_type:
+            from studio.core.lab.kvcache import kv_type as check_kv_type
+
+            kv_type = check_kv_type(kv_type).name  # an unknown name fails here, before a child starts
+        self.kv_type = kv_type  # a ``studio.core.lab.kvcache`` type; None keeps ``f32_kv``
         self.logits_all = logits_all
         self.extra_ops = extra_ops
         self.options = LoadOptions(
@@ -86,6 +92,7 @@ class LlamaCppBackend(BaseBackend):
             n_threads=n_threads,
             f32_kv=f32_kv,
             logits_all=logits_all,
+            kv_type=kv_type,
             extra_buffers=extra_buffers,
         )
         self._on_note = on_note

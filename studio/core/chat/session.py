@@ -34,18 +34,25 @@ def open_backend(
     label: str | None = None,
     extra_buffers: str = "auto",
     allow_pickle: bool = False,
+    kv_type: str | None = None,
 ) -> ChatBackend:
     """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder.
 
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``;
-    ``allow_pickle`` lets a pickle-only folder be converted (in a child process) instead of refused.
+    ``allow_pickle`` lets a pickle-only folder be converted (in a child process) instead of refused;
+    ``kv_type`` (``f32``, ``f16``, ``q8_0``, ``q4_0``) is llama.cpp's KV-cache type; transformers ignores it.
     """
     p = Path(path).expanduser()
     if p.suffix.lower() == ".gguf":
         from studio.core.chat.llama_backend import LlamaCppBackend
 
         return LlamaCppBackend(
-            p, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, label=label, extra_buffers=extra_buffers
+            p,
+            n_ctx=n_ctx,
+            n_gpu_layers=n_gpu_layers,
+            label=label,
+            extra_buffers=extra_buffers,
+            kv_type=kv_type,
         )
     from studio.core.chat.hf_backend import TransformersBackend
 

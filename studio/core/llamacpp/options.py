@@ -63,6 +63,7 @@ class LoadOptions:
     n_gpu_layers: int = 0
     n_threads: int | None = None
     f32_kv: bool = True  # F32 KV cache: the default F16 alone moves logits by ~1e-2
+    kv_type: str | None = None  # the lab's KV-cache precision (f32, f16, q8_0, q4_0); overrides f32_kv
     logits_all: bool = False
     embedding: bool = False
     vocab_only: bool = False

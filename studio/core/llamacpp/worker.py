@@ -323,6 +323,7 @@ def _op_load(
     seed: int = 0,
     chat_format: str | None = None,
     n_gpu_layers: int = 0,
+    kv_type: str | None = None,
 ) -> dict[str, Any]:
     import llama_cpp
 
@@ -339,7 +340,11 @@ def _op_load(
     if n_threads:
         kwargs["n_threads"] = n_threads
         kwargs["n_threads_batch"] = n_threads
-    if f32_kv:
+    if kv_type:  # the lab's KV-cache precision (f32, f16, q8_0, q4_0); a quantized V needs flash attention
+        from studio.core.lab.kvcache import llama_kwargs
+
+        kwargs.update(llama_kwargs(kv_type))
+    elif f32_kv:
         kwargs["type_k"] = 0  # GGML_TYPE_F32: the default F16 cache alone moves logits by ~1e-2
         kwargs["type_v"] = 0
     if embedding:
