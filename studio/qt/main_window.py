@@ -117,9 +117,12 @@ def _module_available(name: str) -> bool:
 
 def _set_plot_defaults(dark: bool) -> None:
     """pyqtgraph's default colours for plots made from now on (the panels restyle their own plots)."""
-    pg = sys.modules.get("pyqtgraph")  # never imported here just for this: it costs ~0.2 s
-    if pg is None:
+    if "pyqtgraph" not in sys.modules:  # never imported here just for this: it costs ~0.2 s
         return
+    # The panel preload may still be importing it in a worker: sys.modules then holds a half-made
+    # module, and only a real import waits for it to finish (seen on a fresh install's first start).
+    import pyqtgraph as pg
+
     from studio.qt.panels import plot_colors
 
     colours = plot_colors(dark)
