@@ -106,7 +106,7 @@ def _bench_report(t_main: float) -> None:
     print(json.dumps(report), flush=True)
 
 
-SMOKE_TIMEOUT_S = 900
+SMOKE_TIMEOUT_S = 600
 
 
 def _arm_smoke_test(app, window, *, wait_for_model: bool) -> None:  # noqa: ANN001
@@ -117,7 +117,12 @@ def _arm_smoke_test(app, window, *, wait_for_model: bool) -> None:  # noqa: ANN0
     import studio
     from studio.paths import data_dir
 
+    reported: list[bool] = []
+
     def report(ok: bool, error: str = "") -> None:
+        if reported:
+            return
+        reported.append(ok)
         info = window.state.info
         out = {
             "ok": ok,
@@ -138,6 +143,13 @@ def _arm_smoke_test(app, window, *, wait_for_model: bool) -> None:  # noqa: ANN0
         if isinstance(box, QMessageBox):
             report(False, box.text())
 
+    class _Errors(logging.Handler):
+        # An exception in a GUI callback is logged, not shown: without this the check would only
+        # notice it at the timeout.
+        def emit(self, record: logging.LogRecord) -> None:
+            QTimer.singleShot(0, window, lambda: report(False, record.getMessage()))
+
+    logging.getLogger("studio").addHandler(_Errors(logging.ERROR))
     if wait_for_model:
         window.state.modelOpened.connect(lambda _ckpt: QTimer.singleShot(0, lambda: report(True)))
         poll = QTimer(window)
