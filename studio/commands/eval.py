@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
             n_gpu_layers=args.gpu_layers,
             ctx=JobContext(on_progress=line.fraction, on_log=line.log),
         )
+    from studio.core.evaluate.record import save_records
+
+    notes = save_records(report)  # beside each variant, for the model card of an upload
     failed = [v for v in report.variants if v.error]
     if args.json:
         print_json(report.to_dict())
@@ -91,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{v.file_bytes / 1e6:9.2f} {_fmt(v.bpw, '6.2f')}"
             )
     sys.stdout.flush()
+    for note in notes:
+        print(note, file=sys.stderr)
     for v in failed:
         print(f"error: {v.error}", file=sys.stderr)
     return 2 if failed else 0
