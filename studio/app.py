@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ORGANIZATION = "QuantStudio"
+DESKTOP_ID = "io.quantstudio.QuantStudio"  # packaging/linux/<DESKTOP_ID>.desktop
 APPLICATION = "Quant Studio"
 HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "huggingface_hub")
 BENCH_T0_ENV = "QUANT_STUDIO_BENCH_T0"  # wall-clock time (time.time()) at which the bench launched us
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     QCoreApplication.setOrganizationName(ORGANIZATION)
     QCoreApplication.setApplicationName(APPLICATION)
     app = QApplication.instance() or QApplication([sys.argv[0], *qt_args])
-    QApplication.setDesktopFileName("quant-studio")
+    QApplication.setDesktopFileName(DESKTOP_ID)  # Wayland matches the window to this .desktop entry
     app.setWindowIcon(app_icon())
     _configure_logging()
 

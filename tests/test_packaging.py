@@ -129,3 +129,29 @@ def test_built_wheel_ships_data_and_finds_it_when_installed(tmp_path: Path) -> N
     assert new_text == "added later"
     assert Path(icon).is_relative_to(site) and Path(icon).is_file()
     assert int(sample_len) > 10_000
+
+
+def test_smoke_test_reports_a_model_that_does_not_open(tmp_path: Path) -> None:
+    # What packaging/check_wheel.sh and check_bundle.sh rely on: one JSON line, exit status 1.
+    missing = tmp_path / "no-such-model"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "studio.app",
+            str(missing),
+            "--smoke-test",
+            "--settings",
+            str(tmp_path / "s.ini"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
+    import json
+
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert res.returncode == 1 and report["ok"] is False and report["model"] is None
+    assert "no-such-model" in report["error"] and report["icon"] is True
