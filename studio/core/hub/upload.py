@@ -422,7 +422,7 @@ def upload_gguf(
                     landed = _repo_has(api, repo_id, p.name, sha, ctx)
                 except Exception:
                     state = UNKNOWN
-                    raise
+                    raise err from None
                 if not landed:
                     raise
                 commit = None

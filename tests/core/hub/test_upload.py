@@ -215,6 +215,26 @@ def test_a_lost_commit_answer_is_checked_against_the_repo(hub, gguf):
     assert res.commit is None and any("answer to the commit was lost" in n for n in res.notes)
 
 
+def test_a_commit_lost_on_the_way_is_rolled_back(hub, gguf):
+    hub.add_fault(Fault("drop_request", path="*/commit/*", methods=("POST",)))
+    err = _fails(hub, gguf)
+    assert err.kind == "network" and err.state == up.ROLLED_BACK and REPO not in hub.repos
+
+
+def test_when_the_repo_cannot_be_asked_the_state_is_unknown_and_kept(hub, gguf, monkeypatch):
+    hub.add_fault(Fault("drop_request", path="*/commit/*", methods=("POST",)))
+
+    def unreachable(*_a):
+        hub.unreachable = True  # the network is gone by the time we ask whether the commit landed
+        raise ConnectionError("network is unreachable")
+
+    monkeypatch.setattr(up, "_repo_has", unreachable)
+    err = _fails(hub, gguf)
+    assert err.state == up.UNKNOWN and f"look at {hub.url}/{REPO}" in str(err) and err.kind == "network"
+    hub.unreachable = False
+    assert REPO in hub.repos and hub.deleted_repos == []  # not deleted on a guess
+
+
 def test_a_failed_rollback_says_the_empty_repo_is_left(hub, gguf):
     hub.add_fault(Fault("status", path="*/commit/*", methods=("POST",), times=None, status=500))
     hub.add_fault(Fault("status", path="/api/repos/delete", methods=("DELETE",), times=None, status=403))
