@@ -186,7 +186,7 @@ class UploadDialog(QDialog):
             on_cancel=self._on_cancel,
             confirm_on_quit=True,
         )
-        self.jobs.jobChanged.connect(self._on_job_changed)
+        self.job.signals.progress.connect(self._on_progress)
         self._update_buttons()
         return self.job
 
@@ -197,23 +197,15 @@ class UploadDialog(QDialog):
             self.job.cancel()
             self._set_status("Cancelling…")
 
-    @Slot(object)
-    def _on_job_changed(self, job: Job) -> None:
-        if job is self.job and job.active and job.total > 0:
-            self.progress.setValue(int(PROGRESS_STEPS * min(1.0, job.done / job.total)))
-            if job.message:
-                self.status.setText(job.message)
-
-    def _finish(self) -> None:
-        try:
-            self.jobs.jobChanged.disconnect(self._on_job_changed)
-        except (RuntimeError, TypeError):
-            pass
-        self._update_buttons()
+    @Slot(object, object, object, str)
+    def _on_progress(self, job: Any, done: int, total: int, msg: str) -> None:
+        if job is self.job and job.active and total > 0:
+            self.progress.setValue(int(PROGRESS_STEPS * min(1.0, done / total)))
+            self.status.setText(msg)
 
     def _on_success(self, result: Any) -> None:
         self.result = result
-        self._finish()
+        self._update_buttons()
         self.progress.setValue(PROGRESS_STEPS)
         self.card_view.setPlainText(result.card)
         notes = html.escape(" ".join(result.notes))
@@ -224,14 +216,14 @@ class UploadDialog(QDialog):
         )
 
     def _on_error(self, message: str) -> None:
-        self._finish()
+        self._update_buttons()
         self._set_status(message, error=True)
         exc = getattr(self.job, "exception", None)
         if getattr(exc, "kind", None) == "auth":
             self._token = self.ask_token(self, message)
 
     def _on_cancel(self) -> None:
-        self._finish()
+        self._update_buttons()
         self.progress.setValue(0)
         self._set_status("Upload cancelled; a repository created by it is deleted again.")
 
@@ -258,7 +250,7 @@ def open_upload_dialog(parent: QWidget, outcome: Any, jobs: Any) -> UploadDialog
     path = getattr(getattr(outcome, "result", None), "path", None)
     if path is None:
         return None
-    dlg = UploadDialog(path, jobs, parent)
+    dlg = UploadDialog(path, jobs, parent, settings=getattr(parent, "settings", None))
     dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     dlg.show()
     return dlg

@@ -53,7 +53,7 @@ def test_upload_after_export_shows_the_card_and_puts_the_file_on_the_hub(
     assert "Uploaded to" in dlg.status.text() and "alice/tiny-Q8_0-GGUF" in dlg.status.text()
     assert dlg.progress.value() == dlg.progress.maximum()
     # The namespace is remembered for the next upload.
-    assert QSettings().value("hub/upload_namespace") == "alice"
+    assert win.settings.value("hub/upload_namespace") == "alice"
     dlg.close()
 
 

@@ -381,16 +381,20 @@ class _WriteMixin:
         n = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(n if limit is None else min(n, limit))
 
+    def _hang_up(self, reset: bool = False) -> None:
+        """Close the connection without (the rest of) an answer: FIN, or RST with ``reset``."""
+        self.close_connection = True
+        if reset:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def _drop(self, fault: Fault) -> None:
         self._read_body(fault.after_bytes)
-        self.close_connection = True
-        if fault.reset:
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        else:
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self._hang_up(fault.reset)
 
     def _write_token(self) -> str | None:
         """The bearer token if it is valid; answers 401 itself (and returns None) when not."""
@@ -424,9 +428,6 @@ class _WriteMixin:
     # -- dispatch --
     def _write_dispatch(self, path: str, query: dict[str, list[str]]) -> None:
         fake = self.fake
-        if fake.unreachable:
-            self.close_connection = True
-            return
         drop = fake.take_fault("drop_request", self.command, path)
         if drop is not None:
             return self._drop(drop)
@@ -681,12 +682,7 @@ class _Handler(_WriteMixin, BaseHTTPRequestHandler):
         ctype: str = "application/json",
     ) -> None:
         if getattr(self, "_mute", False):  # drop_response: the work is done, the answer is lost
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            return
+            return self._hang_up()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -754,19 +750,14 @@ class _Handler(_WriteMixin, BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         path, query = self._record()
+        if self.fake.unreachable:
+            # Like a dead network: the connection goes away without an answer (kept-alive ones too).
+            return self._hang_up()
         if self.command in ("POST", "PUT", "DELETE"):
             try:
                 return self._write_dispatch(path, query)
             except (BrokenPipeError, ConnectionResetError):
                 return
-        if self.fake.unreachable:
-            # Like a dead network: the connection goes away without an answer (kept-alive ones too).
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            return
         try:
             if self._status_fault(path):
                 return
@@ -998,14 +989,7 @@ class _Handler(_WriteMixin, BaseHTTPRequestHandler):
         if drop is not None:
             self.wfile.write(bytes(body[: drop.after_bytes]))
             self.wfile.flush()
-            self.close_connection = True
-            if drop.reset:
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            else:
-                try:
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._hang_up(drop.reset)
             return
         slow = fake.take_fault("slow", self.command, path)
         if slow is not None:
