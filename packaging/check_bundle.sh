@@ -72,12 +72,16 @@ eval "$(xdotool getwindowgeometry --shell "$wid")"
 xdotool windowactivate --sync "$wid" 2>/dev/null || xdotool windowfocus --sync "$wid"
 xdotool key --window "$wid" ctrl+7
 sleep 3
-# The prompt box spans the bottom of the Chat page; Tab then moves to Send.
-xdotool mousemove --window "$wid" $((WIDTH / 3)) $((HEIGHT - 80)) click 1
+# Where the message box and Send sit on the Chat page of a fresh 1400x900 window (fresh settings,
+# default dock layout); Qt widgets are no X windows, so they are clicked by position.
+xdotool mousemove --window "$wid" $((WIDTH * 60 / 100)) $((HEIGHT * 61 / 100)) click 1
 xdotool type --delay 20 "What is the capital of France?"
-xdotool key Tab space
-sleep 25
-pgrep -af "quant-studio.*multiprocessing" | head -3 || true
+sleep 1
+xdotool mousemove --window "$wid" $((WIDTH * 964 / 1000)) $((HEIGHT * 587 / 1000)) click 1
+sleep 3
+echo "children of the window (llama.cpp runs in a spawned copy of the executable):"
+ps --ppid "$GUI" -o pid=,args= | cut -c1-160 || true
+sleep 20
 import -window root "$OUT/bundle-chat.png"
 kill $GUI 2>/dev/null || true
 wait $GUI 2>/dev/null || true
