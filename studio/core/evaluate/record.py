@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core.atomic import write_atomic
 from studio.core.evaluate.run import EvalReport, VariantScore
 
 RECORD_SUFFIX = ".eval.json"
@@ -120,15 +121,11 @@ def save_records(report: EvalReport) -> list[str]:
         if v.error is not None:
             continue
         path = Path(v.path)
-        target = record_path(path)
-        tmp = target.with_name(target.name + ".partial")
         try:
             size, fp = fingerprint(path)
             text = json.dumps({"version": RECORD_VERSION, **asdict(_record(report, v, size, fp))}, indent=1)
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, target)
+            write_atomic(record_path(path), text)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             notes.append(f"The evaluation of {path.name} was not saved beside it ({err.strerror or err}).")
     return notes
 
