@@ -13,7 +13,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt, Slot
+from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -31,10 +31,10 @@ from PySide6.QtWidgets import (
 
 from studio.core.jobs import JobContext
 from studio.qt.jobs import Job
+from studio.qt.settings import AppSettings
+from studio.qt.theme import set_status
 
-NAMESPACE_KEY = "hub/upload_namespace"
 PROGRESS_STEPS = 1000
-_ERROR_STYLE = "color: #d0342c;"
 
 __all__ = ["UploadDialog", "open_upload_dialog"]
 
@@ -58,7 +58,7 @@ class UploadDialog(QDialog):
         jobs: Any,
         parent: QWidget | None = None,
         *,
-        settings: QSettings | None = None,
+        settings: AppSettings | None = None,
         ask_token: Any = None,
     ) -> None:
         super().__init__(parent)
@@ -66,7 +66,7 @@ class UploadDialog(QDialog):
         self.setWindowTitle("Upload to the Hugging Face Hub")
         self.path = Path(gguf)
         self.jobs = jobs
-        self.settings = settings if settings is not None else QSettings()
+        self.settings = settings if settings is not None else AppSettings()
         self.ask_token = ask_token or _ask_token
         self._token: str | None = None  # typed in this dialog; never stored in the settings
         self.job: Job | None = None
@@ -78,7 +78,7 @@ class UploadDialog(QDialog):
         self.file_label = QLabel(self.path.name, self)
         self.file_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.repo_edit = QLineEdit(self)
-        namespace = str(self.settings.value(NAMESPACE_KEY, "") or "")
+        namespace = self.settings.upload_namespace
         stem = self.path.stem
         self.repo_edit.setText(f"{namespace}/{stem}" if namespace else "")
         self.repo_edit.setPlaceholderText(f"USER/{stem}")
@@ -166,7 +166,7 @@ class UploadDialog(QDialog):
             )
             if not token:
                 return None
-        self.settings.setValue(NAMESPACE_KEY, repo.split("/")[0])
+        self.settings.upload_namespace = repo.split("/")[0]
         path, private = self.path, self.private_check.isChecked()
 
         def task(ctx: JobContext) -> Any:
@@ -229,8 +229,7 @@ class UploadDialog(QDialog):
 
     def _set_status(self, text: str, *, error: bool = False) -> None:
         self.status.setTextFormat(Qt.TextFormat.PlainText if error else Qt.TextFormat.RichText)
-        self.status.setText(text)
-        self.status.setStyleSheet(_ERROR_STYLE if error else "")
+        set_status(self.status, text, error=error)
 
     def _update_buttons(self, *_args: Any) -> None:
         running = self.running

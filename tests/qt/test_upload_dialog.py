@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 
 from tests.core.hub.fakehub import FakeHub, prepare_env
 
@@ -53,21 +53,21 @@ def test_upload_after_export_shows_the_card_and_puts_the_file_on_the_hub(
     assert "Uploaded to" in dlg.status.text() and "alice/tiny-Q8_0-GGUF" in dlg.status.text()
     assert dlg.progress.value() == dlg.progress.maximum()
     # The namespace is remembered for the next upload.
-    assert win.settings.value("hub/upload_namespace") == "alice"
+    assert win.settings.upload_namespace == "alice"
     dlg.close()
 
 
 def test_a_refused_upload_is_one_red_sentence_and_creates_nothing(
     qtbot, make_window, llama_model, tmp_path, hub
 ):
+    from studio.qt.settings import AppSettings
+    from studio.qt.theme import error_color
     from studio.qt.upload_dialog import UploadDialog
 
     win = make_window()
     out = tmp_path / "tiny-Q8_0.gguf"
     _export(qtbot, win, llama_model, out)
-    dlg = UploadDialog(
-        out, win.jobs, win, settings=QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
-    )
+    dlg = UploadDialog(out, win.jobs, win, settings=AppSettings.from_file(str(tmp_path / "s.ini")))
     qtbot.addWidget(dlg)
     dlg.show()
     dlg.repo_edit.setText("bob/not-mine")
@@ -76,6 +76,6 @@ def test_a_refused_upload_is_one_red_sentence_and_creates_nothing(
     qtbot.waitUntil(lambda: "failed" in dlg.status.text(), timeout=TIMEOUT_MS)
     text = dlg.status.text()
     assert "HTTP 403" in text and "nothing was created on the Hub" in text and "\n" not in text
-    assert "d0342c" in dlg.status.styleSheet() and "bob/not-mine" not in hub.repos
+    assert error_color(dlg.status) in dlg.status.styleSheet() and "bob/not-mine" not in hub.repos
     assert dlg.upload_button.isEnabled()  # ready to try again with another repository
     qtbot.waitUntil(lambda: not win.jobs.busy, timeout=TIMEOUT_MS)
