@@ -81,7 +81,15 @@ xdotool mousemove --window "$wid" $((WIDTH * 964 / 1000)) $((HEIGHT * 587 / 1000
 sleep 3
 echo "children of the window (llama.cpp runs in a spawned copy of the executable):"
 ps --ppid "$GUI" -o pid=,args= | cut -c1-160 || true
-sleep 20
+# The reply streams in: wait (at most 3 min) until two screenshots 3 s apart are the same.
+import -window root "$WORK/shot0.png"
+for _ in $(seq 60); do
+  sleep 3
+  import -window root "$WORK/shot1.png"
+  same=$(compare -metric AE "$WORK/shot0.png" "$WORK/shot1.png" null: 2>&1 || true)
+  [ "${same%% *}" = 0 ] && break
+  mv "$WORK/shot1.png" "$WORK/shot0.png"
+done
 import -window root "$OUT/bundle-chat.png"
 kill $GUI 2>/dev/null || true
 wait $GUI 2>/dev/null || true
