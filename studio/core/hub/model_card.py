@@ -10,6 +10,7 @@ same repository adds its section instead of erasing the first (``merge_card``).
 Metadata keys read, first found wins: source repo ``general.source.huggingface.repository``,
 ``general.source.repo_url``, ``general.source.url``, ``general.base_model.0.repo_url``, a Hub cache path in
 ``general.source.path``; revision ``quant_studio.source.revision``, ``general.source.revision``, the
+commit in ``general.source.url`` (``…/tree/<commit>``, as the exporter writes it), the
 snapshot folder of that cache path; license ``general.license``; plan ``quant_studio.plan`` (JSON,
 its ``methods`` map when the plan names a method per tensor); calibration ``quantize.imatrix.*``
 (llama-quantize's keys).
@@ -33,6 +34,7 @@ _SECTION_RE = re.compile(
     r"<!-- quant-studio:file (?P<name>[^>]+?) -->\n(?P<body>.*?)<!-- /quant-studio:file -->\n?", re.S
 )
 _HF_REPO_URL = re.compile(r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?P<repo>[\w.\-]+/[\w.\-]+)/?")
+_TREE_RE = re.compile(r"/tree/(?P<rev>[0-9a-f]{40})/?$")
 _SNAPSHOT_RE = re.compile(
     r"models--(?P<org>[\w.\-]+?)--(?P<name>[\w.\-]+)[/\\]snapshots[/\\](?P<rev>[0-9a-f]{40})"
 )
@@ -109,6 +111,9 @@ def _source_revision(meta: dict[str, Any]) -> str | None:
     rev = _meta_str(meta, "quant_studio.source.revision", "general.source.revision")
     if rev:
         return rev
+    m = _TREE_RE.search(_meta_str(meta, "general.source.url") or "")  # how the exporter records it
+    if m:
+        return m.group("rev")
     m = _SNAPSHOT_RE.search(_meta_str(meta, "general.source.path") or "")
     return m.group("rev") if m else None
 

@@ -330,3 +330,15 @@ def test_a_record_of_a_changed_file_is_not_quoted(tmp_path, gguf):
         f.seek(-1, 2)
         f.write(bytes([last[0] ^ 0xFF]))
     assert last_evaluation(gguf) is None
+
+
+def test_the_source_and_revision_come_from_the_exporters_urls():
+    from studio.core.hub.model_card import _source_repo, _source_revision
+
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    meta = {
+        "general.source.repo_url": "https://huggingface.co/org/model",
+        "general.source.url": f"https://huggingface.co/org/model/tree/{rev}",
+    }
+    assert _source_repo(meta) == "org/model" and _source_revision(meta) == rev
+    assert _source_revision({"general.source.url": "https://huggingface.co/org/model"}) is None
