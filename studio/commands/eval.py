@@ -84,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
             ctx=JobContext(on_progress=line.fraction, on_log=lambda m: line.log(f"note: {m}")),
             kv_types=args.kv_type,
         )
+    from studio.core.evaluate.record import save_records
     from studio.core.lab.verdict import judge
 
+    notes = save_records(report)  # beside each variant, for the model card of an upload
     failed = [v for v in report.variants if v.error]
     if args.json:
         print_json(report.to_dict())
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{judge(o.ppl, v.ppl).verdict.value}"
             )
     sys.stdout.flush()
+    for note in notes:
+        print(note, file=sys.stderr)
     for v in failed:
         print(f"error: {v.error}", file=sys.stderr)
     return 2 if failed else 0

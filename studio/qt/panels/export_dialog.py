@@ -301,7 +301,10 @@ class ExportDialog(JobPanel, QDialog):
         self.cancel_button.clicked.connect(self.cancel)
         self.close_button = QPushButton("Close", self)
         self.close_button.clicked.connect(self.hide)
+        self.upload_button = QPushButton("Upload to the Hub…", self)  # the next step, once a file exists
+        self.upload_button.clicked.connect(self._upload)
         buttons = QHBoxLayout()
+        buttons.addWidget(self.upload_button)
         buttons.addStretch(1)
         buttons.addWidget(self.export_button)
         buttons.addWidget(self.cancel_button)
@@ -535,6 +538,12 @@ class ExportDialog(JobPanel, QDialog):
         for w in (self.plan_combo, self.path_edit, self.browse_button, self.device_combo, self.backend_combo):
             w.setEnabled(not running)
         self.verify_check.setEnabled(not running)
+        self.upload_button.setEnabled(self.outcome is not None and not running)
+
+    def _upload(self) -> None:
+        from studio.qt.upload_dialog import open_upload_dialog
+
+        self.upload_dialog = open_upload_dialog(self, self.outcome, self.jobs)
 
     def _fill_devices(self, wanted: str) -> None:
         from studio.qt.panels.device_selector import device_choices
