@@ -13,7 +13,7 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QTableWidget
 
 from studio.qt.fmt import human_bytes
-from studio.qt.main_window import APP_TITLE, RECENT_KEY
+from studio.qt.main_window import APP_TITLE, DEMO_NAME, RECENT_KEY
 from studio.qt.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_ROLE
 from studio.qt.summary import verdict_colour
 
@@ -223,7 +223,7 @@ def test_open_demo_model_builds_and_opens(qtbot, make_window, real_services, tin
     qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
     assert built == [True]
     assert win.state.info.model_type == "qwen2"
-    assert win.windowTitle() == f"Demo model — {APP_TITLE}"
+    assert win.windowTitle() == f"{DEMO_NAME} — {APP_TITLE}"
 
 
 def test_layout_and_geometry_are_remembered(qtbot, make_window, settings_path):
