@@ -118,3 +118,21 @@ def test_eval_and_chat_take_a_gguf_original(chat_model, f32_gguf, gguf_of, tmp_p
     original = json.loads(capsys.readouterr().out)["models"][0]
     # transformers on the folder written from the F32 GGUF answers exactly as on the original model
     assert folder["tokens"] == original["tokens"] and folder["probs"] == original["probs"]
+
+
+def test_a_gguf_without_a_tokenizer_is_one_sentence_for_chat_and_eval_and_still_exports(tmp_path, capsys):
+    from tests.core.test_gguf_source import _gguf_with
+
+    bare = _gguf_with(
+        tmp_path / "bare.gguf", [("output_norm.weight", np.ones(32, np.float32), "F32")], tokenizer=False
+    )
+    sentence = "bare.gguf has no tokenizer in its metadata (tokenizer.ggml.*)"
+    assert main(["chat", "--model", str(bare), "--prompt", "hi"]) == 2
+    errors = _errors(capsys)
+    assert len(errors) == 1 and sentence in errors[0]
+    assert main(["eval", "--original", str(bare), "--variant", str(bare)]) == 2
+    errors = _errors(capsys)
+    assert len(errors) == 1 and sentence in errors[0]
+    # requantizing needs no tokenizer (llama-quantize does not either): the file is copied as it is
+    assert main(["export", str(bare), "-o", str(tmp_path / "copy.gguf"), "--preset", "Q8_0"]) == 0
+    assert read(tmp_path / "copy.gguf")[0] == read(bare)[0]

@@ -100,3 +100,14 @@ def test_the_inspector_finds_real_outlier_channels(demo_dir, demo_source):
     with open_model(demo_source.path) as g:
         sg = tensor_stats(g, "blk.27.ffn_gate.weight", heatmap=False)
     assert np.array_equal(sg.absmax_in, a)
+
+
+def test_preview_on_the_gguf_original_decodes_its_blocks(demo_source):
+    from studio.core.model import open_model
+    from studio.core.preview import preview_tensor
+
+    with open_model(demo_source.path) as g:
+        same = preview_tensor(g, "blk.27.ffn_gate.weight", "Q4_1")  # its own stored type: nothing lost
+        q2 = preview_tensor(g, "blk.27.ffn_gate.weight", "Q2_K")
+    assert same.snr_db == float("inf") and same.cosine == 1.0
+    assert 10 < q2.snr_db < 40 and q2.cosine < 1.0
