@@ -87,7 +87,7 @@ def _target(plan: Any, t: Any) -> str:
 
 
 def _bytes_of(qtype: str, t: Any) -> int:
-    from studio.core.quant.presets import tensor_bytes
+    from studio.core.quant.types import tensor_bytes
 
     return t.nbytes if qtype == t.type_name else tensor_bytes(qtype, tuple(t.shape))
 
@@ -169,7 +169,7 @@ def _copy_chunks(src: Path, t: Any, chunk: int = 16 << 20):
 
 
 def _convert(ckpt: Any, t: Any, qtype: str, device: str, imatrix: Mapping[str, Any] | None) -> np.ndarray:
-    from studio.core.quant.plan import count_nonfinite, nonfinite_error
+    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
 
     x = ckpt.read(t.name)  # float32, decoded from the stored type
     nan, inf = count_nonfinite(x)
