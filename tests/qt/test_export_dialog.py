@@ -260,15 +260,16 @@ def test_a_quantized_gguf_opens_for_export_with_its_warning_and_is_requantized_a
 ):
     from studio.core.export import export_gguf
 
-    (tmp_path / "src").mkdir()
-    src = export_gguf(llama_model, tmp_path / "src" / "tiny-Q8_0.gguf", "Q8_0").path
+    folder = tmp_path / "models"
+    folder.mkdir()
+    src = export_gguf(llama_model, folder / "tiny-Q8_0.gguf", "Q8_0").path
     win = make_window()
     _open(qtbot, win, src)
     assert win.act_export.isEnabled()  # a GGUF original is requantized
     dlg = win.show_export_dialog()
     dlg.set_plan_choice("Q4_K_M")
     assert "Stored as Q8_0" in dlg.plan_info.text() and "already quantized" in dlg.plan_info.text()
-    out = tmp_path / "requantized.gguf"
+    out = folder / "requantized.gguf"
     dlg.set_output_path(out)
     with qtbot.waitSignal(dlg.exportFinished, timeout=EXPORT_TIMEOUT_MS) as finished:
         assert dlg.start() is not None
@@ -276,4 +277,4 @@ def test_a_quantized_gguf_opens_for_export_with_its_warning_and_is_requantized_a
     assert _gguf_types(out)["blk.0.attn_q.weight"] == "Q4_K"
     v = outcome.verification  # both files run in llama.cpp: the original is a GGUF
     assert outcome.verify_error == "" and v is not None and 0.5 <= v.top1_agreement <= 1.0
-    assert _leftovers(tmp_path) == ["requantized.gguf", "src"]
+    assert _leftovers(folder) == ["requantized.gguf", "tiny-Q8_0.gguf"]  # no partial files left
