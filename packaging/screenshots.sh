@@ -108,12 +108,15 @@ def main() -> int:
         print(f"{target}  {target.stat().st_size // 1000} KB", flush=True)
 
     wait(lambda: win.panels_ready, "the panels")
+    shown: list[str] = []  # listening before the model opens: the demo selects its tensor at once
+    win.inspector.statsShown.connect(shown.append)
     if MODEL:
         win.open_path(MODEL)
     else:
         win.open_demo()
     wait(lambda: win.state.checkpoint is not None, "the model to open", 600)
     wait(lambda: bool(win.state.estimates), "the estimates")
+    win.show_page(0)  # the Summary (the demo itself opens on the Inspector, shot next)
     shot("main-window")
 
     # Inspector: a weight matrix with planted outlier input channels.
@@ -125,8 +128,6 @@ def main() -> int:
     if not target and DEMO_TENSOR in {t.name for t in win.state.info.tensors}:
         target = DEMO_TENSOR  # the demo's first screen: a real outlier channel
     target = os.environ.get("SELECT", target) or win.state.info.tensors[0].name
-    shown: list[str] = []
-    win.inspector.statsShown.connect(shown.append)
     win.show_page("inspector")
     win.state.select_tensor(target)
     wait(lambda: target in shown, "the inspector's statistics")

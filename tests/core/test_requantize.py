@@ -6,6 +6,7 @@ The reference is llama.cpp's own ``llama_model_quantize`` run on the same file i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,12 @@ def read(path: Path) -> tuple[dict[str, tuple[str, bytes]], list[str], dict[str,
 def llama_quantize(worker: Any, src: Path, dst: Path, preset: str) -> Path:
     """llama.cpp's own quantizer on ``src`` with the preset's file type (llama-quantize --allow-requantize)."""
     worker.request(
-        "quantize", src=str(src), dst=str(dst), ftype=PRESETS[preset].ftype, nthread=1, allow_requantize=True
+        "quantize",
+        src=str(src),
+        dst=str(dst),
+        ftype=PRESETS[preset].ftype,
+        nthread=os.cpu_count() or 1,  # the bytes do not depend on the thread count
+        allow_requantize=True,
     )
     return dst
 
