@@ -6,7 +6,15 @@ import argparse
 import sys
 from typing import Any
 
-from studio.commands._common import ProgressLine, print_json, read_text, write_text
+from studio.commands._common import (
+    ProgressLine,
+    add_allow_pickle_option,
+    add_extra_buffers_option,
+    print_json,
+    print_notes,
+    read_text,
+    write_text,
+)
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 
@@ -62,12 +70,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--verify", action="store_true", help="compare the result with the original model afterwards"
     )
+    add_extra_buffers_option(p, "--verify")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
     p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
+        "--imatrix",
+        metavar="FILE",
+        help="importance matrix (llama.cpp's GGUF or legacy .dat format, e.g. from quant-studio-cli calibrate)",
     )
+    add_allow_pickle_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 
@@ -113,7 +123,7 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
         return plan_first_last(info, n, high, low, overrides)
     if args.uniform:
         return plan_uniform(info, args.uniform, overrides)
-    return plan_from_preset(info, args.preset, overrides)
+    return plan_from_preset(info, args.preset, overrides, imatrix=bool(getattr(args, "imatrix", None)))
 
 
 def _gguf_source(ck: Any) -> Any:
@@ -142,6 +152,12 @@ def run(args: argparse.Namespace) -> int:
         from studio.core.verify import check_verifiable
 
         check_verifiable(info.path)  # refuse before a long export, not after it
+    imatrix = None
+    if args.imatrix:
+        from studio.core.calib.imatrix import check_for_model, read_imatrix
+
+        imatrix = read_imatrix(args.imatrix)
+        check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
     plan = build_plan(args, info)
     if args.save_plan:
         write_text(args.save_plan, plan.to_json(), "plan")
@@ -155,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
             ctx=ctx,
             allow_pickle=args.allow_pickle,
+            imatrix=imatrix,
         )
     out: dict[str, Any] = {
         "output": str(res.path),
@@ -172,11 +189,14 @@ def run(args: argparse.Namespace) -> int:
     }
     if source is not None:
         out["source"] = source.to_dict()
+    if imatrix is not None:
+        out["imatrix"] = {"file": args.imatrix, "entries": len(imatrix), "chunks": imatrix.chunk_count}
     if args.verify:
         from studio.core.verify import verify_gguf
 
         print("verifying against the original model ...", file=sys.stderr)
-        v = verify_gguf(res.path, info.path, device=args.device)
+        v = verify_gguf(res.path, info.path, device=args.device, extra_buffers=args.llama_extra_buffers)
+        print_notes(v.notes)
         out["verify"] = {
             "tokens": v.n_tokens,
             "top1_agreement": v.top1_agreement,
@@ -184,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             "max_abs_diff": v.max_abs_diff,
             "relative_max_diff": v.relative_max_diff,
             "mean_cosine": v.mean_cosine,
+            "notes": list(v.notes),
         }
     if args.json:
         print_json(out)

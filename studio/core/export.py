@@ -298,11 +298,26 @@ def _check_device(device: str) -> str:
 
 
 def _write_metadata(
-    w: AtomicGGUFWriter, info: Any, plan: Plan, ftype: int, source_repo: str | None
+    w: AtomicGGUFWriter,
+    info: Any,
+    plan: Plan,
+    ftype: int,
+    source_repo: str | None,
+    n_params: int,
+    imatrix: Mapping[str, Any] | None = None,
 ) -> TokenizerSummary:
+    add_general_metadata(
+        w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo, n_params=n_params
+    )
     add_arch_metadata(w.kv, info)
-    add_general_metadata(w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo)
-    return add_tokenizer(w.kv, info)
+    tok = add_tokenizer(w.kv, info)
+    # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix) is recorded as llama-quantize does
+    for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
+        if isinstance(value, str):
+            w.kv.add_string(key, value)
+        else:
+            w.kv.add_uint32(key, int(value))
+    return tok
 
 
 def _export_studio(
@@ -331,7 +346,8 @@ def _export_studio(
     done = 0
     ctx.report(0, total, "Writing metadata")
     with AtomicGGUFWriter(out, lay.arch) as w:
-        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo)
+        n_params = sum(math.prod(it.shape) for it in items)
+        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, n_params, imatrix)
         for it in items:
             w.add_tensor_info(it.gguf_name, it.shape, it.qtype, it.nbytes)
         w.begin()
@@ -403,8 +419,9 @@ def _export_llamacpp(
     lock = None
     sub = _SubContext(ctx, 0.5)
     try:
+        # the F32 intermediate carries the imatrix's quantize.imatrix.* keys; llama.cpp copies them over
         _export_studio(
-            ckpt, lay, tmp_final, plan, inputs, "cpu", None, sub, source_repo, None, float_only=True
+            ckpt, lay, tmp_final, plan, inputs, "cpu", imatrix, sub, source_repo, None, float_only=True
         )
         lock = _hold_lock(tmp_final)
         ctx.check_cancelled()
@@ -485,11 +502,11 @@ def _hold_lock(p: Path) -> int | None:
 def llamacpp_validator(path: Path) -> None:
     """Post-write check: llama.cpp loads the file's vocabulary in a child process
     (test_llamacpp_validation_rejects_unloadable_file in tests/core/export/test_export_faults.py)."""
-    from studio.core.llamacpp import LlamaWorker
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
 
-    with LlamaWorker(label="llama.cpp (validation)") as wk:
+    with LlamaRunner(label="llama.cpp (validation)") as wk:
         try:
-            wk.request("load", path=str(path), vocab_only=True, timeout=120)
+            wk.load(path, LoadOptions(vocab_only=True), timeout=120)
         except Exception as err:
             raise ExportError(f"llama.cpp cannot load the written file {path.name}: {err}") from err
 

@@ -282,31 +282,33 @@ def verify_against_gguf(
     text: str,
     max_tokens: int = 128,
     ctx: JobContext | None = None,
+    extra_buffers: str = "auto",
 ) -> Any:
     """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
     F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
     from studio.core.gguf_read import read_gguf
-    from studio.core.llamacpp import LlamaWorker
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
     from studio.core.verify import VerifyResult, compare_logits
 
     ctx = ctx or null_context()
     read_gguf(gguf_path)
     read_gguf(source)
     ctx.report(0, 3, "Running the GGUF original in llama.cpp")
-    with LlamaWorker(label="llama.cpp (verification)") as wk:
-        n_ctx = max(64, max_tokens + 8)
-        wk.request("load", path=str(source), logits_all=True, n_ctx=n_ctx)
+    opts = LoadOptions(extra_buffers=extra_buffers, logits_all=True, n_ctx=max(64, max_tokens + 8))
+    with LlamaRunner(label="llama.cpp (verification)", on_note=ctx.log) as wk:
+        wk.load(source, opts)
         ids = list(wk.request("tokenize", text=text, add_bos=True))[:max_tokens]
         if len(ids) < 2:
             raise EvaluationError("The verification text is too short after tokenization.")
         ref = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
         ctx.check_cancelled()
         ctx.report(1, 3, "Running the export in llama.cpp")
-        wk.request("load", path=str(gguf_path), logits_all=True, n_ctx=n_ctx)
+        wk.load(gguf_path, opts)
         got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
+        notes = wk.notes
     ctx.report(3, 3, "Compared")
     top1, kl, mx, rng = compare_logits(ref, got)
-    return VerifyResult(len(ids), top1, kl, mx, rng)
+    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
 
 
 def n_weights(info: Any) -> int:

@@ -27,7 +27,7 @@ def show_first_screen(window: Any) -> bool:
     window.state.select_tensor(DEMO_TENSOR)
     if window.panel("inspector") is not None:
         window.show_page("inspector")
-    chat = window.panel("chat_panel")
+    chat = window.panel("chat")
     if chat is not None and not chat.prompt.toPlainText().strip():
         chat.prompt.setPlainText(DEMO_QUESTION)
     window.statusBar().showMessage(FIRST_SCREEN_MESSAGE, 60000)

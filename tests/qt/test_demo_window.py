@@ -19,22 +19,22 @@ def test_demo_opens_on_an_outlier_and_a_q2k_export_diverges_in_chat(
     qtbot, make_window, real_services, demo_dir, tmp_path
 ):
     from studio.qt.demo_screen import FIRST_SCREEN_MESSAGE
-    from studio.qt.main_window import DEMO_NAME
+    from studio.qt.opener import DEMO_NAME
 
     # the session's prepared demo stands in for the user's cache (prepared once per test session)
     win = make_window(dataclasses.replace(real_services, demo_model_path=lambda ctx: demo_dir))
     win.ensure_panels()
     with qtbot.waitSignal(
-        win.inspector.statsShown, timeout=TIMEOUT_MS, check_params_cb=lambda n: n == DEMO_TENSOR
+        win.panel("inspector").statsShown, timeout=TIMEOUT_MS, check_params_cb=lambda n: n == DEMO_TENSOR
     ):
         win.open_demo()
     assert win.windowTitle().startswith(DEMO_NAME) and "SmolLM2" in DEMO_NAME
     assert win.tabs.currentIndex() == win.page_index("inspector")
     assert win.statusBar().currentMessage() == FIRST_SCREEN_MESSAGE
-    marked = np.flatnonzero(win.inspector.in_channels.mask)
+    marked = np.flatnonzero(win.panel("inspector").in_channels.mask)
     assert DEMO_OUTLIER_CHANNEL in marked
-    assert win.inspector.table_value("outlier input channels") == f"{len(marked)} of 576"
-    chat = win.panel("chat_panel")
+    assert win.panel("inspector").table_value("outlier input channels") == f"{len(marked)} of 576"
+    chat = win.panel("chat")
     assert chat.prompt.toPlainText() == DEMO_QUESTION and [c.path for c in chat.columns] == [demo_dir]
 
     dlg = win.show_export_dialog()
@@ -46,7 +46,7 @@ def test_demo_opens_on_an_outlier_and_a_q2k_export_diverges_in_chat(
     dlg.hide()
     qtbot.waitUntil(lambda: len(chat.columns) == 2, timeout=5_000)  # the export became a column
 
-    win.show_page("chat_panel")
+    win.show_page("chat")
     chat.max_tokens.setValue(24)
     with qtbot.waitSignal(chat.turnFinished, timeout=TIMEOUT_MS) as done:
         assert chat.send()

@@ -1,0 +1,629 @@
+"""The Export dialog: the open model → a GGUF file, with a preset or the current plan, then verified.
+
+The export runs as one background job (``studio.core.export.export_gguf``); with "Verify" on, the
+finished file is checked by ``studio.core.verify.verify_gguf`` (in a child process) *before* it gets
+its final name, so Cancel at any point leaves no output file. A verification that cannot run (e.g.
+transformers does not know the architecture) is reported next to the result but does not throw the
+export away.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import EvaluationError, StudioError
+from studio.core.jobs import JobCancelled, JobContext
+from studio.core.quant.plan import Plan
+from studio.core.quant.presets import PRESETS
+from studio.qt.fmt import human_bytes, model_display_name
+from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
+from studio.qt.panel_job import JobPanel
+from studio.qt.panels import choose
+from studio.qt.settings import AppSettings
+from studio.qt.state import StudioState
+from studio.qt.theme import set_status
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ExportDialog", "ExportOutcome", "CURRENT_PLAN", "run_export"]
+
+CURRENT_PLAN = "__current_plan__"
+DEFAULT_PRESET = "Q4_K_M"
+BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
+EXPORT_SHARE = 0.8  # of the progress bar when verification follows; the rest is verification
+PROGRESS_STEPS = 1000
+
+
+@dataclass(frozen=True)
+class ExportOutcome:
+    """A finished export: what was written, and how close it is to the original (when verified)."""
+
+    result: Any  # studio.core.export.ExportResult
+    verification: Any = None  # studio.core.verify.VerifyResult, or None when not verified
+    verify_error: str = ""  # why verification could not run ("" when it ran or was not asked for)
+
+    def summary(self) -> str:
+        """One line for the status bar."""
+        r = self.result
+        text = f"Exported {r.path.name}: {human_bytes(r.file_bytes)}, {r.bpw:.2f} bits per weight"
+        v = self.verification
+        if v is not None and v.top1_agreement is not None:
+            text += f"; top-1 agreement {100 * v.top1_agreement:.1f} %, mean KL {v.mean_kl:.2e}"
+        elif v is not None and v.mean_cosine is not None:
+            text += f"; mean cosine {v.mean_cosine:.5f}"
+        elif self.verify_error:
+            text += "; not verified"
+        return text + "."
+
+
+def _exportable(info: Any) -> bool:
+    """Whether ``info`` (a ModelInfo) can be exported (a GGUF original is requantized)."""
+    return bool(getattr(info, "tensors", ()))
+
+
+def _requantize_warning(checkpoint: Any) -> str:
+    """The warning for an already quantized GGUF original ("" for any other model)."""
+    g = getattr(checkpoint, "gguf", None)
+    if g is None:
+        return ""
+    from studio.core.model.gguf_source import source_summary
+
+    s = source_summary(g)
+    return f"Stored as {s.describe()}." + (f"\n⚠ {s.warning}" if s.warning else "")
+
+
+class _Share(JobContext):
+    """Maps a step's progress onto the ``[lo, hi)`` part of the parent job's bar; shares its cancel flag."""
+
+    def __init__(self, parent: JobContext, lo: float, hi: float) -> None:
+        super().__init__()
+        self._parent = parent
+        self._lo, self._hi = lo, hi
+
+    def report(self, done: int, total: int, msg: str = "") -> None:
+        frac = min(1.0, done / total) if total > 0 else 0.0
+        self._parent.report(
+            int(PROGRESS_STEPS * (self._lo + (self._hi - self._lo) * frac)), PROGRESS_STEPS, msg
+        )
+
+    def log(self, msg: str) -> None:
+        self._parent.log(msg)
+
+    def cancel(self) -> None:
+        self._parent.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._parent.cancelled
+
+    def check_cancelled(self) -> None:
+        self._parent.check_cancelled()
+
+
+def verify_in_child(
+    gguf: Path, source: Path, *, device: str = "cpu", ctx: JobContext, poll_s: float = 0.1
+) -> Any:
+    """``studio.core.verify.verify_gguf`` in a child process; returns its ``VerifyResult``.
+
+    torch and transformers load the original model there, not in the GUI's process: importing them in
+    a worker thread holds the GIL long enough to freeze the window (~0.5 s), and a crash or an
+    out-of-memory kill of the child becomes an error sentence. Cancel terminates the child.
+    """
+    import multiprocessing as mp
+    import queue
+
+    from studio.qt.verify_child import verify_child_main
+
+    mpc = mp.get_context("spawn")
+    out = mpc.Queue()
+    # Not a daemon: the verification starts llama.cpp in a child process of its own.
+    proc = mpc.Process(
+        target=verify_child_main,
+        args=(out, str(gguf), str(source), device),
+        name="studio-verify",
+        daemon=False,
+    )
+    proc.start()
+    try:
+        while True:
+            try:
+                msg = out.get(timeout=poll_s)
+            except queue.Empty:
+                if ctx.cancelled:
+                    raise JobCancelled() from None
+                if not proc.is_alive():
+                    try:  # the outcome may have arrived just before the child exited
+                        msg = out.get(timeout=1.0)
+                    except queue.Empty:
+                        raise EvaluationError(
+                            f"The verification process stopped unexpectedly (exit code {proc.exitcode}); "
+                            "the machine may be out of memory."
+                        ) from None
+                else:
+                    continue
+            kind = msg[0]
+            if kind == "progress":
+                ctx.report(int(msg[1]), int(msg[2]), str(msg[3]))
+            elif kind == "ok":
+                return msg[1]
+            else:
+                raise EvaluationError(str(msg[1]))
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        proc.join(5)
+        out.close()
+
+
+def run_export(
+    ctx: JobContext,
+    source: Path,
+    out: Path,
+    plan: Plan | str,
+    *,
+    device: str = "cpu",
+    backend: str = "studio",
+    verify: bool = True,
+    allow_pickle: bool = False,
+) -> ExportOutcome:
+    """Export ``source`` to ``out`` and (optionally) verify it before it is renamed into place."""
+    from studio.core.export import export_gguf
+
+    verified: dict[str, Any] = {}
+    share = EXPORT_SHARE if verify else 1.0
+
+    def check(partial: Path) -> None:
+        ctx.check_cancelled()
+        ctx.report(int(PROGRESS_STEPS * share), PROGRESS_STEPS, "Verifying against the original model")
+        try:
+            verified["result"] = verify_in_child(partial, source, device=device, ctx=_Share(ctx, share, 1.0))
+        except JobCancelled:
+            raise  # the writer deletes the partial file: Cancel leaves nothing behind
+        except StudioError as err:
+            verified["error"] = str(err)
+        except Exception as err:  # verification is advisory: its failure must not lose the export
+            log.exception("verifying %s failed", out)
+            verified["error"] = unexpected_error_sentence("Verification", err)
+        ctx.check_cancelled()
+
+    result = export_gguf(
+        source,
+        out,
+        plan,
+        device=device,
+        backend=backend,
+        ctx=_Share(ctx, 0.0, share),
+        validate=check if verify else None,
+        allow_pickle=allow_pickle,
+    )
+    return ExportOutcome(result, verified.get("result"), verified.get("error", ""))
+
+
+class ExportDialog(JobPanel, QDialog):
+    """Preset or current plan, output file, device, back end and verification; progress and result."""
+
+    exportStarted = Signal(object)  # the Job
+    exportFinished = Signal(object)  # ExportOutcome
+    exportFailed = Signal(str)  # one sentence
+    exportCancelled = Signal()
+
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("ExportDialog")
+        self.setWindowTitle("Export GGUF")
+        self.init_task(state, jobs, "export", progress=True)
+        self.settings = AppSettings()  # the user's; the window hands in its own with remember_in
+        self.outcome: ExportOutcome | None = None
+        self._path_edited = False
+        self._build()
+        state.planChanged.connect(self._fill_plans)
+        state.modelOpened.connect(lambda _c: self.reset())
+        state.modelClosed.connect(self.reset)
+        state.hardwareChanged.connect(lambda _hw: self._fill_devices(self.device))
+        self.reset(device="cpu")
+
+    def remember_in(self, settings: AppSettings) -> None:
+        """Take the remembered folder, preset and back end from ``settings``, and keep new ones there."""
+        self.settings = settings
+        self.reset()
+
+    # -- layout -----------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.model_label = QLabel("–", self)
+        self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.plan_combo = QComboBox(self)
+        self.plan_combo.setToolTip("A llama.cpp preset, or the plan edited on the Plan page")
+        self.plan_combo.currentIndexChanged.connect(self._on_plan_changed)
+        self.plan_info = QLabel("", self)
+        self.plan_info.setWordWrap(True)
+        self.path_edit = QLineEdit(self)
+        self.path_edit.setPlaceholderText("Where to write the .gguf file")
+        self.path_edit.textEdited.connect(self._on_path_edited)
+        self.browse_button = QPushButton("Browse…", self)
+        self.browse_button.clicked.connect(self.browse)
+        path_row = QHBoxLayout()
+        path_row.addWidget(self.path_edit, 1)
+        path_row.addWidget(self.browse_button)
+        self.device_combo = QComboBox(self)
+        self.device_combo.setToolTip("Where quantization and verification run")
+        self.backend_combo = QComboBox(self)
+        for key, label in BACKENDS:
+            self.backend_combo.addItem(label, key)
+        self.backend_combo.setToolTip(
+            "Quant Studio streams the checkpoint through its own quantizers; llama.cpp quantizes our F32 "
+            "export with llama_model_quantize (same tensor types, same bytes without an imatrix)"
+        )
+        self.verify_check = QCheckBox(
+            "Verify the file against the original model (llama.cpp vs transformers)", self
+        )
+        self.verify_check.setChecked(True)
+
+        form = QFormLayout()
+        form.addRow("Model:", self.model_label)
+        form.addRow("Plan:", self.plan_combo)
+        form.addRow("", self.plan_info)
+        form.addRow("Output file:", path_row)
+        form.addRow("Device:", self.device_combo)
+        form.addRow("Back end:", self.backend_combo)
+        form.addRow("", self.verify_check)
+
+        self.progress = QProgressBar(self)
+        self.progress.setRange(0, PROGRESS_STEPS)
+        self.progress.setValue(0)
+        self.progress.setTextVisible(True)
+        self.status = QLabel("", self)
+        self.status.setObjectName("ExportStatus")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.result_label = QLabel("", self)
+        self.result_label.setObjectName("ExportResult")
+        self.result_label.setWordWrap(True)
+        self.result_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        self.export_button = QPushButton("Export", self)
+        self.export_button.setDefault(True)
+        self.export_button.clicked.connect(self.start)
+        self.cancel_button = QPushButton("Cancel export", self)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.close_button = QPushButton("Close", self)
+        self.close_button.clicked.connect(self.hide)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.export_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.close_button)
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addSpacing(6)
+        lay.addWidget(self.progress)
+        lay.addWidget(self.status)
+        lay.addWidget(self.result_label)
+        lay.addStretch(1)
+        lay.addLayout(buttons)
+        self.setMinimumWidth(620)
+
+    # -- public -----------------------------------------------------------------------------------
+
+    @property
+    def job(self) -> Job | None:
+        """The newest export started here (running or not), or None."""
+        return self.task.job
+
+    @property
+    def device(self) -> str:
+        """The chosen device id ("cpu", "cuda:0", "mps")."""
+        return str(self.device_combo.currentData() or "cpu")
+
+    @property
+    def backend(self) -> str:
+        """The chosen back end ("studio" or "llama.cpp")."""
+        return str(self.backend_combo.currentData() or "studio")
+
+    @property
+    def output_path(self) -> Path | None:
+        """The output file typed or chosen, or None when the field is empty."""
+        text = self.path_edit.text().strip()
+        return Path(text).expanduser() if text else None
+
+    def chosen_plan(self) -> Plan | str | None:
+        """The current ``Plan`` or a preset name, as chosen in the combo."""
+        key = self.plan_combo.currentData()
+        if key == CURRENT_PLAN:
+            return self.state.plan if isinstance(self.state.plan, Plan) else None
+        return str(key) if key else None
+
+    def set_plan_choice(self, key: str) -> None:
+        """Choose a preset by name, or the current plan with ``CURRENT_PLAN`` (ValueError if not offered)."""
+        if not choose(self.plan_combo, key):
+            raise ValueError(f"{key!r} is not offered")
+
+    def set_output_path(self, path: str | Path) -> None:
+        """Write to ``path`` (as if typed)."""
+        self.path_edit.setText(str(path))
+        self._path_edited = True
+
+    def set_device(self, device: str) -> bool:
+        """Choose ``device`` if offered; returns whether it was."""
+        return choose(self.device_combo, device)
+
+    def set_backend(self, backend: str) -> None:
+        """Choose the back end ("studio" or "llama.cpp")."""
+        if not choose(self.backend_combo, backend):
+            raise ValueError(f"unknown back end {backend!r}")
+
+    @Slot()
+    def reset(self, device: str | None = None) -> None:
+        """Fill the fields for the open model (keeps them while an export runs)."""
+        if self.running:
+            return
+        info = self.state.info
+        self.model_label.setText(self.state.model_name or "no model open")
+        if info is not None:
+            self.model_label.setToolTip(str(info.path))
+        self._fill_devices(device or self.device)
+        i = self.backend_combo.findData(self.settings.export_backend)
+        self.backend_combo.setCurrentIndex(max(i, 0))
+        self._path_edited = False
+        self._fill_plans()
+        self.progress.setValue(0)
+        set_status(self.status, "")
+        self.result_label.setText("")
+        self.update_controls()
+
+    @Slot()
+    def browse(self) -> None:
+        """Ask for the output file with a save dialog."""
+        start = str(self.output_path or self._default_path() or Path.home())
+        path, _ = QFileDialog.getSaveFileName(self, "Export GGUF to", start, "GGUF files (*.gguf)")
+        if path:
+            if not path.lower().endswith(".gguf"):
+                path += ".gguf"
+            self.set_output_path(path)
+
+    @Slot()
+    def start(self) -> Job | None:
+        """Start the export job; None (with a sentence in the dialog) when something is missing."""
+        if self.running:
+            # A second click while it runs changes nothing
+            # (test_export_dialog.py::test_cancel_leaves_no_file_and_the_window_still_answers).
+            return None
+        info = self.state.info
+        if info is None:
+            return self._refuse("Open a model before exporting.")
+        if not _exportable(info):
+            return self._refuse(f"{Path(info.path).name} has no tensors to export.")
+        plan = self.chosen_plan()
+        if plan is None:
+            return self._refuse("Choose a preset, or make a plan on the Plan page first.")
+        out = self.output_path
+        if out is None:
+            return self._refuse("Choose where to write the GGUF file.")
+        if out.suffix.lower() != ".gguf":
+            return self._refuse(f"The output name {out.name} should end in .gguf.")
+        if not out.parent.is_dir():
+            return self._refuse(f"The folder {out.parent} does not exist; choose another output folder.")
+        if out.exists():
+            answer = QMessageBox.question(
+                self,
+                "Replace the file?",
+                f"{out.name} already exists in {out.parent}. Replace it once the new file is complete?",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                QMessageBox.StandardButton.No,
+            )
+            if answer != QMessageBox.StandardButton.Yes:
+                return None
+        self.settings.export_folder = str(out.parent)
+        self.settings.export_backend = self.backend
+        if isinstance(plan, str):
+            self.settings.export_preset = plan
+        self.settings.sync()
+
+        source = Path(info.path)
+        device, backend, verify = self.device, self.backend, self.verify_check.isChecked()
+        # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
+        allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
+        self.outcome = None
+        self.progress.setValue(0)
+        self.result_label.setText("")
+        self._set_status(f"Exporting to {out.name}…")
+
+        def task(ctx: JobContext) -> ExportOutcome:
+            return run_export(
+                ctx,
+                source,
+                out,
+                plan,
+                device=device,
+                backend=backend,
+                verify=verify,
+                allow_pickle=allow_pickle,
+            )
+
+        plan_name = plan if isinstance(plan, str) else plan.name
+        job = self.task.start(
+            f"Exporting {model_display_name(source)} ({plan_name})", task, confirm_on_quit=True
+        )
+        self.update_controls()
+        self.exportStarted.emit(job)
+        return job
+
+    @Slot()
+    def cancel(self) -> None:
+        """Ask the running export to stop; its partial file is removed."""
+        if self.running:
+            self.task.cancel()
+            self._set_status("Cancelling…")
+            self.cancel_button.setEnabled(False)
+
+    # -- job feedback (GUI thread) ---------------------------------------------------------------------
+
+    def on_progress(self, job: Job) -> None:
+        if job.total > 0:
+            self.progress.setValue(int(PROGRESS_STEPS * min(1.0, job.done / job.total)))
+        if job.message and not job.context.cancelled:
+            self.status.setText(job.message)
+
+    def on_done(self, outcome: ExportOutcome) -> None:
+        self.outcome = outcome
+        self.update_controls()
+        self.progress.setValue(PROGRESS_STEPS)
+        r = outcome.result
+        self._set_status(
+            f"Wrote {r.path} ({human_bytes(r.file_bytes)}, {r.n_tensors} tensors, {r.bpw:.2f} bits per weight) "
+            f"in {r.seconds:.1f} s."
+        )
+        set_status(self.result_label, self._verification_text(outcome), error=bool(outcome.verify_error))
+        self.exportFinished.emit(outcome)
+
+    def on_error(self, message: str) -> None:
+        self.update_controls()
+        self._set_status(message, error=True)
+        self.exportFailed.emit(message)
+
+    def on_cancel(self) -> None:
+        self.update_controls()
+        self.progress.setValue(0)
+        self._set_status("Export cancelled; no file was written.")
+        self.exportCancelled.emit()
+
+    @staticmethod
+    def _verification_text(outcome: ExportOutcome) -> str:
+        v = outcome.verification
+        if outcome.verify_error:
+            return f"The file was written but could not be verified: {outcome.verify_error}"
+        if v is None:
+            return "Not verified."
+        notes = "".join(f" {n}" for n in getattr(v, "notes", ()))  # e.g. a llama.cpp restart
+        if v.top1_agreement is not None:
+            return (
+                f"Verified on {v.n_tokens} tokens: top-1 agreement {100 * v.top1_agreement:.1f} %, "
+                f"mean KL divergence {v.mean_kl:.3g} nats (max logit difference {v.max_abs_diff:.3g}).{notes}"
+            )
+        return f"Verified on {v.n_tokens} tokens: mean cosine similarity of hidden states {v.mean_cosine:.5f}.{notes}"
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _refuse(self, message: str) -> None:
+        self._set_status(message, error=True)
+        return None
+
+    def _set_status(self, text: str, *, error: bool = False) -> None:
+        set_status(self.status, text, error=error)
+
+    def update_controls(self) -> None:
+        running = self.running
+        has_model = self.state.info is not None and _exportable(self.state.info)
+        self.export_button.setEnabled(has_model and not running)
+        self.cancel_button.setEnabled(running)
+        for w in (self.plan_combo, self.path_edit, self.browse_button, self.device_combo, self.backend_combo):
+            w.setEnabled(not running)
+        self.verify_check.setEnabled(not running)
+
+    def _fill_devices(self, wanted: str) -> None:
+        from studio.qt.panels.device_selector import device_choices
+
+        self.device_combo.blockSignals(True)
+        self.device_combo.clear()
+        for dev, label in device_choices(self.state.hardware):
+            self.device_combo.addItem(label, dev)
+        i = self.device_combo.findData(wanted)
+        self.device_combo.setCurrentIndex(i if i >= 0 else self.device_combo.count() - 1)  # else the CPU
+        self.device_combo.blockSignals(False)
+
+    @Slot()
+    def _fill_plans(self, *_args: Any) -> None:
+        if self.running:
+            return
+        previous = self.plan_combo.currentData()
+        self.plan_combo.blockSignals(True)
+        self.plan_combo.clear()
+        plan = self.state.plan
+        if isinstance(plan, Plan) and self.state.info is not None:
+            self.plan_combo.addItem(f"Current plan from the Plan page ({plan.name})", CURRENT_PLAN)
+            self.plan_combo.insertSeparator(1)
+        for name, preset in PRESETS.items():
+            self.plan_combo.addItem(f"{name} — {preset.description}", name)
+        if previous is None:
+            previous = (
+                CURRENT_PLAN if isinstance(plan, Plan) else (self.settings.export_preset or DEFAULT_PRESET)
+            )
+        i = self.plan_combo.findData(previous)
+        if i < 0:
+            i = self.plan_combo.findData(DEFAULT_PRESET)
+        self.plan_combo.setCurrentIndex(max(i, 0))
+        self.plan_combo.blockSignals(False)
+        self._on_plan_changed()
+
+    @Slot()
+    def _on_plan_changed(self, *_args: Any) -> None:
+        plan, info = self.chosen_plan(), self.state.info
+        text = ""
+        if isinstance(plan, Plan) and info is not None:
+            try:
+                s = plan.summary(info)
+                text = f"{human_bytes(s.total_bytes)} of tensors, {s.bpw:.2f} bits per weight"
+                if plan.fallbacks:
+                    text += f"; {len(plan.fallbacks)} tensor(s) use a fallback type"
+            except StudioError as err:
+                text = str(err)
+        warning = _requantize_warning(self.state.checkpoint)
+        text = f"{text}\n{warning}".strip() if warning else text
+        self.plan_info.setText(text)
+        self.plan_info.setVisible(bool(text))
+        if not self._path_edited:
+            default = self._default_path()
+            self.path_edit.setText(str(default) if default else "")
+
+    def _on_path_edited(self, _text: str) -> None:
+        self._path_edited = True
+
+    def _default_path(self) -> Path | None:
+        info = self.state.info
+        if info is None:
+            return None
+        folder = Path(self.settings.export_folder)
+        if not str(folder) or str(folder) == "." or not folder.is_dir():
+            src = Path(info.path)
+            folder = src.parent if src.is_dir() else src.parent
+        plan = self.chosen_plan()
+        suffix = plan if isinstance(plan, str) else (getattr(plan, "name", "") or "custom")
+        suffix = re.sub(r"[^A-Za-z0-9_.+-]+", "_", suffix).strip("_") or "custom"
+        stem = re.sub(r"[^\w.+-]+", "-", model_display_name(info.path)).strip("-") or "model"
+        return folder / f"{stem}-{suffix}.gguf"
+
+    def closeEvent(self, event: Any) -> None:
+        # Closing only hides: a running export goes on (it is listed in the Jobs panel).
+        event.ignore()
+        self.hide()
+
+    def keyPressEvent(self, event: Any) -> None:
+        if event.key() == Qt.Key.Key_Escape:
+            self.hide()
+            return
+        super().keyPressEvent(event)
