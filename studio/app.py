@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model folder, a GGUF file, or a Hub id already in the local Hugging Face cache",
     )
     parser.add_argument(
-        "--demo", action="store_true", help="build the small demo model locally (no network) and open it"
+        "--demo",
+        action="store_true",
+        help="open the demo model, SmolLM2-135M-Instruct (prepared once, offline afterwards)",
     )
     parser.add_argument(
         "--ctx", type=int, default=None, metavar="N", help="context length for the memory estimates"

@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a .gguf --original in transformers, from the float32 Hugging Face folder the studio "
+        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
+    )
     add_allow_pickle_option(p)
     add_extra_buffers_option(p, "the GGUF files")
     p.add_argument(
@@ -70,8 +76,13 @@ def run(args: argparse.Namespace) -> int:
     from studio.core.evaluate import evaluate
 
     with ProgressLine() as line:
+        original = args.original
+        if args.dequantize and str(original).lower().endswith(".gguf"):
+            from studio.core.model.gguf_source import hf_folder_for
+
+            original = hf_folder_for(original, JobContext(on_progress=line.fraction, min_interval=0.2))
         report = evaluate(
-            args.original,
+            original,
             args.variant,
             text=args.text,
             n_ctx=args.ctx,
