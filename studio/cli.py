@@ -17,7 +17,20 @@ from studio import __version__
 from studio.core.errors import StudioError
 
 # Subcommand modules, in the order they are listed in --help.
-COMMANDS = ("inspect", "export", "eval", "chat", "hub", "calibrate", "sensitivity", "plan")
+COMMANDS = (
+    "inspect",
+    "export",
+    "eval",
+    "chat",
+    "hub",
+    "demo",
+    "calibrate",
+    "sensitivity",
+    "plan",
+    "sweep",
+    "memory",
+    "qat",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
