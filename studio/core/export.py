@@ -308,8 +308,9 @@ def export_file_bytes(
     if source_repo is None:
         source_repo = hub_repo_id(info.path)
     kv = gguf.GGUFWriter(None, lay.arch)
-    _write_metadata(types.SimpleNamespace(kv=kv), info, plan, plan.ftype, source_repo, imatrix)
     items = _items(plan, lay, extra_tensors(info))
+    n_params = sum(math.prod(it.shape) for it in items)
+    _write_metadata(types.SimpleNamespace(kv=kv), info, plan, plan.ftype, source_repo, n_params, imatrix)
     align = kv.data_alignment
     n = 4 + 4 + 8 + 8  # magic, version, tensor count, key count
     for key, val in kv.kv_data[0].items():

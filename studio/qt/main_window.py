@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         self._shut_down = False
         self._docks: dict[str, QDockWidget] = {}
         self._export_dialog: Any = None
+        self._budget_dialog: Any = None
         self._shortcuts_dialog: ShortcutsDialog | None = None
 
         self.setWindowIcon(app_icon())
@@ -168,6 +169,12 @@ class MainWindow(QMainWindow):
             tip="Export the open model to a GGUF file with a preset or the current plan",
         )
         self.act_export.setEnabled(False)
+        self.act_budget = self._action(
+            "&Budget plan…",
+            self.show_budget_dialog,
+            tip="Scan the open model's sensitivity and choose per-tensor types for a size budget",
+        )
+        self.act_budget.setEnabled(False)
         self.act_filter = self._action(
             "&Find tensor",
             self._focus_filter,
@@ -198,7 +205,7 @@ class MainWindow(QMainWindow):
             self.file_menu.addAction(act)
         self.recent_menu = RecentMenu(self.opener, self.settings, self)
         self.file_menu.addMenu(self.recent_menu)
-        for act in (self.act_export, self.act_close_model, self.act_quit):
+        for act in (self.act_export, self.act_budget, self.act_close_model, self.act_quit):
             self.file_menu.addSeparator()
             self.file_menu.addAction(act)
 
@@ -412,6 +419,7 @@ class MainWindow(QMainWindow):
         ckpt = self.state.checkpoint
         self.act_close_model.setEnabled(ckpt is not None)
         self.act_export.setEnabled(self.can_export())
+        self.act_budget.setEnabled(self.can_export())
         self.setWindowTitle(APP_TITLE if ckpt is None else f"{self.state.model_name} — {APP_TITLE}")
 
     # -- hardware and estimates -------------------------------------------------------------------
@@ -456,6 +464,22 @@ class MainWindow(QMainWindow):
     def can_export(self) -> bool:
         """Whether a model is open to export (a GGUF original is requantized)."""
         return self.state.info is not None
+
+    @Slot()
+    def show_budget_dialog(self) -> Any:
+        """Open (or raise) the Budget plan dialog for the open model; returns it, or None without a model."""
+        if not self.can_export():
+            self._show_status("Open a model first (a folder or a GGUF file).")
+            return None
+        if self._budget_dialog is None:
+            from studio.qt.panels.budget_dialog import (
+                BudgetDialog,
+            )  # pyqtgraph and the allocator: not at start-up
+
+            self._budget_dialog = BudgetDialog(self.state, self.jobs, self)
+        self._budget_dialog.show()
+        self._budget_dialog.raise_()
+        return self._budget_dialog
 
     @Slot()
     def show_export_dialog(self) -> Any:
