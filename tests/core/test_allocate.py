@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
 
-from studio.core.calib.sensitivity import Sensitivity, TypeCost, sizes_only
+from studio.core.calib.sensitivity import Sensitivity, TypeCost
 from studio.core.errors import QuantizationError
 from studio.core.model import open_model
 from studio.core.quant.allocate import (
@@ -20,26 +19,11 @@ from studio.core.quant.allocate import (
     parse_budget,
     solve,
 )
+from tests.scan_data import synthetic_scan
 
 TYPES = ("Q2_K", "Q4_0", "Q4_K", "Q5_1", "Q8_0")
 # a synthetic sensitivity per qtype: fewer bits, more KL (scaled per tensor below)
 KL = {"Q2_K": 0.08, "Q4_0": 0.02, "Q4_K": 0.012, "Q5_K": 0.005, "Q5_1": 0.004, "Q8_0": 0.0005}
-
-
-def _scan(info, types=TYPES):
-    """A scan whose KLs are made up (tensor i weighs 1 + i): only the sizes are the model's."""
-    base = sizes_only(info, types)
-    tensors = tuple(
-        dataclasses.replace(
-            t,
-            by_type={
-                q: dataclasses.replace(c, kl=KL[c.effective] * (1 + i), measured=True)
-                for q, c in t.by_type.items()
-            },
-        )
-        for i, t in enumerate(base.tensors)
-    )
-    return dataclasses.replace(base, tensors=tensors, mode="exact", method="imatrix")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +89,7 @@ def test_solve_matches_brute_force_on_small_instances():
 def test_a_file_budget_is_met_to_the_byte(info, llama_model, tmp_path):
     from studio.core.export import export_gguf
 
-    scan = _scan(info)
+    scan = synthetic_scan(info, {q: KL[q] for q in TYPES})
     front = pareto_front(info, scan)
     assert len(front) >= 10 and all(a.kl >= b.kl for a, b in itertools.pairwise(front))
     lo, hi = front[0].file_bytes, front[-1].file_bytes
@@ -124,7 +108,7 @@ def test_a_file_budget_is_met_to_the_byte(info, llama_model, tmp_path):
 
 
 def test_bpw_and_memory_budgets(info):
-    scan = _scan(info)
+    scan = synthetic_scan(info, {q: KL[q] for q in TYPES})
     a = allocate(info, scan, parse_budget("5bpw"))
     assert a.bpw <= 5.0 and a.bpw > 4.0
     m = allocate(info, scan, parse_budget(f"vram={a.memory_bytes}", ctx_len=4096))
@@ -132,7 +116,7 @@ def test_bpw_and_memory_budgets(info):
 
 
 def test_too_small_and_above_f16(info):
-    scan = _scan(info)
+    scan = synthetic_scan(info, {q: KL[q] for q in TYPES})
     with pytest.raises(QuantizationError, match=r"below what these types allow .* the smallest plan needs"):
         allocate(info, scan, parse_budget("100kB"))
     with pytest.raises(QuantizationError, match="the smallest plan needs"):
@@ -149,7 +133,7 @@ def test_exclude_removes_a_type_that_is_another_ones_fallback(tiny_model):
     with open_model(tiny_model("llama", hidden=96, intermediate=256)) as ck:
         small = ck.info
     types = ("Q4_0", "Q5_K", "Q5_1", "Q8_0")
-    scan = _scan(small, types)
+    scan = synthetic_scan(small, {q: KL[q] for q in types})
     big = allocate(small, scan, parse_budget("7bpw"))
     assert "Q5_1" in big.plan.types.values()  # it would be chosen
     a = allocate(small, scan, parse_budget("7bpw"), candidates=("Q4_0", "Q5_K", "Q8_0"), exclude=("Q5_1",))
@@ -157,7 +141,7 @@ def test_exclude_removes_a_type_that_is_another_ones_fallback(tiny_model):
 
 
 def test_scan_json_round_trips_the_allocator_inputs(info):
-    scan = _scan(info)
+    scan = synthetic_scan(info, {q: KL[q] for q in TYPES})
     again = Sensitivity.from_dict(scan.to_dict())
     b = parse_budget("4.5bpw")
     assert allocate(info, again, b).plan.types == allocate(info, scan, b).plan.types

@@ -3,8 +3,6 @@ sentence, and Use plan makes the allocation the window's plan."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from studio.core.model import open_model
@@ -12,25 +10,9 @@ from studio.core.quant.allocate import allocate, parse_budget
 from studio.qt.jobs import JobManager
 from studio.qt.panels.budget_dialog import BudgetDialog
 from studio.qt.state import StudioState
+from tests.scan_data import synthetic_scan
 
 KL = {"Q2_K": 0.08, "Q3_K": 0.04, "Q4_K": 0.012, "Q6_K": 0.002, "Q8_0": 0.0005}
-
-
-def _scan(info):
-    from studio.core.calib.sensitivity import sizes_only
-
-    base = sizes_only(info, tuple(KL))
-    tensors = tuple(
-        dataclasses.replace(
-            t,
-            by_type={
-                q: dataclasses.replace(c, kl=KL[c.effective] * (1 + i), measured=True)
-                for q, c in t.by_type.items()
-            },
-        )
-        for i, t in enumerate(base.tensors)
-    )
-    return dataclasses.replace(base, tensors=tensors, mode="exact", method="imatrix")
 
 
 @pytest.fixture
@@ -47,7 +29,7 @@ def dialog(qtbot, tiny_models):
 def test_slider_moves_the_plan_along_the_front(dialog):
     state, d = dialog
     assert not d.slider.isEnabled()  # nothing to choose before a scan
-    scan = _scan(state.info)
+    scan = synthetic_scan(state.info, KL)
     d.set_scan(scan)
     assert d.slider.isEnabled() and len(d.curve.xData) == len(d.front) >= 10
     assert {p.label for p in d.presets} >= {"Q4_K_M", "Q8_0"} and len(d.preset_dots.data) == len(d.presets)
@@ -72,7 +54,7 @@ def test_slider_moves_the_plan_along_the_front(dialog):
 
 def test_bad_budget_is_one_sentence_and_use_plan_sets_the_window_plan(dialog, qtbot):
     state, d = dialog
-    d.set_scan(_scan(state.info))
+    d.set_scan(synthetic_scan(state.info, KL))
     d.budget_edit.setText("1kB")
     with qtbot.waitSignal(d.errorShown) as sig:
         d.replan()
