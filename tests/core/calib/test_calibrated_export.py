@@ -127,7 +127,8 @@ def test_calibrated_file_is_standard_and_decodes_as_the_studio_does(
     # and llama.cpp runs the file: its logits are transformers' with the file's weights
     text = "The quick brown fox jumps over the lazy dog. Grüße aus Köln, 12345."
     ids = AutoTokenizer.from_pretrained(llama_model, trust_remote_code=False)(text)["input_ids"]
-    llama_worker.request("load", path=str(path), logits_all=True, n_ctx=128, f32_kv=True)
+    # extra buffers off: llama.cpp's repacked weights crash on AMX CPUs (the raw worker takes no "auto")
+    llama_worker.request("load", path=str(path), logits_all=True, n_ctx=128, f32_kv=True, extra_buffers=False)
     got = llama_worker.request("eval_logits", ids=ids)
     with torch.no_grad():
         ref = _hf_with_file_weights(llama_model, path)(torch.tensor([ids])).logits[0].numpy()
