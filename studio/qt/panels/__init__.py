@@ -26,11 +26,15 @@ _LAZY = {
     "HubPanel": "studio.qt.panels.hub_panel",
     "InspectorPanel": "studio.qt.panels.inspector",
     "JobsPanel": "studio.qt.panels.jobs_panel",
+    "LabPanel": "studio.qt.panels.lab_panel",
+    "MemoryPanel": "studio.qt.panels.memory_panel",
     "ModelTreePanel": "studio.qt.panels.model_tree",
     "OverviewPanel": "studio.qt.panels.overview",
     "PlanEditorPanel": "studio.qt.panels.plan_editor",
     "PreviewPanel": "studio.qt.panels.preview",
+    "QatPanel": "studio.qt.panels.qat_panel",
     "SummaryPanel": "studio.qt.panels.summary",
+    "SweepPanel": "studio.qt.panels.sweep_panel",
     "TensorPanel": "studio.qt.panels.tensor_panel",
 }
 
