@@ -451,8 +451,10 @@ def test_the_panels_are_pages_and_a_tensor_chosen_on_the_summary_opens_the_inspe
     _built(qtbot, win)
     titles = [win.tabs.tabText(i) for i in range(win.tabs.count())]
     assert titles[:6] == ["Summary", "Inspector", "Preview", "Overview", "Plan", "Hub"]
-    assert titles[6:] == ["Chat", "Evaluate"]
+    assert titles[6:] == ["Chat", "Evaluate", "Lab"]
     assert win.panel("chat") is not None and win.panel("evaluate") is not None
+    lab = win.panel("lab")
+    assert [lab.tabs.tabText(i) for i in range(lab.tabs.count())] == ["Sweep", "Memory", "QAT"]
     assert win.tabs.widget(1).widget is win.panel("inspector")
     assert win.dock("JobsDock").widget() is win.jobs_panel
     assert win.device_selector.parent() is win.toolbar
