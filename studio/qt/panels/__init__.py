@@ -38,7 +38,15 @@ _LAZY = {
     "TensorPanel": "studio.qt.panels.tensor_panel",
 }
 
-__all__ = [*_LAZY, "assert_gui_thread", "choose", "make_array_feed", "page_layout"]
+__all__ = [
+    *_LAZY,
+    "assert_gui_thread",
+    "choose",
+    "make_array_feed",
+    "page_layout",
+    "run_controls",
+    "show_job_progress",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +72,31 @@ def choose(combo: Any, value: str, *, by_text: bool = False) -> bool:
     if i >= 0:
         combo.setCurrentIndex(i)
     return i >= 0
+
+
+def run_controls(panel: Any, run_text: str) -> tuple[Any, Any, Any, Any]:
+    """A job panel's Run and Cancel buttons (wired to ``panel.start`` / ``panel.cancel``), its hidden
+    progress bar and its status line."""
+    from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton
+
+    run = QPushButton(run_text, panel)
+    run.clicked.connect(panel.start)
+    cancel = QPushButton("Cancel", panel)
+    cancel.clicked.connect(panel.cancel)
+    progress = QProgressBar(panel)
+    progress.setTextVisible(True)
+    progress.hide()
+    status = QLabel("", panel)
+    status.setWordWrap(True)
+    return run, cancel, progress, status
+
+
+def show_job_progress(bar: Any, job: Any) -> None:
+    """Show a job's progress (``done`` of ``total``, its message) in ``bar``; a job without a total is ignored."""
+    if job.total > 0:
+        bar.setRange(0, job.total)
+        bar.setValue(job.done)
+        bar.setFormat(f"%p% · {job.message}")
 
 
 def page_layout(panel: Any, top: Any, status: Any, main: Any, side: Any, stretch: int) -> None:

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, show_job_progress
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
@@ -286,11 +286,7 @@ class EvalPanel(JobPanel, QWidget):
         self.task.cancel()
 
     def on_progress(self, job: Job) -> None:
-        if job.total <= 0:
-            return
-        self.progress.setRange(0, max(job.total, 1))
-        self.progress.setValue(job.done)
-        self.progress.setFormat(f"%p% · {job.message}")
+        show_job_progress(self.progress, job)
 
     def on_done(self, result: Any) -> None:
         self.update_controls()

@@ -26,7 +26,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QVBoxLayout,
@@ -36,7 +35,7 @@ from PySide6.QtWidgets import (
 from studio.core.jobs import JobContext
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, choose
+from studio.qt.panels import assert_gui_thread, choose, run_controls, show_job_progress
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_badge, set_status, style_plot
 
@@ -127,20 +126,12 @@ class QatPanel(JobPanel, QWidget):
         self.output_edit = QLineEdit(self)
         self.output_edit.setPlaceholderText("optional: a new folder for the QAT weights (export takes it)")
 
-        self.run_button = QPushButton("Run QAT", self)
-        self.run_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel", self)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.progress = QProgressBar(self)
-        self.progress.setTextVisible(True)
-        self.progress.hide()
-        self.status = QLabel(
+        self.run_button, self.cancel_button, self.progress, self.status = run_controls(self, "Run QAT")
+        self.status.setText(
             "Rounds every linear layer in the forward pass, lets gradients pass straight through the "
             "rounding, fine-tunes briefly on one text and measures on another. SmolLM2-135M on CPU: "
-            "about 2 minutes and 3.4 GiB for 30 steps.",
-            self,
+            "about 2 minutes and 3.4 GiB for 30 steps."
         )
-        self.status.setWordWrap(True)
 
         form = QFormLayout()
         form.addRow("Model:", model_row)
@@ -288,10 +279,7 @@ class QatPanel(JobPanel, QWidget):
         self.curve.setData([s for s, _ in self.losses], [x for _, x in self.losses])
 
     def on_progress(self, job: Job) -> None:
-        if job.total > 0:
-            self.progress.setRange(0, job.total)
-            self.progress.setValue(job.done)
-            self.progress.setFormat(f"%p% · {job.message}")
+        show_job_progress(self.progress, job)
 
     def on_done(self, result: Any) -> None:
         self.update_controls()

@@ -17,8 +17,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QProgressBar,
-    QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -28,7 +26,7 @@ from PySide6.QtWidgets import (
 
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, run_controls, show_job_progress
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_status, style_plot
 
@@ -46,6 +44,7 @@ SERIES: tuple[tuple[str, str, int | None, bool], ...] = (
     ("g32 asym", "group", 32, False),
 )
 CHART_MAX_BPW = 9.5
+EXACT_SNR_DB = 100.0  # float32 round-off: the tensor is on that type's grid already
 SNR_CAP_DB = 120.0  # 16-bit rows of a float16 tensor are exact (infinite SNR): drawn at the top
 
 
@@ -80,15 +79,8 @@ class SweepPanel(JobPanel, QWidget):
         self.gguf_check = QCheckBox("GGUF types", self)
         self.gguf_check.setChecked(True)
         self.gguf_check.setToolTip("Also quantize with every GGUF type at its own bits per weight")
-        self.run_button = QPushButton("Sweep", self)
-        self.run_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel", self)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.progress = QProgressBar(self)
-        self.progress.setTextVisible(True)
-        self.progress.hide()
-        self.status = QLabel("Open a model, pick a tensor and press Sweep.", self)
-        self.status.setWordWrap(True)
+        self.run_button, self.cancel_button, self.progress, self.status = run_controls(self, "Sweep")
+        self.status.setText("Open a model, pick a tensor and press Sweep.")
         self.summary = QLabel("", self)
         self.summary.setWordWrap(True)
 
@@ -193,10 +185,7 @@ class SweepPanel(JobPanel, QWidget):
         self.task.cancel()
 
     def on_progress(self, job: Job) -> None:
-        if job.total > 0:
-            self.progress.setRange(0, job.total)
-            self.progress.setValue(job.done)
-            self.progress.setFormat(f"%p% · {job.message}")
+        show_job_progress(self.progress, job)
 
     def on_done(self, result: Any) -> None:
         self.update_controls()
@@ -255,6 +244,14 @@ class SweepPanel(JobPanel, QWidget):
     def _draw(self, result: Any) -> None:
         self._clear()
         c = plot_colors(bool(self.state.dark))
+        # The cliff lives at 2-6 bits: 16-bit rows stay in the table, off the chart; a type the weights
+        # already sit on (a model dequantized from Q4_1 re-rounds to Q4_1 exactly) is drawn at the top.
+        near = [r.snr_db for r in result.rows if r.bpw <= CHART_MAX_BPW and r.snr_db < EXACT_SNR_DB]
+        top = max(near, default=40.0) + 8
+
+        def y(r: Any) -> float:
+            return r.snr_db if r.snr_db < top else top - 3
+
         for i, (label, gran, group, sym) in enumerate(SERIES):
             rows = result.series(gran, group, sym)
             if not rows:
@@ -278,7 +275,7 @@ class SweepPanel(JobPanel, QWidget):
                 self.plot,
                 pg.ScatterPlotItem(
                     [r.bpw for r in gguf],
-                    [_snr(r.snr_db) for r in gguf],
+                    [y(r) for r in gguf],
                     symbol="d",
                     size=9,
                     brush=pg.mkBrush(c["fg"]),
@@ -287,8 +284,11 @@ class SweepPanel(JobPanel, QWidget):
                 ),
             )
             for r in gguf:
-                t = pg.TextItem(r.scheme, color=c["fg"], anchor=(0, 1))
-                t.setPos(r.bpw, _snr(r.snr_db))
+                exact = r.snr_db >= top
+                t = pg.TextItem(
+                    r.scheme + (" (exact: on its grid)" if exact else ""), color=c["fg"], anchor=(0, 1)
+                )
+                t.setPos(r.bpw, y(r))
                 self._add(self.plot, t)
         self.cliff_line.setValue(result.cliff_snr_db)
         self.cliff_line.label.setFormat(f"cliff: SNR {result.cliff_snr_db:g} dB")
@@ -297,10 +297,8 @@ class SweepPanel(JobPanel, QWidget):
                 mark = pg.InfiniteLine(pos=cliff.bpw_at_line, angle=90, movable=False)
                 mark.setPen(pg.mkPen(c["outlier"], width=1, style=Qt.PenStyle.DashLine))
                 self._add(self.plot, mark)
-        # The cliff lives at 2-6 bits: 16-bit rows stay in the table, off the chart.
-        near = [_snr(r.snr_db) for r in result.rows if r.bpw <= CHART_MAX_BPW]
         self.plot.setXRange(1.5, CHART_MAX_BPW, padding=0)
-        self.plot.setYRange(min(0.0, *near), max(near, default=40.0) + 5, padding=0)
+        self.plot.setYRange(min(0.0, *near), top, padding=0)
         # group-size curves: one line per bit width, SNR against log2(group)
         bits = sorted({r.bits for r in result.rows if r.kind == "int" and r.granularity == "group"})
         for i, b in enumerate(b for b in bits if b <= 8):
