@@ -269,9 +269,14 @@ class EvalPanel(JobPanel, QWidget):
         kv_types = tuple(self.kv_combo.currentData() or ())
 
         def work(ctx: Any) -> Any:
-            return evaluate(
+            from studio.core.evaluate.record import save_records
+
+            report = evaluate(
                 original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx, kv_types=kv_types
             )
+            for note in save_records(report):  # beside each variant, for the model card of an upload
+                ctx.log(note)
+            return report
 
         self.status.setText("")
         self.progress.setRange(0, 0)
