@@ -42,6 +42,7 @@ __all__ = [
     *_LAZY,
     "assert_gui_thread",
     "choose",
+    "labelled_row",
     "make_array_feed",
     "page_layout",
     "run_controls",
@@ -72,6 +73,19 @@ def choose(combo: Any, value: str, *, by_text: bool = False) -> bool:
     if i >= 0:
         combo.setCurrentIndex(i)
     return i >= 0
+
+
+def labelled_row(parent: Any, pairs: Any, *, stretch: bool = True) -> Any:
+    """A row of (label text, widget) pairs, each widget after its label, ending in a stretch."""
+    from PySide6.QtWidgets import QHBoxLayout, QLabel
+
+    row = QHBoxLayout()
+    for text, widget in pairs:
+        row.addWidget(QLabel(text, parent))
+        row.addWidget(widget)
+    if stretch:
+        row.addStretch(1)
+    return row
 
 
 def run_controls(panel: Any, run_text: str) -> tuple[Any, Any, Any, Any]:

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QSpinBox,
@@ -42,7 +41,7 @@ from studio.core.lab.memory import (
     shape_from_info,
 )
 from studio.qt.jobs import JobManager
-from studio.qt.panels import assert_gui_thread, choose
+from studio.qt.panels import assert_gui_thread, choose, labelled_row
 from studio.qt.state import StudioState
 from studio.qt.theme import (
     follow_theme,
@@ -115,6 +114,13 @@ class MemoryPanel(QWidget):
         self.kv_heads_spin = self._int_spin(1, 1024, "Key/value heads (fewer than attention heads with GQA)")
         self.head_dim_spin = self._int_spin(1, 4096, "Values per attention head")
         self.vocab_spin = self._int_spin(0, 10_000_000, "Vocabulary size (the logits' share of the overhead)")
+        self._spins = (
+            self.params_spin,
+            self.layers_spin,
+            self.kv_heads_spin,
+            self.head_dim_spin,
+            self.vocab_spin,
+        )
         self.params_spin.setValue(DEFAULT_SHAPE["params"])
         for spin, key in (
             (self.layers_spin, "layers"),
@@ -123,13 +129,7 @@ class MemoryPanel(QWidget):
             (self.vocab_spin, "vocab"),
         ):
             spin.setValue(DEFAULT_SHAPE[key])
-        for spin in (
-            self.params_spin,
-            self.layers_spin,
-            self.kv_heads_spin,
-            self.head_dim_spin,
-            self.vocab_spin,
-        ):
+        for spin in self._spins:
             spin.valueChanged.connect(self.recompute)
 
         self.ctx_combo = QComboBox(self)
@@ -150,26 +150,13 @@ class MemoryPanel(QWidget):
         shape_box = QGroupBox("Model", self)
         sf = QFormLayout(shape_box)
         sf.addRow("From:", self.source_combo)
-        row = QHBoxLayout()
-        for label, w in (
-            ("Parameters", self.params_spin),
-            ("Layers", self.layers_spin),
-            ("KV heads", self.kv_heads_spin),
-            ("Head dim", self.head_dim_spin),
-            ("Vocabulary", self.vocab_spin),
-        ):
-            row.addWidget(QLabel(label, shape_box))
-            row.addWidget(w)
-        sf.addRow(row)
-        opts = QHBoxLayout()
-        opts.addWidget(QLabel("Context:", self))
-        opts.addWidget(self.ctx_combo)
-        opts.addWidget(QLabel("KV cache:", self))
-        opts.addWidget(self.kv_combo)
-        opts.addWidget(QLabel("Card:", self))
-        opts.addWidget(self.gpu_combo)
-        opts.addStretch(1)
-        sf.addRow(opts)
+        names = ("Parameters", "Layers", "KV heads", "Head dim", "Vocabulary")
+        sf.addRow(labelled_row(shape_box, zip(names, self._spins, strict=True), stretch=False))
+        sf.addRow(
+            labelled_row(
+                self, (("Context:", self.ctx_combo), ("KV cache:", self.kv_combo), ("Card:", self.gpu_combo))
+            )
+        )
 
         self.headline = QLabel("", self)
         self.headline.setWordWrap(True)
@@ -240,7 +227,7 @@ class MemoryPanel(QWidget):
         self.recompute()
 
     def _show_shape(self, params: float, layers: int, kv_heads: int, head_dim: int, vocab: int) -> None:
-        spins = (self.params_spin, self.layers_spin, self.kv_heads_spin, self.head_dim_spin, self.vocab_spin)
+        spins = self._spins
         for spin in spins:
             spin.blockSignals(True)
         self.params_spin.setValue(params / 1e9)
@@ -288,13 +275,7 @@ class MemoryPanel(QWidget):
     @Slot()
     def _on_source(self, *_args: Any) -> None:
         typed = self.source_combo.currentData() == "shape"
-        for spin in (
-            self.params_spin,
-            self.layers_spin,
-            self.kv_heads_spin,
-            self.head_dim_spin,
-            self.vocab_spin,
-        ):
+        for spin in self._spins:
             spin.setEnabled(typed)
         self.recompute()
 

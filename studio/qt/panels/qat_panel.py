@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 from studio.core.jobs import JobContext
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, choose, run_controls, show_job_progress
+from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls, show_job_progress
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_badge, set_status, style_plot
 
@@ -135,18 +135,14 @@ class QatPanel(JobPanel, QWidget):
 
         form = QFormLayout()
         form.addRow("Model:", model_row)
-        grid = QHBoxLayout()
-        for label, w in (
+        settings = (
             ("Round to", self.bits_spin),
             ("with", self.group_combo),
             ("Steps", self.steps_spin),
             ("Tokens", self.seq_spin),
             ("Learning rate", self.lr_spin),
-        ):
-            grid.addWidget(QLabel(label, self))
-            grid.addWidget(w)
-        grid.addStretch(1)
-        form.addRow(grid)
+        )
+        form.addRow(labelled_row(self, settings))
         form.addRow("Train on:", self.train_combo)
         form.addRow("Measure on:", self.eval_combo)
         form.addRow("Save to:", self.output_edit)
