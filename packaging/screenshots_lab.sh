@@ -7,7 +7,7 @@
 #
 #   packaging/screenshots_lab.sh [MODEL]   (a Hugging Face folder; default: the demo model)
 #
-# QAT_STEPS (default 12) sets the fine-tuning steps. Needs what packaging/screenshots.sh needs.
+# QAT_STEPS (default 12) and QAT_SEQ (tokens per chunk, default 128) size the QAT run; LAB_SHOTS (default "sweep memory qat") which to make. Needs what packaging/screenshots.sh needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -23,7 +23,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export QT_QPA_PLATFORM=xcb QUANT_STUDIO_CACHE="$WORK/cache"
 export QT_STYLE_OVERRIDE=Fusion QT_QPA_PLATFORMTHEME= QT_FONT_DPI=96
-export QS_WORK="$WORK" QS_OUT="$OUT" QS_MODEL="${1:-}" QS_QAT_STEPS="${QAT_STEPS:-12}"
+export QS_WORK="$WORK" QS_OUT="$OUT" QS_MODEL="${1:-}" QS_QAT_STEPS="${QAT_STEPS:-12}" QS_QAT_SEQ="${QAT_SEQ:-128}" QS_SHOTS="${LAB_SHOTS:-sweep memory qat}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 # A file, not stdin: the QAT child process is spawned from it.
@@ -38,11 +38,12 @@ from pathlib import Path
 
 WORK, OUT, MODEL = Path(os.environ["QS_WORK"]), Path(os.environ["QS_OUT"]), os.environ.get("QS_MODEL", "")
 MAX_BYTES = 300_000
+SHOTS = os.environ.get("QS_SHOTS", "sweep memory qat").split()
 
 
 def main() -> int:
     sys.path.insert(0, os.getcwd())
-    from PySide6.QtCore import QCoreApplication
+    from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
     QCoreApplication.setOrganizationName("QuantStudioScreenshots")
@@ -55,19 +56,24 @@ def main() -> int:
     win.resize(1600, 1000)
     win.showMaximized()
 
+    # An event loop, not a processEvents() poll: PySide6 6.12 on Python 3.11 drops a reference to None
+    # on every processEvents() call, and a poll of some minutes (QAT) aborts the process.
     def pump(seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            app.processEvents()
-            time.sleep(0.01)
+        loop = QEventLoop()
+        QTimer.singleShot(int(seconds * 1000), loop.quit)
+        loop.exec()
 
     def wait(cond, what: str, timeout: float = 900) -> None:
         end = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > end:
-                raise SystemExit(f"screenshots: timed out waiting for {what}")
-            app.processEvents()
-            time.sleep(0.01)
+        loop = QEventLoop()
+        timer = QTimer()
+        timer.timeout.connect(lambda: loop.quit() if cond() or time.monotonic() > end else None)
+        timer.start(50)
+        if not cond():
+            loop.exec()
+        timer.stop()
+        if not cond():
+            raise SystemExit(f"screenshots: timed out waiting for {what}")
 
     def shot(name: str, settle: float = 1.0) -> None:
         pump(settle)
@@ -93,7 +99,18 @@ def main() -> int:
     win.show_page("lab")
     lab = win.panel("lab")
 
-    # Sweep: the first layer's down projection, GGUF types included.
+    if "sweep" in SHOTS:
+        sweep(win, lab, wait, shot)
+    if "memory" in SHOTS:
+        memory(lab, shot)
+    if "qat" in SHOTS and not qat(lab, wait, shot):
+        return 1
+    win.close()
+    return 0
+
+
+def sweep(win, lab, wait, shot) -> None:
+    """The sweep tab after sweeping layer 0's down projection."""
     target = next(t.name for t in win.state.info.tensors if t.name.endswith("layers.0.mlp.down_proj.weight"))
     lab.show_tab("sweep")
     shown: list[object] = []
@@ -103,27 +120,30 @@ def main() -> int:
     wait(lambda: bool(shown), "the sweep")
     shot("lab-sweep")
 
-    # Memory: the open model at 32K tokens with a Q8_0 KV cache, against an 8 GB card.
+
+def memory(lab, shot) -> None:
+    """The memory tab: the open model at 32K tokens with a Q8_0 KV cache, against an 8 GB card."""
     lab.show_tab("memory")
     lab.memory.set_context(32768)
     lab.memory.set_kv_type("q8_0")
     lab.memory.set_card(8)
     shot("lab-memory")
 
-    # QAT at 3 bits, groups of 32, a short fine-tune on the built-in prose, measured on the sample.
+
+def qat(lab, wait, shot) -> bool:
+    """The QAT tab after 3 bits, groups of 32, a short fine-tune on the built-in prose (measured on the sample)."""
     lab.show_tab("qat")
     done: list[object] = []
     lab.qat.resultShown.connect(done.append)
     lab.qat.steps_spin.setValue(int(os.environ["QS_QAT_STEPS"]))
-    lab.qat.seq_spin.setValue(128)
+    lab.qat.seq_spin.setValue(int(os.environ["QS_QAT_SEQ"]))
     assert lab.qat.start(), "QAT needs a Hugging Face model folder"
     wait(lambda: bool(done) or not lab.qat.running, "QAT", 3600)
     if not done:
         print(f"screenshots: QAT failed: {lab.qat.status.text()}", file=sys.stderr)
-        return 1
+        return False
     shot("lab-qat")
-    win.close()
-    return 0
+    return True
 
 
 if __name__ == "__main__":
