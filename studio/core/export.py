@@ -243,6 +243,8 @@ def export_gguf(
         lay = layout(info)
         if backend == "llama.cpp":
             result = _export_llamacpp(ckpt, lay, out, plan, inputs, imatrix, ctx, source_repo, validate)
+        elif lay.converted:
+            result = _export_converted(info, lay, out, plan, device, imatrix, ctx, validate)
         else:
             result = _export_studio(ckpt, lay, out, plan, inputs, device, imatrix, ctx, source_repo, validate)
     finally:
@@ -350,6 +352,28 @@ def _export_studio(
     return {"types": {it.gguf_name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": tok}
 
 
+def _export_converted(
+    info: Any,
+    lay: Layout,
+    out: Path,
+    plan: Plan,
+    device: str,
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext,
+    validate: Callable[[Path], None] | None,
+    *,
+    float_only: bool = False,
+) -> dict[str, Any]:
+    # architectures llama.cpp's converter maps: its metadata, vocabulary and values, our plan,
+    # quantizers and writer (studio.core.gguf.llama_converter)
+    from studio.core.gguf.llama_converter import export_converted
+
+    return export_converted(
+        info, lay, out, plan, device=device, imatrix=imatrix, ctx=ctx, validate=validate,
+        encode=_encode, float_only=float_only,
+    )  # fmt: skip
+
+
 def _encoded_chunks(
     ckpt: Any, it: _Item, info: Any, device: str, qw: np.ndarray | None, ctx: JobContext
 ) -> Iterator[np.ndarray]:
@@ -391,7 +415,7 @@ def _export_llamacpp(
     from studio.core.llamacpp import LlamaWorker
 
     info = ckpt.info
-    items = _items(plan, lay, extra_tensors(info))
+    items = _items(plan, lay, [] if lay.converted else extra_tensors(info))
     total = sum(it.nbytes for it in items)
     f32_total = sum(4 * math.prod(it.shape) for it in items)
     check_output_path(out, inputs=inputs, need_bytes=total + f32_total)
@@ -403,9 +427,12 @@ def _export_llamacpp(
     lock = None
     sub = _SubContext(ctx, 0.5)
     try:
-        _export_studio(
-            ckpt, lay, tmp_final, plan, inputs, "cpu", None, sub, source_repo, None, float_only=True
-        )
+        if lay.converted:
+            _export_converted(info, lay, tmp_final, plan, "cpu", None, sub, None, float_only=True)
+        else:
+            _export_studio(
+                ckpt, lay, tmp_final, plan, inputs, "cpu", None, sub, source_repo, None, float_only=True
+            )
         lock = _hold_lock(tmp_final)
         ctx.check_cancelled()
         ctx.report(total // 2, total, "Quantizing with llama.cpp")

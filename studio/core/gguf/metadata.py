@@ -72,7 +72,7 @@ def add_arch_metadata(w: Any, info: ModelInfo) -> None:
     if head_dim is None:
         head_dim = n_embd // n_head
     head_dim = int(head_dim)
-    if arch in ("gemma", "gemma2", "qwen3") or head_dim != n_embd // n_head:
+    if arch in ("gemma", "gemma2", "qwen3", "llama") or head_dim != n_embd // n_head:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if arch == "llama":
