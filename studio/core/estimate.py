@@ -9,7 +9,7 @@ Run-time memory (llama.cpp), stated model:
   + KV cache = layers x 2 (K and V) x kv_heads x head_dim x cells x 2 bytes (F16 cache), where
     cells = context, except on sliding-window layers (Gemma 2/3's local layers, as config
     ``layer_types`` or llama.cpp's default pattern says) where llama.cpp's iSWA cache keeps
-    min(context, pad256(window + 512)) cells; zero for encoder-only models (BERT), which keep no cache
+    pad256(min(context, window + 512)) cells; zero for encoder-only models (BERT), which keep no cache
   + overhead = 5 % of the weights + 64 MiB fixed + vocab x 512 x 4 bytes
     (compute buffers; the last term is the logits scratch of one 512-token batch, which dominates
     for large vocabularies; encoder-only models have no LM head and skip it).
@@ -184,7 +184,7 @@ def sliding_layers(config: dict[str, Any], n_layers: int) -> tuple[bool, ...]:
 def kv_cells(config: dict[str, Any], n_layers: int, ctx_len: int) -> tuple[int, ...]:
     """KV cache cells per layer for ``ctx_len`` tokens (smaller on sliding-window layers)."""
     window = _cfg_int(config, "sliding_window") or 0
-    swa = min(ctx_len, -(-(window + SWA_UBATCH) // 256) * 256)
+    swa = -(-min(ctx_len, window + SWA_UBATCH) // 256) * 256  # llama-kv-cache-iswa.cpp: padded to 256
     return tuple(swa if local else ctx_len for local in sliding_layers(config, n_layers))
 
 

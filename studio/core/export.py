@@ -114,6 +114,10 @@ def _imatrix_for(imatrix: Mapping[str, Any] | None, it: _Item) -> np.ndarray | N
     if v is None:
         return None
     v = np.asarray(v, dtype=np.float32).reshape(-1)
+    n_exp = it.tm.n_experts
+    if n_exp > 1 and v.size in (it.tm.n_per_row, it.tm.n_per_row * n_exp):
+        # merged experts: llama.cpp takes one vector per expert, expert after expert
+        return v if v.size == it.tm.n_per_row * n_exp else np.tile(v, n_exp)
     if v.size != it.tm.n_per_row:
         raise QuantizationError(
             f"The importance matrix for {it.tm.hf_name!r} has {v.size} values; its rows have {it.tm.n_per_row}."

@@ -572,7 +572,10 @@ def _init_weights(
 
     hidden = model.config.hidden_size
     emb_std = 0.3 / hidden if spec.offset_norm else 2.0 / math.sqrt(hidden)
-    final_gain = 3.0 / (emb_std * math.sqrt(hidden)) if tie else 1.0
+    tied_std = emb_std * _granite_compensation(model.config, "embed_tokens")  # the head's weights
+    final_gain = 3.0 / (tied_std * math.sqrt(hidden)) if tie else 1.0
+    # Granite divides its logits by logits_scaling; the final norm gives that factor back
+    final_gain *= float(getattr(model.config, "logits_scaling", 1.0) or 1.0)
     final_norm = {"gpt2": "transformer.ln_f.weight", "bert": ""}.get(arch, "model.norm.weight")
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -588,6 +591,7 @@ def _init_weights(
                     # GPT-2's Conv1D stores (in, out); Linear (out, in), fused experts (experts, out, in)
                     fan_in = shape[0] if arch == "gpt2" else shape[-1]
                     std = 1.0 / math.sqrt(fan_in)
+                std *= _granite_compensation(model.config, name)
                 values = torch.randn(shape, generator=gen) * std
             elif name.endswith("bias"):
                 values = torch.randn(shape, generator=gen) * 0.02
@@ -637,8 +641,35 @@ def _plant_outliers(
                         w[idx, :] *= fac[:, None]
                     after = _expected_out_energy(w, gain, axis)
                     w.mul_(torch.sqrt(before / after))
-                    planted_w.append(wname)
+                    planted_w.extend(_saved_names(arch, wname, spec.experts))
     return tuple(channels), tuple(factors), tuple(planted_w), tuple(planted_n)
+
+
+def _granite_compensation(config: Any, name: str) -> float:
+    """Granite scales embeddings by embedding_multiplier and every block's output by
+    residual_multiplier; undoing that in the initial weights keeps the tiny model in the same regime
+    as the others, while the multipliers still matter to any conversion that dropped them."""
+    emb = float(getattr(config, "embedding_multiplier", 1.0) or 1.0)
+    res = float(getattr(config, "residual_multiplier", 1.0) or 1.0)
+    if "embed_tokens" in name:
+        return 1.0 / emb
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return 1.0 / res
+    return 1.0
+
+
+def _saved_names(arch: str, name: str, experts: int) -> list[str]:
+    """The checkpoint tensors a parameter is saved as: transformers keeps a layer's experts fused
+    in memory (``mlp.experts.gate_up_proj``) but saves one gate and one up tensor per expert, and
+    Mixtral's modules under their original ``block_sparse_moe`` name."""
+    if arch == "mixtral" and name.endswith(".mlp.gate.weight"):
+        return [name.replace(".mlp.gate.", ".block_sparse_moe.gate.")]  # Mixtral's saved router name
+    if not name.endswith(".experts.gate_up_proj"):
+        return [name]
+    base = name[: -len("mlp.experts.gate_up_proj")]
+    if arch == "mixtral":
+        return [f"{base}block_sparse_moe.experts.{e}.{w}.weight" for e in range(experts) for w in ("w1", "w3")]
+    return [f"{base}mlp.experts.{e}.{w}_proj.weight" for e in range(experts) for w in ("gate", "up")]
 
 
 def _expected_out_energy(w: torch.Tensor, gain: torch.Tensor, axis: int) -> torch.Tensor:

@@ -145,6 +145,19 @@ def studio_converts(info: ModelInfo) -> bool:
     return str(info.model_type).lower() in _ARCHES
 
 
+def export_route(info: ModelInfo) -> tuple[str | None, str | None]:
+    """Who converts ``info`` to GGUF: ("studio", None), ("llama.cpp", None) for llama.cpp's
+    converter, or (None, the one sentence saying why neither can)."""
+    from studio.core.model.types import CheckpointFormat
+
+    if info.format is CheckpointFormat.GGUF:
+        return None, f"{info.path.name} is already a GGUF file."
+    try:
+        return layout(info).source, None
+    except ExportError as err:
+        return None, err.message
+
+
 def layout(info: ModelInfo) -> Layout:
     """Map every tensor of ``info`` to its GGUF name, shape and transform: with the studio's own
     mapping for the families it covers, else with llama.cpp's converter; ExportError (one sentence
