@@ -1,0 +1,151 @@
+"""Architectures only llama.cpp's converter maps (Gemma 3, Qwen3-MoE, Mixtral, OLMo 2, Granite,
+SmolLM3): exported through the converter into the studio's plan, quantizers and writer, their F32
+files compute what transformers computes, equal the converter's own output, and Q4_K_M runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.core.export.converter_fixtures import MOE, NEW_ARCHS, need_converter, new_arch_model, read_gguf_all
+
+TEXT = "Hello, world! Grüße aus Köln. Привет, мир! 你好，世界。 こんにちは 🌍🚀👍🏽 naïve café 12345 " * 2
+# the keys the studio adds (module docstring of studio.core.gguf.llama_converter)
+STUDIO_KEYS = {"quant_studio.version", "quant_studio.plan"}
+
+
+@pytest.fixture(autouse=True)
+def _converter() -> None:
+    need_converter()
+
+
+def _ids(model) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model, trust_remote_code=False)(TEXT)["input_ids"]
+
+
+def _reference_logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        model, dtype=torch.float32, trust_remote_code=False, attn_implementation="eager"
+    )
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+def test_f32_logits_match_transformers(arch, tiny_model, exported, llama_worker):
+    model = new_arch_model(tiny_model, arch)
+    gguf_path = exported(model, "F32", "F32")
+    ids = _ids(model)
+    assert len(ids) > 64  # longer than Gemma 3's sliding window
+    llama_worker.request("load", path=str(gguf_path), logits_all=True, n_ctx=256, f32_kv=True)
+    got = llama_worker.request("eval_logits", ids=ids)
+    ref = _reference_logits(model, ids)
+    assert got.shape == ref.shape
+    rel = float(np.abs(got - ref).max()) / float(ref.max() - ref.min())
+    # routing picks the top experts: a near tie may flip under float noise, hence MoE's looser bound
+    assert rel <= (2e-2 if arch in MOE else 1e-3), f"{arch}: max |Δlogit| is {rel:.3g} of the logit range"
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+def test_f32_file_equals_the_converters_own(arch, tiny_model, exported, tmp_path):
+    from studio.core.gguf.llama_converter import reference_convert
+    from studio.core.model import open_model
+
+    model = new_arch_model(tiny_model, arch)
+    ours = exported(model, "F32", "F32")
+    with open_model(model) as ck:
+        ref = reference_convert(ck.info, tmp_path / "ref.gguf")
+    kv_a, ts_a = read_gguf_all(ours)
+    kv_b, ts_b = read_gguf_all(ref)
+    assert list(ts_a) == list(ts_b)  # same tensors, in the converter's order
+    for name, (t, shape, data) in ts_b.items():
+        assert ts_a[name][:2] == (t, shape), name
+        assert ts_a[name][2] == data, f"{name}: values differ from llama.cpp's converter"
+    assert set(kv_a) - set(kv_b) == STUDIO_KEYS and set(kv_b) <= set(kv_a)
+    assert {k: v for k, v in kv_a.items() if k not in STUDIO_KEYS} == kv_b
+
+
+@pytest.mark.parametrize("arch", list(NEW_ARCHS))
+def test_q4_k_m_runs(arch, tiny_model, exported, llama_worker):
+    from studio.core.gguf_read import read_gguf
+
+    model = new_arch_model(tiny_model, arch)
+    f32 = exported(model, "F32", "F32")
+    q = exported(model, "Q4_K_M", "Q4_K_M")
+    types = {t.name: t.type_name for t in read_gguf(q).tensors}
+    assert "Q4_K" in types.values() and "Q6_K" in types.values()
+    if arch in MOE:
+        assert {types[n] for n in types if "_exps." in n} >= {"Q4_K"}
+    ids = _ids(model)[:48]
+    llama_worker.request("load", path=str(f32), logits_all=True, n_ctx=128, f32_kv=True)
+    ref = llama_worker.request("eval_logits", ids=ids)
+    llama_worker.request("load", path=str(q), logits_all=True, n_ctx=128, f32_kv=True)
+    got = llama_worker.request("eval_logits", ids=ids)
+    assert np.isfinite(got).all()
+    # a 4-bit copy of the same model, not noise: most next-token choices stay
+    assert float((got.argmax(-1) == ref.argmax(-1)).mean()) >= 0.5
+
+
+MOE_PRESETS = ["Q4_K_M", "Q3_K_M", "Q3_K_L", "Q5_K_M", "Q4_K_S", "Q2_K", "Q4_0"]
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_moe_preset_types_equal_llamacpp(arch, tiny_model, exported, llama_worker, tmp_path):
+    """Merged 3-D expert tensors, routers and attention get the types llama_model_quantize gives
+    them (Mixtral's 8 experts trigger llama.cpp's 8-expert rules)."""
+    import gguf
+
+    from studio.core.gguf.arch import layout
+    from studio.core.model import open_model
+    from studio.core.quant.presets import PRESETS, preset_types
+
+    model = new_arch_model(tiny_model, arch)
+    f32 = exported(model, "F32", "F32")
+    with open_model(model) as ck:
+        info = ck.info
+    to_gguf = {t.hf_name: t.gguf_name for t in layout(info).tensors}
+    for preset in MOE_PRESETS:
+        out = tmp_path / f"{preset}.gguf"
+        llama_worker.request("quantize", src=str(f32), dst=str(out), ftype=PRESETS[preset].ftype, nthread=1)
+        want = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+        ours = {to_gguf[k]: v for k, v in preset_types(info, preset).items()}
+        assert ours == want, f"{arch} {preset}: " + ", ".join(
+            f"{k}: ours {ours.get(k)} llama.cpp {want.get(k)}" for k in want if ours.get(k) != want.get(k)
+        )
+
+
+def test_moe_q4_k_m_with_expert_imatrix_equals_llamacpp(tiny_model, tmp_path):
+    """One importance vector per expert (as llama-imatrix stores them): the studio's quantizers give
+    the bytes llama_model_quantize gives with the same imatrix, through both export back ends."""
+    from studio.core.export import export_gguf
+    from studio.core.model import open_model
+    from studio.core.model.experts import expert_layout, merge_expert_imatrix
+
+    model = new_arch_model(tiny_model, "mixtral")
+    with open_model(model) as ck:
+        experts = expert_layout(ck.info)
+    assert experts is not None and experts.n_experts == 8 and experts.n_used == 2
+    rng = np.random.default_rng(0)
+    stats = {
+        name: (rng.uniform(0.1, 4.0, t.n_per_row).astype(np.float32), int(rng.integers(1, 50)))
+        for t in experts.tensors
+        for name in t.sources
+    }
+    imatrix = {k: v.mean() for k, v in merge_expert_imatrix(experts, stats).items()}
+    assert len(imatrix) == 3 * 2 and all(v.shape[0] == 8 for v in imatrix.values())
+    a = export_gguf(model, tmp_path / "studio.gguf", "Q4_K_M", imatrix=imatrix)
+    b = export_gguf(model, tmp_path / "llama.gguf", "Q4_K_M", imatrix=imatrix, backend="llama.cpp")
+    _, ta = read_gguf_all(a.path)
+    _, tb = read_gguf_all(b.path)
+    assert set(ta) == set(tb)
+    for name in tb:
+        assert ta[name] == tb[name], f"{name}: {ta[name][0]} vs llama.cpp {tb[name][0]}"
+    # the imatrix changed the expert bytes (an ignored imatrix would pass the comparison above)
+    plain = export_gguf(model, tmp_path / "plain.gguf", "Q4_K_M")
+    _, tp = read_gguf_all(plain.path)
+    assert tp["blk.0.ffn_down_exps.weight"][2] != ta["blk.0.ffn_down_exps.weight"][2]
