@@ -134,6 +134,8 @@ def install_from_sdist(sdist: Path, dest: Path | None = None) -> ConverterBundle
         hashes: dict[str, str] = {}
         with tarfile.open(sdist, "r:gz") as tf:
             for m in tf.getmembers():
+                if m.name.startswith("/") or ".." in m.name.split("/"):
+                    raise ExportError(f"The sdist {sdist.name} holds a file outside its folder ({m.name}).")
                 rel = _member_path(m.name)
                 if rel is None or not m.isfile():
                     continue
@@ -178,7 +180,7 @@ def _member_path(name: str) -> str | None:
         return None
     rel = parts[1][len("vendor/llama.cpp/") :]
     if any(rel == m or (m.endswith("/") and rel.startswith(m)) for m in _MEMBERS):
-        if "__pycache__" in rel or ".." in rel.split("/"):
+        if "__pycache__" in rel:
             return None
         return rel
     return None
