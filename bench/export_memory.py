@@ -357,7 +357,10 @@ def _bench_moe(args: argparse.Namespace, work: Path, model: Path) -> None:
         f"RSS {ours['baseline_mb']:.0f} MB before, peak {ours['peak_rss_mb']:.0f} MB: growth {grow:.0f} MB = "
         f"{grow * 2**20 / merged:.2f} x one merged expert tensor"
     )
-    print("PASS" if grow * 2**20 <= merged + (64 << 20) else "FAIL", "growth <= one merged expert tensor + 64 MiB")
+    print(
+        "PASS" if grow * 2**20 <= merged + (64 << 20) else "FAIL",
+        "growth <= one merged expert tensor + 64 MiB",
+    )
     if not args.skip_reference:
         ref = _run(_CONVERTER_OWN, str(model), str(work / "converter-f32.gguf"))
         rgrow = ref["peak_rss_mb"] - ref["baseline_mb"]

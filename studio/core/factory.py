@@ -149,10 +149,14 @@ _SPECS: dict[str, _ArchSpec] = {
     "gpt2": _ArchSpec("gpt2", "bpe-gpt2", gated=False, tie=True, gqa=False, offset_norm=False),
     "bert": _ArchSpec("bert", "wordpiece", gated=False, tie=True, gqa=False, offset_norm=False, causal=False),
     "gemma3_text": _ArchSpec("gemma3_text", "spm-gemma", gated=True, tie=True, gqa=True, offset_norm=True),
-    "qwen3_moe": _ArchSpec("qwen3_moe", "bpe-qwen", gated=True, tie=False, gqa=True, offset_norm=False, experts=4),
+    "qwen3_moe": _ArchSpec(
+        "qwen3_moe", "bpe-qwen", gated=True, tie=False, gqa=True, offset_norm=False, experts=4
+    ),
     # eight experts, as Mixtral has: llama.cpp's presets treat 8-expert models specially
     "mixtral": _ArchSpec("mixtral", "spm", gated=True, tie=False, gqa=True, offset_norm=False, experts=8),
-    "olmo2": _ArchSpec("olmo2", "bpe-gpt2", gated=True, tie=False, gqa=True, offset_norm=False, pre_norm=False),
+    "olmo2": _ArchSpec(
+        "olmo2", "bpe-gpt2", gated=True, tie=False, gqa=True, offset_norm=False, pre_norm=False
+    ),
     "granite": _ArchSpec("granite", "bpe-gpt2", gated=True, tie=True, gqa=True, offset_norm=False),
     "smollm3": _ArchSpec("smollm3", "bpe-qwen", gated=True, tie=True, gqa=True, offset_norm=False),
 }
@@ -668,7 +672,9 @@ def _saved_names(arch: str, name: str, experts: int) -> list[str]:
         return [name]
     base = name[: -len("mlp.experts.gate_up_proj")]
     if arch == "mixtral":
-        return [f"{base}block_sparse_moe.experts.{e}.{w}.weight" for e in range(experts) for w in ("w1", "w3")]
+        return [
+            f"{base}block_sparse_moe.experts.{e}.{w}.weight" for e in range(experts) for w in ("w1", "w3")
+        ]
     return [f"{base}mlp.experts.{e}.{w}_proj.weight" for e in range(experts) for w in ("gate", "up")]
 
 

@@ -68,7 +68,9 @@ def test_reinstall_replaces_the_old_bundle(tmp_path):
 def test_hostile_archive_path_is_refused(tmp_path):
     bad = {"llama_cpp_python-1.0.0/vendor/llama.cpp/conversion/../../../../escape.py": "x"}
     with pytest.raises(ExportError):
-        cb.install_from_sdist(_sdist(tmp_path / "llama_cpp_python-1.0.0.tar.gz", "1.0.0", bad), tmp_path / "b")
+        cb.install_from_sdist(
+            _sdist(tmp_path / "llama_cpp_python-1.0.0.tar.gz", "1.0.0", bad), tmp_path / "b"
+        )
     assert not (tmp_path / "escape.py").exists()
     assert not (tmp_path / "b").exists()
 

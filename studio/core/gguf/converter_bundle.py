@@ -204,7 +204,9 @@ def _gguf_py_version(root: Path) -> str:
 # ------------------------------------------------------------------------------ isolated loading
 
 
-def _aliased_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+def _aliased_import(
+    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+) -> Any:
     if level == 0:
         head, dot, rest = name.partition(".")
         alias = _ALIASES.get(head)
@@ -237,7 +239,10 @@ class _BundleFinder(importlib.abc.MetaPathFinder):
         if (where / "__init__.py").is_file():
             init = where / "__init__.py"
             return importlib.util.spec_from_file_location(
-                fullname, init, loader=_BundleLoader(fullname, str(init)), submodule_search_locations=[str(where)]
+                fullname,
+                init,
+                loader=_BundleLoader(fullname, str(init)),
+                submodule_search_locations=[str(where)],
             )
         file = where.with_suffix(".py")
         if file.is_file():
@@ -281,8 +286,10 @@ def _known(root: str) -> frozenset[str]:
 
     tree = ast.parse((Path(root) / "conversion" / "__init__.py").read_text(encoding="utf-8"))
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and node.targets else None
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) and node.targets else None)
         )
         if isinstance(target, ast.Name) and target.id == "TEXT_MODEL_MAP" and node.value is not None:
             return frozenset(ast.literal_eval(node.value))

@@ -122,7 +122,6 @@ def converter_adapter(hf_arch: str) -> Any:
     """An adapter whose roles come from llama.cpp's converter's tensor map, for an architecture only
     the converter knows; None when it does not know ``hf_arch`` (or is not installed)."""
     from studio.core.gguf.converter_bundle import find_bundle, known_architectures
-    from studio.core.model.adapters import MappedAdapter
 
     if hf_arch not in known_architectures():
         return None
@@ -412,9 +411,7 @@ def _stacked_parts(lazy_base: type, node: Any) -> list[Any] | None:
     return None
 
 
-def _stream(
-    lazy_base: type, data: Any, shape: tuple[int, ...], chunk_bytes: int
-) -> Iterator[np.ndarray]:
+def _stream(lazy_base: type, data: Any, shape: tuple[int, ...], chunk_bytes: int) -> Iterator[np.ndarray]:
     n = shape[-1] if shape else 1
     step = max(1, chunk_bytes // (4 * max(1, n)))
     parts = _stacked_parts(lazy_base, data) if len(shape) == 3 else None

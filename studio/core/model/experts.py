@@ -84,7 +84,9 @@ def expert_layout(info: ModelInfo) -> ExpertLayout | None:
     routers = {
         tm.layer: (tm.sources[0] if len(tm.sources) == 1 else tm.hf_name)
         for tm in lay.tensors
-        if tm.role is Role.FFN_ROUTER and tm.layer is not None and tm.gguf_name.endswith("ffn_gate_inp.weight")
+        if tm.role is Role.FFN_ROUTER
+        and tm.layer is not None
+        and tm.gguf_name.endswith("ffn_gate_inp.weight")
     }
     return ExpertLayout(
         n_exp or merged[0].n_experts,

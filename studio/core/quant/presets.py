@@ -240,7 +240,9 @@ def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counter
             # experts are not consecutive tensors: llama.cpp reads the layer from the name
             m = re.match(r"blk\.(\d+)\.", name)
             if m is None:
-                raise QuantizationError(f"Cannot tell the layer of tensor {name} of a mixture-of-experts model.")
+                raise QuantizationError(
+                    f"Cannot tell the layer of tensor {name} of a mixture-of-experts model."
+                )
             i = int(m.group(1))
         if ft == "Q2_K":
             new_type = "Q3_K"

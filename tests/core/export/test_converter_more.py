@@ -85,7 +85,9 @@ def test_an_architecture_only_the_converter_knows(tmp_path, llama_worker):
     assert roles["model.layers.0.mlp.c_proj.bias"] is Role.FFN_DOWN
     r = export_gguf(model, tmp_path / "sc2.gguf", "F32")
     assert r.tensor_types["blk.0.ffn_up.weight"] == "F32"
-    ids = AutoTokenizer.from_pretrained(model)("def hello(world): return world * 2  # a comment " * 3)["input_ids"]
+    ids = AutoTokenizer.from_pretrained(model)("def hello(world): return world * 2  # a comment " * 3)[
+        "input_ids"
+    ]
     llama_worker.request("load", path=str(r.path), logits_all=True, n_ctx=256, f32_kv=True)
     got = llama_worker.request("eval_logits", ids=ids)
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, trust_remote_code=False)
