@@ -34,21 +34,46 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _tokenizer_and_config(folder: Path, arch: str) -> tuple[dict, int]:
+    """Copy a small trained tokenizer of ``arch`` into ``folder``; its config and vocabulary size."""
+    from studio.core.factory import make_tiny_model
+
+    tiny = Path(tempfile.mkdtemp(prefix="tok-")) / "m"
+    make_tiny_model(tiny, arch, hidden=256, layers=1, outliers=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in tiny.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("generation_config.json", "added_tokens.json"):
+            shutil.copy(f, folder / f.name)
+    cfg = json.loads((tiny / "config.json").read_text())
+    shutil.rmtree(tiny.parent, ignore_errors=True)
+    return cfg, int(cfg["vocab_size"])
+
+
+def _attention(
+    p: str, hidden: int, heads: int, kv_heads: int, head_dim: int
+) -> list[tuple[str, tuple[int, ...]]]:
+    return [
+        (p + "input_layernorm.weight", (hidden,)),
+        (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+        (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+        (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+        (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+        (p + "post_attention_layernorm.weight", (hidden,)),
+    ]
+
+
+def _save(folder: Path, cfg: dict, shapes: list[tuple[str, tuple[int, ...]]], vocab: int, hidden: int) -> int:
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    shapes = [("model.embed_tokens.weight", (vocab, hidden)), *shapes]
+    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    return _write_safetensors(folder, shapes)
+
+
 def write_big_llama(
     folder: Path, *, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int
 ) -> int:
     """A random float32 Llama checkpoint with a real tokenizer; returns the weight bytes."""
-    from studio.core.factory import make_tiny_model
-
-    tiny = Path(tempfile.mkdtemp(prefix="tok-")) / "m"
-    make_tiny_model(tiny, "llama", hidden=256, layers=1, outliers=False)
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "generation_config.json"):
-        if (tiny / f).exists():
-            shutil.copy(tiny / f, folder / f)
-    cfg = json.loads((tiny / "config.json").read_text())
-    vocab = int(cfg["vocab_size"])
-    shutil.rmtree(tiny.parent, ignore_errors=True)
+    cfg, vocab = _tokenizer_and_config(folder, "llama")
     head_dim = hidden // heads
     cfg.update(
         hidden_size=hidden,
@@ -59,61 +84,21 @@ def write_big_llama(
         head_dim=head_dim,
         dtype="float32",
     )
-    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
+    shapes: list[tuple[str, tuple[int, ...]]] = []
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes += [
-            (p + "input_layernorm.weight", (hidden,)),
-            (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
-            (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
-            (p + "post_attention_layernorm.weight", (hidden,)),
+        shapes += _attention(p, hidden, heads, kv_heads, head_dim) + [
             (p + "mlp.gate_proj.weight", (intermediate, hidden)),
             (p + "mlp.up_proj.weight", (intermediate, hidden)),
             (p + "mlp.down_proj.weight", (hidden, intermediate)),
         ]
-    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for name, shape in shapes:
-        n = 4 * int(np.prod(shape))
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    hb = json.dumps(header).encode()
-    hb += b" " * ((-len(hb)) % 8)
-    rng = np.random.default_rng(0)
-    with open(folder / "model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb)
-        for _name, shape in shapes:
-            rows = shape[0]
-            cols = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            step = max(1, (8 << 20) // (4 * cols))
-            for a in range(0, rows, step):
-                b = min(rows, a + step)
-                if len(shape) == 1:
-                    block = np.ones(b - a, dtype=np.float32)
-                else:
-                    block = (rng.standard_normal((b - a, cols), dtype=np.float32) * 0.02).astype(np.float32)
-                f.write(block.tobytes())
-    return off
+    return _save(folder, cfg, shapes, vocab, hidden)
 
 
 def write_big_moe(folder: Path, *, hidden: int, layers: int, experts: int, expert_ff: int) -> tuple[int, int]:
     """A random float32 Qwen3-MoE checkpoint with a real tokenizer; returns (weight bytes, bytes of
     one merged expert tensor in float32)."""
-    from studio.core.factory import make_tiny_model
-
-    tiny = Path(tempfile.mkdtemp(prefix="tok-")) / "m"
-    make_tiny_model(tiny, "qwen3_moe", hidden=128, layers=1, outliers=False)
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in tiny.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("generation_config.json",):
-            shutil.copy(f, folder / f.name)
-    cfg = json.loads((tiny / "config.json").read_text())
-    vocab = int(cfg["vocab_size"])
-    shutil.rmtree(tiny.parent, ignore_errors=True)
+    cfg, vocab = _tokenizer_and_config(folder, "qwen3_moe")
     heads, kv_heads, head_dim = 8, 4, hidden // 8
     cfg.update(
         hidden_size=hidden,
@@ -125,19 +110,12 @@ def write_big_moe(folder: Path, *, hidden: int, layers: int, experts: int, exper
         moe_intermediate_size=expert_ff,
         dtype="float32",
     )
-    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
+    shapes: list[tuple[str, tuple[int, ...]]] = []
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes += [
-            (p + "input_layernorm.weight", (hidden,)),
-            (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
-            (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+        shapes += _attention(p, hidden, heads, kv_heads, head_dim) + [
             (p + "self_attn.q_norm.weight", (head_dim,)),
             (p + "self_attn.k_norm.weight", (head_dim,)),
-            (p + "post_attention_layernorm.weight", (hidden,)),
             (p + "mlp.gate.weight", (experts, hidden)),
         ]
         for e in range(experts):
@@ -147,8 +125,7 @@ def write_big_moe(folder: Path, *, hidden: int, layers: int, experts: int, exper
                 (q + "up_proj.weight", (expert_ff, hidden)),
                 (q + "down_proj.weight", (hidden, expert_ff)),
             ]
-    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
-    return _write_safetensors(folder, shapes), 4 * experts * expert_ff * hidden
+    return _save(folder, cfg, shapes, vocab, hidden), 4 * experts * expert_ff * hidden
 
 
 def _write_safetensors(folder: Path, shapes: list[tuple[str, tuple[int, ...]]]) -> int:
@@ -188,6 +165,11 @@ def _peak_mb():
         pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def _rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
 """
 
 _EXPORT = (
@@ -222,10 +204,6 @@ _EXPORT_MOE = (
     _PEAK
     + """
 import sys, time, json
-def _rss_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
 from studio.core.export import export_gguf
 from studio.core.gguf.arch import layout
 from studio.core.model import open_model
@@ -248,10 +226,6 @@ _CONVERTER_OWN = (
     + """
 import sys, time, json
 from pathlib import Path
-def _rss_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
 from studio.core.gguf.arch import layout
 from studio.core.gguf.llama_converter import reference_convert
 from studio.core.model import open_model
