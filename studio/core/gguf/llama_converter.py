@@ -313,6 +313,33 @@ def _pre_fallback(model: Any, folder: Path, notes: list[str]) -> None:
     model.get_vocab_base_pre = pre
 
 
+def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
+    """The converter reads the folder itself: only safetensors weights (a pickle would be unpickled
+    in this process, not in the studio's memory-limited child), and no custom code, which some of its
+    tokenizer paths load with ``trust_remote_code=True``."""
+    import json
+
+    from studio.core.errors import RemoteCodeError
+    from studio.core.model.types import CheckpointFormat
+
+    if info.format is not CheckpointFormat.SAFETENSORS:
+        raise ExportError(
+            f"{info.path.name} is a {info.format.value} checkpoint; llama.cpp's converter path exports "
+            "safetensors weights only, so save the model as safetensors first."
+        )
+    for name in ("config.json", "tokenizer_config.json"):
+        p = folder / name
+        try:
+            data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+        except (OSError, ValueError):
+            data = {}
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise RemoteCodeError(
+                f"{folder.name}/{name} asks for custom Python code (auto_map), which llama.cpp's converter "
+                "would run; Quant Studio does not run code from model repositories."
+            )
+
+
 def start_run(info: ModelInfo, *, out_path: Path | None = None, metadata: bool = False) -> ConverterRun:
     """Instantiate the converter for ``info`` and run its tensor preparation (lazy, no data read);
     with ``metadata`` also its hyper-parameters, general.* keys and vocabulary."""
@@ -328,6 +355,7 @@ def start_run(info: ModelInfo, *, out_path: Path | None = None, metadata: bool =
     if cls is None:
         raise unknown_architecture_error(info)
     folder = info.path if info.path.is_dir() else info.path.parent
+    _check_safe_for_converter(info, folder)
     warnings: list[str] = []
     notes: list[str] = []
     with _collect_warnings(warnings), torch.inference_mode():

@@ -167,3 +167,21 @@ def test_sliding_window_layers_keep_a_smaller_kv_cache():
     assert kv_cells(listed, 6, 32768) == (1536, 32768) * 3
     dense = {k: v for k, v in cfg.items() if k != "sliding_window"}
     assert kv_cache_bytes(dense, 6, 32768) == 6 * 32768 * 2 * 2 * 64 * 2
+
+
+def test_custom_tokenizer_code_is_never_run(tiny_model, tmp_path):
+    """Some of the converter's tokenizer paths pass trust_remote_code=True: refused up front (FAULTS 8)."""
+    need_converter()
+    from studio.core.errors import RemoteCodeError
+    from studio.core.export import export_gguf
+
+    model = tmp_path / "m"
+    shutil.copytree(new_arch_model(tiny_model, "olmo2"), model)
+    canary = tmp_path / "canary"
+    (model / "tok.py").write_text(f"open({str(canary)!r}, 'w').write('ran')\n", encoding="utf-8")
+    tc = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tc["auto_map"] = {"AutoTokenizer": ["tok.Tok", None]}
+    (model / "tokenizer_config.json").write_text(json.dumps(tc), encoding="utf-8")
+    with pytest.raises(RemoteCodeError, match="auto_map"):
+        export_gguf(model, tmp_path / "out.gguf", "F32")
+    assert not canary.exists() and not list(tmp_path.glob("out.gguf*"))
