@@ -422,6 +422,8 @@ def synthetic_info(config: dict[str, Any]) -> ModelInfo | None:
     """A ModelInfo with the tensors of a standard Llama-layout decoder of this config's sizes (no files).
 
     It is named as Llama so the exporter's preset rules apply; None when the config lacks the sizes.
+    A mixture-of-experts config gets a router and its experts merged into 3-D tensors per layer, as
+    llama.cpp stores them (plus a dense shared expert when the config has one).
     """
     h = _cfg_int(config, "hidden_size", "n_embd", "d_model")
     n_layers = _cfg_int(config, "num_hidden_layers", "n_layer", "num_layers")
@@ -440,6 +442,10 @@ def synthetic_info(config: dict[str, Any]) -> ModelInfo | None:
     def t(name: str, shape: tuple[int, ...], role: Role, layer: int | None = None) -> TensorInfo:
         return TensorInfo(name, shape, "F16", 2 * math.prod(shape), nowhere, role, layer)
 
+    n_exp, _ = experts_of(config)
+    eff = _cfg_int(config, "moe_intermediate_size", "expert_intermediate_size") or ffn
+    shared = _cfg_int(config, "shared_expert_intermediate_size") or 0
+
     tensors = [t("model.embed_tokens.weight", (vocab, h), Role.TOKEN_EMBD)]
     for i in range(n_layers):
         p = f"model.layers.{i}."
@@ -450,11 +456,23 @@ def synthetic_info(config: dict[str, Any]) -> ModelInfo | None:
             t(p + "self_attn.v_proj.weight", (kv * hd, h), Role.ATTN_V, i),
             t(p + "self_attn.o_proj.weight", (h, heads * hd), Role.ATTN_OUT, i),
             t(p + "post_attention_layernorm.weight", (h,), Role.NORM, i),
-            t(p + "mlp.up_proj.weight", (ffn, h), Role.FFN_UP, i),
-            t(p + "mlp.down_proj.weight", (h, ffn), Role.FFN_DOWN, i),
         ]
-        if gated:
-            tensors.append(t(p + "mlp.gate_proj.weight", (ffn, h), Role.FFN_GATE, i))
+        if n_exp:
+            # a mixture of experts: the router and each projection's experts merged, as in GGUF
+            tensors += [
+                t(p + "mlp.gate.weight", (n_exp, h), Role.FFN_ROUTER, i),
+                t(p + "mlp.experts.gate_proj.weight", (n_exp, eff, h), Role.FFN_GATE_EXPS, i),
+                t(p + "mlp.experts.up_proj.weight", (n_exp, eff, h), Role.FFN_UP_EXPS, i),
+                t(p + "mlp.experts.down_proj.weight", (n_exp, h, eff), Role.FFN_DOWN_EXPS, i),
+            ]
+            ffn = shared  # a shared expert, when the config has one, is a dense MLP beside them
+        if ffn:
+            tensors += [
+                t(p + "mlp.up_proj.weight", (ffn, h), Role.FFN_UP, i),
+                t(p + "mlp.down_proj.weight", (h, ffn), Role.FFN_DOWN, i),
+            ]
+            if gated:
+                tensors.append(t(p + "mlp.gate_proj.weight", (ffn, h), Role.FFN_GATE, i))
     tensors.append(t("model.norm.weight", (h,), Role.NORM))
     if not tied:
         tensors.append(t("lm_head.weight", (vocab, h), Role.OUTPUT))

@@ -100,6 +100,10 @@ def test_bundle_modules_see_their_own_gguf(tmp_path, monkeypatch):
 
     dest = tmp_path / "bundle"
     cb.install_from_sdist(_sdist(tmp_path / "llama_cpp_python-7.7.7.tar.gz", "7.7.7"), dest)
+    # the private module names are per process: set aside a real bundle another test loaded
+    saved_modules = {k: sys.modules.pop(k) for k in list(sys.modules) if k.startswith("_qs_llamacpp_")}
+    saved_path = list(sys.meta_path)
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, cb._BundleFinder)]
     cb._install_finder(dest)
     try:
         mod = __import__(cb.CONVERSION_MODULE + ".foo", fromlist=["ARCH"])
@@ -107,11 +111,10 @@ def test_bundle_modules_see_their_own_gguf(tmp_path, monkeypatch):
         assert sys.modules[cb.GGUF_MODULE].NAME == "bundle-gguf"
         assert sys.modules["gguf"] is gguf and not hasattr(gguf, "NAME")
     finally:
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, cb._BundleFinder)]
-        for k in [k for k in sys.modules if k.startswith(("_qs_llamacpp_",))]:
+        for k in [k for k in sys.modules if k.startswith("_qs_llamacpp_")]:
             del sys.modules[k]
-        cb._load.cache_clear()
-        cb._load_gguf.cache_clear()
+        sys.modules.update(saved_modules)
+        sys.meta_path[:] = saved_path
 
 
 def test_installed_converter_matches_the_runtime():

@@ -50,3 +50,24 @@ def test_merged_expert_tensors_are_edited_like_any_tensor(qtbot, moe_editor):
         assert panel.model.setData(panel.model.index(row, col), "Q8_0", Qt.ItemDataRole.EditRole)
     assert panel.plan.types[name] == "Q8_0" and panel.model.index(row, col).data() == "Q8_0"
     assert panel.summary.total_bytes - before == tensor_bytes("Q8_0", shape) - tensor_bytes(old, shape)
+
+
+def test_summary_shows_experts_and_active_weights(qtbot, tiny_models):
+    from tests.core.export.converter_fixtures import need_converter
+
+    need_converter()
+    from studio.core.estimate import estimate_presets
+    from studio.core.hardware import HardwareInfo
+    from studio.qt.summary import SummaryPanel
+
+    state = StudioState()
+    panel = SummaryPanel(state)
+    qtbot.addWidget(panel)
+    with open_model(tiny_models("mixtral")) as ckpt:
+        state.set_checkpoint(ckpt)
+        estimates = estimate_presets(ckpt.info, HardwareInfo("cpu", 4, 64 << 30, 32 << 30), 512)
+        state.set_estimates(estimates)
+    note = panel.estimate_note.text()
+    assert "Mixture of experts: 8 per layer, 2 used per token" in note
+    assert "weights active per token" in note
+    assert estimates[0].n_active_params < estimates[0].n_params

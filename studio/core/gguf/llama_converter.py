@@ -208,7 +208,18 @@ class ConverterRun:
         an expert boundary), computed as the converter computes them; the tensor's lazy graph is
         released afterwards."""
         ti = self.model.gguf_writer.tensors[0].pop(name)
-        yield from _stream(self.conv.gguf.LazyBase, ti.tensor, tuple(ti.shape), chunk_bytes)
+        data = ti.tensor
+        chunked = getattr(self.conv.gguf, "LazyChunkedTensor", None)
+        if chunked is not None and isinstance(data, chunked):
+            # the converter already splits this one into row chunks (a shard at a time)
+            n = ti.shape[-1] if ti.shape else 1
+            for load in data._chunks:
+                block = _as_f32(load()).reshape(-1, n)
+                step = max(1, chunk_bytes // (4 * n))
+                for a in range(0, block.shape[0], step):
+                    yield block[a : a + step]
+            return
+        yield from _stream(self.conv.gguf.LazyBase, data, tuple(ti.shape), chunk_bytes)
 
 
 def _tag_sources(model: Any, info: ModelInfo) -> None:

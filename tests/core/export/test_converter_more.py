@@ -185,3 +185,26 @@ def test_custom_tokenizer_code_is_never_run(tiny_model, tmp_path):
     with pytest.raises(RemoteCodeError, match="auto_map"):
         export_gguf(model, tmp_path / "out.gguf", "F32")
     assert not canary.exists() and not list(tmp_path.glob("out.gguf*"))
+
+
+def test_a_hub_moe_config_is_estimated_with_all_its_experts():
+    """Qwen3-30B-A3B's config alone (as the Hub panel has it): "30.5B in total and 3.3B activated"
+    (its model card), every expert in the file size."""
+    from studio.core.estimate import estimate_from_config
+    from studio.core.hardware import HardwareInfo
+
+    cfg = dict(
+        model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=2048,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        vocab_size=151936, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+        num_experts_per_tok=8, tie_word_embeddings=False,
+    )  # fmt: skip
+    est = {
+        e.preset: e
+        for e in estimate_from_config(cfg, 30_532_122_624, HardwareInfo("cpu", 8, 64 << 30, 48 << 30))
+    }
+    q4 = est["Q4_K_M"]
+    assert abs(q4.n_params / 30.5e9 - 1) < 0.01 and abs(q4.n_active_params / 3.3e9 - 1) < 0.03
+    assert (q4.n_experts, q4.n_experts_used) == (128, 8)
+    assert est["F16"].tensor_bytes == pytest.approx(2 * q4.n_params, rel=0.01)
+    assert 4.7 < q4.bits_per_weight < 5.0
