@@ -121,20 +121,21 @@ _DIGITS = re.compile(r"\.\d+\.")
 def converter_adapter(hf_arch: str) -> Any:
     """An adapter whose roles come from llama.cpp's converter's tensor map, for an architecture only
     the converter knows; None when it does not know ``hf_arch`` (or is not installed)."""
+    from studio.core.gguf.converter_bundle import bundle_dir
+
+    return _converter_adapter(hf_arch, str(bundle_dir()))
+
+
+@functools.lru_cache(maxsize=64)  # asked once per tensor by some callers; the bundle does not change
+def _converter_adapter(hf_arch: str, where: str) -> Any:
     from studio.core.gguf.converter_bundle import find_bundle, known_architectures
+    from studio.core.model.adapters import MappedAdapter
 
     if hf_arch not in known_architectures():
         return None
     b, _ = find_bundle()
     assert b is not None
-    return _mapped_adapter(str(b.path))
-
-
-@functools.lru_cache(maxsize=2)
-def _mapped_adapter(root: str) -> Any:
-    from studio.core.model.adapters import MappedAdapter
-
-    return MappedAdapter("llama.cpp converter", (), table=_role_table(root))
+    return MappedAdapter("llama.cpp converter", (), table=_role_table(str(b.path)))
 
 
 def unknown_architecture_error(info: ModelInfo) -> ExportError:

@@ -158,12 +158,13 @@ class MappedAdapter(Adapter):
     table: Mapping[str, Role] = field(default_factory=dict)
 
     def role(self, name: str) -> Role:
-        """The role of the tensor called ``name`` (``OTHER`` when the table does not list it)."""
+        """The role of the tensor called ``name``; a name the table does not list gets the obvious
+        roles (embeddings, norms, head) or ``UNKNOWN``."""
         key = _EXPERT_RE.sub(".experts.", _DIGITS_RE.sub(".0.", name))
         for k in (key, key.rsplit(".", 1)[0]):
             if k in self.table:
                 return self.table[k]
-        return Role.OTHER if self.known else Role.UNKNOWN
+        return next((r for pattern, r in _OBVIOUS_RULES if pattern.search(key)), Role.UNKNOWN)
 
 
 # `.experts.0.` → `.experts.`: the converter's map names the merged expert tensor, not each expert
