@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -11,6 +10,7 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
 
 
@@ -100,18 +100,11 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
 
 
 def write_text(path: str | os.PathLike[str], text: str, what: str) -> None:
-    """Write a small output file atomically (temp file, fsync, rename); errors name ``what`` and the path."""
+    """Write a small output file atomically (``write_atomic``); errors name ``what`` and the path."""
     p = Path(path).expanduser()
-    tmp = p.with_name(p.name + ".partial")
     try:
         if p.is_dir():
             raise IsADirectoryError(21, "it is a folder")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        write_atomic(p, text)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise StudioError(f"Cannot write the {what} {p}: {err.strerror or err}.") from None

@@ -77,7 +77,7 @@ def _parse_keep(spec: str) -> tuple[int, str]:
 
 
 def build_plan(args: argparse.Namespace, info: Any) -> Any:
-    """The plan the arguments describe, for the model ``info``."""
+    """The plan the arguments describe, for the model ``info``: made by the core's plan verbs."""
     from studio.core.quant.plan import (
         Override,
         Plan,
@@ -104,7 +104,7 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
     if args.keep_first_last:
         n, high = _parse_keep(args.keep_first_last)
         low = (args.uniform or args.preset or "").upper()
-        if low in PRESETS:
+        if low in PRESETS:  # as documented: the rest at the preset's main qtype, not its mixture
             low = PRESETS[low].default_type
         return plan_first_last(info, n, high, low, overrides)
     if args.uniform:

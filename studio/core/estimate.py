@@ -1,6 +1,6 @@
 """File size and run-time memory per preset, and whether that fits this machine.
 
-File size: every exported tensor's bytes in the GGUF type the preset gives it (the types come from
+File size: every exported tensor's bytes in the qtype the preset gives it (the qtypes come from
 ``studio.core.quant.presets.preset_types``, which applies llama.cpp's per-tensor rules and its
 fallbacks for rows that are not a multiple of the block size), plus a header allowance.
 
@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from studio.core.hardware import HardwareInfo
 from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+from studio.core.quant.types import QTYPES, fallback_type
 
-if TYPE_CHECKING:  # plan imports the quantizers (numba); estimates must stay light
+if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never make one
     from studio.core.quant.plan import Plan
 
 PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
@@ -87,21 +88,12 @@ class Estimate:
 # ----------------------------------------------------------------------------------- type sizes
 
 
-def _quant_sizes() -> dict[str, tuple[int, int]]:
-    import gguf
-
-    return {q.name: (int(b), int(s)) for q, (b, s) in gguf.GGML_QUANT_SIZES.items()}
-
-
-def type_bytes(
-    n_elements: int, row: int, type_name: str, _sizes: dict[str, tuple[int, int]] | None = None
-) -> int:
-    """Bytes of ``n_elements`` values (rows of ``row``) stored as GGUF type ``type_name``."""
-    sizes = _sizes or _quant_sizes()
-    block, size = sizes[type_name]
-    if row % block:
-        raise ValueError(f"rows of {row} do not fit {type_name} blocks of {block}")
-    return n_elements // block * size
+def type_bytes(n_elements: int, row: int, type_name: str) -> int:
+    """Bytes of ``n_elements`` values (rows of ``row``) stored as qtype ``type_name``."""
+    info = QTYPES[type_name]
+    if row % info.block_size:
+        raise ValueError(f"rows of {row} do not fit {type_name} blocks of {info.block_size}")
+    return n_elements // info.block_size * info.type_size
 
 
 def gguf_row(t: TensorInfo) -> int:
@@ -115,7 +107,7 @@ def gguf_row(t: TensorInfo) -> int:
 
 
 def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
-    """(tensor -> GGUF type, exact). Exact: the exporter's llama.cpp rules applied to this model.
+    """(tensor -> qtype, exact). Exact: the exporter's llama.cpp rules applied to this model.
 
     For what the exporter cannot map (an unknown architecture, a GGUF file) every 2-D float tensor gets
     the preset's default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.
@@ -133,7 +125,6 @@ def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
 
 def _generic_types(info: ModelInfo, preset: str) -> dict[str, str]:
     from studio.core.quant.presets import PRESETS as TYPES_OF
-    from studio.core.quant.presets import fallback_type
 
     base = TYPES_OF[preset].default_type
     out: dict[str, str] = {}
@@ -143,7 +134,7 @@ def _generic_types(info: ModelInfo, preset: str) -> dict[str, str]:
         if len(t.shape) < 2 or t.role in (Role.NORM, Role.POS_EMBD, Role.TYPE_EMBD) or t.n_elements == 0:
             out[t.name] = "F32"
         else:
-            out[t.name] = fallback_type(base, gguf_row(t))[0]
+            out[t.name] = fallback_type(base, gguf_row(t)).qtype
     return out
 
 
@@ -281,7 +272,6 @@ def _estimate_types(
     exact: bool,
 ) -> Estimate:
     """File size, run-time memory and verdict of ``info`` exported with ``types`` (tensor -> type)."""
-    sizes = _quant_sizes()
     shapes = _gguf_shapes(info, exact)
     tensor_bytes = 0
     n_el = 0
@@ -295,14 +285,14 @@ def _estimate_types(
         shape, layer = found
         n = math.prod(shape)
         row = shape[-1] if shape else 1
-        b = type_bytes(n, row, typ, sizes)
+        b = type_bytes(n, row, typ)
         tensor_bytes += b
         n_el += n
         counted[name] = shape
         if layer is not None:
             per_layer[layer] = per_layer.get(layer, 0) + b
         # Rows the preset's own block size cannot tile get another type (llama.cpp's fallback).
-        if base is not None and len(shape) >= 2 and typ != "F32" and row % sizes[base][0]:
+        if base is not None and len(shape) >= 2 and typ != "F32" and row % QTYPES[base].block_size:
             n_fallbacks += 1
     n_exp, n_used = experts_of(info.config, shapes.params)
     vocab = _cfg_int(info.config, "vocab_size") or 0

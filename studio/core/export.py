@@ -32,8 +32,10 @@ from studio.core.gguf.writer import (
     validate_written,
 )
 from studio.core.jobs import JobCancelled, JobContext, null_context
-from studio.core.quant.plan import Plan, check_plan, count_nonfinite, nonfinite_error, plan_from_preset
-from studio.core.quant.presets import Fallback, tensor_bytes
+from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+from studio.core.quant.plan import Plan, check_plan, plan_from_preset
+from studio.core.quant.presets import Fallback
+from studio.core.quant.types import tensor_bytes
 
 # Rows are converted and quantized in chunks of about this many float32 bytes.
 CHUNK_BYTES = 16 << 20
@@ -73,10 +75,6 @@ def _llama_order(name: str) -> tuple[int, str]:
     return -1, name
 
 
-def _type_bytes(qtype: str, shape: tuple[int, ...]) -> int:
-    return tensor_bytes(qtype, shape)
-
-
 @dataclass(frozen=True)
 class _Item:
     gguf_name: str
@@ -91,7 +89,7 @@ def _items(plan: Plan, lay: Layout, extras: list[tuple[str, np.ndarray]]) -> lis
     items = [_Item(n, tuple(a.shape), "F32", a.nbytes, None, a) for n, a in extras]
     for tm in lay.tensors:
         t = plan.type_of(tm.hf_name)
-        items.append(_Item(tm.gguf_name, tm.shape, t, _type_bytes(t, tm.shape), tm))
+        items.append(_Item(tm.gguf_name, tm.shape, t, tensor_bytes(t, tm.shape), tm))
     items.sort(key=lambda it: _llama_order(it.gguf_name))
     return items
 
@@ -514,7 +512,8 @@ def _hold_lock(p: Path) -> int | None:
 
 
 def llamacpp_validator(path: Path) -> None:
-    """Post-write check (FAULTS 42): llama.cpp loads the file's vocabulary in a child process."""
+    """Post-write check: llama.cpp loads the file's vocabulary in a child process
+    (test_llamacpp_validation_rejects_unloadable_file in tests/core/export/test_export_faults.py)."""
     from studio.core.llamacpp import LlamaWorker
 
     with LlamaWorker(label="llama.cpp (validation)") as wk:

@@ -1,8 +1,10 @@
 """Quantization preview of one tensor: quantize, dequantize, and measure what was lost.
 
-Block types (``"Q4_K"``, ``"Q8_0"``, ...) go through ``studio.core.quant.blocks``, byte-identical to
-llama.cpp, on the tensor as llama.cpp stores it (rows = output channels); generic INT/FP8 schemes go
-through ``studio.core.quant.generic`` (named like ``"INT4 sym g128"`` or ``"FP8 E4M3 channel"``). Error numbers come from ``studio.core.stats.metrics``.
+A scheme is what a preview applies: a qtype (``"Q4_K"``, ``"Q8_0"``, ...), through
+``studio.core.quant.blocks``, byte-identical to llama.cpp, on the tensor as llama.cpp stores it
+(rows = output channels); or a generic INT/FP8 scheme, through ``studio.core.quant.generic``
+(named like ``"INT4 sym g128"`` or ``"FP8 E4M3 channel"``). Error numbers come from
+``studio.core.stats.metrics``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ __all__ = [
 ]
 
 _CHUNK_ELEMENTS = 1 << 22
-_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,10 @@ class PreviewResult:
 
 
 def block_schemes() -> list[str]:
-    """GGUF block types the preview can apply (quantized ones, smallest block first as listed by the core)."""
-    from studio.core.quant.blocks import QTYPES
+    """The qtypes the preview can apply (all but F32), in the registry's menu order."""
+    from studio.core.quant.types import QTYPES
 
-    return [q for q in QTYPES if q not in ("F32",)]
+    return [q for q in QTYPES if q != "F32"]
 
 
 _GENERIC = (
@@ -108,12 +109,13 @@ def generic_schemes() -> list[str]:
 
 
 def preview_schemes() -> list[str]:
-    """Every scheme a preview accepts: block types, then generic schemes."""
+    """Every scheme a preview accepts: qtypes, then generic schemes."""
     return block_schemes() + generic_schemes()
 
 
 def _roundtrip_block(x: np.ndarray, qtype: str, ctx: JobContext) -> tuple[np.ndarray, float]:
-    from studio.core.quant.blocks import dequantize, quantize, row_bytes
+    from studio.core.quant.blocks import dequantize, quantize
+    from studio.core.quant.types import row_bytes
 
     rows, cols = x.shape
     y = np.empty_like(x)
@@ -183,12 +185,12 @@ def preview_array(
             f"Tensor {name or '?'} holds {bad} NaN or infinite value(s), so it cannot be quantized.",
             hint="Fix or exclude the tensor before quantizing.",
         )
-    from studio.core.quant.blocks import QTYPES, fallback_type
+    from studio.core.quant.types import QTYPES, fallback_type
 
     upper = scheme.upper()
     reason = None
     if upper in QTYPES:
-        applied = fallback_type(upper, cols)
+        applied = fallback_type(upper, cols).qtype
         if applied != upper:
             reason = (
                 f"rows of {cols} values are not a multiple of the {QTYPES[upper].block_size}-value "

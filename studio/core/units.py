@@ -1,20 +1,26 @@
 """Human-readable sizes, counts and durations for messages and command-line tables.
 
-Two byte styles on purpose: decimal units (``12.3 MB``) where users compare with disks and Hub pages,
-binary units (``12.3 MiB``) where they compare with RAM and VRAM.
+Two byte styles on purpose: decimal units (``1.54 GB``) where users compare with disks and Hub pages,
+binary units (``12.3 MiB``) where they compare with RAM and VRAM. ``format_bytes`` is the one
+decimal formatter of the CLI, the core's messages and the GUI (``studio.qt.fmt.human_bytes``).
 """
 
 from __future__ import annotations
 
-_DECIMAL_UNITS = ("B", "KB", "MB", "GB", "TB")
+_DECIMAL_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
 
 
 def format_bytes(n: float) -> str:
-    """Bytes in decimal units with one decimal (``12.3 MB``); plain bytes stay whole (``512 B``)."""
-    for unit in _DECIMAL_UNITS:
-        if abs(n) < 1000 or unit == _DECIMAL_UNITS[-1]:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
+    """Bytes in decimal units with three significant digits (``1.54 GB``, ``15.4 MB``, ``154 KB``),
+    so that sizes of every magnitude differ visibly when they differ by 1 %; plain bytes stay whole."""
+    value = float(n)
+    if abs(value) < 1000:
+        return f"{int(value)} B"
+    for unit in _DECIMAL_UNITS[1:]:
+        value /= 1000
+        text = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        if abs(float(text)) < 1000 or unit == _DECIMAL_UNITS[-1]:  # 999.7 KB shows as 1 MB
+            return f"{text} {unit}"
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns at the last unit
 
 

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_BYTE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
+from studio.core.units import format_bytes
 
 
 def human_bytes(n: int | float | None) -> str:
-    """``1536000000`` -> ``"1.54 GB"`` (decimal units, as disks and Hub pages count)."""
-    if n is None:
-        return "–"
-    value = float(n)
-    for unit in _BYTE_UNITS:
-        if abs(value) < 1000 or unit == _BYTE_UNITS[-1]:
-            if unit == "B":
-                return f"{int(value)} B"
-            return f"{value:.3g} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
-        value /= 1000
-    return f"{value:.0f} PB"  # pragma: no cover - loop always returns
+    """``1536000000`` -> ``"1.54 GB"``: the core's ``format_bytes``, and ``–`` when unknown."""
+    return "–" if n is None else format_bytes(n)
 
 
 def human_count(n: int | None) -> str:

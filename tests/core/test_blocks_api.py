@@ -47,7 +47,7 @@ def test_fault21_bad_row_length_names_shape_and_fallback(qtype: str, n: int, fal
         blocks.quantize(x, qtype)
     msg = str(err.value)
     assert f"(3, {n})" in msg and qtype in msg and fallback in msg
-    assert blocks.fallback_type(qtype, n) == fallback
+    assert blocks.fallback_type(qtype, n).qtype == fallback
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

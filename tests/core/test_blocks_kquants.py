@@ -12,6 +12,7 @@ import torch
 from studio.core.errors import QuantizationError
 from studio.core.quant import kquants, kquants_torch
 from studio.core.quant import reference as ref
+from studio.core.quant.types import QTYPES
 from tests.core import blocks_data
 
 pytestmark = pytest.mark.skipif(not ref.available(), reason="llama-cpp-python's ggml library is missing")
@@ -38,7 +39,7 @@ def mixed(rows_per: int = 4, cols: int = 256) -> np.ndarray:
 
 
 def block_mismatches(a: np.ndarray, b: np.ndarray, qtype: str) -> int:
-    return int((a != b).reshape(a.shape[0], -1, kquants.BLOCK_BYTES[qtype]).any(-1).sum())
+    return int((a != b).reshape(a.shape[0], -1, QTYPES[qtype].type_size).any(-1).sum())
 
 
 @pytest.mark.parametrize("im", IMATRIX, ids=lambda v: v or "no_imatrix")
@@ -49,7 +50,7 @@ def test_bytes_equal_llama_cpp(qtype: str, dist: str, im: str | None) -> None:
     qw = imatrix_for(im)
     ours = kquants.quantize_rows(x, qtype, qw)
     theirs = ref.ggml_quantize(x, qtype, qw)
-    assert ours.shape == theirs.shape == (ROWS, COLS // 256 * kquants.BLOCK_BYTES[qtype])
+    assert ours.shape == theirs.shape == (ROWS, COLS // 256 * QTYPES[qtype].type_size)
     assert block_mismatches(ours, theirs, qtype) == 0
 
 

@@ -6,8 +6,9 @@ import gguf
 import numpy as np
 import pytest
 
-from studio.core.quant import blocks, legacy
+from studio.core.quant import blocks
 from studio.core.quant import reference as ref
+from studio.core.quant.types import IQ4NL_LEVELS
 from tests.core import blocks_data
 
 pytestmark = pytest.mark.skipif(not ref.available(), reason="llama-cpp-python's ggml library is missing")
@@ -125,5 +126,8 @@ def test_float_conversions_match_numpy_on_random_bit_patterns() -> None:
     assert np.array_equal(blocks.quantize(f, "BF16"), want_bf.reshape(1, -1))
 
 
-def test_iq4_table_matches_gguf_py() -> None:
-    assert legacy.IQ4NL_VALUES.tolist() == list(gguf.quants.IQ4_NL.kvalues)
+def test_iq4_levels_are_llama_cpps() -> None:
+    # one IQ4_NL block with scale 1.0 whose 32 nibbles count 0..15 twice decodes to the level table
+    block = np.array([0x00, 0x3C, *(j | (j << 4) for j in range(16))], dtype=np.uint8)
+    levels = ref.ggml_dequantize(block, "IQ4_NL", (32,))
+    assert levels.tolist() == IQ4NL_LEVELS.tolist() * 2

@@ -12,13 +12,16 @@ from studio.core.errors import StudioError
 from studio.core.units import format_bytes, format_count, format_eta, format_mib
 
 
-def test_format_bytes_decimal_units():
+def test_format_bytes_decimal_units_three_significant_digits():
     assert format_bytes(0) == "0 B"
     assert format_bytes(999) == "999 B"
-    assert format_bytes(263_992) == "264.0 KB"
+    assert format_bytes(263_992) == "264 KB"
     assert format_bytes(1_300_000) == "1.3 MB"
-    assert format_bytes(60e9) == "60.0 GB"
-    assert format_bytes(5e15) == "5000.0 TB"
+    assert format_bytes(1_536_000_000) == "1.54 GB"  # the GUI's style: 1.54 and 1.50 GB differ
+    assert format_bytes(15_360_000) == "15.4 MB"
+    assert format_bytes(60e9) == "60 GB"
+    assert format_bytes(999_700) == "1 MB"  # rounding up moves to the next unit, never "1000 KB"
+    assert format_bytes(5e18) == "5000 PB"
 
 
 def test_format_mib_binary_units():

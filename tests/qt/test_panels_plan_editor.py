@@ -9,8 +9,8 @@ from PySide6.QtCore import QItemSelectionModel, Qt
 
 from studio.core.gguf.arch import layout
 from studio.core.model import open_model
-from studio.core.quant.plan import Plan, plan_from_preset
-from studio.core.quant.presets import tensor_bytes
+from studio.core.quant.plan import Override, Plan, keep_first_last, plan_from_preset, with_overrides
+from studio.core.quant.types import tensor_bytes
 from studio.qt.jobs import JobManager
 from studio.qt.panels.plan_editor import PlanEditorPanel
 from studio.qt.state import StudioState
@@ -86,7 +86,7 @@ def test_delegate_combo_edits_a_cell(qtbot, editor):
 
 
 def test_multi_select_keep_first_last_and_regex_rules(editor):
-    _state, panel, _ckpt = editor
+    _state, panel, ckpt = editor
     sel = panel.table.selectionModel()
     r1, c1, n1 = _cell_of(panel, "layers.0.self_attn.k_proj.weight")
     r2, c2, n2 = _cell_of(panel, "layers.1.mlp.gate_proj.weight")
@@ -95,19 +95,25 @@ def test_multi_select_keep_first_last_and_regex_rules(editor):
     panel.set_selected("Q5_0")
     assert panel.plan.types[n1] == panel.plan.types[n2] == "Q5_0"
 
+    before = panel.plan
     panel.apply_regex(r"mlp\.down_proj", "Q6_K")
+    assert panel.plan.types == with_overrides(before, ckpt.info, [Override(r"mlp\.down_proj", "Q6_K")]).types
     downs = [n for n in panel.plan.types if "down_proj" in n]
     assert downs and all(panel.plan.types[n] == "Q6_K" for n in downs)
     panel.apply_regex(r"attn_output", "Q8_0")  # GGUF names match too
     assert all(t == "Q8_0" for n, t in panel.plan.types.items() if "o_proj" in n)
 
+    before = panel.plan
     panel.keep_first_last(1, "F16")
+    assert panel.plan.types == keep_first_last(before, ckpt.info, 1, "F16").types  # the core verb's meaning
     quantizable = {n for names in panel.model.cells.values() for n in names if ".layers." in n}
     assert all(panel.plan.types[n] == "F16" for n in quantizable)  # 2 layers: both are first/last
-    assert panel.plan.types["model.embed_tokens.weight"] != "F16"
+    # the embeddings and the output go with the first and last layers (the CLI's --keep-first-last)
+    assert panel.plan.types["model.embed_tokens.weight"] == "F16" == panel.plan.types["lm_head.weight"]
+    assert panel.plan.types["model.norm.weight"] == "F32"
 
     panel.apply_regex("(unclosed", "Q8_0")
-    assert "not a valid regular expression" in panel.status.text()
+    assert "is not a valid regex" in panel.status.text()
     assert panel.undo_stack.count() == 4  # the bad rule changed nothing
 
 

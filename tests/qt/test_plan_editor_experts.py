@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 
 from studio.core.model import open_model
 from studio.core.quant.plan import plan_from_preset
-from studio.core.quant.presets import tensor_bytes
+from studio.core.quant.types import tensor_bytes
 from studio.qt.jobs import JobManager
 from studio.qt.panels.plan_editor import PlanEditorPanel
 from studio.qt.state import StudioState

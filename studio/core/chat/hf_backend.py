@@ -199,7 +199,8 @@ class TransformersBackend(BaseBackend):
         try:
             model = model.to(device)
         except torch.OutOfMemoryError:
-            # FAULTS 43/45 for the original model: the GPU is too small, the CPU still works
+            # the GPU is too small for the original model, the CPU still works
+            # (tests/core/chat/test_backends.py::test_original_too_big_for_the_gpu_runs_on_the_cpu)
             self._notes.append(f"{self.label} did not fit on {device}; it runs on the CPU instead.")
             device, dtype = "cpu", torch.float32
             model = model.to(device=device, dtype=dtype)

@@ -190,7 +190,8 @@ def layout(info: ModelInfo) -> Layout:
             continue
         gname = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
         if gname is None and (len(t.shape) == 0 or 0 in t.shape):
-            # FAULTS 21: an unknown 0-d scalar or empty tensor carries nothing llama.cpp could use
+            # an unknown 0-d scalar or empty tensor carries nothing llama.cpp could use
+            # (tests/core/export/test_export_faults.py::test_empty_and_scalar_tensors_are_skipped_with_a_note)
             skipped.append(t.name)
             continue
         if gname is None:

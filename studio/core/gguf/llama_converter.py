@@ -579,7 +579,7 @@ def export_converted(
 
     from studio.core.gguf.metadata import _studio_version
     from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
-    from studio.core.quant.presets import tensor_bytes
+    from studio.core.quant.types import tensor_bytes
 
     ctx = ctx or null_context()
     ctx.report(0, 1, "Running llama.cpp's converter")
@@ -664,7 +664,7 @@ def _encoded(
     ctx: JobContext,
     info: ModelInfo,
 ) -> Iterator[np.ndarray]:
-    from studio.core.quant.plan import count_nonfinite, nonfinite_error
+    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
 
     per_expert = t.shape[1] if len(t.shape) == 3 else 0
     row = 0

@@ -38,7 +38,10 @@ def partial_path(out: Path) -> Path:
 
 
 def disk_full_error(out: Path, need_bytes: int) -> ExportError:
-    """The error for ENOSPC while writing ``out`` (FAULTS 37)."""
+    """The error for ENOSPC while writing ``out``.
+
+    Tested by tests/core/export/test_export_faults.py::test_full_disk_is_a_clear_error.
+    """
     return ExportError(
         f"Out of disk space writing {out} (need about {format_bytes(need_bytes)}).",
         hint="Free some space or choose another folder; the partial file was deleted.",
@@ -104,7 +107,10 @@ def stale_partials(folder: Path) -> list[Path]:
 
 
 def remove_stale_partials(folder: Path, *, min_age_s: float = 0.0) -> list[Path]:
-    """Delete partial files left by killed exports (FAULTS 39); returns what was removed."""
+    """Delete partial files left by killed exports; returns what was removed.
+
+    Tested by tests/core/export/test_export_faults.py::test_stale_partials_are_cleaned.
+    """
     removed = []
     now = time.time()
     for p in stale_partials(folder):
@@ -334,7 +340,8 @@ def _iter_file_chunks(f: Any, n: int, chunk: int = 16 << 20) -> Iterator[bytes]:
 def validate_written(path: Path, planned: list[PlannedTensor], crcs: dict[str, int] | None = None) -> None:
     """Re-read ``path``'s header with the bounded reader and check it declares exactly the planned
     tensors (name, shape, type, size, inside the file); with ``crcs``, re-read each tensor's bytes
-    and compare checksums. CorruptFileError on any mismatch (FAULTS 42)."""
+    and compare checksums. CorruptFileError on any mismatch
+    (tests/core/export/test_export_faults.py::test_writer_bug_fails_validation_and_deletes)."""
     from studio.core.gguf_read import read_gguf
 
     g = read_gguf(path)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from studio.core.atomic import write_atomic
 from studio.core.errors import HubError
 from studio.core.hub.api import (
     RepoFileInfo,
@@ -140,14 +141,9 @@ def _makedirs(p: Path) -> None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write a small bookkeeping file via a unique temp name and ``os.replace``."""
+    """Write a small bookkeeping file atomically; a killed write leaves a ``*.tmp`` the cache cleaner finds."""
     _makedirs(path.parent)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(_lp(tmp), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(_lp(tmp), _lp(path))
+    write_atomic(_lp(path), data, temp_suffix=".tmp")
 
 
 def free_bytes(path: Path) -> int:

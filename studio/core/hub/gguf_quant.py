@@ -1,5 +1,8 @@
 """The quant type of a GGUF file: from its name (remote listings) or its header (local files).
 
+A file's quant type is the name of its file type, ``general.file_type``: a preset such as
+``Q4_K_M`` (or a qtype such as ``F16``, which names the preset of that qtype alone).
+
 The header reader is deliberately tiny and bounded: it walks the key/value section only until
 ``general.file_type``, checks every length against the bytes left in the file, and gives up (None)
 on anything odd, because a hostile GGUF must not make a badge allocate or loop without end.
@@ -24,15 +27,6 @@ _QUANT_RE = re.compile(
     re.IGNORECASE,
 )
 
-# llama.h LLAMA_FTYPE_* values, used when gguf-py does not know a newer one.
-_FTYPE_NAMES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
-    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M",
-    30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4",
-}  # fmt: skip
-
 # Sizes of the fixed-size GGUF value types (u8 i8 u16 i16 u32 i32 f32 bool _ _ u64 i64 f64).
 _FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
@@ -52,17 +46,10 @@ def quant_type_from_name(filename: str) -> str | None:
 
 
 def file_type_name(file_type: int) -> str | None:
-    """The name of a ``general.file_type`` value (e.g. 15 -> ``Q4_K_M``)."""
-    try:
-        from gguf import LlamaFileType
+    """The name of a ``general.file_type`` value (e.g. 15 -> ``Q4_K_M``), as the type registry gives it."""
+    from studio.core.quant.types import ftype_name  # gguf-py is imported only when a header is read
 
-        name = LlamaFileType(file_type).name
-        for prefix in ("MOSTLY_", "ALL_"):
-            if name.startswith(prefix):
-                name = name[len(prefix) :]
-        return name.removesuffix("_MOE")
-    except (ImportError, ValueError):
-        return _FTYPE_NAMES.get(file_type)
+    return ftype_name(file_type)
 
 
 class _Bounded:

@@ -8,16 +8,15 @@ chunks run on a thread pool (the numba kernels release the GIL), on a GPU one af
 
 from __future__ import annotations
 
-import inspect
 import os
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from studio.core.errors import QuantizationError
-from studio.core.quant import legacy
+from studio.core.quant import kquants, legacy
+from studio.core.quant.types import FLOAT_TYPES, QTYPES, QTypeInfo, fallback_type, qtype_info, row_bytes
 
 if TYPE_CHECKING:
     from studio.core.jobs import JobContext
@@ -33,82 +32,13 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class QTypeInfo:
-    """Block geometry of one GGUF type and what llama.cpp uses instead when a row does not fit."""
-
-    name: str
-    block_size: int
-    type_size: int
-    fallback: str | None
-    kquant: bool = False
-
-
-def _info(name: str, bs: int, ts: int, fb: str | None, kq: bool = False) -> QTypeInfo:
-    return QTypeInfo(name, bs, ts, fb, kq)
-
-
-QTYPES: dict[str, QTypeInfo] = {
-    i.name: i
-    for i in (
-        _info("F32", 1, 4, None),
-        _info("F16", 1, 2, None),
-        _info("BF16", 1, 2, None),
-        _info("Q8_0", 32, 34, "F16"),
-        _info("Q4_0", 32, 18, "F16"),
-        _info("Q4_1", 32, 20, "F16"),
-        _info("Q5_0", 32, 22, "F16"),
-        _info("Q5_1", 32, 24, "F16"),
-        _info("Q2_K", 256, 84, "Q4_0", True),
-        _info("Q3_K", 256, 110, "Q4_0", True),
-        _info("Q4_K", 256, 144, "Q5_0", True),
-        _info("Q5_K", 256, 176, "Q5_1", True),
-        _info("Q6_K", 256, 210, "Q8_0", True),
-        _info("IQ4_NL", 32, 18, "F16"),
-        _info("IQ4_XS", 256, 136, "IQ4_NL"),
-    )
-}
-
 # Elements per CPU chunk: ~1 MiB of float32 stays in L2 while a kernel walks it.
 _CPU_CHUNK = 1 << 18
 _GPU_CHUNK = 1 << 22  # temporaries stay well under 1 GiB on small GPUs
 
 
 def _name(qtype: Any) -> str:
-    if isinstance(qtype, (int, np.integer)) and not isinstance(qtype, bool):
-        # a GGML type id as stored in GGUF tensor infos (12 is Q4_K)
-        import gguf
-
-        try:
-            qtype = gguf.GGMLQuantizationType(int(qtype))
-        except ValueError:
-            pass
-    name = getattr(qtype, "name", qtype)
-    if not isinstance(name, str) or name.upper() not in QTYPES:
-        raise QuantizationError(
-            f"Unknown quantization type {qtype!r}; supported: {', '.join(QTYPES)}.",
-        )
-    return name.upper()
-
-
-def qtype_info(qtype: Any) -> QTypeInfo:
-    """Geometry of a type given by name (``"Q4_K"``) or gguf.GGMLQuantizationType."""
-    return QTYPES[_name(qtype)]
-
-
-def fallback_type(qtype: Any, n_per_row: int) -> str:
-    """The type llama.cpp would use for rows of ``n_per_row`` values that ``qtype`` cannot take."""
-    info = qtype_info(qtype)
-    name = info.name
-    while n_per_row % QTYPES[name].block_size:
-        name = QTYPES[name].fallback or "F16"
-    return name
-
-
-def row_bytes(qtype: Any, n_per_row: int) -> int:
-    """Bytes of one quantized row of ``n_per_row`` values."""
-    info = qtype_info(qtype)
-    return n_per_row // info.block_size * info.type_size
+    return qtype_info(qtype).name
 
 
 def _is_torch(x: Any) -> bool:
@@ -117,7 +47,7 @@ def _is_torch(x: Any) -> bool:
 
 
 def _shape_error(name: str, shape: tuple[int, ...], bs: int) -> QuantizationError:
-    fb = fallback_type(name, shape[-1])
+    fb = fallback_type(name, shape[-1]).qtype
     return QuantizationError(
         f"A tensor of shape {shape} cannot be quantized to {name}: its rows of {shape[-1]} values are not "
         f"a multiple of the {bs}-value block; llama.cpp would use {fb} for it.",
@@ -156,7 +86,7 @@ def _check_dtype(x: Any, is_t: bool) -> None:
 
 def _validate(shape: tuple[int, ...], name: str) -> tuple[int, int]:
     if len(shape) == 0:
-        if name not in ("F32", "F16", "BF16"):
+        if name not in FLOAT_TYPES:
             raise QuantizationError(
                 f"A 0-d scalar cannot be quantized to {name}; keep it in F32 or F16.",
             )
@@ -167,26 +97,6 @@ def _validate(shape: tuple[int, ...], name: str) -> tuple[int, int]:
     if n % bs:
         raise _shape_error(name, shape, bs)
     return rows, n
-
-
-def _kquants():
-    try:
-        from studio.core.quant import kquants  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise QuantizationError(
-            "The K-quant types (Q2_K..Q6_K) are not available in this build yet.",
-        ) from exc
-    return kquants
-
-
-def _kquants_torch():
-    try:
-        from studio.core.quant import kquants_torch  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise QuantizationError(
-            "The K-quant types (Q2_K..Q6_K) have no torch implementation in this build yet.",
-        ) from exc
-    return kquants_torch
 
 
 def _check_imatrix(imatrix: Any, n: int, name: str) -> np.ndarray | None:
@@ -214,11 +124,7 @@ def _first_bad(chunk: np.ndarray, r0: int, lead: tuple[int, ...], n: int) -> tup
 
 def _cpu_rows(x2: np.ndarray, name: str, qw: np.ndarray | None, out: np.ndarray) -> None:
     if QTYPES[name].kquant:
-        fn = _kquants().quantize_rows
-        if "out" in inspect.signature(fn).parameters:  # writes in place: no per-chunk copy
-            fn(x2, name, qw, out=out)
-        else:
-            out[...] = fn(x2, name, qw)
+        kquants.quantize_rows(x2, name, qw, out=out)
     else:
         legacy.quantize_rows(x2, name, qw, out)
 
@@ -365,7 +271,7 @@ def _quantize_torch(x, shape, rows, n, name, qw, out, ctx) -> None:
         raise _nonfinite_error(count, idx, shape, wide)
     qwt = None if qw is None else torch.from_numpy(qw).to(dev)
     if QTYPES[name].kquant:
-        fn = _kquants_torch().quantize_rows_torch
+        from studio.core.quant.kquants_torch import quantize_rows_torch as fn
     else:
         from studio.core.quant.legacy_torch import quantize_rows_torch as fn
     # ~1M values per CPU chunk: a torch chunk takes ~0.5 s there, so Stop stays prompt
@@ -397,7 +303,7 @@ def dequantize(data: Any, qtype: Any, shape: tuple[int, ...] | list[int]) -> np.
         return np.zeros(shape, dtype=np.float32)
     d2 = raw.reshape(rows, rb)
     if QTYPES[name].kquant:
-        y = _kquants().dequantize_rows(d2, name, n)
+        y = kquants.dequantize_rows(d2, name, n)
     else:
         y = legacy.dequantize_rows(d2, name, n)
     return np.asarray(y, dtype=np.float32).reshape(shape)

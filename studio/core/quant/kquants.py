@@ -13,109 +13,24 @@ caches the compiled code on disk (first use in a fresh checkout compiles for ~20
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from studio.core.errors import QuantizationError
 from studio.core.jit import njit
+from studio.core.quant.numba_ops import JIT, fp16_value, nearest_int, nearest_int32, put_half
+from studio.core.quant.types import GROUP_MAX_EPS, QK_K, QTYPES, row_bytes
 
-QK_K = 256
+KQUANT_TYPES: tuple[str, ...] = tuple(n for n, i in QTYPES.items() if i.kquant)
 
-#: Bytes of one 256-weight super-block per type.
-BLOCK_BYTES: dict[str, int] = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
-
-KQUANT_TYPES: tuple[str, ...] = tuple(BLOCK_BYTES)
-
-_EPS = np.float32(1e-15)  # ggml's GROUP_MAX_EPS
-
-
-# ----------------------------------------------------------------------------- bit helpers
-
-
-@intrinsic
-def _bits_of(typingctx, x):
-    """Reinterpret a float32 as int32 (a C union / memcpy)."""
-    if not (isinstance(x, types.Float) and x.bitwidth == 32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.int32(types.float32), codegen
-
-
-@intrinsic
-def _float_of(typingctx, x):
-    """Reinterpret an int32 as float32."""
-    if not (isinstance(x, types.Integer) and x.bitwidth == 32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(x), codegen
-
-
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
-def _nint(v):
-    # llama.cpp rounds with the 1.5*2^23 trick and reads the mantissa bits back; for
-    # |v| < 2^22 that is round-half-even, beyond it the same garbage C produces.
-    return (np.int64(_bits_of(v + np.float32(12582912.0))) & 0x7FFFFF) - 0x400000
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _fp16_bits(f):
-    """float32 -> IEEE half bits, round to nearest even (what GGML_FP32_TO_FP16 gives)."""
-    w = np.int64(_bits_of(f)) & 0xFFFFFFFF
-    sign = (w >> 16) & 0x8000
-    a = w & 0x7FFFFFFF
-    if a > 0x7F800000:
-        return sign | 0x7E00
-    if a >= 0x477FF000:  # >= 65520 rounds to infinity
-        return sign | 0x7C00
-    if a >= 0x38800000:  # normal half
-        mant = a & 0x7FFFFF
-        h = (((a >> 23) - 112) << 10) | (mant >> 13)
-        rem = mant & 0x1FFF
-        if rem > 0x1000 or (rem == 0x1000 and (h & 1) == 1):
-            h += 1
-        return sign | h
-    # subnormal half: multiples of 2^-24; the scaling is exact, the rounding half-even
-    af = _float_of(np.int32(a))
-    return sign | _nint(af * np.float32(16777216.0))
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _fp16_value(h):
-    """IEEE half bits -> float32."""
-    sign = (h & 0x8000) << 16
-    e = (h >> 10) & 0x1F
-    m = h & 0x3FF
-    if e == 0:
-        v = np.float32(m) * np.float32(5.9604644775390625e-08)
-        return -v if sign else v
-    if e == 31:
-        bits = sign | 0x7F800000 | (m << 13)
-    else:
-        bits = sign | ((e + 112) << 23) | (m << 13)
-    if bits >= 0x80000000:
-        bits -= 0x100000000
-    return _float_of(np.int32(bits))
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _put_half(out, r, pos, f):
-    h = _fp16_bits(f)
-    out[r, pos] = h & 0xFF
-    out[r, pos + 1] = h >> 8
-    return _fp16_value(h)
+# Bytes per super-block, the stride of each kernel's output (numba freezes these as constants).
+_B_Q2_K, _B_Q3_K, _B_Q4_K, _B_Q5_K, _B_Q6_K = (
+    QTYPES[t].type_size for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+)
 
 
 # ------------------------------------------------------------------- scale searches (ggml)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _symmetric_search(n, nmax, x, xo, L, lo, laux, qw, qo, has_qw):
     """ggml's make_qx_quants with rmse_type 1: weights qw, or x² without them."""
     fmax = np.float32(0.0)
@@ -125,7 +40,7 @@ def _symmetric_search(n, nmax, x, xo, L, lo, laux, qw, qo, has_qw):
         if ax > amax:
             amax = ax
             fmax = x[xo + i]
-    if amax < _EPS:
+    if amax < GROUP_MAX_EPS:
         for i in range(n):
             L[lo + i] = 0
         return np.float32(0.0)
@@ -135,7 +50,7 @@ def _symmetric_search(n, nmax, x, xo, L, lo, laux, qw, qo, has_qw):
     suml2 = np.float32(0.0)
     for i in range(n):
         xi = x[xo + i]
-        li = _nint(iscale * xi)
+        li = nearest_int(iscale * xi)
         li = max(-nmax, min(nmax - 1, li))
         L[lo + i] = li + nmax
         wi = qw[qo + i] if has_qw else xi * xi
@@ -152,7 +67,7 @@ def _symmetric_search(n, nmax, x, xo, L, lo, laux, qw, qo, has_qw):
         suml2 = np.float32(0.0)
         for i in range(n):
             xi = x[xo + i]
-            li = _nint(iscale * xi)
+            li = nearest_int(iscale * xi)
             li = max(-nmax, min(nmax - 1, li))
             laux[i] = li
             wi = qw[qo + i] if has_qw else xi * xi
@@ -167,7 +82,7 @@ def _symmetric_search(n, nmax, x, xo, L, lo, laux, qw, qo, has_qw):
     return scale
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _positive_search(n, nmax, x, L, qw):
     """ggml's make_qp_quants: quantize non-negative group scales to 0..nmax with weights qw.
 
@@ -176,14 +91,14 @@ def _positive_search(n, nmax, x, L, qw):
     fmax = np.float32(0.0)
     for i in range(n):
         fmax = fmax if fmax > x[i] else x[i]
-    if fmax < _EPS:
+    if fmax < GROUP_MAX_EPS:
         for i in range(n):
             L[i] = 0
         return np.float32(0.0)
     fnmax = np.float32(nmax)
     iscale = fnmax / fmax
     for i in range(n):
-        L[i] = _nint(iscale * x[i]) & 0xFF
+        L[i] = nearest_int(iscale * x[i]) & 0xFF
     scale = np.float32(1.0) / iscale
     best = np.float32(0.0)
     for i in range(n):
@@ -196,7 +111,7 @@ def _positive_search(n, nmax, x, L, qw):
         scale_is = np.float32(1.0) / iscale_is
         mse = np.float32(0.0)
         for i in range(n):
-            li = min(nmax, _nint(iscale_is * x[i]))
+            li = min(nmax, nearest_int(iscale_is * x[i]))
             diff = x[i] - scale_is * np.float32(li)
             mse += qw[i] * diff * diff
         if mse < best:
@@ -205,7 +120,7 @@ def _positive_search(n, nmax, x, L, qw):
     sumlx = np.float32(0.0)
     suml2 = np.float32(0.0)
     for i in range(n):
-        li = min(nmax, _nint(iscale * x[i]))
+        li = min(nmax, nearest_int(iscale * x[i]))
         L[i] = li & 0xFF
         fl = np.float32(li)
         sumlx += qw[i] * x[i] * fl
@@ -218,7 +133,7 @@ def _positive_search(n, nmax, x, L, qw):
             slx = sumlx - wi * x[i] * fo
             sl2 = suml2 - wi * fo * fo
             if slx > 0 and sl2 > 0:
-                nl = min(nmax, _nint(x[i] * sl2 / slx))
+                nl = min(nmax, nearest_int(x[i] * sl2 / slx))
                 if nl != L[i]:
                     fn = np.float32(nl)
                     slx += wi * x[i] * fn
@@ -240,12 +155,7 @@ def _positive_search(n, nmax, x, L, qw):
 # vectorize), where C waits on one chain. The per-block searches above stay scalar.
 
 
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
-def _nint32(v):
-    return (_bits_of(v + np.float32(12582912.0)) & np.int32(0x7FFFFF)) - np.int32(0x400000)
-
-
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@njit(inline="always", **JIT)
 def _lanes_absmax(tn, n, xt, amax, fmax):
     """Per lane: the largest |x| and the signed value that has it (the first one on ties, as C)."""
     for t in range(tn):
@@ -259,7 +169,7 @@ def _lanes_absmax(tn, n, xt, amax, fmax):
             amax[t] = ax if upd else amax[t]
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _symmetric_lanes(tn, n, nmax, xt, wt, Lt, ws, sc_out):
     """make_qx_quants (rmse_type 1) for lanes 0..tn-1 of xt/wt (n, lanes); levels into Lt."""
     amax = ws[0]
@@ -280,7 +190,7 @@ def _symmetric_lanes(tn, n, nmax, xt, wt, Lt, ws, sc_out):
         suml2[t] = np.float32(0.0)
     for i in range(n):
         for t in range(tn):
-            fl = np.float32(max(lo, min(hi, _nint32(iscale[t] * xt[i, t]))))
+            fl = np.float32(max(lo, min(hi, nearest_int32(iscale[t] * xt[i, t]))))
             w = wt[i, t]
             sumlx[t] += w * xt[i, t] * fl
             suml2[t] += w * fl * fl
@@ -298,7 +208,7 @@ def _symmetric_lanes(tn, n, nmax, xt, wt, Lt, ws, sc_out):
             suml2[t] = np.float32(0.0)
         for i in range(n):
             for t in range(tn):
-                fl = np.float32(max(lo, min(hi, _nint32(iscale[t] * xt[i, t]))))
+                fl = np.float32(max(lo, min(hi, nearest_int32(iscale[t] * xt[i, t]))))
                 w = wt[i, t]
                 sumlx[t] += w * xt[i, t] * fl
                 suml2[t] += w * fl * fl
@@ -310,13 +220,13 @@ def _symmetric_lanes(tn, n, nmax, xt, wt, Lt, ws, sc_out):
     # C keeps the levels of the best step; recomputing them from its scale gives the same
     for i in range(n):
         for t in range(tn):
-            ix = max(lo, min(hi, _nint32(best_is[t] * xt[i, t]))) + np.int32(nmax)
-            Lt[i, t] = ix if amax[t] >= _EPS else np.int32(0)
+            ix = max(lo, min(hi, nearest_int32(best_is[t] * xt[i, t]))) + np.int32(nmax)
+            Lt[i, t] = ix if amax[t] >= GROUP_MAX_EPS else np.int32(0)
     for t in range(tn):
-        sc_out[t] = scale[t] if amax[t] >= _EPS else np.float32(0.0)
+        sc_out[t] = scale[t] if amax[t] >= GROUP_MAX_EPS else np.float32(0.0)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _affine_lanes(tn, n, nmax, xt, wt, Lt, laux, ws, rmin, rdelta, nstep, use_mad, sc_out, mn_out):
     """make_qkx2_quants / make_qkx3_quants for lanes 0..tn-1: scales and -mins out."""
     fmin = ws[0]
@@ -362,7 +272,7 @@ def _affine_lanes(tn, n, nmax, xt, wt, Lt, laux, ws, rmin, rdelta, nstep, use_ma
     for i in range(n):
         for t in range(tn):
             v = xt[i, t]
-            fl = np.float32(max(zero, min(hi, _nint32(iscale[t] * (v - fmin[t])))))
+            fl = np.float32(max(zero, min(hi, nearest_int32(iscale[t] * (v - fmin[t])))))
             diff = scale[t] * fl + fmin[t] - v
             diff = abs(diff) if use_mad else diff * diff
             best[t] += wt[i, t] * diff
@@ -375,7 +285,7 @@ def _affine_lanes(tn, n, nmax, xt, wt, Lt, laux, ws, rmin, rdelta, nstep, use_ma
         for i in range(n):
             for t in range(tn):
                 v = xt[i, t]
-                li = max(zero, min(hi, _nint32(iscale[t] * (v - fmin[t]))))
+                li = max(zero, min(hi, nearest_int32(iscale[t] * (v - fmin[t]))))
                 laux[i, t] = li
                 fl = np.float32(li)
                 wl = wt[i, t] * fl
@@ -409,7 +319,7 @@ def _affine_lanes(tn, n, nmax, xt, wt, Lt, laux, ws, rmin, rdelta, nstep, use_ma
     # A group with max <= min (constant, after min is clamped to <= 0) is all zeros in C.
     for i in range(n):
         for t in range(tn):
-            li = max(zero, min(hi, _nint32(best_is[t] * (xt[i, t] - best_min[t]))))
+            li = max(zero, min(hi, nearest_int32(best_is[t] * (xt[i, t] - best_min[t]))))
             Lt[i, t] = li if fmax[t] > min0[t] else zero
     for t in range(tn):
         flat = not (fmax[t] > min0[t])
@@ -417,7 +327,7 @@ def _affine_lanes(tn, n, nmax, xt, wt, Lt, laux, ws, rmin, rdelta, nstep, use_ma
         mn_out[t] = -min0[t] if flat else -fmin[t]
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _q3_lanes(tn, n, nmax, xt, Lt, ws, sc_out):
     """make_q3_quants (do_rmse: weights x², five greedy passes) for lanes 0..tn-1."""
     amax = ws[0]
@@ -436,7 +346,7 @@ def _q3_lanes(tn, n, nmax, xt, Lt, ws, sc_out):
     for i in range(n):
         for t in range(tn):
             v = xt[i, t]
-            li = max(lo, min(hi, _nint32(active[t] * v)))
+            li = max(lo, min(hi, nearest_int32(active[t] * v)))
             Lt[i, t] = li
             w = v * v
             fl = np.float32(li)
@@ -458,7 +368,7 @@ def _q3_lanes(tn, n, nmax, xt, Lt, ws, sc_out):
                 slx = sumlx[t] - w * v * fo
                 if slx > 0:
                     sl2 = suml2[t] - w * fo * fo
-                    nl = max(lo, min(hi, _nint32(v * sl2 / slx)))
+                    nl = max(lo, min(hi, nearest_int32(v * sl2 / slx)))
                     if nl != Lt[i, t]:
                         fn = np.float32(nl)
                         slx += w * v * fn
@@ -473,9 +383,9 @@ def _q3_lanes(tn, n, nmax, xt, Lt, ws, sc_out):
             active[t] = np.float32(0.0) if active[t] == 2 else active[t]
     for i in range(n):
         for t in range(tn):
-            Lt[i, t] = Lt[i, t] + np.int32(nmax) if amax[t] >= _EPS else np.int32(0)
+            Lt[i, t] = Lt[i, t] + np.int32(nmax) if amax[t] >= GROUP_MAX_EPS else np.int32(0)
     for t in range(tn):
-        if amax[t] < _EPS:
+        if amax[t] < GROUP_MAX_EPS:
             sc_out[t] = np.float32(0.0)
         else:
             sc_out[t] = sumlx[t] / suml2[t] if suml2[t] > 0 else np.float32(0.0)
@@ -484,7 +394,7 @@ def _q3_lanes(tn, n, nmax, xt, Lt, ws, sc_out):
 # ------------------------------------------------------------------------- packing helpers
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _pack_scale_min_k4(out, r, so, ls, lm):
     # 6-bit scale and min per group of 32 into 12 bytes (ls, lm are uint8 as in C)
     for j in range(8):
@@ -503,7 +413,7 @@ def _pack_scale_min_k4(out, r, so, ls, lm):
             out[r, so + j] = (out[r, so + j] | ((m >> 4) << 6)) & 0xFF
 
 
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@njit(inline="always", **JIT)
 def _scale_min_k4(out, r, so, j):
     if j < 4:
         return out[r, so + j] & 63, out[r, so + j + 4] & 63
@@ -512,7 +422,7 @@ def _scale_min_k4(out, r, so, j):
     return sc, m
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _pack_2bit(out, r, qo, L):
     # four 2-bit values of positions l, l+32, l+64, l+96 per byte, per 128 weights
     for j in range(0, QK_K, 128):
@@ -522,7 +432,7 @@ def _pack_2bit(out, r, qo, L):
             ) & 0xFF
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _pack_q3_scales(out, r, so, j, ix):
     # 6-bit signed-offset scale j: low nibble in bytes 0..7, top 2 bits in bytes 8..11
     if j < 8:
@@ -533,7 +443,7 @@ def _pack_q3_scales(out, r, so, j, ix):
     out[r, so + 8 + j % 4] = hi & 0xFF
 
 
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@njit(inline="always", **JIT)
 def _q3_scale(out, r, so, j):
     if j < 8:
         sc = np.int64(out[r, so + j]) & 0xF
@@ -548,13 +458,13 @@ def _q3_scale(out, r, so, j):
 # the fp16-rounded scales, bit packing) exactly as ggml's per-block code does.
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _q45k_rows(x, qw, has_qw, nmax, out):
     # Q4_K (nmax 15) and Q5_K (nmax 31); without weights ggml uses make_qkx2 and the block
     # maxima, with weights make_qkx3 and make_qp_quants for the eight scales and mins.
     rows, n = x.shape
     nb = n // QK_K
-    bb = 144 if nmax == 15 else 176
+    bb = _B_Q4_K if nmax == 15 else _B_Q5_K
     TB = 8
     T = TB * 8
     xt = np.empty((32, T), np.float32)
@@ -633,13 +543,13 @@ def _q45k_rows(x, qw, has_qw, nmax, out):
                 inv_scale = np.float32(63.0) / max_scale if max_scale > 0 else np.float32(0.0)
                 inv_min = np.float32(63.0) / max_min if max_min > 0 else np.float32(0.0)
                 for j in range(8):
-                    ls[j] = min(63, _nint(inv_scale * sc[s0 + j]) & 0xFF)
-                    lm[j] = min(63, _nint(inv_min * mn[s0 + j]) & 0xFF)
+                    ls[j] = min(63, nearest_int(inv_scale * sc[s0 + j]) & 0xFF)
+                    lm[j] = min(63, nearest_int(inv_min * mn[s0 + j]) & 0xFF)
                 d_block = max_scale / np.float32(63.0)
                 m_block = max_min / np.float32(63.0)
             _pack_scale_min_k4(out, r, o + 4, ls, lm)
-            dd = _put_half(out, r, o, d_block)
-            dm = _put_half(out, r, o + 2, m_block)
+            dd = put_half(out[r], o, d_block)
+            dm = put_half(out[r], o + 2, m_block)
             for j in range(8):
                 s, m = _scale_min_k4(out, r, o + 4, j)
                 d = dd * np.float32(s)
@@ -647,7 +557,7 @@ def _q45k_rows(x, qw, has_qw, nmax, out):
                     continue
                 dmj = dm * np.float32(m)
                 for i in range(32):
-                    li = _nint((x[r, xo + 32 * j + i] + dmj) / d)
+                    li = nearest_int((x[r, xo + 32 * j + i] + dmj) / d)
                     L[32 * j + i] = max(0, min(nmax, li))
             if nmax == 15:
                 for c in range(4):
@@ -665,7 +575,7 @@ def _q45k_rows(x, qw, has_qw, nmax, out):
                     out[r, o + 16 + i] = h
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _q6k_rows(x, qw, has_qw, out):
     rows, n = x.shape
     nb = n // QK_K
@@ -692,7 +602,7 @@ def _q6k_rows(x, qw, has_qw, out):
         for bl in range(tb):
             r = (b0 + bl) // nb
             xo = ((b0 + bl) % nb) * QK_K
-            o = ((b0 + bl) % nb) * 210
+            o = ((b0 + bl) % nb) * _B_Q6_K
             s0 = bl * 16
             max_scale = np.float32(0.0)
             max_abs = np.float32(0.0)
@@ -701,17 +611,17 @@ def _q6k_rows(x, qw, has_qw, out):
                 if abs(s) > max_abs:
                     max_abs = abs(s)
                     max_scale = s
-            if max_abs < _EPS:
-                for k in range(210):
+            if max_abs < GROUP_MAX_EPS:
+                for k in range(_B_Q6_K):
                     out[r, o + k] = 0
                 continue
             for g in range(16):
                 for i in range(16):
                     L[16 * g + i] = Lt[i, s0 + g]
             iscale = np.float32(-128.0) / max_scale
-            dd = _put_half(out, r, o + 208, np.float32(1.0) / iscale)
+            dd = put_half(out[r], o + 208, np.float32(1.0) / iscale)
             for g in range(16):
-                out[r, o + 192 + g] = min(127, _nint(iscale * sc[s0 + g])) & 0xFF
+                out[r, o + 192 + g] = min(127, nearest_int(iscale * sc[s0 + g])) & 0xFF
             for g in range(16):
                 s8 = np.int64(out[r, o + 192 + g])
                 if s8 > 127:
@@ -720,7 +630,7 @@ def _q6k_rows(x, qw, has_qw, out):
                 if d == 0:
                     continue
                 for i in range(16):
-                    li = _nint(x[r, xo + 16 * g + i] / d)
+                    li = nearest_int(x[r, xo + 16 * g + i] / d)
                     L[16 * g + i] = max(-32, min(31, li)) + 32
             for h in range(2):
                 j = 128 * h
@@ -736,7 +646,7 @@ def _q6k_rows(x, qw, has_qw, out):
                     )
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _q3k_rows(x, qw, has_qw, out):
     rows, n = x.shape
     nb = n // QK_K
@@ -783,7 +693,7 @@ def _q3k_rows(x, qw, has_qw, out):
         for bl in range(tb):
             r = (b0 + bl) // nb
             xo = ((b0 + bl) % nb) * QK_K
-            o = ((b0 + bl) % nb) * 110
+            o = ((b0 + bl) % nb) * _B_Q3_K
             so = o + 96
             s0 = bl * 16
             for k in range(12):
@@ -795,7 +705,7 @@ def _q3k_rows(x, qw, has_qw, out):
                 d_block = _symmetric_search(16, 32, sc, s0, ls, 0, laux, swt, s0, True)
                 for g in range(16):
                     _pack_q3_scales(out, r, so, g, ls[g])
-                dd = _put_half(out, r, o + 108, d_block)
+                dd = put_half(out[r], o + 108, d_block)
             else:
                 max_scale = np.float32(0.0)
                 amax = np.float32(0.0)
@@ -806,20 +716,20 @@ def _q3k_rows(x, qw, has_qw, out):
                 if max_scale != 0:
                     iscale = np.float32(-32.0) / max_scale
                     for g in range(16):
-                        lv = _nint(iscale * sc[s0 + g]) & 0xFF
+                        lv = nearest_int(iscale * sc[s0 + g]) & 0xFF
                         if lv > 127:
                             lv -= 256
                         lv = max(-32, min(31, lv)) + 32
                         _pack_q3_scales(out, r, so, g, lv)
-                    dd = _put_half(out, r, o + 108, np.float32(1.0) / iscale)
+                    dd = put_half(out[r], o + 108, np.float32(1.0) / iscale)
                 else:
-                    dd = _put_half(out, r, o + 108, np.float32(0.0))
+                    dd = put_half(out[r], o + 108, np.float32(0.0))
             for g in range(16):
                 d = dd * np.float32(_q3_scale(out, r, so, g))
                 if d == 0:
                     continue
                 for i in range(16):
-                    li = _nint(x[r, xo + 16 * g + i] / d)
+                    li = nearest_int(x[r, xo + 16 * g + i] / d)
                     L[16 * g + i] = max(-4, min(3, li)) + 4
             for k in range(32):
                 out[r, o + k] = 0
@@ -830,7 +740,7 @@ def _q3k_rows(x, qw, has_qw, out):
             _pack_2bit(out, r, o + 32, L)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _q2k_rows(x, qw, has_qw, out):
     rows, n = x.shape
     nb = n // QK_K
@@ -876,7 +786,7 @@ def _q2k_rows(x, qw, has_qw, out):
         for bl in range(tb):
             r = (b0 + bl) // nb
             xo = ((b0 + bl) % nb) * QK_K
-            o = ((b0 + bl) % nb) * 84
+            o = ((b0 + bl) % nb) * _B_Q2_K
             s0 = bl * 16
             for g in range(16):
                 for i in range(16):
@@ -884,8 +794,8 @@ def _q2k_rows(x, qw, has_qw, out):
             if has_qw:
                 dm = _positive_search(16, 15, sc[s0 : s0 + 16], ls, swt[s0 : s0 + 16])
                 mm = _positive_search(16, 15, mn[s0 : s0 + 16], lm, swt[s0 : s0 + 16])
-                dd = _put_half(out, r, o + 80, dm)
-                dmin = _put_half(out, r, o + 82, mm)
+                dd = put_half(out[r], o + 80, dm)
+                dmin = put_half(out[r], o + 82, mm)
                 for g in range(16):
                     out[r, o + g] = (ls[g] | (lm[g] << 4)) & 0xFF
             else:
@@ -899,26 +809,28 @@ def _q2k_rows(x, qw, has_qw, out):
                 if max_scale > 0:
                     iscale = np.float32(15.0) / max_scale
                     for g in range(16):
-                        out[r, o + g] = _nint(iscale * sc[s0 + g]) & 0xFF
-                    dd = _put_half(out, r, o + 80, max_scale / np.float32(15.0))
+                        out[r, o + g] = nearest_int(iscale * sc[s0 + g]) & 0xFF
+                    dd = put_half(out[r], o + 80, max_scale / np.float32(15.0))
                 else:
                     for g in range(16):
                         out[r, o + g] = 0
-                    dd = _put_half(out, r, o + 80, np.float32(0.0))
+                    dd = put_half(out[r], o + 80, np.float32(0.0))
                 if max_min > 0:
                     iscale = np.float32(15.0) / max_min
                     for g in range(16):
-                        out[r, o + g] = (np.int64(out[r, o + g]) | (_nint(iscale * mn[s0 + g]) << 4)) & 0xFF
-                    dmin = _put_half(out, r, o + 82, max_min / np.float32(15.0))
+                        out[r, o + g] = (
+                            np.int64(out[r, o + g]) | (nearest_int(iscale * mn[s0 + g]) << 4)
+                        ) & 0xFF
+                    dmin = put_half(out[r], o + 82, max_min / np.float32(15.0))
                 else:
-                    dmin = _put_half(out, r, o + 82, np.float32(0.0))
+                    dmin = put_half(out[r], o + 82, np.float32(0.0))
             for g in range(16):
                 d = dd * np.float32(out[r, o + g] & 0xF)
                 if d == 0:
                     continue
                 m = dmin * np.float32(out[r, o + g] >> 4)
                 for i in range(16):
-                    li = _nint((x[r, xo + 16 * g + i] + m) / d)
+                    li = nearest_int((x[r, xo + 16 * g + i] + m) / d)
                     L[16 * g + i] = max(0, min(3, li))
             _pack_2bit(out, r, o + 16, L)
 
@@ -926,7 +838,7 @@ def _q2k_rows(x, qw, has_qw, out):
 # ------------------------------------------------------------------------------ dequantize
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(**JIT)
 def _dequant_rows(data, kind, n, y):
     # kind: 2..6 for Q2_K..Q6_K; products in the order of ggml's dequantize_row_*
     rows = data.shape[0]
@@ -935,10 +847,10 @@ def _dequant_rows(data, kind, n, y):
         for ib in range(nb):
             yo = ib * QK_K
             if kind == 4 or kind == 5:
-                bb = 144 if kind == 4 else 176
+                bb = _B_Q4_K if kind == 4 else _B_Q5_K
                 o = ib * bb
-                d = _fp16_value(np.int64(data[r, o]) | (np.int64(data[r, o + 1]) << 8))
-                dmin = _fp16_value(np.int64(data[r, o + 2]) | (np.int64(data[r, o + 3]) << 8))
+                d = fp16_value(np.int64(data[r, o]) | (np.int64(data[r, o + 1]) << 8))
+                dmin = fp16_value(np.int64(data[r, o + 2]) | (np.int64(data[r, o + 3]) << 8))
                 for c in range(4):
                     sc, m = _scale_min_k4(data, r, o + 4, 2 * c)
                     d1 = d * np.float32(sc)
@@ -959,8 +871,8 @@ def _dequant_rows(data, kind, n, y):
                         y[r, yo + 64 * c + ix] = d1 * np.float32(q1) - m1
                         y[r, yo + 64 * c + 32 + ix] = d2 * np.float32(q2) - m2
             elif kind == 6:
-                o = ib * 210
-                d = _fp16_value(np.int64(data[r, o + 208]) | (np.int64(data[r, o + 209]) << 8))
+                o = ib * _B_Q6_K
+                d = fp16_value(np.int64(data[r, o + 208]) | (np.int64(data[r, o + 209]) << 8))
                 for h in range(2):
                     for ix in range(32):
                         ql0 = data[r, o + 64 * h + ix]
@@ -978,8 +890,8 @@ def _dequant_rows(data, kind, n, y):
                                 sc -= 256
                             y[r, yo + 128 * h + 32 * k + ix] = d * np.float32(sc) * np.float32(qv[k] - 32)
             elif kind == 3:
-                o = ib * 110
-                d_all = _fp16_value(np.int64(data[r, o + 108]) | (np.int64(data[r, o + 109]) << 8))
+                o = ib * _B_Q3_K
+                d_all = fp16_value(np.int64(data[r, o + 108]) | (np.int64(data[r, o + 109]) << 8))
                 for g in range(16):
                     dl = d_all * np.float32(_q3_scale(data, r, o + 96, g))
                     half = g // 8
@@ -991,9 +903,9 @@ def _dequant_rows(data, kind, n, y):
                         hbit = data[r, o + pos] & (1 << (4 * half + j))
                         y[r, yo + 16 * g + ix] = dl * np.float32(q - (0 if hbit else 4))
             else:
-                o = ib * 84
-                d = _fp16_value(np.int64(data[r, o + 80]) | (np.int64(data[r, o + 81]) << 8))
-                dmin = _fp16_value(np.int64(data[r, o + 82]) | (np.int64(data[r, o + 83]) << 8))
+                o = ib * _B_Q2_K
+                d = fp16_value(np.int64(data[r, o + 80]) | (np.int64(data[r, o + 81]) << 8))
+                dmin = fp16_value(np.int64(data[r, o + 82]) | (np.int64(data[r, o + 83]) << 8))
                 for g in range(16):
                     sc = data[r, o + g]
                     dl = d * np.float32(sc & 0xF)
@@ -1009,13 +921,8 @@ def _dequant_rows(data, kind, n, y):
 # ------------------------------------------------------------------------------ public API
 
 
-def row_bytes(qtype: str, n_per_row: int) -> int:
-    """Bytes of one quantized row of n_per_row weights (a multiple of 256)."""
-    return (n_per_row // QK_K) * BLOCK_BYTES[qtype]
-
-
 def _check(qtype: str, n_per_row: int) -> None:
-    if qtype not in BLOCK_BYTES:
+    if qtype not in KQUANT_TYPES:
         raise QuantizationError(f"{qtype} is not a K-quant type; expected one of {', '.join(KQUANT_TYPES)}.")
     if n_per_row % QK_K or n_per_row <= 0:
         raise QuantizationError(

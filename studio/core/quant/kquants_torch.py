@@ -2,11 +2,9 @@
 
 Same algorithm as ``kquants`` (ggml's reference quantizers), vectorized across groups: the data
 is laid out position-major, (positions, groups), so that every per-group sum is a loop over the
-positions where each step is one elementwise add over all groups, in the C order. Only
-elementwise float32 ops are used (no fused multiply-add, no torch reductions, which sum
-pairwise). A division always takes two tensors, because torch turns a division by a Python
-scalar into a multiplication by its reciprocal on some devices. Constants that C computes in
-float32 (``rmin + rdelta*step + nmax``) are computed in float32 on the host.
+positions where each step is one elementwise add over all groups, in the C order, with the
+primitives of ``torch_ops``. Constants that C computes in float32 (``rmin + rdelta*step + nmax``)
+are computed in float32 on the host.
 """
 
 from __future__ import annotations
@@ -14,49 +12,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from studio.core.quant.torch_ops import EPS, div, fp16, nearest_int, seq_sum, sqrt
+from studio.core.quant.types import QK_K, QTYPES, row_bytes
+
 __all__ = ["dequantize_rows_torch", "quantize_rows_torch"]
 
-QK_K = 256
-_BLOCK = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
-_EPS = float(np.float32(1e-15))
 _F = np.float32
-
-
-def _div(a, b):
-    """a / b with both sides full tensors, so every device performs a true IEEE division."""
-    if not isinstance(a, torch.Tensor):
-        a = torch.full_like(b, float(_F(a)))
-    if not isinstance(b, torch.Tensor):
-        b = torch.full_like(a, float(_F(b)))
-    return torch.div(a, b)
-
-
-def _nint(v: torch.Tensor) -> torch.Tensor:
-    # ggml's nearest_int: add 1.5*2^23 in float32 and read the low mantissa bits (also what C
-    # yields for |v| >= 2^22 and for inf/NaN).
-    return ((v + 12582912.0).view(torch.int32) & 0x7FFFFF) - 0x400000
-
-
-def _sqrt(t: torch.Tensor) -> torch.Tensor:
-    # C's sqrtf is correctly rounded; torch's vectorized float32 root may not be, the float64
-    # root rounded to float32 is. MPS has no float64 and keeps its own root.
-    if t.device.type == "mps":
-        return torch.sqrt(t)
-    return torch.sqrt(t.to(torch.float64)).to(torch.float32)
-
-
-def _acc(t: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
-    """Sum over dim 0 in index order, from 0 (C's ``float s = 0``) or from ``start``."""
-    s = torch.zeros_like(t[0]) if start is None else start
-    for i in range(t.shape[0]):
-        s = s + t[i]
-    return s
-
-
-def _half(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp16 bytes (G, 2), the fp16 value back in float32), round to nearest even like ggml."""
-    h = v.to(torch.float16)
-    return h.reshape(-1, 1).view(torch.uint8), h.to(torch.float32)
+_KQUANTS = tuple(n for n, i in QTYPES.items() if i.kquant)
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -82,31 +44,31 @@ def _affine(xt, wt, nmax, rmin, rdelta, nstep, use_mad):
     zero = torch.zeros_like(fmin)
     fmin = torch.where(fmin > 0, zero, fmin)
     min0 = fmin
-    iscale = _div(float(nmax), fmax - fmin)
-    scale = _div(1.0, iscale)
+    iscale = div(float(nmax), fmax - fmin)
+    scale = div(1.0, iscale)
 
     def err(a, fl, b):
         diff = a * fl + b - xt
         diff = diff.abs() if use_mad else diff * diff
-        return _acc(wt * diff)
+        return seq_sum(wt * diff)
 
-    fl = torch.clamp(_nint(iscale * (xt - fmin)), 0, nmax).to(torch.float32)
+    fl = torch.clamp(nearest_int(iscale * (xt - fmin)), 0, nmax).to(torch.float32)
     best = err(scale, fl, fmin)
     best_is = iscale
     best_min = fmin
     for step in range(nstep + 1):
         c = _F(rmin) + _F(rdelta) * _F(step) + _F(nmax)
-        isc = _div(float(c), fmax - fmin)
-        fl = torch.clamp(_nint(isc * (xt - fmin)), 0, nmax).to(torch.float32)
+        isc = div(float(c), fmax - fmin)
+        fl = torch.clamp(nearest_int(isc * (xt - fmin)), 0, nmax).to(torch.float32)
         wl = wt * fl
-        sl = _acc(wl)
-        sl2 = _acc(wl * fl)
-        sxl = _acc(wl * xt)
+        sl = seq_sum(wl)
+        sl2 = seq_sum(wl * fl)
+        sxl = seq_sum(wl * xt)
         D = sum_w * sl2 - sl * sl
-        a = _div(sum_w * sxl - sum_x * sl, D)
-        b = _div(sl2 * sum_x - sl * sxl, D)
+        a = div(sum_w * sxl - sum_x * sl, D)
+        b = div(sl2 * sum_x - sl * sxl, D)
         pos = b > 0
-        a = torch.where(pos, _div(sxl, sl2), a)
+        a = torch.where(pos, div(sxl, sl2), a)
         b = torch.where(pos, zero, b)
         cur = err(a, fl, b)
         better = (D > 0) & (cur < best)
@@ -116,7 +78,7 @@ def _affine(xt, wt, nmax, rmin, rdelta, nstep, use_mad):
         best_min = torch.where(better, fmin, best_min)
         fmin = torch.where(better, b, fmin)
     # the best step's levels, recomputed from its range (C copies the same values)
-    L = torch.clamp(_nint(best_is * (xt - best_min)), 0, nmax)
+    L = torch.clamp(nearest_int(best_is * (xt - best_min)), 0, nmax)
     flat = ~(fmax > min0)
     L = torch.where(flat, torch.zeros_like(L), L)
     return L, torch.where(flat, zero, scale), torch.where(flat, -min0, -fmin)
@@ -140,24 +102,24 @@ def _symmetric(xt, wt, nmax):
     wx = wt * xt
 
     def trial(c):
-        isc = _div(c, fmax)
-        fl = torch.clamp(_nint(isc * xt), -nmax, nmax - 1).to(torch.float32)
-        return isc, _acc(wx * fl), _acc(wt * fl * fl)
+        isc = div(c, fmax)
+        fl = torch.clamp(nearest_int(isc * xt), -nmax, nmax - 1).to(torch.float32)
+        return isc, seq_sum(wx * fl), seq_sum(wt * fl * fl)
 
     best_is, sumlx, suml2 = trial(float(-nmax))
     zero = torch.zeros_like(sumlx)
-    scale = torch.where(suml2 != 0, _div(sumlx, suml2), zero)
+    scale = torch.where(suml2 != 0, div(sumlx, suml2), zero)
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
         isc, sumlx, suml2 = trial(float(-(_F(nmax) + _F(0.1) * _F(step))))
         better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-        scale = torch.where(better, _div(sumlx, suml2), scale)
+        scale = torch.where(better, div(sumlx, suml2), scale)
         best = torch.where(better, scale * sumlx, best)
         best_is = torch.where(better, isc, best_is)
-    L = torch.clamp(_nint(best_is * xt), -nmax, nmax - 1) + nmax
-    small = amax < _EPS
+    L = torch.clamp(nearest_int(best_is * xt), -nmax, nmax - 1) + nmax
+    small = amax < EPS
     L = torch.where(small, torch.zeros_like(L), L)
     return L, torch.where(small, zero, scale)
 
@@ -166,13 +128,13 @@ def _q3_search(xt, nmax):
     """make_q3_quants with do_rmse over groups: xt (n, G) -> (L 0..2nmax-1, scale)."""
     n = xt.shape[0]
     amax, fmax = _signed_absmax(xt)
-    iscale = _div(float(-nmax), fmax)
-    L = torch.clamp(_nint(iscale * xt), -nmax, nmax - 1)
+    iscale = div(float(-nmax), fmax)
+    L = torch.clamp(nearest_int(iscale * xt), -nmax, nmax - 1)
     w = xt * xt
     wx = w * xt
     fl = L.to(torch.float32)
-    sumlx = _acc(wx * fl)
-    suml2 = _acc(w * fl * fl)
+    sumlx = seq_sum(wx * fl)
+    suml2 = seq_sum(w * fl * fl)
     rows = list(L.unbind(0))
     # Five greedy passes; a group whose pass changed nothing is left alone by C (it stops),
     # and running the pass again on it changes nothing either.
@@ -181,7 +143,7 @@ def _q3_search(xt, nmax):
             fo = rows[i].to(torch.float32)
             slx = sumlx - wx[i] * fo
             sl2 = suml2 - w[i] * fo * fo
-            nl = torch.clamp(_nint(_div(xt[i] * sl2, slx)), -nmax, nmax - 1)
+            nl = torch.clamp(nearest_int(div(xt[i] * sl2, slx)), -nmax, nmax - 1)
             fn = nl.to(torch.float32)
             slx2 = slx + wx[i] * fn
             sl22 = sl2 + w[i] * fn * fn
@@ -190,9 +152,9 @@ def _q3_search(xt, nmax):
             sumlx = torch.where(take, slx2, sumlx)
             suml2 = torch.where(take, sl22, suml2)
     L = torch.stack(rows) + nmax
-    small = amax < _EPS
+    small = amax < EPS
     L = torch.where(small, torch.zeros_like(L), L)
-    scale = torch.where(suml2 > 0, _div(sumlx, suml2), torch.zeros_like(sumlx))
+    scale = torch.where(suml2 > 0, div(sumlx, suml2), torch.zeros_like(sumlx))
     return L, torch.where(small, torch.zeros_like(scale), scale)
 
 
@@ -202,35 +164,35 @@ def _positive(xs, qw, nmax):
     fmax = torch.zeros_like(xs[0])
     for i in range(n):
         fmax = torch.where(fmax > xs[i], fmax, xs[i])
-    small = fmax < _EPS
-    iscale = _div(float(nmax), fmax)
-    scale = _div(1.0, iscale)
-    L0 = _nint(iscale * xs) & 0xFF
+    small = fmax < EPS
+    iscale = div(float(nmax), fmax)
+    scale = div(1.0, iscale)
+    L0 = nearest_int(iscale * xs) & 0xFF
     d = xs - scale * L0.to(torch.float32)
-    best = _acc(qw * d * d)
+    best = seq_sum(qw * d * d)
     for step in range(-4, 5):
         if step == 0:
             continue
-        isc = _div(float(_F(0.1) * _F(step) + _F(nmax)), fmax)
-        sc = _div(1.0, isc)
-        li = torch.clamp(_nint(isc * xs), max=nmax)
+        isc = div(float(_F(0.1) * _F(step) + _F(nmax)), fmax)
+        sc = div(1.0, isc)
+        li = torch.clamp(nearest_int(isc * xs), max=nmax)
         d = xs - sc * li.to(torch.float32)
-        mse = _acc(qw * d * d)
+        mse = seq_sum(qw * d * d)
         better = mse < best
         best = torch.where(better, mse, best)
         iscale = torch.where(better, isc, iscale)
-    li = torch.clamp(_nint(iscale * xs), max=nmax)
+    li = torch.clamp(nearest_int(iscale * xs), max=nmax)
     fl = li.to(torch.float32)
     wx = qw * xs
-    sumlx = _acc(wx * fl)
-    suml2 = _acc(qw * fl * fl)
+    sumlx = seq_sum(wx * fl)
+    suml2 = seq_sum(qw * fl * fl)
     rows = list((li & 0xFF).unbind(0))
     for _ in range(5):
         for i in range(n):
             fo = rows[i].to(torch.float32)
             slx = sumlx - wx[i] * fo
             sl2 = suml2 - qw[i] * fo * fo
-            nl = torch.clamp(_nint(_div(xs[i] * sl2, slx)), max=nmax)
+            nl = torch.clamp(nearest_int(div(xs[i] * sl2, slx)), max=nmax)
             fn = nl.to(torch.float32)
             slx2 = slx + wx[i] * fn
             sl22 = sl2 + qw[i] * fn * fn
@@ -240,7 +202,7 @@ def _positive(xs, qw, nmax):
             suml2 = torch.where(take, sl22, suml2)
     L = torch.stack(rows)
     zero = torch.zeros_like(sumlx)
-    scale = torch.where(suml2 > 0, _div(sumlx, suml2), zero)
+    scale = torch.where(suml2 > 0, div(sumlx, suml2), zero)
     return torch.where(small, torch.zeros_like(L), L), torch.where(small, zero, scale)
 
 
@@ -255,10 +217,10 @@ def _groups(x: torch.Tensor, size: int) -> torch.Tensor:
 def _imatrix_sigma2(x: torch.Tensor, twice: bool) -> torch.Tensor:
     # sum of x² over each 256-block, sequential; then (2*)sum/256 as in ggml
     xb = x.reshape(-1, QK_K).t()
-    s = _acc(xb * xb)
+    s = seq_sum(xb * xb)
     if twice:
         s = s * 2.0
-    return _div(s, float(QK_K))
+    return div(s, float(QK_K))
 
 
 def _imatrix_weights(x, qw, gs, twice):
@@ -268,7 +230,7 @@ def _imatrix_weights(x, qw, gs, twice):
     s = sigma2.repeat_interleave(QK_K // gs)  # per group
     xt = _groups(x, gs)
     q = _groups(qw.reshape(1, n).expand(rows, n), gs)
-    return q * _sqrt(s[None, :] + xt * xt)
+    return q * sqrt(s[None, :] + xt * xt)
 
 
 def _blocks_of(t: torch.Tensor, per: int) -> torch.Tensor:
@@ -326,7 +288,7 @@ def _requant(x_b, d, m, lo, hi, gs):
     # groups with d == 0 keep the search levels (C's `continue`).
     dd = d.repeat_interleave(gs, dim=1)
     xm = x_b if m is None else x_b + m.repeat_interleave(gs, dim=1)
-    return torch.clamp(_nint(_div(xm, dd)), lo, hi), dd == 0
+    return torch.clamp(nearest_int(div(xm, dd)), lo, hi), dd == 0
 
 
 # --------------------------------------------------------------------------- types
@@ -338,14 +300,14 @@ def _q45k(x, qw, nmax):
     if qw is not None:
         wt = _imatrix_weights(x, qw, 32, True)
         L, sc, mn = _affine(xt, wt, nmax, -0.9, 0.05, 36, False)
-        sw = _acc(wt)
+        sw = seq_sum(wt)
         ls, d_block = _positive(_blocks_of(sc, 8), _blocks_of(sw, 8), 63)
         lm, m_block = _positive(_blocks_of(mn, 8), _blocks_of(sw, 8), 63)
         ls, lm = ls.t(), lm.t()
         if nmax == 31:
             ls, lm = ls.clamp(max=63), lm.clamp(max=63)
     else:
-        av = _sqrt(_div(_acc(xt * xt), 32.0))
+        av = sqrt(div(seq_sum(xt * xt), 32.0))
         wt = av[None, :] + xt.abs()
         rmin, nstep = (-1.0, 20) if nmax == 15 else (-0.5, 15)
         L, sc, mn = _affine(xt, wt, nmax, rmin, 0.1, nstep, False)
@@ -355,15 +317,15 @@ def _q45k(x, qw, nmax):
         for j in range(8):
             max_scale = torch.where(scb[:, j] > max_scale, scb[:, j], max_scale)
             max_min = torch.where(mnb[:, j] > max_min, mnb[:, j], max_min)
-        inv_s = torch.where(max_scale > 0, _div(63.0, max_scale), zero)
-        inv_m = torch.where(max_min > 0, _div(63.0, max_min), zero)
-        ls = (_nint(inv_s[:, None] * scb) & 0xFF).clamp(max=63)
-        lm = (_nint(inv_m[:, None] * mnb) & 0xFF).clamp(max=63)
-        d_block = _div(max_scale, 63.0)
-        m_block = _div(max_min, 63.0)
+        inv_s = torch.where(max_scale > 0, div(63.0, max_scale), zero)
+        inv_m = torch.where(max_min > 0, div(63.0, max_min), zero)
+        ls = (nearest_int(inv_s[:, None] * scb) & 0xFF).clamp(max=63)
+        lm = (nearest_int(inv_m[:, None] * mnb) & 0xFF).clamp(max=63)
+        d_block = div(max_scale, 63.0)
+        m_block = div(max_min, 63.0)
     scales = _pack_k4_scales(ls, lm)
-    dbytes, dd = _half(d_block)
-    mbytes, dm = _half(m_block)
+    dbytes, dd = fp16(d_block)
+    mbytes, dm = fp16(m_block)
     s6, m6 = _unpack_k4_scales(scales)
     d = dd[:, None] * s6.to(torch.float32)
     m = dm[:, None] * m6.to(torch.float32)
@@ -397,11 +359,11 @@ def _q6k(x, qw):
         upd = a > max_abs
         max_scale = torch.where(upd, scb[:, g], max_scale)
         max_abs = torch.where(upd, a, max_abs)
-    empty = max_abs < _EPS
+    empty = max_abs < EPS
     safe = torch.where(empty, torch.ones_like(max_scale), max_scale)
-    iscale = _div(-128.0, safe)
-    dbytes, dd = _half(_div(1.0, iscale))
-    s8 = torch.clamp(_nint(iscale[:, None] * scb), max=127)
+    iscale = div(-128.0, safe)
+    dbytes, dd = fp16(div(1.0, iscale))
+    s8 = torch.clamp(nearest_int(iscale[:, None] * scb), max=127)
     s8 = ((s8 + 128) & 0xFF) - 128  # int8 storage
     d = dd[:, None] * s8.to(torch.float32)
     Lb = _levels_by_block(L, 16)
@@ -421,11 +383,11 @@ def _q3k(x, qw):
     if qw is not None:
         wt = _imatrix_weights(x, qw, 16, True)
         L, sc = _symmetric(xt, wt, 4)
-        sw = _acc(wt)
+        sw = seq_sum(wt)
         ls, d_block = _symmetric(_blocks_of(sc, 16), _blocks_of(sw, 16), 32)
         ls = ls.t()
         scales = _pack_q3_scales(ls)
-        dbytes, dd = _half(d_block)
+        dbytes, dd = fp16(d_block)
     else:
         L, sc = _q3_search(xt, 4)
         scb = sc.reshape(-1, 16)
@@ -437,13 +399,13 @@ def _q3k(x, qw):
             max_scale = torch.where(upd, scb[:, g], max_scale)
             amax = torch.where(upd, a, amax)
         nz = max_scale != 0
-        iscale = _div(-32.0, torch.where(nz, max_scale, torch.ones_like(max_scale)))
-        lv = _nint(iscale[:, None] * scb) & 0xFF
+        iscale = div(-32.0, torch.where(nz, max_scale, torch.ones_like(max_scale)))
+        lv = nearest_int(iscale[:, None] * scb) & 0xFF
         lv = ((lv + 128) & 0xFF) - 128  # int8_t l
         lv = torch.clamp(lv, -32, 31) + 32
         lv = torch.where(nz[:, None], lv, torch.zeros_like(lv))
         scales = _pack_q3_scales(lv)
-        dbytes, dd = _half(torch.where(nz, _div(1.0, iscale), zero))
+        dbytes, dd = fp16(torch.where(nz, div(1.0, iscale), zero))
     d = dd[:, None] * _unpack_q3_scales(scales).to(torch.float32)
     Lb = _levels_by_block(L, 16)
     q, keep = _requant(x.reshape(-1, QK_K), d, None, -4, 3, 16)
@@ -462,11 +424,11 @@ def _q2k(x, qw):
     if qw is not None:
         wt = _imatrix_weights(x, qw, 16, False)
         L, sc, mn = _affine(xt, wt, 3, -0.9, 0.05, 36, False)
-        sw = _acc(wt)
+        sw = seq_sum(wt)
         ls, dm = _positive(_blocks_of(sc, 16), _blocks_of(sw, 16), 15)
         lm, mm = _positive(_blocks_of(mn, 16), _blocks_of(sw, 16), 15)
-        dbytes, dd = _half(dm)
-        mbytes, dmin = _half(mm)
+        dbytes, dd = fp16(dm)
+        mbytes, dmin = fp16(mm)
         sbytes = (ls.t() | (lm.t() << 4)) & 0xFF
     else:
         L, sc, mn = _affine(xt, xt.abs(), 3, -0.5, 0.1, 15, True)
@@ -478,12 +440,12 @@ def _q2k(x, qw):
             max_min = torch.where(mnb[:, g] > max_min, mnb[:, g], max_min)
         ps, pm = max_scale > 0, max_min > 0
         one = torch.ones_like(zero)
-        ls = _nint(_div(15.0, torch.where(ps, max_scale, one))[:, None] * scb) & 0xFF
+        ls = nearest_int(div(15.0, torch.where(ps, max_scale, one))[:, None] * scb) & 0xFF
         ls = torch.where(ps[:, None], ls, torch.zeros_like(ls))
-        lm = _nint(_div(15.0, torch.where(pm, max_min, one))[:, None] * mnb)
+        lm = nearest_int(div(15.0, torch.where(pm, max_min, one))[:, None] * mnb)
         sbytes = torch.where(pm[:, None], (ls | (lm << 4)) & 0xFF, ls)
-        dbytes, dd = _half(torch.where(ps, _div(max_scale, 15.0), zero))
-        mbytes, dmin = _half(torch.where(pm, _div(max_min, 15.0), zero))
+        dbytes, dd = fp16(torch.where(ps, div(max_scale, 15.0), zero))
+        mbytes, dmin = fp16(torch.where(pm, div(max_min, 15.0), zero))
     d = dd[:, None] * (sbytes & 0xF).to(torch.float32)
     m = dmin[:, None] * (sbytes >> 4).to(torch.float32)
     Lb = _levels_by_block(L, 16)
@@ -494,8 +456,8 @@ def _q2k(x, qw):
 
 def quantize_rows_torch(x: torch.Tensor, qtype: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:
     """Quantize float32 rows (rows, n_per_row) on x's device; uint8 (rows, row bytes), llama.cpp's bytes."""
-    if qtype not in _BLOCK:
-        raise ValueError(f"{qtype} is not a K-quant type; expected one of {', '.join(_BLOCK)}")
+    if qtype not in _KQUANTS:
+        raise ValueError(f"{qtype} is not a K-quant type; expected one of {', '.join(_KQUANTS)}")
     if x.dim() != 2 or x.shape[1] % QK_K or x.shape[1] == 0:
         raise ValueError(f"{qtype} needs 2-D rows whose length is a multiple of {QK_K}, got {tuple(x.shape)}")
     rows, n = x.shape
@@ -506,7 +468,7 @@ def quantize_rows_torch(x: torch.Tensor, qtype: str, imatrix: torch.Tensor | Non
         if qw.numel() != n:
             raise ValueError(f"imatrix has {qw.numel()} weights but rows have {n} columns")
     if rows == 0:
-        return torch.empty((0, n // QK_K * _BLOCK[qtype]), dtype=torch.uint8, device=x.device)
+        return torch.empty((0, row_bytes(qtype, n)), dtype=torch.uint8, device=x.device)
     if qtype == "Q4_K":
         blk = _q45k(x, qw, 15)
     elif qtype == "Q5_K":
@@ -522,10 +484,10 @@ def quantize_rows_torch(x: torch.Tensor, qtype: str, imatrix: torch.Tensor | Non
 
 def dequantize_rows_torch(data: torch.Tensor, qtype: str, n_per_row: int) -> torch.Tensor:
     """Decode K-quant rows (rows, row bytes) on data's device to float32 (rows, n_per_row)."""
-    if qtype not in _BLOCK:
-        raise ValueError(f"{qtype} is not a K-quant type; expected one of {', '.join(_BLOCK)}")
+    if qtype not in _KQUANTS:
+        raise ValueError(f"{qtype} is not a K-quant type; expected one of {', '.join(_KQUANTS)}")
     rows = data.shape[0]
-    b = data.reshape(-1, _BLOCK[qtype]).to(torch.int32)
+    b = data.reshape(-1, QTYPES[qtype].type_size).to(torch.int32)
 
     def half(o):
         h = (b[:, o] | (b[:, o + 1] << 8)).to(torch.int16)

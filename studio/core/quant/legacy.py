@@ -1,11 +1,10 @@
 """Block formats with 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), IQ4_XS and the float types.
 
 The quantizers are numba kernels that follow llama.cpp's ggml-quants.c step by step in float32:
-same search order, same accumulation order, same rounding (``nearest_int`` is the 1.5*2^23 trick,
-Q8_0 uses roundf, the legacy types truncate ``x + 0.5``), so the bytes are identical. fastmath stays
-off because reassociating a sum or fusing a multiply-add changes the last bit of a scale. fp16
-scales are rounded to nearest-even like ggml, by the fast kernels themselves (integer bit
-arithmetic) or by numpy's ``astype(float16)`` after the search kernels.
+same search order, same accumulation order, same rounding (``numba_ops.nearest_int``, Q8_0 uses
+roundf, the legacy types truncate ``x + 0.5``), so the bytes are identical. fp16 scales are rounded
+to nearest-even like ggml, by the fast kernels themselves (``numba_ops.put_half``) or by numpy's
+``astype(float16)`` after the search kernels. Block geometry comes from ``types.QTYPES``.
 
 Every kernel takes a C-contiguous float32 ``(rows, n_per_row)`` array and writes into a preallocated
 uint8 ``(rows, row_bytes)`` array, so callers can hand it row chunks of a larger output.
@@ -13,69 +12,29 @@ uint8 ``(rows, row_bytes)`` array, so callers can hand it row chunks of a larger
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from studio.core.jit import HAVE_NUMBA, njit
+from studio.core.quant.numba_ops import JIT as _JIT
+from studio.core.quant.numba_ops import fp16_from_bits, nearest_int, put_half
+from studio.core.quant.types import FLOAT_TYPES, GROUP_MAX_EPS, IQ4NL_LEVELS, QTYPES
 
 __all__ = [
     "HAVE_NUMBA",
     "all_finite",
-    "IQ4NL_VALUES",
-    "LEGACY_TYPES",
     "dequantize_rows",
     "quantize_rows",
 ]
 
-# name -> (block size, bytes per block); F32/F16/BF16 are one value per "block".
-LEGACY_TYPES: dict[str, tuple[int, int]] = {
-    "F32": (1, 4),
-    "F16": (1, 2),
-    "BF16": (1, 2),
-    "Q8_0": (32, 34),
-    "Q4_0": (32, 18),
-    "Q4_1": (32, 20),
-    "Q5_0": (32, 22),
-    "Q5_1": (32, 24),
-    "IQ4_NL": (32, 18),
-    "IQ4_XS": (256, 136),
-}
+_IQ4_F32 = IQ4NL_LEVELS.astype(np.float32)
 
-# The 16 non-linear levels of IQ4_NL / IQ4_XS (ggml-common.h kvalues_iq4nl).
-IQ4NL_VALUES = np.array(
-    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8
+# Bytes per block, the stride of each kernel's output (numba freezes these as constants).
+_B_Q8_0, _B_Q4_0, _B_Q4_1, _B_Q5_0, _B_Q5_1, _B_IQ4_NL, _B_IQ4_XS = (
+    QTYPES[t].type_size for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS")
 )
-_IQ4_F32 = IQ4NL_VALUES.astype(np.float32)
-
-_JIT = {"cache": True, "nogil": True, "fastmath": False, "error_model": "numpy"}
 
 
 # ----------------------------------------------------------------------------------------- helpers
-
-
-@njit(**_JIT)
-def _nearest_int(v):
-    # ggml's nearest_int: the low 23 bits of v + 1.5*2^23 (as float32), minus 2^22. For |v| < 2^22 this
-    # is v rounded half to even; larger, infinite and NaN arguments (reached from overflowing inputs)
-    # get the same bit-derived value C computes, so even those blocks keep llama.cpp's bytes.
-    if abs(v) < np.float32(4194304.0):
-        return int(v + np.float32(12582912.0)) - 12582912
-    return _nearest_int_wide(v)
-
-
-@njit(**_JIT)
-def _nearest_int_wide(v):
-    # The rare out-of-range part of _nearest_int, kept apart so the common path stays inlinable.
-    if v != v:
-        return 0  # a default NaN has mantissa 0x400000
-    w = v + np.float32(12582912.0)
-    if abs(w) == np.float32(np.inf):
-        return -4194304
-    if w == np.float32(0.0):
-        return -4194304
-    f, _ = math.frexp(float(w))
-    return int(abs(f) * 16777216.0) - 8388608 - 4194304
 
 
 @njit(**_JIT)
@@ -193,7 +152,7 @@ def _make_qx(xb, w, wx, nmax, L):
         if ax > amax:
             amax = ax
             mx = xb[i]
-    if amax < np.float32(1e-15):
+    if amax < GROUP_MAX_EPS:
         for i in range(32):
             L[i] = 0
         return np.float32(0.0)
@@ -207,7 +166,7 @@ def _make_qx(xb, w, wx, nmax, L):
     for i in range(32):
         wx[i] = w[i] * xb[i]  # C's w*x[i]*l is (w*x[i])*l: the product can be kept
     for i in range(32):
-        lv = _nearest_int(iscale * xb[i])
+        lv = nearest_int(iscale * xb[i])
         lv = max(-nmax, min(nmax - 1, lv))
         L[i] = lv + nmax
         fl = np.float32(lv)
@@ -231,7 +190,7 @@ def _make_qx(xb, w, wx, nmax, L):
             suml2 += w[i] * fl * fl
         if suml2 > np.float32(0.0) and sumlx * sumlx > best * suml2:
             for i in range(32):
-                lv = _nearest_int(iscale * xb[i])
+                lv = nearest_int(iscale * xb[i])
                 L[i] = nmax + max(-nmax, min(nmax - 1, lv))
             scale = sumlx / suml2
             best = scale * sumlx
@@ -269,7 +228,7 @@ def _make_qkx3(x, r, o, w, nmax, L, Laux):
     best_mad = np.float32(0.0)
     for i in range(32):
         xi = x[r, o + i]
-        lv = _nearest_int(iscale * (xi - mn))
+        lv = nearest_int(iscale * (xi - mn))
         lv = max(0, min(nmax, lv))
         L[i] = lv
         diff = scale * np.float32(lv) + mn - xi
@@ -281,7 +240,7 @@ def _make_qkx3(x, r, o, w, nmax, L, Laux):
         sum_xl = np.float32(0.0)
         for i in range(32):
             xi = x[r, o + i]
-            lv = _nearest_int(iscale * (xi - mn))
+            lv = nearest_int(iscale * (xi - mn))
             lv = max(0, min(nmax, lv))
             Laux[i] = lv
             wi = w[i]
@@ -335,56 +294,20 @@ def _pack_q5(out, qh_at, qs_at, L):
         out[qh_at + k] = (qh >> (8 * k)) & 255
 
 
-@njit(**_JIT)
-def _half_of_bits(b):
-    # float32 bits -> IEEE half bits, round to nearest-even (the results of ggml's fp32_to_fp16).
-    a = b & 0x7FFFFFFF
-    sign = (b >> 16) & 0x8000
-    if a >= 0x7F800000:
-        v = 0x7E00 if a > 0x7F800000 else 0x7C00
-    elif a >= 0x477FF000:  # 65520 and above round to infinity
-        v = 0x7C00
-    elif a >= 0x38800000:  # normal half: drop 13 mantissa bits, ties to even
-        v = (a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13
-    elif a >= 0x33000000:  # half subnormal: an integer multiple of 2^-24
-        m = (a & 0x7FFFFF) | 0x800000
-        shift = 126 - (a >> 23)
-        q = m >> shift
-        rem = m & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if rem > half or (rem == half and (q & 1) == 1):
-            q += 1
-        v = q
-    else:
-        v = 0
-    return sign | v
-
-
-@njit(**_JIT)
-def _store_half(orow, pos, v, fbuf, ubuf):
-    # Writes float32 v as little-endian fp16 at orow[pos:pos+2]; fbuf/ubuf are one float viewed as bits.
-    fbuf[0] = v
-    h = _half_of_bits(np.int64(ubuf[0]))
-    orow[pos] = h & 255
-    orow[pos + 1] = h >> 8
-
-
 # ----------------------------------------------------------------------------------------- kernels
 
 
 @njit(**_JIT)
 def _k_q8_0(x, out):
     rows, n = x.shape
-    fbuf = np.empty(1, dtype=np.float32)
-    ubuf = fbuf.view(np.uint32)
     for r in range(rows):
         orow = out[r]
         for b in range(n // 32):
             o = b * 32
             d = _amax32(x, r, o) / np.float32(127.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-            _store_half(orow, b * 34, d, fbuf, ubuf)
-            base = b * 34 + 2
+            put_half(orow, b * _B_Q8_0, d)
+            base = b * _B_Q8_0 + 2
             for j in range(32):
                 orow[base + j] = _roundf(x[r, o + j] * inv) & 255
 
@@ -392,8 +315,6 @@ def _k_q8_0(x, out):
 @njit(**_JIT)
 def _k_q4_0(x, out):
     rows, n = x.shape
-    fbuf = np.empty(1, dtype=np.float32)
-    ubuf = fbuf.view(np.uint32)
     for r in range(rows):
         orow = out[r]
         for b in range(n // 32):
@@ -401,8 +322,8 @@ def _k_q4_0(x, out):
             mx = _first_absmax(x, r, o)
             d = mx / np.float32(-8.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-            _store_half(orow, b * 18, d, fbuf, ubuf)
-            base = b * 18 + 2
+            put_half(orow, b * _B_Q4_0, d)
+            base = b * _B_Q4_0 + 2
             for j in range(16):
                 q0 = np.int32(x[r, o + j] * inv + np.float32(8.5))
                 q1 = np.int32(x[r, o + 16 + j] * inv + np.float32(8.5))
@@ -414,8 +335,6 @@ def _k_q4_0(x, out):
 @njit(**_JIT)
 def _k_q5_0(x, out):
     rows, n = x.shape
-    fbuf = np.empty(1, dtype=np.float32)
-    ubuf = fbuf.view(np.uint32)
     L = np.empty(32, dtype=np.int32)
     for r in range(rows):
         orow = out[r]
@@ -424,17 +343,15 @@ def _k_q5_0(x, out):
             mx = _first_absmax(x, r, o)
             d = mx / np.float32(-16.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-            _store_half(orow, b * 22, d, fbuf, ubuf)
+            put_half(orow, b * _B_Q5_0, d)
             for j in range(32):
                 L[j] = min(31, int(x[r, o + j] * inv + np.float32(16.5)))
-            _pack_q5(orow, b * 22 + 2, b * 22 + 6, L)
+            _pack_q5(orow, b * _B_Q5_0 + 2, b * _B_Q5_0 + 6, L)
 
 
 @njit(**_JIT)
 def _k_q4_1(x, out):
     rows, n = x.shape
-    fbuf = np.empty(1, dtype=np.float32)
-    ubuf = fbuf.view(np.uint32)
     for r in range(rows):
         orow = out[r]
         for b in range(n // 32):
@@ -442,9 +359,9 @@ def _k_q4_1(x, out):
             mn, mx = _min_max32(x, r, o)
             d = (mx - mn) / np.float32(15.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-            _store_half(orow, b * 20, d, fbuf, ubuf)
-            _store_half(orow, b * 20 + 2, mn, fbuf, ubuf)
-            base = b * 20 + 4
+            put_half(orow, b * _B_Q4_1, d)
+            put_half(orow, b * _B_Q4_1 + 2, mn)
+            base = b * _B_Q4_1 + 4
             for j in range(16):
                 q0 = min(15, int((x[r, o + j] - mn) * inv + np.float32(0.5)))
                 q1 = min(15, int((x[r, o + 16 + j] - mn) * inv + np.float32(0.5)))
@@ -454,8 +371,6 @@ def _k_q4_1(x, out):
 @njit(**_JIT)
 def _k_q5_1(x, out):
     rows, n = x.shape
-    fbuf = np.empty(1, dtype=np.float32)
-    ubuf = fbuf.view(np.uint32)
     L = np.empty(32, dtype=np.int32)
     for r in range(rows):
         orow = out[r]
@@ -464,12 +379,12 @@ def _k_q5_1(x, out):
             mn, mx = _min_max32(x, r, o)
             d = (mx - mn) / np.float32(31.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-            _store_half(orow, b * 24, d, fbuf, ubuf)
-            _store_half(orow, b * 24 + 2, mn, fbuf, ubuf)
+            put_half(orow, b * _B_Q5_1, d)
+            put_half(orow, b * _B_Q5_1 + 2, mn)
             for j in range(32):
                 # C casts to uint8_t without a clamp; the value never exceeds 31.
                 L[j] = int((x[r, o + j] - mn) * inv + np.float32(0.5)) & 255
-            _pack_q5(orow, b * 24 + 4, b * 24 + 8, L)
+            _pack_q5(orow, b * _B_Q5_1 + 4, b * _B_Q5_1 + 8, L)
 
 
 @njit(**_JIT)
@@ -527,7 +442,7 @@ def _iq4_sub_scale(x, r, o, w, vals, L, lo):
         if ax > amax:
             amax = ax
             mx = x[r, o + j]
-    if amax < np.float32(1e-15):
+    if amax < GROUP_MAX_EPS:
         return np.float32(0.0)
     d = -mx / vals[0]
     inv = np.float32(1.0) / d
@@ -564,7 +479,7 @@ def _k_iq4(x, qw, has_qw, out, dsc, sbs, vals):
     # IQ4_NL (sbs 32, 18-byte blocks) and IQ4_XS (sbs 256, 136-byte blocks), quantize_row_iq4_nl_impl.
     rows, n = x.shape
     nsub = sbs // 32
-    bsize = 18 if sbs == 32 else 136
+    bsize = _B_IQ4_NL if sbs == 32 else _B_IQ4_XS
     w = np.empty(32, dtype=np.float32)
     L = np.empty(sbs, dtype=np.int32)
     scales = np.empty(nsub, dtype=np.float32)
@@ -599,7 +514,7 @@ def _k_iq4(x, qw, has_qw, out, dsc, sbs, vals):
                 inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
                 sh = 0
                 for ib in range(nsub):
-                    lv = _nearest_int(inv * scales[ib])
+                    lv = nearest_int(inv * scales[ib])
                     lv = max(-32, min(31, lv))
                     dl = d * np.float32(lv)
                     idl = np.float32(1.0) / dl if dl != np.float32(0.0) else np.float32(0.0)
@@ -631,7 +546,7 @@ def _k_iq4(x, qw, has_qw, out, dsc, sbs, vals):
 def _k_f16(u, h):
     # float32 bits -> IEEE half bits for a whole array.
     for i in range(u.size):
-        h[i] = _half_of_bits(np.int64(u[i]))
+        h[i] = fp16_from_bits(np.int64(u[i]))
 
 
 @njit(**_JIT)
@@ -665,7 +580,7 @@ def all_finite(x: np.ndarray) -> bool:
     return x.size == 0 or int(_max_exponent(x.reshape(-1).view(np.uint32))) != 0x7F800000
 
 
-def _put_half(out: np.ndarray, vals: np.ndarray, bsize: int, at: int) -> None:
+def _put_half_scales(out: np.ndarray, vals: np.ndarray, bsize: int, at: int) -> None:
     # Writes float32 scales as little-endian fp16 at byte ``at`` of every block (round to nearest-even).
     rows, nb = vals.shape
     blocks = out.reshape(rows, nb, bsize)
@@ -696,7 +611,7 @@ _PLAIN = {"Q8_0": _k_q8_0, "Q4_0": _k_q4_0, "Q5_0": _k_q5_0, "Q4_1": _k_q4_1, "Q
 
 def quantize_rows(x: np.ndarray, qtype: str, imatrix: np.ndarray | None, out: np.ndarray) -> None:
     """Quantize float32 ``(rows, n)`` into the preallocated uint8 ``out`` (rows, row bytes) on the CPU."""
-    if qtype in ("F32", "F16", "BF16"):
+    if qtype in FLOAT_TYPES:
         _float_rows(x, qtype, out)
         return
     if not HAVE_NUMBA:  # pragma: no cover
@@ -710,7 +625,7 @@ def quantize_rows(x: np.ndarray, qtype: str, imatrix: np.ndarray | None, out: np
     if not (x.flags.c_contiguous and out.flags.c_contiguous and x.dtype == np.float32):
         raise ValueError("quantize_rows needs C-contiguous float32 input and uint8 output arrays")
     rows, n = x.shape
-    bs, bsize = LEGACY_TYPES[qtype]
+    bs, bsize = QTYPES[qtype].block_size, QTYPES[qtype].type_size
     nb = n // bs
     qw = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
     if qtype == "Q8_0" or (qw is None and qtype in _PLAIN):
@@ -722,14 +637,14 @@ def quantize_rows(x: np.ndarray, qtype: str, imatrix: np.ndarray | None, out: np
     elif qtype in ("Q4_1", "Q5_1"):
         msc = np.empty((rows, nb), dtype=np.float32)
         _k_qkx_imatrix(x, qw, out, dsc, msc, 15 if qtype == "Q4_1" else 31, bsize)
-        _put_half(out, msc, bsize, 2)
+        _put_half_scales(out, msc, bsize, 2)
     elif qtype in ("IQ4_NL", "IQ4_XS"):
         sbs = 32 if qtype == "IQ4_NL" else 256
         has = qw is not None
         _k_iq4(x, qw if has else np.zeros(1, np.float32), has, out, dsc, sbs, _IQ4_F32)
     else:
         raise KeyError(qtype)
-    _put_half(out, dsc, bsize, 0)
+    _put_half_scales(out, dsc, bsize, 0)
 
 
 # ----------------------------------------------------------------------------------------- decoding
@@ -759,7 +674,7 @@ def dequantize_rows(data: np.ndarray, qtype: str, n_per_row: int) -> np.ndarray:
     if qtype == "BF16":
         u = data.copy().view("<u2").astype(np.uint32) << 16
         return u.view(np.float32).reshape(rows, n_per_row)
-    bs, bsize = LEGACY_TYPES[qtype]
+    bsize = QTYPES[qtype].type_size
     b = np.ascontiguousarray(data).reshape(-1, bsize)
     d = _half(b, 0)[:, None]
     if qtype == "Q8_0":

@@ -2,9 +2,7 @@
 
 The arithmetic is the float32 arithmetic of llama.cpp's ggml-quants.c, vectorized across blocks:
 each per-block sum is a loop over the 32 positions where every step is one tensor operation over all
-blocks, so values are added in the C order. Divisions always take two full tensors, because torch
-turns ``tensor / python_scalar`` and ``scalar / tensor`` into a multiplication by a reciprocal on
-some devices, which changes the last bit. Only elementwise ops are used (no fused multiply-add).
+blocks, so values are added in the C order, with the primitives of ``torch_ops``.
 """
 
 from __future__ import annotations
@@ -12,44 +10,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from studio.core.quant.torch_ops import EPS, div, f32, fp16_bytes, nearest_int, seq_sum, sqrt
+from studio.core.quant.types import IQ4NL_LEVELS, row_bytes
+
 __all__ = ["quantize_rows_torch"]
 
-_IQ4 = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
-_BLOCK = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "IQ4_NL": 18, "IQ4_XS": 136}
-_EPS = float(np.float32(1e-15))
-
-
-def _c(v: float) -> float:
-    # A Python float holding exactly the float32 constant C would use.
-    return float(np.float32(v))
-
-
-def _div(a, b):
-    """a / b with both sides materialized as tensors (true IEEE division on every device)."""
-    if not isinstance(a, torch.Tensor):
-        a = torch.full_like(b, _c(a))
-    if not isinstance(b, torch.Tensor):
-        b = torch.full_like(a, _c(b))
-    return torch.div(a, b)
-
-
-def _nearest(v: torch.Tensor) -> torch.Tensor:
-    # ggml's nearest_int, bit for bit: the low 23 bits of v + 1.5*2^23 as float32, minus 2^22
-    # (round half to even for |v| < 2^22; the same garbage as C for inf/NaN from overflowing input).
-    return ((v + 12582912.0).contiguous().view(torch.int32) & 0x7FFFFF) - 0x400000
-
-
-def _seqsum(t: torch.Tensor, start_first: bool = False) -> torch.Tensor:
-    # Sum over the last dim in index order, starting from 0 (or from t[..., 0]) as the C loops do.
-    if start_first:
-        s = t[..., 0].clone()
-        rng = range(1, t.shape[-1])
-    else:
-        s = torch.zeros_like(t[..., 0])
-        rng = range(t.shape[-1])
-    for j in rng:
-        s = s + t[..., j]
-    return s
+_IQ4 = IQ4NL_LEVELS.tolist()
 
 
 def _first_absmax(xb: torch.Tensor):
@@ -59,10 +25,6 @@ def _first_absmax(xb: torch.Tensor):
     amax = ax.gather(-1, idx).squeeze(-1)
     mx = xb.gather(-1, idx).squeeze(-1)
     return amax, torch.where(amax == 0, torch.zeros_like(mx), mx)
-
-
-def _half_bytes(v: torch.Tensor) -> torch.Tensor:
-    return v.to(torch.float16).reshape(-1, 1).contiguous().view(torch.uint8)
 
 
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -77,43 +39,31 @@ def _pack_qh(q: torch.Tensor) -> torch.Tensor:
     return ((qh >> shifts) & 255).to(torch.uint8)
 
 
-def _sqrt(t: torch.Tensor) -> torch.Tensor:
-    # torch's float32 CPU sqrt is not always correctly rounded (C's sqrtf is); the float64 root
-    # rounded to float32 is. MPS has no float64, so it keeps its own float32 root.
-    if t.device.type == "mps":
-        return torch.sqrt(t)
-    return torch.sqrt(t.to(torch.float64)).to(torch.float32)
-
-
 def _row_sigma2(x: torch.Tensor) -> torch.Tensor:
-    s = torch.zeros_like(x[:, 0])
-    for j in range(x.shape[1]):
-        v = x[:, j]
-        s = s + v * v
-    return _div(s, float(x.shape[1]))
+    return div(seq_sum(x * x, -1), float(x.shape[1]))
 
 
 def _imatrix_weights(x: torch.Tensor, qw: torch.Tensor) -> torch.Tensor:
     sigma2 = _row_sigma2(x)
-    return qw[None, :] * _sqrt(sigma2[:, None] + x * x)
+    return qw[None, :] * sqrt(sigma2[:, None] + x * x)
 
 
 def _make_qx(xb: torch.Tensor, w: torch.Tensor, nmax: int):
     """make_qx_quants(32, nmax, rmse_type=1, weights) over all blocks -> (levels 0..2nmax-1, scale)."""
     amax, mx = _first_absmax(xb)
-    zero = amax < _EPS
+    zero = amax < EPS
     mxs = torch.where(zero, torch.ones_like(mx), mx)
     wx = w * xb
 
     def trial(num: float):
-        iscale = _div(num, mxs)
-        lv = _nearest(iscale[:, None] * xb).clamp(-nmax, nmax - 1)
+        iscale = div(num, mxs)
+        lv = nearest_int(iscale[:, None] * xb).clamp(-nmax, nmax - 1)
         fl = lv.to(torch.float32)
-        return lv, _seqsum(wx * fl), _seqsum(w * fl * fl)
+        return lv, seq_sum(wx * fl, -1), seq_sum(w * fl * fl, -1)
 
     L, sumlx, suml2 = trial(-float(nmax))
     zf = torch.zeros_like(sumlx)
-    scale = torch.where(suml2 != 0, _div(sumlx, suml2), zf)
+    scale = torch.where(suml2 != 0, div(sumlx, suml2), zf)
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
@@ -122,7 +72,7 @@ def _make_qx(xb: torch.Tensor, w: torch.Tensor, nmax: int):
         lv, sumlx, suml2 = trial(-float(c))
         upd = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         L = torch.where(upd[:, None], lv, L)
-        scale = torch.where(upd, _div(sumlx, suml2), scale)
+        scale = torch.where(upd, div(sumlx, suml2), scale)
         best = torch.where(upd, scale * sumlx, best)
     L = torch.where(zero[:, None], torch.full_like(L, -nmax), L) + nmax
     return L, torch.where(zero, zf, scale)
@@ -132,8 +82,8 @@ def _make_qkx3(xb: torch.Tensor, w: torch.Tensor, nmax: int):
     """make_qkx3_quants(32, nmax, -0.9, 0.05, 36) over all blocks -> (levels, scale, min)."""
     mn = xb.gather(1, xb.argmin(dim=1, keepdim=True)).squeeze(1)
     mx = xb.gather(1, xb.argmax(dim=1, keepdim=True)).squeeze(1)
-    sum_w = _seqsum(w, start_first=True)
-    sum_x = _seqsum(w * xb, start_first=True)
+    sum_w = seq_sum(w, -1, from_first=True)
+    sum_x = seq_sum(w * xb, -1, from_first=True)
     zf = torch.zeros_like(mn)
     mn = torch.where(mn > 0, zf, mn)
     deg = mx <= mn
@@ -142,31 +92,31 @@ def _make_qkx3(xb: torch.Tensor, w: torch.Tensor, nmax: int):
     def rng():
         return torch.where(deg, one, mx - mn)
 
-    iscale = _div(float(nmax), rng())
-    scale = _div(one, iscale)
-    L = _nearest(iscale[:, None] * (xb - mn[:, None])).clamp(0, nmax)
+    iscale = div(float(nmax), rng())
+    scale = div(one, iscale)
+    L = nearest_int(iscale[:, None] * (xb - mn[:, None])).clamp(0, nmax)
     diff = scale[:, None] * L.to(torch.float32) + mn[:, None] - xb
-    best_mad = _seqsum(w * (diff * diff))
+    best_mad = seq_sum(w * (diff * diff), -1)
     for step in range(37):
         c = np.float32(-0.9) + np.float32(0.05) * np.float32(step) + np.float32(nmax)
-        iscale = _div(float(c), rng())
-        la = _nearest(iscale[:, None] * (xb - mn[:, None])).clamp(0, nmax)
+        iscale = div(float(c), rng())
+        la = nearest_int(iscale[:, None] * (xb - mn[:, None])).clamp(0, nmax)
         fl = la.to(torch.float32)
         wl = w * fl
-        sum_l = _seqsum(wl)
-        sum_l2 = _seqsum(wl * fl)
-        sum_xl = _seqsum(wl * xb)
+        sum_l = seq_sum(wl, -1)
+        sum_l2 = seq_sum(wl * fl, -1)
+        sum_xl = seq_sum(wl * xb, -1)
         D = sum_w * sum_l2 - sum_l * sum_l
         ok = (D > 0) & ~deg
         Ds = torch.where(ok, D, one)
-        this_scale = _div(sum_w * sum_xl - sum_x * sum_l, Ds)
-        this_min = _div(sum_l2 * sum_x - sum_l * sum_xl, Ds)
+        this_scale = div(sum_w * sum_xl - sum_x * sum_l, Ds)
+        this_min = div(sum_l2 * sum_x - sum_l * sum_xl, Ds)
         pos = this_min > 0
         this_min = torch.where(pos, zf, this_min)
         l2s = torch.where(sum_l2 != 0, sum_l2, one)
-        this_scale = torch.where(pos, _div(sum_xl, l2s), this_scale)
+        this_scale = torch.where(pos, div(sum_xl, l2s), this_scale)
         diff = this_scale[:, None] * fl + this_min[:, None] - xb
-        mad = _seqsum(w * (diff * diff))
+        mad = seq_sum(w * (diff * diff), -1)
         upd = ok & (mad < best_mad)
         L = torch.where(upd[:, None], la, L)
         best_mad = torch.where(upd, mad, best_mad)
@@ -193,40 +143,40 @@ def _iq4(x: torch.Tensor, qw: torch.Tensor | None, sbs: int) -> torch.Tensor:
     xs = x.reshape(-1, sbs)  # super-blocks
     nsup = xs.shape[0]
     nsub = sbs // 32
-    sig = _seqsum(xs * xs) * _c(2.0 / sbs)  # sigma2 *= 2/sbs (a power of two: exact)
+    sig = seq_sum(xs * xs, -1) * f32(2.0 / sbs)  # sigma2 *= 2/sbs (a power of two: exact)
     xb = xs.reshape(-1, 32)
     if qw is not None:
         sig_b = sig.repeat_interleave(nsub)
-        w = qw.reshape(1, -1, 32).expand(rows, -1, -1).reshape(-1, 32) * _sqrt(sig_b[:, None] + xb * xb)
+        w = qw.reshape(1, -1, 32).expand(rows, -1, -1).reshape(-1, 32) * sqrt(sig_b[:, None] + xb * xb)
     else:
         w = xb * xb
     amax, mx = _first_absmax(xb)
-    skip = amax < _EPS
+    skip = amax < EPS
     mxs = torch.where(skip, torch.ones_like(mx), mx)
 
     def trial(inv: torch.Tensor):
         li = _best_index(inv[:, None] * xb, vals)
         q = vals[li]
         wq = w * q
-        return li, _seqsum(wq * xb), _seqsum(wq * q)
+        return li, seq_sum(wq * xb, -1), seq_sum(wq * q, -1)
 
-    inv0 = _div(torch.ones_like(mxs), _div(-mxs, -127.0))
+    inv0 = div(torch.ones_like(mxs), div(-mxs, -127.0))
     _, sumqx, sumq2 = trial(inv0)
     zf = torch.zeros_like(sumqx)
-    d = torch.where(sumq2 > 0, _div(sumqx, torch.where(sumq2 > 0, sumq2, torch.ones_like(sumq2))), zf)
+    d = torch.where(sumq2 > 0, div(sumqx, torch.where(sumq2 > 0, sumq2, torch.ones_like(sumq2))), zf)
     best = d * sumqx
     for itry in range(-7, 8):
-        _, sumqx, sumq2 = trial(_div(float(itry - 127), mxs))
+        _, sumqx, sumq2 = trial(div(float(itry - 127), mxs))
         upd = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
-        d = torch.where(upd, _div(sumqx, torch.where(upd, sumq2, torch.ones_like(sumq2))), d)
+        d = torch.where(upd, div(sumqx, torch.where(upd, sumq2, torch.ones_like(sumq2))), d)
         best = torch.where(upd, d * sumqx, best)
     scales = torch.where(skip, zf, d)
     if nsub == 1:
         inv = torch.where(
-            scales != 0, _div(torch.ones_like(scales), torch.where(scales != 0, scales, 1.0)), zf
+            scales != 0, div(torch.ones_like(scales), torch.where(scales != 0, scales, 1.0)), zf
         )
         L = _best_index(inv[:, None] * xb, vals)
-        head = _half_bytes(scales)
+        head = fp16_bytes(scales)
         return torch.cat([head, _pack_nibbles(L)], dim=1).reshape(rows, -1)
     sc = scales.reshape(nsup, nsub)
     # C's "if (fabsf(d) > amax_scale)" never picks a NaN scale (from overflowing input); argmax would.
@@ -234,20 +184,20 @@ def _iq4(x: torch.Tensor, qw: torch.Tensor | None, sbs: int) -> torch.Tensor:
     pick = asc.argmax(dim=1, keepdim=True)
     amax_s = asc.gather(1, pick).squeeze(1)
     max_s = torch.where(amax_s > 0, sc.gather(1, pick).squeeze(1), torch.zeros_like(amax_s))
-    dd = _div(-max_s, 32.0)
+    dd = div(-max_s, 32.0)
     zs = torch.zeros_like(dd)
-    inv = torch.where(dd != 0, _div(torch.ones_like(dd), torch.where(dd != 0, dd, 1.0)), zs)
-    lv = _nearest(inv[:, None] * sc).clamp(-32, 31)
+    inv = torch.where(dd != 0, div(torch.ones_like(dd), torch.where(dd != 0, dd, 1.0)), zs)
+    lv = nearest_int(inv[:, None] * sc).clamp(-32, 31)
     dl = (dd[:, None] * lv.to(torch.float32)).reshape(-1)
     zl = torch.zeros_like(dl)
-    idl = torch.where(dl != 0, _div(torch.ones_like(dl), torch.where(dl != 0, dl, 1.0)), zl)
+    idl = torch.where(dl != 0, div(torch.ones_like(dl), torch.where(dl != 0, dl, 1.0)), zl)
     L = _best_index(idl[:, None] * xb, vals)
     ls = (lv + 32).to(torch.int64)
     sl = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).to(torch.uint8)
     sh = ((ls >> 4) << (2 * torch.arange(nsub, device=x.device, dtype=torch.int64))).sum(dim=1, keepdim=True)
     shb = torch.cat([sh & 255, (sh >> 8) & 255], dim=1).to(torch.uint8)
     qs = _pack_nibbles(L).reshape(nsup, -1)
-    return torch.cat([_half_bytes(dd), shb, sl, qs], dim=1).reshape(rows, -1)
+    return torch.cat([fp16_bytes(dd), shb, sl, qs], dim=1).reshape(rows, -1)
 
 
 def quantize_rows_torch(x: torch.Tensor, qtype: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:
@@ -261,50 +211,50 @@ def quantize_rows_torch(x: torch.Tensor, qtype: str, imatrix: torch.Tensor | Non
     if qtype == "BF16":
         return x.to(torch.bfloat16).view(torch.uint8).reshape(rows, n * 2)
     if rows == 0 or n == 0:
-        return torch.empty((rows, n // (256 if qtype == "IQ4_XS" else 32) * _BLOCK[qtype]), dtype=torch.uint8)
+        return torch.empty((rows, row_bytes(qtype, n)), dtype=torch.uint8)
     qw = None if imatrix is None else imatrix.to(device=x.device, dtype=torch.float32).reshape(-1)
     if qtype in ("IQ4_NL", "IQ4_XS"):
         return _iq4(x, qw, 32 if qtype == "IQ4_NL" else 256)
     xb = x.reshape(-1, 32)
     if qtype == "Q8_0":
         amax = xb.abs().amax(dim=1)
-        d = _div(amax, 127.0)
+        d = div(amax, 127.0)
         zf = torch.zeros_like(d)
-        inv = torch.where(d != 0, _div(torch.ones_like(d), torch.where(d != 0, d, 1.0)), zf)
+        inv = torch.where(d != 0, div(torch.ones_like(d), torch.where(d != 0, d, 1.0)), zf)
         v = xb * inv[:, None]
         t = torch.trunc(v)
         f = v - t
         t = t + (f >= 0.5).to(torch.float32) - (f <= -0.5).to(torch.float32)
         q = t.to(torch.int32).to(torch.int8).view(torch.uint8)
-        return torch.cat([_half_bytes(d), q], dim=1).reshape(rows, -1)
+        return torch.cat([fp16_bytes(d), q], dim=1).reshape(rows, -1)
     if qtype in ("Q4_0", "Q5_0"):
         half = 8 if qtype == "Q4_0" else 16
         if qw is None:
             _, mx = _first_absmax(xb)
-            d = _div(mx, -float(half))
+            d = div(mx, -float(half))
             zf = torch.zeros_like(d)
-            inv = torch.where(d != 0, _div(torch.ones_like(d), torch.where(d != 0, d, 1.0)), zf)
+            inv = torch.where(d != 0, div(torch.ones_like(d), torch.where(d != 0, d, 1.0)), zf)
             q = (xb * inv[:, None] + (half + 0.5)).to(torch.int32).clamp_max(2 * half - 1)
         else:
             w = _imatrix_weights(x, qw).reshape(-1, 32)
             q, d = _make_qx(xb, w, half)
         if qtype == "Q4_0":
-            return torch.cat([_half_bytes(d), _pack_nibbles(q)], dim=1).reshape(rows, -1)
-        return torch.cat([_half_bytes(d), _pack_qh(q), _pack_nibbles(q & 15)], dim=1).reshape(rows, -1)
+            return torch.cat([fp16_bytes(d), _pack_nibbles(q)], dim=1).reshape(rows, -1)
+        return torch.cat([fp16_bytes(d), _pack_qh(q), _pack_nibbles(q & 15)], dim=1).reshape(rows, -1)
     if qtype in ("Q4_1", "Q5_1"):
         top = 15 if qtype == "Q4_1" else 31
         if qw is None:
             mn = xb.gather(1, xb.argmin(dim=1, keepdim=True)).squeeze(1)
             mx = xb.gather(1, xb.argmax(dim=1, keepdim=True)).squeeze(1)
-            d = _div(mx - mn, float(top))
+            d = div(mx - mn, float(top))
             zf = torch.zeros_like(d)
-            inv = torch.where(d != 0, _div(torch.ones_like(d), torch.where(d != 0, d, 1.0)), zf)
+            inv = torch.where(d != 0, div(torch.ones_like(d), torch.where(d != 0, d, 1.0)), zf)
             q = ((xb - mn[:, None]) * inv[:, None] + 0.5).to(torch.int32)
             q = q.clamp_max(15) if top == 15 else q & 255
         else:
             w = _imatrix_weights(x, qw).reshape(-1, 32)
             q, d, mn = _make_qkx3(xb, w, top)
-        head = torch.cat([_half_bytes(d), _half_bytes(mn)], dim=1)
+        head = torch.cat([fp16_bytes(d), fp16_bytes(mn)], dim=1)
         if qtype == "Q4_1":
             return torch.cat([head, _pack_nibbles(q)], dim=1).reshape(rows, -1)
         return torch.cat([head, _pack_qh(q), _pack_nibbles(q & 15)], dim=1).reshape(rows, -1)

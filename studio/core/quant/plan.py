@@ -1,54 +1,43 @@
-"""A plan maps every tensor of a model to a GGUF type; presets and recipes make plans.
+"""A plan gives every tensor of a model a qtype; presets make plans and the plan verbs change them.
 
 Plans are keyed by Hugging Face tensor names (what the rest of the studio shows); the decisions
 that depend on llama.cpp's naming (output/token_embd, attn_v, ...) are taken on the GGUF name.
-Fallbacks for rows a type cannot split are applied when the plan is made and listed in it.
+Fallbacks for rows a qtype cannot split are applied whenever a plan is made or changed, and listed.
+
+A plan starts from a preset (``plan_from_preset``) or one qtype everywhere (``plan_uniform``); the
+plan verbs below are the only way to change one, and both the CLI and the GUI's plan editor call
+them, so an edit means the same everywhere:
+
+``with_types(plan, info, changes)``
+    The named tensors asked to take new qtypes (the plan editor's cells).
+``keep_first_last(plan, info, n, qtype)``
+    The first and last ``n`` decoder layers at ``qtype``, and with them the tensors outside the
+    layers (token embeddings, output), which are as sensitive; every other tensor keeps its qtype.
+``with_overrides(plan, info, overrides)``
+    Regular expressions on HF or GGUF names give matching tensors a qtype; the first match wins.
+
+Tensors llama.cpp never quantizes (norms, 1-D tensors) stay F32 whatever a verb asks. Each plan
+carries its ``Recipe`` (how it was made), so a saved plan can be remade for another model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
 from studio.core.errors import QuantizationError
-from studio.core.jobs import JobContext
 from studio.core.model.types import ModelInfo
-from studio.core.quant.presets import (
-    PRESETS,
-    Fallback,
-    allows_quantization,
-    check_type,
-    fallback_type,
-    preset_choice,
-    tensor_bytes,
-)
+from studio.core.quant.presets import PRESETS, Fallback, allows_quantization, preset_choice
+from studio.core.quant.types import FLOAT_TYPES, QTYPES, check_type, fallback_type, tensor_bytes
 
 PLAN_VERSION = 1
-
-# general.file_type for a plan that is not a named preset: the llama_ftype of its main type.
-_FTYPE_OF_TYPE = {
-    "F32": 0,
-    "F16": 1,
-    "Q4_0": 2,
-    "Q4_1": 3,
-    "Q8_0": 7,
-    "Q5_0": 8,
-    "Q5_1": 9,
-    "Q2_K": 10,
-    "Q3_K": 12,
-    "Q4_K": 15,
-    "Q5_K": 17,
-    "Q6_K": 18,
-    "IQ4_NL": 25,
-    "BF16": 32,
-}
 
 
 @dataclass(frozen=True)
@@ -57,6 +46,80 @@ class Override:
 
     pattern: str
     qtype: str
+
+
+class RecipeKind(str, Enum):
+    """What a plan starts from."""
+
+    PRESET = "preset"  # one of llama.cpp's mixtures
+    UNIFORM = "uniform"  # one qtype for every quantizable tensor
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a plan was made: its start, then the verbs applied (first/last layers, then overrides).
+
+    ``edited``: the plan was also changed in ways a recipe does not record (cells set by hand, or
+    verbs in another order), so remaking it from the recipe gives the plan before those changes.
+    """
+
+    kind: RecipeKind
+    base: str  # the preset (PRESET) or the qtype (UNIFORM)
+    imatrix: bool = False  # PRESET: made for an export with an importance matrix
+    keep_first_last: tuple[int, str] | None = None  # (n, qtype)
+    overrides: tuple[Override, ...] = ()
+    edited: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as saved in plan files (a uniform start with first/last layers is written as
+        the ``first_last`` kind, the form plans have always used for it)."""
+        if self.kind is RecipeKind.UNIFORM and self.keep_first_last is not None:
+            n, high = self.keep_first_last
+            d: dict[str, Any] = {"kind": "first_last", "n": n, "high": high, "low": self.base}
+        elif self.kind is RecipeKind.UNIFORM:
+            d = {"kind": "uniform", "type": self.base}
+        else:
+            d = {"kind": "preset", "preset": self.base}
+            if self.imatrix:
+                d["imatrix"] = True
+            if self.keep_first_last is not None:
+                n, qtype = self.keep_first_last
+                d["keep_first_last"] = {"n": n, "type": qtype}
+        if self.overrides:
+            d["overrides"] = [[o.pattern, o.qtype] for o in self.overrides]
+        if self.edited:
+            d["edited"] = True
+        return d
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Recipe:
+        """A recipe as ``to_dict`` writes it (and as older plans wrote it); QuantizationError if malformed."""
+        kind = d.get("kind")
+        try:
+            ovs = tuple(Override(str(p), str(t)) for p, t in d.get("overrides") or [])
+            edited = bool(d.get("edited"))
+            if kind == "preset":
+                keep = d.get("keep_first_last")
+                return Recipe(
+                    RecipeKind.PRESET,
+                    str(d["preset"]),
+                    imatrix=bool(d.get("imatrix")),
+                    keep_first_last=None if keep is None else (int(keep["n"]), str(keep["type"])),
+                    overrides=ovs,
+                    edited=edited,
+                )
+            if kind == "uniform":
+                return Recipe(RecipeKind.UNIFORM, str(d["type"]), overrides=ovs, edited=edited)
+            if kind == "first_last":
+                keep_fl = (int(d["n"]), str(d["high"]))
+                return Recipe(
+                    RecipeKind.UNIFORM, str(d["low"]), keep_first_last=keep_fl, overrides=ovs, edited=edited
+                )
+        except (KeyError, TypeError, ValueError) as err:
+            raise QuantizationError(
+                f"The plan recipe {kind!r} is malformed ({type(err).__name__}: {err})."
+            ) from None
+        raise QuantizationError(f"The plan recipe kind {kind!r} is unknown.")
 
 
 @dataclass(frozen=True)
@@ -72,24 +135,23 @@ class PlanSummary:
 
 @dataclass(frozen=True)
 class Plan:
-    """Tensor name (HF) → GGUF type, with how it was made and the fallbacks applied."""
+    """Tensor name (HF) → qtype, with how it was made (``recipe``, None when unknown) and the fallbacks."""
 
     types: Mapping[str, str]
     name: str = "custom"
-    ftype: int = 1
+    ftype: int = 1  # llama_ftype written as general.file_type
     fallbacks: tuple[Fallback, ...] = ()
     notes: tuple[str, ...] = ()
-    recipe: Mapping[str, Any] = field(default_factory=dict)
+    recipe: Recipe | None = None
 
     def __post_init__(self) -> None:
-        # freeze the mappings so a Plan can be shared between threads safely
+        # freeze the mapping so a Plan can be shared between threads safely
         object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
-        object.__setattr__(self, "recipe", MappingProxyType(dict(self.recipe)))
         for name, t in self.types.items():
             check_type(t, f"Plan gives tensor {name!r} the unknown type {t!r}.")
 
     def type_of(self, name: str) -> str:
-        """The GGUF type of tensor ``name``; QuantizationError if the plan does not cover it."""
+        """The qtype of tensor ``name``; QuantizationError if the plan does not cover it."""
         try:
             return self.types[name]
         except KeyError:
@@ -108,7 +170,7 @@ class Plan:
             "version": PLAN_VERSION,
             "name": self.name,
             "ftype": self.ftype,
-            "recipe": _jsonable(dict(self.recipe)),
+            "recipe": self.recipe.to_dict() if self.recipe is not None else {},
             "types": dict(self.types),
             "fallbacks": [f.to_dict() for f in self.fallbacks],
             "notes": list(self.notes),
@@ -129,7 +191,11 @@ class Plan:
 
     @staticmethod
     def from_dict(d: Any, info: ModelInfo | None = None, source: str | None = None) -> Plan:
-        """A plan from a dict as written by ``to_dict``; ``source`` is named in error messages."""
+        """A plan from a dict as written by ``to_dict``; ``source`` is named in error messages.
+
+        A file with only a recipe is remade for ``info``; next to a types table (which is what the
+        export follows) a recipe that cannot be read is dropped rather than refused.
+        """
         what = f"The plan file {source}" if source else "The plan file"
         if not isinstance(d, dict) or "version" not in d:
             raise QuantizationError(f"{what} has no 'version' field; it is not a Quant Studio plan.")
@@ -141,10 +207,14 @@ class Plan:
         recipe = d.get("recipe") or {}
         if not isinstance(types, dict) or not types:
             if info is not None and isinstance(recipe, dict) and recipe:
-                return plan_from_recipe(info, recipe)
+                return plan_from_recipe(info, Recipe.from_dict(recipe))
             raise QuantizationError(f"{what} has no 'types' table.")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
             raise QuantizationError(f"{what}: its 'types' table must map tensor names to type names.")
+        try:
+            typed_recipe = Recipe.from_dict(recipe) if isinstance(recipe, dict) and recipe else None
+        except QuantizationError:
+            typed_recipe = None
         try:
             fallbacks = tuple(
                 Fallback(
@@ -158,7 +228,7 @@ class Plan:
                 ftype=int(d.get("ftype", 1)),
                 fallbacks=fallbacks,
                 notes=tuple(str(n) for n in d.get("notes") or []),
-                recipe=recipe if isinstance(recipe, dict) else {},
+                recipe=typed_recipe,
             )
         except (KeyError, TypeError, ValueError) as err:
             # a hand-edited file: its 'fallbacks', 'ftype' or 'notes' are not what to_dict writes
@@ -190,14 +260,6 @@ class Plan:
         )
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    return x
-
-
 def check_plan(plan: Plan, info: ModelInfo) -> None:
     """Raise QuantizationError unless ``plan`` covers exactly the tensors exported for ``info``
     with types their rows allow."""
@@ -211,7 +273,7 @@ def check_plan(plan: Plan, info: ModelInfo) -> None:
                 hint="The plan was probably made for another model; make a new one.",
             )
         t = plan.types[tm.hf_name]
-        if t not in ("F32", "F16", "BF16"):
+        if t not in FLOAT_TYPES:
             if not allows_quantization(tm.gguf_name, len(tm.shape)):
                 raise QuantizationError(
                     f"Tensor {tm.hf_name!r} ({tm.gguf_name}) must stay F32, the plan says {t}."
@@ -231,19 +293,7 @@ def check_plan(plan: Plan, info: ModelInfo) -> None:
         )
 
 
-def _finish(
-    info: ModelInfo,
-    wanted: dict[str, str],
-    *,
-    name: str,
-    ftype: int,
-    overrides: Sequence[Override],
-    recipe: dict[str, Any],
-    fallbacks: Iterable[Fallback] = (),
-) -> Plan:
-    """Apply overrides (first match wins), keep non-quantizable tensors F32, apply fallbacks."""
-    from studio.core.gguf.arch import layout
-
+def _compile(overrides: Sequence[Override]) -> list[tuple[re.Pattern[str], str]]:
     compiled = []
     for o in overrides:
         check_type(o.qtype, f"Override {o.pattern!r} asks for the unknown type {o.qtype!r}.")
@@ -251,8 +301,30 @@ def _finish(
             compiled.append((re.compile(o.pattern), o.qtype))
         except re.error as err:
             raise QuantizationError(f"Override pattern {o.pattern!r} is not a valid regex ({err}).") from None
+    return compiled
+
+
+def _finish(
+    info: ModelInfo,
+    wanted: Mapping[str, str],
+    *,
+    name: str,
+    ftype: int,
+    recipe: Recipe | None,
+    overrides: Sequence[Override] = (),
+    fallbacks: Iterable[Fallback] = (),
+) -> Plan:
+    """The plan giving each tensor its ``wanted`` qtype, or that of the first override matching it.
+
+    Tensors llama.cpp does not quantize (and empty ones) stay F32; fallbacks are applied to rows the
+    asked qtype cannot split. ``fallbacks`` recorded upstream stay listed for tensors no override
+    re-asked, as long as the tensor really ended up at the fallback's qtype.
+    """
+    from studio.core.gguf.arch import layout
+
+    compiled = _compile(overrides)
     types: dict[str, str] = {}
-    fbs = list(fallbacks)
+    records = {f.tensor: f for f in fallbacks}
     notes: list[str] = []
     for tm in layout(info).tensors:
         if not allows_quantization(tm.gguf_name, len(tm.shape)) or math.prod(tm.shape) == 0:
@@ -260,21 +332,30 @@ def _finish(
                 notes.append(f"{tm.hf_name} is empty and is kept in F32.")
             types[tm.hf_name] = "F32"
             continue
-        t = wanted[tm.hf_name]
+        t = wanted.get(tm.hf_name)
+        if t is None:
+            raise QuantizationError(
+                f"The plan {name!r} has no type for tensor {tm.hf_name!r} of {info.path}.",
+                hint="The plan was probably made for another model; make a new one.",
+            )
         for rx, qt in compiled:
             if rx.search(tm.hf_name) or rx.search(tm.gguf_name):
                 t = qt
+                records.pop(tm.hf_name, None)
                 break
         got, why = fallback_type(t, tm.n_per_row)
-        if why is not None and not any(f.tensor == tm.hf_name for f in fbs):
-            fbs.append(Fallback(tm.hf_name, tm.gguf_name, t, got, why))
+        if why is not None and tm.hf_name not in records:
+            records[tm.hf_name] = Fallback(tm.hf_name, tm.gguf_name, t, got, why)
         types[tm.hf_name] = got
-    # a fallback recorded upstream stays listed only if the tensor really ended up there
-    fbs = [f for f in fbs if types.get(f.tensor) == f.got]
-    rec = dict(recipe)
-    if overrides:
-        rec["overrides"] = [[o.pattern, o.qtype] for o in overrides]
-    return Plan(types, name=name, ftype=ftype, fallbacks=tuple(fbs), notes=tuple(notes), recipe=rec)
+    fbs = tuple(f for f in records.values() if types.get(f.tensor) == f.got)
+    return Plan(types, name=name, ftype=ftype, fallbacks=fbs, notes=tuple(notes), recipe=recipe)
+
+
+def _with_suffix(name: str, suffix: str) -> str:
+    return name if name.endswith(suffix) else name + suffix
+
+
+# ------------------------------------------------------------------------------------ making plans
 
 
 def plan_from_preset(
@@ -289,8 +370,8 @@ def plan_from_preset(
         choice.types,
         name=p.name,
         ftype=p.ftype,
+        recipe=Recipe(RecipeKind.PRESET, p.name, imatrix=imatrix, overrides=tuple(overrides)),
         overrides=overrides,
-        recipe={"kind": "preset", "preset": p.name, **({"imatrix": True} if imatrix else {})},
         fallbacks=choice.fallbacks,
     )
 
@@ -300,115 +381,134 @@ def plan_uniform(info: ModelInfo, qtype: str, overrides: Sequence[Override] = ()
     from studio.core.gguf.arch import layout
 
     qtype = check_type(qtype.upper())
-    wanted = {tm.hf_name: qtype for tm in layout(info).tensors}
     return _finish(
         info,
-        wanted,
+        {tm.hf_name: qtype for tm in layout(info).tensors},
         name=f"uniform {qtype}",
-        ftype=_FTYPE_OF_TYPE.get(qtype, 1),
+        ftype=QTYPES[qtype].ftype or 1,
+        recipe=Recipe(RecipeKind.UNIFORM, qtype, overrides=tuple(overrides)),
         overrides=overrides,
-        recipe={"kind": "uniform", "type": qtype},
     )
 
 
 def plan_first_last(info: ModelInfo, n: int, high: str, low: str, overrides: Sequence[Override] = ()) -> Plan:
-    """The first and last ``n`` layers (and the embeddings and output, which are as sensitive)
-    at ``high``; every other quantizable tensor at ``low``."""
+    """``low`` everywhere, then ``keep_first_last`` at ``high``, then the overrides."""
+    plan = keep_first_last(plan_uniform(info, low), info, n, high)
+    if overrides:
+        plan = with_overrides(plan, info, overrides)
+    return dataclasses.replace(plan, name=f"first/last {n} at {high.upper()}, rest {low.upper()}")
+
+
+def plan_from_recipe(info: ModelInfo, recipe: Recipe | Mapping[str, Any]) -> Plan:
+    """Remake a plan for ``info`` from its recipe (a ``Recipe`` or the dict a plan file holds)."""
+    r = recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
+    if r.keep_first_last is None:  # one step, named as when it was made
+        if r.kind is RecipeKind.PRESET:
+            return plan_from_preset(info, r.base, r.overrides, imatrix=r.imatrix)
+        return plan_uniform(info, r.base, r.overrides)
+    if r.kind is RecipeKind.UNIFORM:
+        return plan_first_last(info, *r.keep_first_last, r.base, r.overrides)
+    plan = keep_first_last(plan_from_preset(info, r.base, imatrix=r.imatrix), info, *r.keep_first_last)
+    return with_overrides(plan, info, r.overrides) if r.overrides else plan
+
+
+# ----------------------------------------------------------------------------------------- verbs
+
+
+def with_types(plan: Plan, info: ModelInfo, changes: Mapping[str, str]) -> Plan:
+    """``plan`` with the tensors named in ``changes`` (HF names) asked to take new qtypes.
+
+    A tensor llama.cpp never quantizes may only be asked for a float type; fallbacks are applied
+    (and listed) where a row cannot take the asked qtype.
+    """
     from studio.core.gguf.arch import layout
 
-    high, low = check_type(high.upper()), check_type(low.upper())
+    by_name = layout(info).by_hf()
+    for name, qtype in changes.items():
+        check_type(qtype, f"Tensor {name!r} is asked for the unknown type {qtype!r}.")
+        tm = by_name.get(name)
+        if tm is None:
+            raise QuantizationError(f"The plan names tensor {name!r}, which {info.path} does not export.")
+        if qtype not in FLOAT_TYPES and not allows_quantization(tm.gguf_name, len(tm.shape)):
+            raise QuantizationError(f"Tensor {name!r} ({tm.gguf_name}) must stay F32, not {qtype}.")
+    return _finish(
+        info,
+        {**plan.types, **changes},
+        name=_with_suffix(plan.name, " (edited)"),
+        ftype=plan.ftype,
+        recipe=None if plan.recipe is None else dataclasses.replace(plan.recipe, edited=True),
+        fallbacks=[f for f in plan.fallbacks if f.tensor not in changes],
+    )
+
+
+def first_last_tensors(info: ModelInfo, n: int) -> tuple[str, ...]:
+    """HF names of the quantizable tensors ``keep_first_last`` raises: those of the first and last
+    ``n`` layers, and those outside any layer (token embeddings, output)."""
+    from studio.core.gguf.arch import layout
+
     if n < 0:
         raise QuantizationError(f"The number of first/last layers must be 0 or more, not {n}.")
     lay = layout(info)
     n_layers = max([t.layer + 1 for t in lay.tensors if t.layer is not None], default=0)
-    wanted = {}
-    for tm in lay.tensors:
-        if tm.layer is None:
-            wanted[tm.hf_name] = high
-        else:
-            wanted[tm.hf_name] = high if tm.layer < n or tm.layer >= n_layers - n else low
-    return _finish(
-        info,
-        wanted,
-        name=f"first/last {n} at {high}, rest {low}",
-        ftype=_FTYPE_OF_TYPE.get(low, 1),
-        overrides=overrides,
-        recipe={"kind": "first_last", "n": n, "high": high, "low": low},
+    return tuple(
+        tm.hf_name
+        for tm in lay.tensors
+        if allows_quantization(tm.gguf_name, len(tm.shape))
+        and math.prod(tm.shape) > 0
+        and (tm.layer is None or tm.layer < n or tm.layer >= n_layers - n)
     )
 
 
-def plan_from_recipe(info: ModelInfo, recipe: Mapping[str, Any]) -> Plan:
-    """Remake a plan for ``info`` from its recipe (what ``Plan.recipe`` records)."""
-    kind = recipe.get("kind")
-    try:
-        ovs = tuple(Override(str(p), str(t)) for p, t in recipe.get("overrides") or [])
-        if kind == "preset":
-            return plan_from_preset(info, str(recipe["preset"]), ovs, imatrix=bool(recipe.get("imatrix")))
-        if kind == "uniform":
-            return plan_uniform(info, str(recipe["type"]), ovs)
-        if kind == "first_last":
-            return plan_first_last(info, int(recipe["n"]), str(recipe["high"]), str(recipe["low"]), ovs)
-    except (KeyError, TypeError, ValueError) as err:
-        raise QuantizationError(
-            f"The plan recipe {kind!r} is malformed ({type(err).__name__}: {err})."
-        ) from None
-    raise QuantizationError(f"The plan recipe kind {kind!r} is unknown.")
+def keep_first_last(plan: Plan, info: ModelInfo, n: int, qtype: str) -> Plan:
+    """``plan`` with the first and last ``n`` layers, the token embeddings and the output at ``qtype``."""
+    qtype = check_type(qtype.upper())
+    names = first_last_tensors(info, n)
+    r = plan.recipe
+    if r is not None:
+        # the recipe replays first/last before overrides, once: any other order is an edit
+        fits = r.keep_first_last is None and not r.overrides and not r.edited
+        r = (
+            dataclasses.replace(r, keep_first_last=(n, qtype))
+            if fits
+            else dataclasses.replace(r, edited=True)
+        )
+    return _finish(
+        info,
+        {**plan.types, **dict.fromkeys(names, qtype)},
+        name=f"{plan.name}, first/last {n} at {qtype}",
+        ftype=plan.ftype,
+        recipe=r,
+        fallbacks=[f for f in plan.fallbacks if f.tensor not in names],
+    )
+
+
+def tensors_matching(info: ModelInfo, pattern: str) -> tuple[str, ...]:
+    """HF names of the quantizable tensors whose HF or GGUF name matches ``pattern`` (re.search),
+    i.e. those an override with this pattern changes; QuantizationError for an invalid pattern."""
+    from studio.core.gguf.arch import layout
+
+    rx = _compile([Override(pattern, "F32")])[0][0]
+    return tuple(
+        tm.hf_name
+        for tm in layout(info).tensors
+        if allows_quantization(tm.gguf_name, len(tm.shape))
+        and math.prod(tm.shape) > 0
+        and (rx.search(tm.hf_name) or rx.search(tm.gguf_name))
+    )
 
 
 def with_overrides(plan: Plan, info: ModelInfo, overrides: Sequence[Override]) -> Plan:
     """``plan`` with ``overrides`` applied on top (first match wins), fallbacks recomputed."""
-    kept = [f for f in plan.fallbacks if not any(re.search(o.pattern, f.tensor) for o in overrides)]
+    r = plan.recipe
+    if r is not None and overrides:
+        # on top of the earlier overrides: the new ones come first, so they win where both match
+        r = dataclasses.replace(r, overrides=(*overrides, *r.overrides))
     return _finish(
         info,
-        dict(plan.types),
-        name=plan.name + " + overrides",
+        plan.types,
+        name=_with_suffix(plan.name, " + overrides"),
         ftype=plan.ftype,
+        recipe=r,
         overrides=overrides,
-        recipe=dict(plan.recipe),
-        fallbacks=kept,
+        fallbacks=plan.fallbacks,
     )
-
-
-@dataclass(frozen=True)
-class NonFinite:
-    """A tensor holding NaN or Inf values."""
-
-    tensor: str
-    nan: int
-    inf: int
-
-
-def count_nonfinite(x: np.ndarray) -> tuple[int, int]:
-    """(number of NaN, number of ±Inf) in ``x``."""
-    if x.dtype.kind != "f" or x.size == 0:
-        return 0, 0
-    nan = int(np.count_nonzero(np.isnan(x)))
-    inf = int(np.count_nonzero(np.isinf(x)))
-    return nan, inf
-
-
-def nonfinite_error(name: str, nan: int, inf: int, path: Any = None) -> QuantizationError:
-    """The error for a tensor with NaN/Inf values (FAULTS 19)."""
-    where = f" of {path}" if path is not None else ""
-    return QuantizationError(
-        f"Tensor {name!r}{where} contains {nan} NaN and {inf} Inf values; refusing to quantize it.",
-        hint="The checkpoint is damaged or was saved after a diverged step; fix or re-download it.",
-    )
-
-
-def scan_nonfinite(
-    checkpoint: Any, names: Iterable[str] | None = None, ctx: JobContext | None = None
-) -> list[NonFinite]:
-    """Read every (or the named) tensor of an opened checkpoint and list those with NaN/Inf."""
-    names = list(names) if names is not None else [t.name for t in checkpoint.info.tensors]
-    bad: list[NonFinite] = []
-    for i, name in enumerate(names):
-        if ctx is not None:
-            ctx.check_cancelled()
-            ctx.report(i, len(names), f"scanning {name}")
-        nan, inf = count_nonfinite(np.asarray(checkpoint.read(name)))
-        if nan or inf:
-            bad.append(NonFinite(name, nan, inf))
-    if ctx is not None:
-        ctx.report(len(names), len(names), "scan done")
-    return bad

@@ -1,4 +1,4 @@
-"""llama.cpp's named quantization mixtures (Q4_K_M, Q6_K, ...) as per-tensor type choices.
+"""Presets: llama.cpp's named quantization mixtures (Q4_K_M, Q6_K, ...) as per-tensor qtype choices.
 
 ``preset_types`` reproduces the per-tensor decisions of llama.cpp's ``llama_tensor_get_type``
 (src/llama-quant.cpp, as vendored in llama-cpp-python 0.3.x) for the architectures we export:
@@ -12,57 +12,45 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import gguf
-
 from studio.core.errors import QuantizationError
 from studio.core.model.types import ModelInfo
-
-# The GGUF types the studio writes, in menu order; block geometry comes from gguf-py's table.
-_WRITABLE_TYPES = (
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-)  # fmt: skip
-
-TYPE_SIZES: dict[str, tuple[int, int]] = {
-    name: tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]) for name in _WRITABLE_TYPES
-}
-"""GGUF type name → (weights per block, bytes per block)."""
-
-FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
-
-# Where llama.cpp sends a 256-block type whose rows it cannot split (tensor_type_fallback).
-_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+from studio.core.quant.types import QTYPES, fallback_type, ftype_of
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A named llama.cpp file type: its llama_ftype number and default tensor type."""
+    """A named llama.cpp mixture (a file type such as Q4_K_M): its main qtype and what it is for."""
 
     name: str
-    ftype: int  # llama.h's LLAMA_FTYPE_* value (also written as general.file_type)
     default_type: str
     description: str
+
+    @property
+    def ftype(self) -> int:
+        """llama.h's LLAMA_FTYPE_* value of this preset (also written as general.file_type)."""
+        return ftype_of(self.name)
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("F32", 0, "F32", "full 32-bit floats (reference, largest)"),
-        Preset("F16", 1, "F16", "16-bit floats, no quality loss in practice"),
-        Preset("BF16", 32, "BF16", "bfloat16, the training format of most models"),
-        Preset("Q8_0", 7, "Q8_0", "8-bit, near-lossless"),
-        Preset("Q6_K", 18, "Q6_K", "6-bit k-quant, very close to F16"),
-        Preset("Q5_K_M", 17, "Q5_K", "5-bit k-quant, attn_v/ffn_down partly 6-bit"),
-        Preset("Q5_K_S", 16, "Q5_K", "5-bit k-quant, uniform"),
-        Preset("Q5_1", 9, "Q5_1", "legacy 5-bit with offset"),
-        Preset("Q5_0", 8, "Q5_0", "legacy 5-bit"),
-        Preset("Q4_K_M", 15, "Q4_K", "4-bit k-quant, attn_v/ffn_down partly 6-bit (the usual choice)"),
-        Preset("Q4_K_S", 14, "Q4_K", "4-bit k-quant, a few early layers at 5-bit"),
-        Preset("Q4_1", 3, "Q4_1", "legacy 4-bit with offset"),
-        Preset("Q4_0", 2, "Q4_0", "legacy 4-bit, fastest to quantize"),
-        Preset("Q3_K_L", 13, "Q3_K", "3-bit k-quant, attn_v/ffn_down/attn_output at 5-bit"),
-        Preset("Q3_K_M", 12, "Q3_K", "3-bit k-quant, attn_v/ffn_down/attn_output partly 4/5-bit"),
-        Preset("Q3_K_S", 11, "Q3_K", "3-bit k-quant, uniform"),
-        Preset("Q2_K", 10, "Q2_K", "2-bit k-quant, large quality loss"),
+        Preset("F32", "F32", "full 32-bit floats (reference, largest)"),
+        Preset("F16", "F16", "16-bit floats, no quality loss in practice"),
+        Preset("BF16", "BF16", "bfloat16, the training format of most models"),
+        Preset("Q8_0", "Q8_0", "8-bit, near-lossless"),
+        Preset("Q6_K", "Q6_K", "6-bit k-quant, very close to F16"),
+        Preset("Q5_K_M", "Q5_K", "5-bit k-quant, attn_v/ffn_down partly 6-bit"),
+        Preset("Q5_K_S", "Q5_K", "5-bit k-quant, uniform"),
+        Preset("Q5_1", "Q5_1", "legacy 5-bit with offset"),
+        Preset("Q5_0", "Q5_0", "legacy 5-bit"),
+        Preset("Q4_K_M", "Q4_K", "4-bit k-quant, attn_v/ffn_down partly 6-bit (the usual choice)"),
+        Preset("Q4_K_S", "Q4_K", "4-bit k-quant, a few early layers at 5-bit"),
+        Preset("Q4_1", "Q4_1", "legacy 4-bit with offset"),
+        Preset("Q4_0", "Q4_0", "legacy 4-bit, fastest to quantize"),
+        Preset("Q3_K_L", "Q3_K", "3-bit k-quant, attn_v/ffn_down/attn_output at 5-bit"),
+        Preset("Q3_K_M", "Q3_K", "3-bit k-quant, attn_v/ffn_down/attn_output partly 4/5-bit"),
+        Preset("Q3_K_S", "Q3_K", "3-bit k-quant, uniform"),
+        Preset("Q2_K", "Q2_K", "2-bit k-quant, large quality loss"),
     )
 }
 
@@ -93,55 +81,8 @@ class PresetChoice:
     """The per-tensor types of a preset for one model, with the fallbacks that were applied."""
 
     preset: str
-    types: dict[str, str]  # HF tensor name → GGUF type name
+    types: dict[str, str]  # HF tensor name → qtype
     fallbacks: tuple[Fallback, ...]
-
-
-def check_type(qtype: str, message: str | None = None) -> str:
-    """``qtype`` itself if the studio writes that GGUF type; otherwise a QuantizationError
-    (``message``, or "Unknown GGUF type ...") whose hint lists the known types."""
-    if qtype not in TYPE_SIZES:
-        raise QuantizationError(
-            message or f"Unknown GGUF type {qtype!r}.", hint="Known: " + ", ".join(TYPE_SIZES) + "."
-        )
-    return qtype
-
-
-def block_size(qtype: str) -> int:
-    """Weights per block of a GGUF type; QuantizationError for an unknown type."""
-    return TYPE_SIZES[check_type(qtype)][0]
-
-
-def row_bytes(qtype: str, n_per_row: int) -> int:
-    """Bytes of one quantized row of ``n_per_row`` weights."""
-    blk, nb = TYPE_SIZES[qtype]
-    return (n_per_row // blk) * nb
-
-
-def tensor_bytes(qtype: str, shape: tuple[int, ...]) -> int:
-    """Bytes of a whole tensor of GGUF numpy ``shape`` stored as ``qtype``."""
-    n = 1
-    for s in shape:
-        n *= int(s)
-    blk, nb = TYPE_SIZES[qtype]
-    return n // blk * nb
-
-
-def fallback_type(qtype: str, n_per_row: int) -> tuple[str, str | None]:
-    """The type a row of ``n_per_row`` weights actually gets when ``qtype`` is asked, and why.
-
-    Mirrors llama.cpp: a 256-block k-quant falls back to a 32-block type, and if even that does
-    not divide the row, to F16. Returns (type, reason or None when no fallback was needed).
-    """
-    blk = block_size(qtype)
-    if n_per_row % blk == 0:
-        return qtype, None
-    got = _FALLBACK.get(qtype, qtype if blk <= 32 else "F16")
-    why = f"rows of {n_per_row} are not a multiple of {blk}"
-    if n_per_row % block_size(got) != 0:
-        got = "F16"
-        why += " nor of 32"
-    return got, why
 
 
 def allows_quantization(gguf_name: str, ndim: int) -> bool:
@@ -194,7 +135,7 @@ def _sort_key(name: str) -> tuple[int, str]:
 @dataclass(frozen=True)
 class _Ctx:
     arch: str
-    ftype: str
+    preset: str
     n_layer: int
     n_gqa: int
     is_70b: bool
@@ -206,9 +147,9 @@ class _Ctx:
 
 def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counters: dict[str, int]) -> str:
     """llama_tensor_get_type_impl for the non-IQ file types."""
-    ft = ctx.ftype
+    ft = ctx.preset
     if cat == "output" or (ctx.tied and cat == "token_embd"):
-        blk = block_size(new_type)
+        blk = QTYPES[new_type].block_size
         if ctx.arch == "falcon" or n_per_row % blk != 0:
             return "Q8_0"
         return new_type if new_type == "Q8_0" else "Q6_K"
@@ -277,12 +218,8 @@ def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counter
     return new_type
 
 
-def _is_quantized(qtype: str) -> bool:
-    return qtype not in FLOAT_TYPES
-
-
 def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> PresetChoice:
-    """Per-tensor GGUF types of ``preset`` for ``info`` (keyed by HF name) and the fallbacks;
+    """Per-tensor qtypes of ``preset`` for ``info`` (keyed by HF name) and the fallbacks;
     ``imatrix``: whether an importance matrix will be used (it changes a few choices)."""
     from studio.core.gguf.arch import head_counts, layout
 
@@ -296,7 +233,7 @@ def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> Pre
     maps = sorted(lay.tensors, key=lambda t: _sort_key(t.gguf_name))
     ctx = _Ctx(
         arch=lay.arch,
-        ftype=p.name,
+        preset=p.name,
         n_layer=n_layer,
         n_gqa=n_head // max(1, n_kv),
         is_70b=lay.arch == "llama" and n_layer == 80 and n_head != n_kv,
@@ -314,9 +251,9 @@ def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> Pre
             types[tm.hf_name] = "F32"
             continue
         new_type = p.default_type
-        if _is_quantized(new_type):
+        if not QTYPES[new_type].is_float:
             wanted = _impl(ctx, new_type, tm.gguf_name, _category(tm.gguf_name), tm.n_per_row, counters)
-            if wanted != new_type and wanted == "Q8_0" and tm.n_per_row % block_size(new_type) != 0:
+            if wanted != new_type and wanted == "Q8_0" and tm.n_per_row % QTYPES[new_type].block_size != 0:
                 # the output rule's own shape fallback: report it like the others
                 fallbacks.append(
                     Fallback(
@@ -324,7 +261,7 @@ def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> Pre
                         tm.gguf_name,
                         "Q6_K",
                         "Q8_0",
-                        f"rows of {tm.n_per_row} are not a multiple of {block_size(new_type)}",
+                        f"rows of {tm.n_per_row} are not a multiple of {QTYPES[new_type].block_size}",
                     )
                 )
             new_type = wanted
@@ -353,7 +290,7 @@ def n_experts(info: ModelInfo, lay: object | None = None) -> int:
 
 
 def preset_types(info: ModelInfo, preset: str, *, imatrix: bool = False) -> dict[str, str]:
-    """Tensor name → GGUF type name that llama.cpp's ``preset`` would choose for this model.
+    """Tensor name → the qtype llama.cpp's ``preset`` would choose for this model.
 
     Tensors llama.cpp does not write (rotary buffers, a tied lm_head, BERT's pooler) are absent.
     """

@@ -1,16 +1,15 @@
 """Precision plan editor: layers × tensor roles, a GGUF type per cell, presets, rules, undo/redo, JSON.
 
-Plans are ``studio.core.quant.plan.Plan`` objects; sizes come from ``Plan.summary`` and the fit verdict
-from ``studio.core.estimate``. Every change makes a new (immutable) plan, pushed on a ``QUndoStack``
-and announced through ``StudioState.set_plan``.
+Plans are ``studio.core.quant.plan.Plan`` objects, changed only through the core's plan verbs
+(``with_types``, ``keep_first_last``, ``with_overrides``), the same the CLI uses; sizes come from
+``Plan.summary`` and the fit verdict from ``studio.core.estimate``. Every change makes a new
+(immutable) plan, pushed on a ``QUndoStack`` and announced through ``StudioState.set_plan``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,16 +31,27 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
 from studio.core.model.types import Role
-from studio.core.quant.plan import Plan, plan_from_preset, plan_uniform
-from studio.core.quant.presets import PRESETS, TYPE_SIZES, Fallback, allows_quantization, fallback_type
+from studio.core.quant.plan import (
+    Override,
+    Plan,
+    keep_first_last,
+    plan_from_preset,
+    plan_uniform,
+    tensors_matching,
+    with_overrides,
+    with_types,
+)
+from studio.core.quant.presets import PRESETS, Fallback, allows_quantization
+from studio.core.quant.types import PLAN_TYPES
 from studio.qt.fmt import human_bytes
 from studio.qt.panels import assert_gui_thread
 
-__all__ = ["PlanEditorPanel", "PlanTableModel", "TypeDelegate", "replace_types"]
+__all__ = ["PlanEditorPanel", "PlanTableModel", "TypeDelegate"]
 
-TYPES: tuple[str, ...] = tuple(TYPE_SIZES)
+TYPES: tuple[str, ...] = PLAN_TYPES
 DEFAULT_PRESET = "Q4_K_M"
 # Uniform plans offered next to llama.cpp's presets: INT8 and INT4 everywhere.
 _UNIFORM = {
@@ -72,27 +82,6 @@ _ROLE_ORDER = (
 )
 _FALLBACK_BRUSH = QBrush(QColor(255, 190, 90, 150))
 _MIXED = "mixed"
-
-
-def replace_types(plan: Plan, layout_by_name: Mapping[str, Any], changes: Mapping[str, str]) -> Plan:
-    """``plan`` with the tensors in ``changes`` asked to take new types, llama.cpp's fallbacks applied.
-
-    The fallback decision is the core's (``presets.fallback_type``); this only assembles the new plan.
-    """
-    types = dict(plan.types)
-    fallbacks: list[Fallback] = [f for f in plan.fallbacks if f.tensor not in changes]
-    for name, wanted in changes.items():
-        tm = layout_by_name[name]
-        got, why = fallback_type(wanted, tm.n_per_row)
-        types[name] = got
-        if why is not None:
-            fallbacks.append(Fallback(name, tm.gguf_name, wanted, got, why))
-    recipe = dict(plan.recipe)
-    recipe["edited"] = True
-    base = plan.name if plan.name.endswith("(edited)") else f"{plan.name} (edited)"
-    return Plan(
-        types, name=base, ftype=plan.ftype, fallbacks=tuple(fallbacks), notes=plan.notes, recipe=recipe
-    )
 
 
 class _PlanCommand(QUndoCommand):
@@ -220,7 +209,7 @@ class PlanTableModel(QAbstractTableModel):
     def setData(
         self, index: QModelIndex | QPersistentModelIndex, value: Any, role: int = Qt.ItemDataRole.EditRole
     ) -> bool:
-        if role != Qt.ItemDataRole.EditRole or not index.isValid() or str(value) not in TYPE_SIZES:
+        if role != Qt.ItemDataRole.EditRole or not index.isValid() or str(value) not in PLAN_TYPES:
             return False
         if (index.row(), index.column()) not in self.cells:
             return False
@@ -293,6 +282,10 @@ class PlanEditorPanel(QWidget):
         self.keep_type.addItems(list(TYPES))
         self.keep_type.setCurrentText("Q8_0")
         self.keep_button = QPushButton("Keep first/last N layers", self)
+        self.keep_button.setToolTip(
+            "The first and last N layers, the token embeddings and the output at the chosen type "
+            "(as export --keep-first-last does)"
+        )
         self.keep_button.clicked.connect(
             lambda: self.keep_first_last(self.keep_n.value(), self.keep_type.currentText())
         )
@@ -398,28 +391,22 @@ class PlanEditorPanel(QWidget):
         """Replace the plan with a preset's (llama.cpp's mixture, or INT8/INT4 everywhere)."""
         if self._info is None:
             return
-        try:
-            new = (
-                plan_uniform(self._info, _UNIFORM[preset])
-                if preset in _UNIFORM
-                else plan_from_preset(self._info, preset)
-            )
-        except StudioError as err:
-            self._error(str(err))
-            return
-        self._push(new, f"Preset {preset}")
+        info = self._info
+        if preset in _UNIFORM:
+            self._apply(lambda _p: plan_uniform(info, _UNIFORM[preset]), f"Preset {preset}")
+        else:
+            self._apply(lambda _p: plan_from_preset(info, preset), f"Preset {preset}")
 
     def set_tensors(self, names: list[str], qtype: str, text: str | None = None) -> None:
         """Ask for ``qtype`` on the named tensors (fallbacks applied where rows need it)."""
         if self.plan is None or not names:
             return
         changes = {n: qtype for n in names if n in self._layout_by_name}
-        if not changes:
-            return
-        self._push(
-            replace_types(self.plan, self._layout_by_name, changes),
-            text or f"Set {len(changes)} tensor(s) to {qtype}",
-        )
+        if changes:
+            self._apply(
+                lambda p: with_types(p, self._info, changes),
+                text or f"Set {len(changes)} tensor(s) to {qtype}",
+            )
 
     def set_cells(self, cells: list[tuple[int, int]], qtype: str) -> None:
         """Ask for ``qtype`` in the given (row, column) cells."""
@@ -435,47 +422,36 @@ class PlanEditorPanel(QWidget):
         self.set_cells(cells, qtype)
 
     def keep_first_last(self, n: int, qtype: str) -> None:
-        """Put the first and last ``n`` layers' quantizable tensors at ``qtype``."""
-        layers = [lay for lay in self.model.rows if lay is not None]
-        if not layers:
-            return
-        lo, hi = min(layers), max(layers)
-        keep = {lay for lay in layers if lay < lo + n or lay > hi - n}
-        names = [
-            name for (r, _c), cell in self.model.cells.items() if self.model.rows[r] in keep for name in cell
-        ]
-        self.set_tensors(names, qtype, f"Keep first/last {n} layers at {qtype}")
+        """Put the first and last ``n`` layers, the token embeddings and the output at ``qtype``
+        (the core's ``keep_first_last``, as ``export --keep-first-last`` does)."""
+        if self.plan is not None:
+            self._apply(
+                lambda p: keep_first_last(p, self._info, n, qtype), f"Keep first/last {n} layers at {qtype}"
+            )
 
     def apply_regex(self, pattern: str, qtype: str) -> None:
-        """Ask for ``qtype`` on every quantizable tensor whose HF or GGUF name matches ``pattern``."""
-        try:
-            rx = re.compile(pattern)
-        except re.error as err:
-            self._error(f"The rule {pattern!r} is not a valid regular expression ({err}).")
-            return
-        editable = {n for cell in self.model.cells.values() for n in cell}
-        names = [n for n in editable if rx.search(n) or rx.search(self._layout_by_name[n].gguf_name)]
-        if not names:
-            self._error(f"No quantizable tensor matches {pattern!r}.")
-            return
-        self.set_tensors(sorted(names), qtype, f"Rule {pattern} → {qtype}")
-
-    def save_plan(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan as JSON, atomically (a temporary file in the same folder, then renamed)."""
+        """Ask for ``qtype`` on every quantizable tensor whose HF or GGUF name matches ``pattern``
+        (an override, as ``export --override`` adds one)."""
         if self.plan is None:
             return
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(self.plan.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self.status.setText(f"Saved the plan to {target}.")
+            matched = tensors_matching(self._info, pattern)
+        except StudioError as err:  # an invalid regular expression, in the words the CLI uses
+            self._error(str(err))
+            return
+        if not matched:
+            self._error(f"No quantizable tensor matches {pattern!r}.")
+            return
+        self._apply(
+            lambda p: with_overrides(p, self._info, [Override(pattern, qtype)]), f"Rule {pattern} → {qtype}"
+        )
+
+    def save_plan(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON, atomically (``write_atomic``: a temporary file, then renamed)."""
+        if self.plan is None:
+            return
+        write_atomic(path, self.plan.to_json())
+        self.status.setText(f"Saved the plan to {Path(path)}.")
 
     def load_plan(self, path: str | os.PathLike[str]) -> bool:
         """Read a plan JSON made for this model; a bad file is reported and changes nothing."""
@@ -495,6 +471,15 @@ class PlanEditorPanel(QWidget):
         return True
 
     # -- plan plumbing -----------------------------------------------------------------------------
+
+    def _apply(self, verb: Any, text: str) -> None:
+        """Push ``verb(plan)`` as one undoable change; a refusal from the core is shown, nothing changes."""
+        try:
+            new = verb(self.plan)
+        except StudioError as err:
+            self._error(str(err))
+            return
+        self._push(new, text)
 
     def _push(self, new: Plan, text: str) -> None:
         assert_gui_thread("PlanEditorPanel._push")

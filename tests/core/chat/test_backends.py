@@ -135,3 +135,28 @@ def test_half_precision_on_cpu_and_device_checks(chat_model):
             resolve_device("cuda")
     with pytest.raises(ChatError, match="Unknown device"):
         resolve_device("tpu")
+
+
+def test_original_too_big_for_the_gpu_runs_on_the_cpu(chat_model, monkeypatch):
+    # the GPU runs out of memory moving the weights: the original model still chats, on the CPU, and says so
+    import torch
+
+    from studio.core.chat import hf_backend
+
+    real_to = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        if "cuda" in (*args, kwargs.get("device")):
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(hf_backend, "resolve_device", lambda _request: "cuda")
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    b = TransformersBackend(chat_model, n_ctx=128, device="cuda")
+    b.load()
+    try:
+        assert (b.device, b.dtype) == ("cpu", "float32")
+        assert any("runs on the CPU instead" in n for n in b.notes)
+        assert generate(b, [Message("user", "Hi")], Sampling(max_tokens=2)).tokens
+    finally:
+        b.close()

@@ -22,7 +22,7 @@ from studio.core.gguf.writer import AtomicGGUFWriter, remove_stale_partials, sta
 from studio.core.gguf_read import read_gguf
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.model import open_model
-from studio.core.quant.plan import scan_nonfinite
+from studio.core.quant.nonfinite import scan_nonfinite
 
 OLD = b"an older, good file that must survive"
 

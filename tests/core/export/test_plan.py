@@ -1,4 +1,4 @@
-"""Plans: made from presets and recipes, overrides (first match wins), fallbacks, JSON, sizes."""
+"""Plans: made from presets and recipes, the plan verbs, overrides (first match wins), fallbacks, JSON, sizes."""
 
 from __future__ import annotations
 
@@ -13,13 +13,20 @@ from studio.core.quant.plan import (
     PLAN_VERSION,
     Override,
     Plan,
+    Recipe,
+    RecipeKind,
+    first_last_tensors,
+    keep_first_last,
     plan_first_last,
     plan_from_preset,
     plan_from_recipe,
     plan_uniform,
+    tensors_matching,
     with_overrides,
+    with_types,
 )
-from studio.core.quant.presets import PRESETS, preset_types, tensor_bytes
+from studio.core.quant.presets import PRESETS, preset_types
+from studio.core.quant.types import tensor_bytes
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +156,88 @@ def test_summary_size_and_bpw(info):
         assert bpw_range[0] <= s.bpw <= bpw_range[1]
         assert s.tensors_by_type[qtype] == sum(1 for t in lay.tensors if len(t.shape) == 2)
     assert plan_from_preset(info, "F16").summary(info).bpw == pytest.approx(16.0, abs=0.1)
+
+
+# ------------------------------------------------------------------------- plan verbs and recipes
+
+
+@pytest.fixture(scope="module")
+def info4(tiny_model):
+    with open_model(tiny_model("llama", layers=4)) as ck:
+        return ck.info
+
+
+def test_with_types_asks_new_types_with_fallbacks(odd_info):
+    plan = plan_uniform(odd_info, "Q8_0")
+    q = "model.layers.0.self_attn.q_proj.weight"
+    edited = with_types(plan, odd_info, {q: "Q4_K"})
+    assert edited.types[q] == "Q5_0"  # rows of 320: llama.cpp's fallback, listed
+    assert [(f.tensor, f.wanted, f.got) for f in edited.fallbacks] == [(q, "Q4_K", "Q5_0")]
+    assert {n: t for n, t in edited.types.items() if n != q} == {
+        n: t for n, t in plan.types.items() if n != q
+    }
+    assert edited.name == "uniform Q8_0 (edited)" and edited.recipe.edited
+    assert with_types(edited, odd_info, {q: "Q8_0"}).fallbacks == ()  # asked again: the fallback is gone
+    with pytest.raises(QuantizationError, match="must stay F32"):
+        with_types(plan, odd_info, {"model.norm.weight": "Q8_0"})
+    with pytest.raises(QuantizationError, match="does not export"):
+        with_types(plan, odd_info, {"nope.weight": "Q8_0"})
+    with pytest.raises(QuantizationError, match="unknown type"):
+        with_types(plan, odd_info, {q: "Q9_9"})
+
+
+def test_keep_first_last_raises_the_outer_layers_embeddings_and_output(info4):
+    base = plan_from_preset(info4, "Q4_K_M")
+    plan = keep_first_last(base, info4, 1, "Q8_0")
+    lay = layout(info4)
+    for tm in lay.tensors:
+        t = plan.types[tm.hf_name]
+        if len(tm.shape) == 1:
+            assert t == "F32", tm.hf_name
+        elif tm.layer in (0, 3) or tm.layer is None:
+            assert t == "Q8_0", tm.hf_name  # first/last layers, token embeddings, output
+        else:
+            assert t == base.types[tm.hf_name], tm.hf_name  # the preset's mixture stays (Q6_K attn_v...)
+    assert {plan.types[t.hf_name] for t in lay.tensors if t.layer in (1, 2)} > {"Q4_K"}
+    assert set(first_last_tensors(info4, 1)) == {n for n, t in plan.types.items() if t == "Q8_0"}
+    assert plan.ftype == base.ftype == 15 and plan.recipe.keep_first_last == (1, "Q8_0")
+    assert plan_from_recipe(info4, plan.recipe).types == plan.types
+    again = Plan.from_json(plan.to_json(), info4)
+    assert again.recipe == plan.recipe and plan_from_recipe(info4, again.recipe).types == plan.types
+    # a second pass cannot be replayed from one recipe: it is recorded as an edit
+    assert keep_first_last(plan, info4, 2, "Q6_K").recipe.edited
+
+
+def test_with_overrides_stack_newest_first_in_the_recipe(info4):
+    plan = with_overrides(plan_uniform(info4, "Q4_0"), info4, [Override(r"q_proj", "Q5_0")])
+    plan = with_overrides(plan, info4, [Override(r"layers\.0\.", "Q8_0")])
+    assert plan.types["model.layers.0.self_attn.q_proj.weight"] == "Q8_0"  # the later override wins
+    assert plan.types["model.layers.1.self_attn.q_proj.weight"] == "Q5_0"  # the earlier one stays
+    assert [o.pattern for o in plan.recipe.overrides] == [r"layers\.0\.", r"q_proj"]
+    assert plan_from_recipe(info4, plan.recipe).types == plan.types
+    assert plan.name == "uniform Q4_0 + overrides"
+    assert tensors_matching(info4, r"q_proj") == tuple(
+        f"model.layers.{i}.self_attn.q_proj.weight" for i in range(4)
+    )
+
+
+def test_recipes_are_typed_and_read_the_json_of_older_plans():
+    legacy = {"kind": "first_last", "n": 1, "high": "Q8_0", "low": "Q4_K", "overrides": [["x", "Q5_0"]]}
+    r = Recipe.from_dict(legacy)
+    assert r == Recipe(
+        RecipeKind.UNIFORM, "Q4_K", keep_first_last=(1, "Q8_0"), overrides=(Override("x", "Q5_0"),)
+    )
+    assert r.to_dict() == legacy  # written back in the form older plans use
+    preset = Recipe(RecipeKind.PRESET, "Q4_K_M", imatrix=True, keep_first_last=(2, "Q6_K"), edited=True)
+    assert Recipe.from_dict(json.loads(json.dumps(preset.to_dict()))) == preset
+    assert Recipe.from_dict({"kind": "uniform", "type": "Q8_0"}) == Recipe(RecipeKind.UNIFORM, "Q8_0")
+    with pytest.raises(QuantizationError, match="kind 'magic' is unknown"):
+        Recipe.from_dict({"kind": "magic"})
+
+
+def test_an_unreadable_recipe_next_to_a_types_table_is_dropped(info):
+    d = plan_uniform(info, "Q8_0").to_dict()
+    d["recipe"] = {"kind": "preset"}  # hand-edited: no preset named
+    plan = Plan.from_dict(d, info)
+    assert plan.recipe is None and dict(plan.types) == d["types"]
+    assert plan.to_dict()["recipe"] == {}

@@ -135,7 +135,7 @@ def test_row_23_dropped_connection_resumes_with_range(hub, waits, reset):
 
 def test_row_23_retries_exhausted_error_keeps_resumable_partial(hub, waits):
     hub.add_fault(Fault("drop", path=f"*/{ST}", after_bytes=10_000, times=None))
-    with pytest.raises(NetworkError, match=r"only 50\.0 KB of 263\.4 KB arrived after 5 tries"):
+    with pytest.raises(NetworkError, match=r"only 50 KB of 263 KB arrived after 5 tries"):
         download(LLAMA)
     assert not _final_blob(hub).exists()  # nothing under a blob's final name
     assert [p.stat().st_size for p in _partials(hub)] == [50_000]
@@ -345,7 +345,7 @@ def test_row_31_too_small_disk_fails_before_any_byte(hub, monkeypatch):
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
     with pytest.raises(
-        DiskSpaceError, match="Not enough disk space for 'tiny-org/tiny-llama'.*only 100.0 KB is free"
+        DiskSpaceError, match="Not enough disk space for 'tiny-org/tiny-llama'.*only 100 KB is free"
     ):
         download(LLAMA)
     assert not [r for r in hub.requests if "/resolve/" in r.path]
@@ -535,7 +535,7 @@ def test_row_34_cancel_while_blocked_in_a_read(hub):
 def test_row_35_file_over_50_gb_is_refused_before_download(hub):
     hub.add_fault(Fault("huge", path=f"*/{ST}", times=None, methods=("GET", "HEAD"), size=60 * 10**9))
     with pytest.raises(
-        FileTooLarge, match="'model.safetensors' of 'tiny-org/tiny-llama' is 60.0 GB, more than the 50 GB"
+        FileTooLarge, match="'model.safetensors' of 'tiny-org/tiny-llama' is 60 GB, more than the 50 GB"
     ):
         download(LLAMA)
     assert not hub.file_requests(ST)

@@ -1,0 +1,66 @@
+"""Elementwise primitives of ggml's reference quantizers for the torch kernels (``legacy_torch``, ``kquants_torch``).
+
+They give C's float32 results on CPU, CUDA and MPS: a division always takes two full tensors,
+because torch turns a division by a Python scalar into a multiplication by its reciprocal on some
+devices; sums run in index order (C's ``float s = 0`` loop), never as torch's pairwise reductions;
+constants are the float32 values C uses. Only elementwise ops, so nothing fuses a multiply-add.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from studio.core.quant.types import GROUP_MAX_EPS
+
+__all__ = ["EPS", "div", "f32", "fp16", "fp16_bytes", "nearest_int", "seq_sum", "sqrt"]
+
+EPS = float(GROUP_MAX_EPS)
+
+
+def f32(v: float) -> float:
+    """A Python float holding exactly the float32 constant C would use."""
+    return float(np.float32(v))
+
+
+def div(a, b):
+    """a / b with both sides full tensors, so every device performs a true IEEE division."""
+    if not isinstance(a, torch.Tensor):
+        a = torch.full_like(b, f32(a))
+    if not isinstance(b, torch.Tensor):
+        b = torch.full_like(a, f32(b))
+    return torch.div(a, b)
+
+
+def nearest_int(v: torch.Tensor) -> torch.Tensor:
+    """ggml's nearest_int, bit for bit: the low 23 bits of v + 1.5*2^23 as float32, minus 2^22
+    (round half to even for |v| < 2^22; the same value as C for inf/NaN from overflowing input)."""
+    return ((v + 12582912.0).contiguous().view(torch.int32) & 0x7FFFFF) - 0x400000
+
+
+def sqrt(t: torch.Tensor) -> torch.Tensor:
+    """C's correctly rounded sqrtf: the float64 root rounded to float32 (torch's vectorized float32
+    root may be off by one ulp). MPS has no float64 and keeps its own root."""
+    if t.device.type == "mps":
+        return torch.sqrt(t)
+    return torch.sqrt(t.to(torch.float64)).to(torch.float32)
+
+
+def seq_sum(t: torch.Tensor, dim: int = 0, *, from_first: bool = False) -> torch.Tensor:
+    """Sum over ``dim`` in index order, from 0 (C's ``float s = 0``) or from the first element."""
+    n = t.shape[dim]
+    s = t.select(dim, 0).clone() if from_first else torch.zeros_like(t.select(dim, 0))
+    for i in range(1 if from_first else 0, n):
+        s = s + t.select(dim, i)
+    return s
+
+
+def fp16_bytes(v: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 bytes (N, 2) of float32 ``v``, rounded to nearest-even like ggml."""
+    return v.to(torch.float16).reshape(-1, 1).contiguous().view(torch.uint8)
+
+
+def fp16(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp16 bytes (N, 2), the stored fp16 value back in float32) of float32 ``v``."""
+    h = v.to(torch.float16)
+    return h.reshape(-1, 1).contiguous().view(torch.uint8), h.to(torch.float32)

@@ -1,0 +1,211 @@
+"""The GGUF tensor types the studio quantizes to: one registry of their facts.
+
+In the spirit of gguf-py's ``GGML_QUANT_SIZES`` and optimum-quanto's ``qtypes``: a ``QTypeInfo`` per
+type holds its block geometry (taken from gguf-py, which states it for ggml), what llama.cpp uses
+instead when a row does not fit (``tensor_type_fallback`` in llama-quant.cpp), whether it is a
+K-quant, whether a plan may ask for it, and the ``general.file_type`` number (llama.h's
+``LLAMA_FTYPE_*``, taken from gguf-py's ``LlamaFileType``) a file gets whose main type it is.
+Kernels, plans, presets, estimates and the Hub badges read these facts from here; the constants
+every kernel of ggml's reference quantizers shares (``QK_K``, ``GROUP_MAX_EPS``, the IQ4 levels)
+live here too. Importing this module costs gguf-py and numpy, never numba or torch.
+
+``ftype`` always means that llama_ftype number; a named mixture such as ``Q4_K_M`` is a preset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import gguf
+import numpy as np
+
+from studio.core.errors import QuantizationError
+
+__all__ = [
+    "FLOAT_TYPES",
+    "GROUP_MAX_EPS",
+    "IQ4NL_LEVELS",
+    "PLAN_TYPES",
+    "QK_K",
+    "QTYPES",
+    "QTypeInfo",
+    "TypeFallback",
+    "check_type",
+    "fallback_type",
+    "ftype_name",
+    "ftype_of",
+    "qtype_info",
+    "row_bytes",
+    "tensor_bytes",
+]
+
+
+@dataclass(frozen=True)
+class QTypeInfo:
+    """Facts about one GGUF tensor type (a "qtype", e.g. ``Q4_K``)."""
+
+    name: str
+    block_size: int  # weights per block (ggml's blck_size)
+    type_size: int  # bytes per block
+    fallback: str | None  # llama.cpp's type for rows the block does not divide; None: F16 directly
+    kquant: bool  # a 256-weight K-quant super-block type (Q2_K..Q6_K)
+    plannable: bool  # a plan (and so the exporter) may give it to a tensor
+    ftype: int | None  # general.file_type of a file whose main type this is
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Storage cost of one weight in bits, block scales included (4.5 for Q4_0)."""
+        return 8.0 * self.type_size / self.block_size
+
+    @property
+    def is_float(self) -> bool:
+        """Whether values are stored as plain floats (F32, F16, BF16): nothing is quantized."""
+        return self.block_size == 1
+
+    @property
+    def ggml_type(self) -> gguf.GGMLQuantizationType:
+        """gguf-py's enum member, whose value is the type id stored in GGUF tensor infos."""
+        return gguf.GGMLQuantizationType[self.name]
+
+
+def _ftype(name: str) -> int:
+    """llama_ftype number of a file type named as llama.cpp names it (``Q4_K_M``, ``F32``)."""
+    member = "ALL_F32" if name == "F32" else f"MOSTLY_{name}"
+    return int(gguf.LlamaFileType[member])
+
+
+def _info(name: str, fallback: str | None, file_type: str | None, *, plannable: bool = True) -> QTypeInfo:
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    return QTypeInfo(
+        name=name,
+        block_size=int(block),
+        type_size=int(size),
+        fallback=fallback,
+        kquant=name.endswith("_K"),
+        plannable=plannable,
+        ftype=None if file_type is None else _ftype(file_type),
+    )
+
+
+# Menu order: floats, the 32-weight types, then the 256-weight ones. A K-quant's file type is the
+# _M mixture, the one llama.cpp names after it; IQ4_XS is quantized and previewed but no plan offers
+# it yet (no preset uses it and the exporter's tests do not cover it).
+QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
+    {
+        i.name: i
+        for i in (
+            _info("F32", None, "F32"),
+            _info("F16", None, "F16"),
+            _info("BF16", None, "BF16"),
+            _info("Q8_0", None, "Q8_0"),
+            _info("Q4_0", None, "Q4_0"),
+            _info("Q4_1", None, "Q4_1"),
+            _info("Q5_0", None, "Q5_0"),
+            _info("Q5_1", None, "Q5_1"),
+            _info("IQ4_NL", None, "IQ4_NL"),
+            _info("Q2_K", "Q4_0", "Q2_K"),
+            _info("Q3_K", "Q4_0", "Q3_K_M"),
+            _info("Q4_K", "Q5_0", "Q4_K_M"),
+            _info("Q5_K", "Q5_1", "Q5_K_M"),
+            _info("Q6_K", "Q8_0", "Q6_K"),
+            _info("IQ4_XS", "IQ4_NL", "IQ4_XS", plannable=False),
+        )
+    }
+)
+"""Every type the block kernels quantize and decode, in menu order."""
+
+PLAN_TYPES: tuple[str, ...] = tuple(n for n, i in QTYPES.items() if i.plannable)
+"""The types a plan may give a tensor, in menu order."""
+
+FLOAT_TYPES: frozenset[str] = frozenset(n for n, i in QTYPES.items() if i.is_float)
+
+QK_K = QTYPES["Q4_K"].block_size  # weights per K-quant super-block (256)
+
+GROUP_MAX_EPS = np.float32(1e-15)  # ggml: a group whose max |x| is below this quantizes to zeros
+
+IQ4NL_LEVELS = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8)
+"""The 16 non-linear levels of IQ4_NL and IQ4_XS (ggml-common.h ``kvalues_iq4nl``)."""
+
+
+def qtype_info(qtype: Any) -> QTypeInfo:
+    """The facts of a type given by name (``"Q4_K"``, any case), gguf.GGMLQuantizationType or type id."""
+    if isinstance(qtype, (int, np.integer)) and not isinstance(qtype, bool):
+        try:  # a GGML type id as stored in GGUF tensor infos (12 is Q4_K)
+            qtype = gguf.GGMLQuantizationType(int(qtype))
+        except ValueError:
+            pass
+    name = getattr(qtype, "name", qtype)
+    info = QTYPES.get(name.upper()) if isinstance(name, str) else None
+    if info is None:
+        raise QuantizationError(f"Unknown quantization type {qtype!r}; supported: {', '.join(QTYPES)}.")
+    return info
+
+
+def check_type(qtype: str, message: str | None = None) -> str:
+    """``qtype`` itself if a plan may use that type; otherwise a QuantizationError (``message``, or
+    "Unknown GGUF type ...") whose hint lists the types plans know."""
+    if qtype not in PLAN_TYPES:
+        raise QuantizationError(
+            message or f"Unknown GGUF type {qtype!r}.", hint="Known: " + ", ".join(PLAN_TYPES) + "."
+        )
+    return qtype
+
+
+def row_bytes(qtype: Any, n_per_row: int) -> int:
+    """Bytes of one quantized row of ``n_per_row`` weights."""
+    info = qtype_info(qtype)
+    return n_per_row // info.block_size * info.type_size
+
+
+def tensor_bytes(qtype: Any, shape: Iterable[int]) -> int:
+    """Bytes of a whole tensor of ``shape`` stored as ``qtype``."""
+    info = qtype_info(qtype)
+    return math.prod(int(s) for s in shape) // info.block_size * info.type_size
+
+
+class TypeFallback(NamedTuple):
+    """The type a row really gets, and why it is not the one asked for (None when it is)."""
+
+    qtype: str
+    reason: str | None
+
+
+def fallback_type(qtype: Any, n_per_row: int) -> TypeFallback:
+    """The type rows of ``n_per_row`` weights get when ``qtype`` is asked, and why.
+
+    Mirrors llama.cpp's tensor_type_fallback: a 256-weight type falls back to its 32-weight
+    counterpart, and a row that even 32 does not divide becomes F16.
+    """
+    info = qtype_info(qtype)
+    if n_per_row % info.block_size == 0:
+        return TypeFallback(info.name, None)
+    why = f"rows of {n_per_row} are not a multiple of {info.block_size}"
+    got = QTYPES[info.fallback] if info.fallback else info
+    if n_per_row % got.block_size == 0:
+        return TypeFallback(got.name, why)
+    if got is not info:
+        why += f" nor of {got.block_size}"
+    return TypeFallback("F16", why)
+
+
+def ftype_of(name: str) -> int:
+    """The llama_ftype number of a file type or preset named as llama.cpp names it (``Q4_K_M`` -> 15)."""
+    try:
+        return _ftype(name.upper())
+    except KeyError:
+        raise QuantizationError(f"llama.cpp has no file type named {name!r}.") from None
+
+
+def ftype_name(ftype: int) -> str | None:
+    """The name of a ``general.file_type`` value (15 -> ``Q4_K_M``); None for a number gguf-py does not know."""
+    try:
+        name = gguf.LlamaFileType(ftype).name
+    except ValueError:
+        return None
+    for prefix in ("MOSTLY_", "ALL_"):
+        name = name.removeprefix(prefix)
+    return name.removesuffix("_MOE")
