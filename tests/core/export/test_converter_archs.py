@@ -87,8 +87,12 @@ def test_q4_k_m_runs(arch, tiny_model, exported, llama_worker):
     llama_worker.request("load", path=str(q), logits_all=True, n_ctx=128, f32_kv=True)
     got = llama_worker.request("eval_logits", ids=ids)
     assert np.isfinite(got).all()
-    # a 4-bit copy of the same model, not noise: most next-token choices stay
-    assert float((got.argmax(-1) == ref.argmax(-1)).mean()) >= 0.5
+    # a 4-bit copy of the same model, not noise: per position, its logits correlate with the F32
+    # file's (measured 0.955-0.990 over the six; a mismatched tensor gives about 0.3-0.5)
+    a = ref - ref.mean(-1, keepdims=True)
+    b = got - got.mean(-1, keepdims=True)
+    corr = (a * b).sum(-1) / np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    assert float(corr.mean()) >= 0.9, f"{arch}: mean logit correlation with F32 {float(corr.mean()):.3f}"
 
 
 MOE_PRESETS = ["Q4_K_M", "Q3_K_M", "Q3_K_L", "Q5_K_M", "Q4_K_S", "Q2_K", "Q4_0"]
