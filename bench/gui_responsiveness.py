@@ -110,15 +110,15 @@ def main() -> int:
 
     model = _build_model(Path(args.model_dir), args.hidden, args.layers, args.intermediate)
 
-    from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
     from studio.app import build_services
     from studio.qt.main_window import MainWindow
+    from studio.qt.settings import AppSettings
 
     app = QApplication.instance() or QApplication([sys.argv[0]])
     with tempfile.TemporaryDirectory() as tmp:
-        settings = QSettings(str(Path(tmp) / "bench.ini"), QSettings.Format.IniFormat)
+        settings = AppSettings.from_file(str(Path(tmp) / "bench.ini"))
         win = MainWindow(build_services(), settings=settings)
         win.resize(1600, 1000)
         rec = GapRecorder()
@@ -147,7 +147,7 @@ def main() -> int:
         win.show_page("inspector")
         app.processEvents()
         shown: list[str] = []
-        win.inspector.statsShown.connect(shown.append)
+        win.panel("inspector").statsShown.connect(shown.append)
         bigs = sorted((t for t in info.tensors if len(t.shape) == 2), key=lambda t: -t.n_elements)[:2]
         for i, big in enumerate(bigs):
             t0 = time.monotonic()

@@ -135,8 +135,9 @@ def gui_latency(model_dir: str) -> int:
     app = QApplication.instance() or QApplication([])
     state, jobs = StudioState(), JobManager()
     cache = StatsCache()  # shared, as the main window should share one between the panels
-    overview = OverviewPanel(state, jobs, cache=cache)
-    inspector = InspectorPanel(state, jobs, cache=cache)
+    overview = OverviewPanel(state, jobs)
+    inspector = InspectorPanel(state, jobs)
+    overview.cache = inspector.cache = cache
     overview.show()
     inspector.show()
     ckpt = open_model(path)

@@ -66,15 +66,16 @@ def main() -> int:
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "http_proxy", "https_proxy"):
         os.environ.pop(var, None)
 
-    from PySide6.QtCore import QCoreApplication, QSettings, Qt
+    from PySide6.QtCore import QCoreApplication
     from PySide6.QtWidgets import QApplication
 
     QCoreApplication.setOrganizationName("QuantStudioScreenshots")
     app = QApplication([sys.argv[0]])
     from studio.app import build_services
     from studio.qt.main_window import MainWindow
+    from studio.qt.settings import AppSettings
 
-    settings = QSettings(str(WORK / "settings.ini"), QSettings.Format.IniFormat)
+    settings = AppSettings.from_file(str(WORK / "settings.ini"))
     win = MainWindow(build_services(), settings=settings)
     win.resize(*SIZE)
     win.move(0, 0)
@@ -121,7 +122,7 @@ def main() -> int:
     target = next((n for n in names if n.endswith("mlp.up_proj.weight")), names[0] if names else "")
     target = os.environ.get("SELECT", target) or win.state.info.tensors[0].name
     shown: list[str] = []
-    win.inspector.statsShown.connect(shown.append)
+    win.panel("inspector").statsShown.connect(shown.append)
     win.show_page("inspector")
     win.state.select_tensor(target)
     wait(lambda: target in shown, "the inspector's statistics")
@@ -129,7 +130,7 @@ def main() -> int:
 
     # Plan editor: Q4_K_M, first and last layer at Q8_0, a rule for the down projections.
     win.show_page("plan")
-    editor = win.plan_editor
+    editor = win.panel("plan")
     editor.apply_preset("Q4_K_M")
     editor.keep_first_last(1, "Q8_0")
     editor.regex_edit.setText(r"mlp\.down_proj")
@@ -155,7 +156,7 @@ def main() -> int:
 
     # Hub: search, select the first result, wait for its card and files.
     win.show_page("hub")
-    panel = win.hub_panel
+    panel = win.panel("hub")
     panel.search_edit.setText("llama")
     panel.search()
     wait(lambda: panel.results.rowCount() > 0, "the Hub search")
@@ -164,7 +165,7 @@ def main() -> int:
     shot("hub")
 
     # Chat: the original (transformers) next to a Q8_0 export of it (llama.cpp), the same greedy prompt.
-    if win.chat_panel is not None:
+    if win.panel("chat") is not None:
         dlg = win.show_export_dialog()
         dlg.set_plan_choice("Q8_0")
         dlg.set_output_path(WORK / "demo-Q8_0.gguf")
@@ -173,7 +174,7 @@ def main() -> int:
         assert job is not None, dlg.status.text()
         wait(lambda: not job.active, "the Q8_0 export", 600)
         dlg.hide()
-        chat = win.chat_panel
+        chat = win.panel("chat")
         win.show_page("chat")
         wait(lambda: len(chat.columns) >= 2, "the exported file to join the chat")
         chat.max_tokens.setValue(40)
@@ -185,7 +186,7 @@ def main() -> int:
         shot("chat", 1.0)
 
     # Evaluate: the original against Q8_0, Q4_K_M and Q2_K exports on the shipped sample text.
-    if win.eval_panel is not None:
+    if win.panel("evaluate") is not None:
         for preset in ("Q4_K_M", "Q2_K"):
             dlg = win.show_export_dialog()
             dlg.set_plan_choice(preset)
@@ -195,7 +196,7 @@ def main() -> int:
             assert job is not None, dlg.status.text()
             wait(lambda job=job: not job.active, f"the {preset} export", 600)
             dlg.hide()
-        ev = win.eval_panel
+        ev = win.panel("evaluate")
         win.show_page("evaluate")
         shown_reports: list[object] = []
         ev.reportShown.connect(shown_reports.append)

@@ -108,11 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_main = time.perf_counter()
     args, qt_args = build_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
 
-    from PySide6.QtCore import QCoreApplication, QSettings, QTimer
+    from PySide6.QtCore import QCoreApplication, QTimer
     from PySide6.QtWidgets import QApplication
 
     from studio.qt.icons import app_icon
     from studio.qt.main_window import MainWindow
+    from studio.qt.settings import AppSettings
 
     QCoreApplication.setOrganizationName(ORGANIZATION)
     QCoreApplication.setApplicationName(APPLICATION)
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
     _configure_logging()
 
-    settings = QSettings(args.settings, QSettings.Format.IniFormat) if args.settings else QSettings()
+    settings = AppSettings.from_file(args.settings) if args.settings else AppSettings()
     window = MainWindow(build_services(), settings=settings)
     if args.ctx:
         window.state.set_context_length(args.ctx)

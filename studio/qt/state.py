@@ -1,15 +1,19 @@
 """The one shared state of the window: what is open, selected and planned, announced by typed signals.
 
-Panels read from it and call its setters; they never import each other. The main window (the
-controller) reacts to the same signals to start background work.
+Panels read from it and call its setters; they never import each other. Each signal carries one kind
+of value (named in its comment; the classes are not imported here, so the window opens fast).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
+
+if TYPE_CHECKING:
+    from studio.core.evaluate import EvalReport
+    from studio.qt.panels.export_dialog import ExportOutcome
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -21,7 +25,8 @@ class StudioState(QObject):
     modelClosed = Signal()
     tensorSelected = Signal(str)  # tensor name; "" when the selection was cleared
     planChanged = Signal(object)  # the current plan (studio.core.quant plan object)
-    resultReady = Signal(object)  # a finished job's result that panels may show (stats, preview, export)
+    exported = Signal(object)  # ExportOutcome: a GGUF file was written from the open model (and verified)
+    evaluated = Signal(object)  # EvalReport: variants were scored against their original
     hardwareChanged = Signal(object)  # HardwareInfo
     estimatesChanged = Signal(object)  # tuple[Estimate, ...] for the open model, hardware and context length
     contextLengthChanged = Signal(int)
@@ -97,9 +102,13 @@ class StudioState(QObject):
         self._plan = plan
         self.planChanged.emit(plan)
 
-    def publish_result(self, result: Any) -> None:
-        """Announce a result (statistics, preview, export outcome) for the panels that show it."""
-        self.resultReady.emit(result)
+    def publish_export(self, outcome: ExportOutcome) -> None:
+        """Announce a finished export (the chat and evaluation pages add the new file)."""
+        self.exported.emit(outcome)
+
+    def publish_evaluation(self, report: EvalReport) -> None:
+        """Announce a finished evaluation."""
+        self.evaluated.emit(report)
 
     # -- machine and estimates ---------------------------------------------------------------------
 

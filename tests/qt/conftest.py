@@ -10,11 +10,12 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import QCoreApplication, QSettings, QStandardPaths, QThreadPool  # noqa: E402
+from PySide6.QtCore import QCoreApplication, QStandardPaths, QThreadPool  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from studio.qt.main_window import MainWindow  # noqa: E402
 from studio.qt.services import Services  # noqa: E402
+from studio.qt.settings import AppSettings  # noqa: E402
 
 # Qt's own complaints about threads misused: any of them fails the test (FAULTS.md rows 48 and 51).
 THREAD_MISUSE_MESSAGES = (
@@ -64,7 +65,7 @@ def make_window(qtbot, settings_path: Path, real_services: Services) -> Iterator
     windows: list[MainWindow] = []
 
     def make(services: Services | None = None, settings_file: Path | None = None) -> MainWindow:
-        settings = QSettings(str(settings_file or settings_path), QSettings.Format.IniFormat)
+        settings = AppSettings.from_file(str(settings_file or settings_path))
         win = MainWindow(services or real_services, settings=settings)
         qtbot.addWidget(win)
         win.show()

@@ -13,9 +13,10 @@ from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QTableWidget
 
 from studio.qt.fmt import human_bytes
-from studio.qt.main_window import APP_TITLE, RECENT_KEY
-from studio.qt.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_ROLE
-from studio.qt.summary import verdict_colour
+from studio.qt.main_window import APP_TITLE
+from studio.qt.panels.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_ROLE
+from studio.qt.settings import RECENT_KEY
+from studio.qt.theme import verdict_colour
 
 PRESETS = ["F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"]
 OPEN_TIMEOUT_MS = 30_000
@@ -447,19 +448,30 @@ def test_the_panels_are_pages_and_a_tensor_chosen_on_the_summary_opens_the_inspe
     titles = [win.tabs.tabText(i) for i in range(win.tabs.count())]
     assert titles[:6] == ["Summary", "Inspector", "Preview", "Overview", "Plan", "Hub"]
     assert titles[6:] == ["Chat", "Evaluate"]
-    assert win.chat_panel is not None and win.eval_panel is not None
-    assert win.tabs.widget(1).widget is win.inspector
+    assert win.panel("chat") is not None and win.panel("evaluate") is not None
+    assert win.tabs.widget(1).widget is win.panel("inspector")
     assert win.dock("JobsDock").widget() is win.jobs_panel
     assert win.device_selector.parent() is win.toolbar
     _open(qtbot, win, tiny_models("llama"))
     assert win.tabs.currentIndex() == 0
     name = "model.layers.1.mlp.down_proj.weight"
-    with qtbot.waitSignal(win.inspector.statsShown, timeout=30_000) as shown:
+    with qtbot.waitSignal(win.panel("inspector").statsShown, timeout=30_000) as shown:
         win.state.select_tensor(name)
     assert shown.args == [name]
-    assert win.tabs.currentWidget().widget is win.inspector
+    assert win.tabs.currentWidget().widget is win.panel("inspector")
     # The plan editor got the model too, and its plan is the window's current plan.
-    assert win.plan_editor.plan is win.state.plan and win.state.plan is not None
+    assert win.panel("plan").plan is win.state.plan and win.state.plan is not None
+
+
+def test_a_pages_error_also_shows_in_the_status_bar(qtbot, make_window):
+    win = make_window()
+    _built(qtbot, win)
+    win.show_page("plan")
+    win.panel("plan").set_selected("Q8_0")  # nothing selected: the editor says so
+    assert "Select one or more cells first." in win.panel("plan").status.text()
+    assert win.statusBar().currentMessage() == "Select one or more cells first."
+    win.panel("hub").show_error("The Hub answered 503.")
+    assert win.statusBar().currentMessage() == "The Hub answered 503."
 
 
 def test_a_finished_hub_download_opens_in_the_inspector(qtbot, make_window, tiny_models):
@@ -467,10 +479,10 @@ def test_a_finished_hub_download_opens_in_the_inspector(qtbot, make_window, tiny
     _built(qtbot, win)
     win.show_page("hub")
     path = tiny_models("llama")
-    win.hub_panel.modelDownloaded.emit(str(path))
+    win.panel("hub").modelDownloaded.emit(str(path))
     qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
     assert Path(win.state.info.path) == path
-    assert win.tabs.currentWidget().widget is win.inspector
+    assert win.tabs.currentWidget().widget is win.panel("inspector")
 
 
 def test_pages_have_ctrl_number_shortcuts_and_the_page_is_remembered(qtbot, make_window, settings_path):
@@ -516,7 +528,7 @@ def test_the_dark_theme_recolours_the_plots_and_is_remembered(qtbot, make_window
             lambda: win.palette().color(QPalette.ColorRole.Window).lightness() < 128, timeout=2000
         )
         assert win.state.dark is True
-        bg = win.inspector.hist_plot.backgroundBrush().color()
+        bg = win.panel("inspector").hist_plot.backgroundBrush().color()
         assert bg.lightness() < 64  # the pyqtgraph background follows state.dark
         import pyqtgraph as pg
 
@@ -524,7 +536,7 @@ def test_the_dark_theme_recolours_the_plots_and_is_remembered(qtbot, make_window
         assert QSettings(str(settings_path), QSettings.Format.IniFormat).value("view/theme") == "dark"
         win.set_theme("light")
         assert win.state.dark is False
-        assert win.inspector.hist_plot.backgroundBrush().color().lightness() > 200
+        assert win.panel("inspector").hist_plot.backgroundBrush().color().lightness() > 200
         win.set_theme("dark")
         win.close()
         again = make_window()
@@ -569,7 +581,7 @@ def test_the_device_choice_is_remembered_and_preselected_in_the_export_dialog(
 
 
 def test_a_panel_that_fails_to_build_shows_one_sentence_in_its_place(qtbot, caplog):
-    from studio.qt.main_window import LazyPanel
+    from studio.qt.pages import LazyPanel
 
     def broken(_parent):
         raise ImportError("No module named 'pyqtgraph'")
@@ -598,7 +610,7 @@ def test_a_model_downloaded_from_the_hub_page_opens_in_the_inspector(
         win = make_window()
         _built(qtbot, win)
         win.show_page("hub")
-        panel = win.hub_panel
+        panel = win.panel("hub")
         assert panel.jobs is win.jobs  # its downloads are the window's jobs (listed, cancelled on quit)
         panel.search_edit.setText("tiny-llama")
         panel.search()
@@ -613,7 +625,7 @@ def test_a_model_downloaded_from_the_hub_page_opens_in_the_inspector(
         assert (snapshot / "model.safetensors").read_bytes() == hub.repos["tiny-org/tiny-llama"].files[
             "model.safetensors"
         ]
-        assert win.tabs.currentWidget().widget is win.inspector
+        assert win.tabs.currentWidget().widget is win.panel("inspector")
         assert win.model_tree.model.tensor_count() == len(win.state.info.tensors) > 0
         qtbot.waitUntil(lambda: not win.jobs.busy, timeout=30_000)
         win.close()

@@ -20,8 +20,8 @@ from safetensors import safe_open
 from studio.core.factory import read_factory_info
 from studio.core.quant.blocks import dequantize, quantize
 from studio.core.stats.metrics import error_metrics
-from studio.qt.export_dialog import ExportDialog
 from studio.qt.jobs import JobState
+from studio.qt.panels.export_dialog import ExportDialog
 
 # Generous: a loaded 2-core machine, and the first statistics/quantize job may compile kernels.
 OPEN_TIMEOUT_MS = 60_000
@@ -63,7 +63,7 @@ def _open_folder(qtbot, win, monkeypatch, path: Path) -> None:
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: str(path)))
     win.act_open_folder.trigger()
     qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
-    assert win.panels_ready and win.inspector is not None
+    assert win.panels_ready and win.panel("inspector") is not None
 
 
 def _click_tensor(qtbot, win, name: str) -> None:
@@ -80,7 +80,7 @@ def _click_tensor(qtbot, win, name: str) -> None:
 
 def _select_and_wait_for_stats(qtbot, win, name: str) -> None:
     with qtbot.waitSignal(
-        win.inspector.statsShown, timeout=JOB_TIMEOUT_MS, check_params_cb=lambda shown: shown == name
+        win.panel("inspector").statsShown, timeout=JOB_TIMEOUT_MS, check_params_cb=lambda shown: shown == name
     ):
         _click_tensor(qtbot, win, name)
     assert win.state.selected_tensor == name
@@ -96,7 +96,7 @@ def _click_tab(qtbot, win, key: str) -> None:
 
 def _assert_inspector_shows(win, x: np.ndarray) -> None:
     """The inspector's histogram and channel plots hold exactly what numpy computes from ``x``."""
-    panel = win.inspector
+    panel = win.panel("inspector")
     # float64 bins over [min, max] (np.histogram of the float32 array would round its edges to float32).
     counts, edges = np.histogram(
         x.astype(np.float64), bins=panel.bins, range=(float(x.min()), float(x.max()))
@@ -130,7 +130,7 @@ def test_selecting_a_tensor_in_the_tree_draws_numpy_histogram_channels_and_plant
     _assert_inspector_shows(win, x)
 
     # The highlighted input channels (default rule: 5 × median absmax) are exactly the planted ones.
-    panel = win.inspector
+    panel = win.panel("inspector")
     sx, sy = panel.in_channels.outliers.getData()
     assert sorted(sx.astype(int).tolist()) == sorted(planted.outlier_channels)
     np.testing.assert_array_equal(sy, np.abs(x).max(axis=0)[sorted(planted.outlier_channels)])
@@ -139,7 +139,7 @@ def test_selecting_a_tensor_in_the_tree_draws_numpy_histogram_channels_and_plant
     assert dialogs.calls == []
 
 
-def test_preview_page_shows_the_core_snr_for_the_chosen_scheme(
+def test_preview_page_shows_the_core_snr_for_the_chosen_qtype(
     qtbot, make_window, tiny_models, monkeypatch, dialogs
 ):
     path = tiny_models("llama")
@@ -148,26 +148,26 @@ def test_preview_page_shows_the_core_snr_for_the_chosen_scheme(
     _open_folder(qtbot, win, monkeypatch, path)
     _select_and_wait_for_stats(qtbot, win, name)
     _click_tab(qtbot, win, "preview")
-    preview = win.preview
+    preview = win.panel("preview")
     assert name in preview.tensor_label.text()
     x = _read(path, name)
 
-    # Q8_0 first, then Q4_K (the default choice): the label must follow the scheme chosen.
+    # Q8_0 first, then Q4_K (the default choice): the label must follow the qtype chosen.
     shown: dict[str, str] = {}
-    for scheme in ("Q8_0", "Q4_K"):
-        preview.scheme_combo.setCurrentIndex(preview.scheme_combo.findText(scheme))
-        assert preview.scheme == scheme
+    for qtype in ("Q8_0", "Q4_K"):
+        preview.qtype_combo.setCurrentIndex(preview.qtype_combo.findText(qtype))
+        assert preview.qtype == qtype
         qtbot.waitUntil(preview.run_button.isEnabled, timeout=JOB_TIMEOUT_MS)
         with qtbot.waitSignal(
             preview.previewShown,
             timeout=JOB_TIMEOUT_MS,
-            check_params_cb=lambda r, s=scheme: r.scheme == s and r.name == name,
+            check_params_cb=lambda r, q=qtype: r.scheme == q and r.name == name,
         ):
             qtbot.mouseClick(preview.run_button, Qt.MouseButton.LeftButton)
-        core = error_metrics(x, dequantize(quantize(x, scheme), scheme, x.shape))
+        core = error_metrics(x, dequantize(quantize(x, qtype), qtype, x.shape))
         assert preview.snr_label.text() == f"{core.snr_db:.2f} dB"
         assert preview.cosine_label.text() == f"{core.cosine:.6f}"
-        shown[scheme] = preview.snr_label.text()
+        shown[qtype] = preview.snr_label.text()
     assert shown["Q8_0"] != shown["Q4_K"]
     assert dialogs.calls == []
 
@@ -179,8 +179,8 @@ def test_plan_cell_edit_changes_the_size_by_that_tensors_bytes_and_undo_restores
     name = "model.layers.1.self_attn.q_proj.weight"
     win = make_window()
     _open_folder(qtbot, win, monkeypatch, path)
-    _click_tab(qtbot, win, "plan_editor")
-    editor = win.plan_editor
+    _click_tab(qtbot, win, "plan")
+    editor = win.panel("plan")
     model = editor.model
 
     # The cell a user sees as row "layer 1", column "attn_q".

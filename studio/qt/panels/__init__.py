@@ -1,9 +1,12 @@
-"""Dockable panels of the studio window: inspector, overview, preview, plan editor, jobs, device selector.
+"""The studio window's panels: summary, model tree, tensor details, inspector, preview, overview, plan
+editor, Hub, chat, evaluation, jobs, device selector, and the Export dialog.
 
-Each panel is a self-contained ``QWidget`` built as ``Panel(state, jobs, parent=None, ...)`` from the
-shared ``StudioState`` and the window's ``JobManager``; panels never import each other and talk only
-through the state's signals. Computation runs in ``studio.core`` inside jobs; results come back to the
-GUI thread through the job manager's queued signals.
+Each panel is a self-contained widget built the same way, ``Panel(state, jobs, parent)``, from the
+shared ``StudioState`` and the window's ``JobManager``; what tests and scripts swap in (a shared
+statistics cache, the chat's back-end factory, the Hub's token prompt) is an attribute set afterwards.
+Panels talk only through the state's signals. Computation runs in ``studio.core`` inside jobs, which a
+panel starts through ``studio.qt.panel_job``; results come back to the GUI thread through the job
+manager's queued signals.
 
 The panel classes are imported lazily (pyqtgraph costs ~0.2 s) so that importing this package is free.
 """
@@ -15,25 +18,23 @@ from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QThread
 
-__all__ = [
-    "DeviceSelector",
-    "InspectorPanel",
-    "JobsPanel",
-    "OverviewPanel",
-    "PlanEditorPanel",
-    "PreviewPanel",
-    "assert_gui_thread",
-    "make_array_feed",
-]
-
 _LAZY = {
-    "InspectorPanel": "studio.qt.panels.inspector",
-    "OverviewPanel": "studio.qt.panels.overview",
-    "PreviewPanel": "studio.qt.panels.preview",
-    "PlanEditorPanel": "studio.qt.panels.plan_editor",
-    "JobsPanel": "studio.qt.panels.jobs_panel",
+    "ChatPanel": "studio.qt.panels.chat_panel",
     "DeviceSelector": "studio.qt.panels.device_selector",
+    "EvalPanel": "studio.qt.panels.eval_panel",
+    "ExportDialog": "studio.qt.panels.export_dialog",
+    "HubPanel": "studio.qt.panels.hub_panel",
+    "InspectorPanel": "studio.qt.panels.inspector",
+    "JobsPanel": "studio.qt.panels.jobs_panel",
+    "ModelTreePanel": "studio.qt.panels.model_tree",
+    "OverviewPanel": "studio.qt.panels.overview",
+    "PlanEditorPanel": "studio.qt.panels.plan_editor",
+    "PreviewPanel": "studio.qt.panels.preview",
+    "SummaryPanel": "studio.qt.panels.summary",
+    "TensorPanel": "studio.qt.panels.tensor_panel",
 }
+
+__all__ = [*_LAZY, "assert_gui_thread", "choose", "make_array_feed", "page_layout"]
 
 
 def __getattr__(name: str) -> Any:
@@ -44,7 +45,8 @@ def __getattr__(name: str) -> Any:
 
 
 def assert_gui_thread(what: str = "A UI method") -> None:
-    """Raise RuntimeError unless called on the application's GUI thread (FAULTS 51: widgets only there)."""
+    """Raise RuntimeError unless called on the application's GUI thread, the only one that may touch
+    widgets (tests/qt/panels/test_inspector.py::test_ui_methods_refuse_worker_threads)."""
     app = QCoreApplication.instance()
     if app is not None and QThread.currentThread() is not app.thread():
         raise RuntimeError(
@@ -52,34 +54,33 @@ def assert_gui_thread(what: str = "A UI method") -> None:
         )
 
 
-def plot_colors(dark: bool) -> dict[str, Any]:
-    """Colours of plots for a light or dark window."""
-    if dark:
-        return {
-            "bg": "#1e1e1e",
-            "fg": "#d0d0d0",
-            "main": "#4ea3ff",
-            "second": "#ffb454",
-            "outlier": "#ff4d4d",
-        }
-    return {"bg": "#ffffff", "fg": "#303030", "main": "#1f6fd0", "second": "#e07b00", "outlier": "#d00000"}
+def choose(combo: Any, value: str, *, by_text: bool = False) -> bool:
+    """Select the item of ``combo`` whose data (or text) is ``value``; False when none is."""
+    i = combo.findText(value) if by_text else combo.findData(value)
+    if i >= 0:
+        combo.setCurrentIndex(i)
+    return i >= 0
 
 
-def style_plot(widget: Any, dark: bool) -> None:
-    """Apply the light/dark background and axis colours to a pyqtgraph ``PlotWidget``."""
-    import pyqtgraph as pg
+def page_layout(panel: Any, top: Any, status: Any, main: Any, side: Any, stretch: int) -> None:
+    """A page's layout: a row of controls, a status line, then ``main`` and ``side`` at ``stretch``:1."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QSplitter, QVBoxLayout
 
-    c = plot_colors(dark)
-    widget.setBackground(c["bg"])
-    item = widget.getPlotItem()
-    for name in ("left", "bottom"):
-        ax = item.getAxis(name)
-        ax.setPen(pg.mkPen(c["fg"]))
-        ax.setTextPen(pg.mkPen(c["fg"]))
+    split = QSplitter(Qt.Orientation.Horizontal, panel)
+    split.addWidget(main)
+    split.addWidget(side)
+    split.setStretchFactor(0, stretch)
+    split.setStretchFactor(1, 1)
+    lay = QVBoxLayout(panel)
+    lay.addLayout(top)
+    lay.addWidget(status)
+    lay.addWidget(split, 1)
 
 
 def make_array_feed(parent: Any = None) -> Any:
-    """An ``ArrayFeed``: ``publish(arr)`` from any thread emits ``arrays`` with a read-only copy (FAULTS 52).
+    """An ``ArrayFeed``: ``publish(arr)`` from any thread emits ``arrays`` with a read-only copy
+    (tests/qt/panels/test_threads.py::test_emitted_arrays_are_snapshots_under_1khz_mutation).
 
     A worker that keeps writing into its buffer can never tear what the GUI is drawing, because the
     GUI only ever receives a snapshot that nobody else holds.

@@ -12,7 +12,7 @@ import bisect
 import html
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
@@ -36,11 +36,18 @@ from PySide6.QtWidgets import (
 
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
+from studio.qt import theme
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
+
+if TYPE_CHECKING:
+    from studio.qt.panels.export_dialog import ExportOutcome
 
 __all__ = ["ChatColumn", "ChatPanel", "TokenView"]
 
-DIVERGE_COLOR = QColor("#ffd54f")
+DIVERGE_COLOR = QColor(theme.DIVERGE_COLOR)
 USER_PREVIEW_CHARS = 2000  # a 5 MB paste is sent whole but shown shortened
 
 
@@ -184,8 +191,7 @@ class ChatColumn(QFrame):
         self.tokens = []
         self.error = None
         self.divergence = None
-        self.stats.setText("working…")
-        self.stats.setStyleSheet("")
+        theme.set_status(self.stats, "working…")
 
     def add_token(self, ev: TokenEvent) -> None:
         """Append one streamed token."""
@@ -215,13 +221,12 @@ class ChatColumn(QFrame):
     def fail(self, message: str) -> None:
         """Show an error in this column only."""
         self.error = message
-        self.stats.setText(f"Error: {message}")
+        theme.set_status(self.stats, f"Error: {message}", error=True)
         self.stats.setWordWrap(True)
-        self.stats.setStyleSheet("color: #c62828;")
         cur = QTextCursor(self.view.document())
         cur.movePosition(QTextCursor.MoveOperation.End)
         fmt = QTextCharFormat()
-        fmt.setForeground(QColor("#c62828"))
+        fmt.setForeground(QColor(theme.error_color(self.view)))
         cur.insertText(f"[{message}]", fmt)
 
     def mark_divergence(self, index: int) -> None:
@@ -243,40 +248,33 @@ def _default_factory(n_ctx: int) -> BackendFactory:
     return make
 
 
-class ChatPanel(QWidget):
+class ChatPanel(JobPanel, QWidget):
     """Chat with several models at once; see the module docstring."""
 
     tokenShown = Signal(int, object)  # column, TokenEvent
     turnFinished = Signal(object)  # list[ColumnOutcome]
     stopped = Signal()
     columnsChanged = Signal()
+    errorShown = Signal(str)  # a turn failed for every column
 
-    def __init__(
-        self,
-        state: Any,
-        jobs: Any,
-        parent: QWidget | None = None,
-        *,
-        backend_factory: BackendFactory | None = None,
-        n_ctx: int = 2048,
-    ) -> None:
+    n_ctx = 2048  # context of the models the default factory opens
+
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.n_ctx = n_ctx
-        self._factory = backend_factory or _default_factory(n_ctx)
+        # A stopped turn still delivers its partial replies (to on_done, then on_cancel).
+        self.init_task(state, jobs, "chat", keep_partial=True)
+        self.backend_factory: BackendFactory = _default_factory(self.n_ctx)  # path -> ChatBackend
         self.columns: list[ChatColumn] = []
         self._backends: dict[str, Any] = {}
         self._session: ChatSession | None = None
-        self._job: Any = None
         self._turn = 0
         self._stopping = False
         self._bridge = _Bridge(self)
         self._bridge.token.connect(self._on_token)
         self._build()
         state.modelOpened.connect(self._on_model_opened)
-        state.resultReady.connect(self._on_result)
-        self._update_enabled()
+        state.exported.connect(self._on_exported)
+        self.update_controls()
 
     # -- building ---------------------------------------------------------------------------------
 
@@ -385,7 +383,7 @@ class ChatPanel(QWidget):
         # a new set of columns starts a new conversation (the models stay loaded)
         self._session = None
         self.placeholder.setVisible(not self.columns)
-        self._update_enabled()
+        self.update_controls()
         self.columnsChanged.emit()
 
     def _choose_gguf(self) -> None:
@@ -406,18 +404,10 @@ class ChatPanel(QWidget):
             self.add_model(path)
 
     @Slot(object)
-    def _on_result(self, result: Any) -> None:
-        # a finished export becomes a column to compare
-        path = getattr(result, "path", None)
-        if path is not None and hasattr(result, "tensor_types") and str(path).lower().endswith(".gguf"):
-            self.add_model(path)
+    def _on_exported(self, outcome: ExportOutcome) -> None:
+        self.add_model(outcome.result.path)  # a finished export becomes a column to compare
 
     # -- a turn -----------------------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        """Whether a turn is in progress."""
-        return self._job is not None
 
     def sampling(self) -> Sampling:
         """The sampling settings shown in the panel."""
@@ -433,7 +423,7 @@ class ChatPanel(QWidget):
             for col in self.columns:
                 key = str(col.path)
                 if key not in self._backends:
-                    self._backends[key] = self._factory(col.path)
+                    self._backends[key] = self.backend_factory(col.path)
                 b = self._backends[key]
                 b.label = col.label
                 backends.append(b)
@@ -467,25 +457,17 @@ class ChatPanel(QWidget):
                 ctx=ctx,
             )
 
-        self._job = self.jobs.submit(
-            "Chat",
-            work,
-            kind="chat",
-            on_success=self._on_done,
-            on_error=self._on_failed,
-            on_cancel=self._on_cancelled,
-            discard=self._on_done,  # a stopped turn still delivers its partial replies
-        )
-        self._update_enabled()
+        self.task.start("Chat", work)
+        self.update_controls()
         return True
 
     @Slot()
     def stop(self) -> None:
         """Stop every column before its next token."""
-        if self._job is None:
+        if not self.running:
             return
         self._stopping = True
-        self._job.cancel()
+        self.task.cancel()
         if self._session is not None:
             self._session.request_stop()
 
@@ -511,25 +493,23 @@ class ChatPanel(QWidget):
                 col.mark_divergence(i)
                 ref.mark_divergence(i)
 
-    def _on_done(self, outcomes: list[ColumnOutcome]) -> None:
-        self._job = None
+    def on_done(self, outcomes: list[ColumnOutcome]) -> None:
         stopped = self._stopping
         for out in outcomes:
             if out.column < len(self.columns):
                 self.columns[out.column].finish(out, stopped)
         self._update_divergence()
-        self._update_enabled()
+        self.update_controls()
         self.turnFinished.emit(outcomes)
 
-    def _on_failed(self, message: str) -> None:
-        self._job = None
+    def on_error(self, message: str) -> None:
         for col in self.columns:
             col.fail(message)
-        self._update_enabled()
+        self.update_controls()
+        self.errorShown.emit(message)
 
-    def _on_cancelled(self) -> None:
-        self._job = None
-        self._update_enabled()
+    def on_cancel(self) -> None:
+        self.update_controls()
         self.stopped.emit()
 
     @Slot()
@@ -545,7 +525,7 @@ class ChatPanel(QWidget):
             col.tokens = []
             col.stats.setText("")
 
-    def _update_enabled(self) -> None:
+    def update_controls(self) -> None:
         busy = self.running
         self.send_button.setEnabled(not busy and bool(self.columns))
         self.stop_button.setEnabled(busy)

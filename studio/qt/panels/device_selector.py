@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QSettings, Signal, Slot
+from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QWidget
 
-__all__ = ["DeviceSelector", "device_choices"]
+from studio.qt.jobs import JobManager
+from studio.qt.panels import choose
+from studio.qt.settings import AppSettings
+from studio.qt.state import StudioState
 
-SETTINGS_KEY = "quantize/device"
+__all__ = ["DeviceSelector", "device_choices"]
 
 
 def device_choices(hw: Any) -> list[tuple[str, str]]:
@@ -33,32 +36,30 @@ def device_choices(hw: Any) -> list[tuple[str, str]]:
 
 
 class DeviceSelector(QWidget):
-    """A labelled combo box of devices for quantization; remembers the choice in ``settings``."""
+    """A labelled combo box of devices for quantization; with ``remember_in`` the choice is kept."""
 
     deviceChanged = Signal(str)  # device id: "cuda:0", "mps" or "cpu"
 
-    def __init__(
-        self,
-        state: Any,
-        jobs: Any = None,
-        parent: QWidget | None = None,
-        *,
-        settings: QSettings | None = None,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.settings = settings
+        self.state, self.jobs = state, jobs
+        self.settings: AppSettings | None = None
         self.combo = QComboBox(self)
         self.combo.setToolTip("Where quantization and verification run")
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(QLabel("Device:", self))
         lay.addWidget(self.combo, 1)
-        self._wanted = str(settings.value(SETTINGS_KEY, "")) if settings is not None else ""
+        self._wanted = ""  # the user's last explicit choice
         self._populate(state.hardware)
         self.combo.currentIndexChanged.connect(self._on_index)
         state.hardwareChanged.connect(self._populate)
+
+    def remember_in(self, settings: AppSettings) -> None:
+        """Keep the choice in ``settings`` from now on, and choose the one they remember."""
+        self.settings = settings
+        self._wanted = settings.device
+        self._populate(self.state.hardware)
 
     @property
     def device(self) -> str:
@@ -67,11 +68,7 @@ class DeviceSelector(QWidget):
 
     def set_device(self, device: str) -> bool:
         """Choose ``device`` if it is available; returns whether it was."""
-        i = self.combo.findData(device)
-        if i < 0:
-            return False
-        self.combo.setCurrentIndex(i)
-        return True
+        return choose(self.combo, device)
 
     def devices(self) -> list[str]:
         """Every device id offered."""
@@ -95,5 +92,5 @@ class DeviceSelector(QWidget):
     def _on_index(self, _i: int) -> None:
         self._wanted = self.device
         if self.settings is not None:
-            self.settings.setValue(SETTINGS_KEY, self.device)
+            self.settings.device = self.device
         self.deviceChanged.emit(self.device)

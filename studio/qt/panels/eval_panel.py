@@ -7,9 +7,8 @@ alone); this widget collects the inputs and shows the ``EvalReport``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
@@ -32,7 +31,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.jobs import Job, JobManager
+from studio.qt.panel_job import JobPanel
+from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
+from studio.qt.theme import follow_theme, plot_colors, set_status, style_plot
+
+if TYPE_CHECKING:
+    from studio.qt.panels.export_dialog import ExportOutcome
 
 __all__ = ["COLUMNS", "EvalPanel"]
 
@@ -48,40 +54,29 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
-class EvalPanel(QWidget):
+class EvalPanel(JobPanel, QWidget):
     """Pick an original, its GGUF variants and a text; evaluate in the background; show table and plot."""
 
     reportShown = Signal(object)  # the EvalReport just drawn
     errorShown = Signal(str)
 
-    def __init__(
-        self,
-        state: Any,
-        jobs: Any,
-        parent: QWidget | None = None,
-        *,
-        evaluate_fn: Callable[..., Any] | None = None,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
+        self.init_task(state, jobs, "eval", progress=True)
         self.report: Any = None
-        self._job: Any = None
         self._text_file: str | None = None
-        self._evaluate = evaluate_fn
         self._build()
         state.modelOpened.connect(self._on_model_opened)
-        state.resultReady.connect(self._on_result)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
-        self._update_enabled()
+        state.exported.connect(self._on_exported)
+        follow_theme(state, self._apply_theme)
+        self.update_controls()
 
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
         self.original_edit = QLineEdit(self)
         self.original_edit.setPlaceholderText("the original model folder (or a GGUF)")
-        self.original_edit.textChanged.connect(self._update_enabled)
+        self.original_edit.textChanged.connect(self.update_controls)
         browse = QPushButton("…", self)
         browse.setToolTip("Choose the original model folder")
         browse.clicked.connect(self._choose_original)
@@ -177,7 +172,7 @@ class EvalPanel(QWidget):
         p = str(path)
         if p not in self.variants():
             self.variant_list.addItem(p)
-        self._update_enabled()
+        self.update_controls()
 
     def variants(self) -> list[str]:
         """The listed variant paths."""
@@ -209,7 +204,7 @@ class EvalPanel(QWidget):
     def _remove_selected(self) -> None:
         for item in self.variant_list.selectedItems():
             self.variant_list.takeItem(self.variant_list.row(item))
-        self._update_enabled()
+        self.update_controls()
 
     def _on_text_choice(self, index: int) -> None:
         if self.text_combo.itemData(index) == "file":
@@ -228,17 +223,10 @@ class EvalPanel(QWidget):
             self.set_original(path)
 
     @Slot(object)
-    def _on_result(self, result: Any) -> None:
-        path = getattr(result, "path", None)
-        if path is not None and hasattr(result, "tensor_types") and str(path).lower().endswith(".gguf"):
-            self.add_variant(path)
+    def _on_exported(self, outcome: ExportOutcome) -> None:
+        self.add_variant(outcome.result.path)
 
     # -- running ----------------------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        """Whether an evaluation job is active."""
-        return self._job is not None
 
     @Slot()
     def start(self) -> bool:
@@ -248,9 +236,8 @@ class EvalPanel(QWidget):
         variants = self.variants()
         if self.running or not original or not variants:
             return False
-        evaluate = self._evaluate
-        if evaluate is None:
-            from studio.core.evaluate import evaluate
+        from studio.core.evaluate import evaluate  # torch and llama.cpp: only when asked
+
         text = self.text_source()
         n_ctx = self.ctx_spin.value()
         chunks = self.chunks_spin.value() or None
@@ -261,52 +248,29 @@ class EvalPanel(QWidget):
         self.status.setText("")
         self.progress.setRange(0, 0)
         self.progress.show()
-        self._job = self.jobs.submit(
-            "Evaluate variants",
-            work,
-            kind="eval",
-            on_success=self._on_done,
-            on_error=self._on_error,
-            on_cancel=self._on_cancel,
-        )
-        self._job.signals.progress.connect(self._on_progress)
-        self._update_enabled()
+        self.task.start("Evaluate variants", work)
+        self.update_controls()
         return True
 
     @Slot()
     def cancel(self) -> None:
         """Stop the running evaluation at its next chunk."""
-        if self._job is not None:
-            self._job.cancel()
+        self.task.cancel()
 
-    @Slot(object, object, object, str)
-    def _on_progress(self, job: Any, done: int, total: int, msg: str) -> None:
-        if job is not self._job:
+    def on_progress(self, job: Job) -> None:
+        if job.total <= 0:
             return
-        self.progress.setRange(0, max(int(total), 1))
-        self.progress.setValue(int(done))
-        self.progress.setFormat(f"%p% · {msg}")
+        self.progress.setRange(0, max(job.total, 1))
+        self.progress.setValue(job.done)
+        self.progress.setFormat(f"%p% · {job.message}")
 
-    def _finish(self) -> None:
-        self._job = None
-        self.progress.hide()
-        self._update_enabled()
+    def on_done(self, result: Any) -> None:
+        self.update_controls()
+        self.show_report(result)
+        self.state.publish_evaluation(result)
 
-    def _on_done(self, report: Any) -> None:
-        self._finish()
-        self.show_report(report)
-        publish = getattr(self.state, "publish_result", None)
-        if publish is not None:
-            publish(report)
-
-    def _on_error(self, message: str) -> None:
-        self._finish()
-        self.status.setText(message)
-        self.status.setStyleSheet("color: #c62828;")
-        self.errorShown.emit(message)
-
-    def _on_cancel(self) -> None:
-        self._finish()
+    def on_cancel(self) -> None:
+        self.update_controls()
         self.status.setText("Evaluation cancelled.")
 
     # -- results ----------------------------------------------------------------------------------
@@ -351,10 +315,11 @@ class EvalPanel(QWidget):
                     item.setToolTip(v.error)
                 self.table.setItem(r, c, item)
         errors = [v for v in report.variants if v.error]
-        self.status.setStyleSheet("color: #c62828;" if errors else "")
-        self.status.setText(
+        set_status(
+            self.status,
             " ".join(v.error for v in errors)
-            or f"{report.text_name}: {report.n_chunks} chunks of {report.n_ctx} tokens, {report.seconds:.1f} s."
+            or f"{report.text_name}: {report.n_chunks} chunks of {report.n_ctx} tokens, {report.seconds:.1f} s.",
+            error=bool(errors),
         )
         self._draw(report)
         self.reportShown.emit(report)
@@ -390,8 +355,9 @@ class EvalPanel(QWidget):
         self.line.setPen(pg.mkPen(c["main"], width=1))
         self.line.setSymbolBrush(pg.mkBrush(c["main"]))
 
-    def _update_enabled(self) -> None:
+    def update_controls(self) -> None:
         busy = self.running
+        self.progress.setVisible(busy)
         self.run_button.setEnabled(
             not busy and bool(self.original_edit.text().strip()) and self.variant_list.count() > 0
         )

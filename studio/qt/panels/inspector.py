@@ -20,16 +20,18 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QSplitter,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
+from studio.qt.panels import assert_gui_thread, page_layout
+from studio.qt.state import StudioState
+from studio.qt.theme import MAIN_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
 
 __all__ = ["InspectorPanel", "rule_from_widgets"]
 
@@ -80,12 +82,11 @@ class _ChannelPlot:
         item.setLabel("left", "absmax")
         item.setDownsampling(auto=True, mode="peak")
         item.setClipToView(True)
-        self.curve = item.plot([], [], pen=pg.mkPen("#1f6fd0"))
-        self.outliers = pg.ScatterPlotItem(size=6, pen=None, brush=pg.mkBrush("#d00000"))
+        # Coloured by recolor(), which the panel calls with the theme before anything is drawn.
+        self.curve = item.plot([], [])
+        self.outliers = pg.ScatterPlotItem(size=6, pen=None)
         item.addItem(self.outliers)
-        self.threshold = pg.InfiniteLine(
-            angle=0, movable=False, pen=pg.mkPen("#d00000", style=Qt.PenStyle.DashLine)
-        )
+        self.threshold = pg.InfiniteLine(angle=0, movable=False)
         item.addItem(self.threshold)
         self.mask = np.zeros(0, bool)
 
@@ -124,37 +125,25 @@ class _SmoothImageItem(pg.ImageItem):
         super().paint(p, *args)
 
 
-class InspectorPanel(QWidget):
+class InspectorPanel(JobPanel, QWidget):
     """Statistics of the selected tensor; recomputed (or taken from the cache) on every selection."""
 
     statsShown = Signal(str)  # tensor name, after its plots were drawn
     errorShown = Signal(str)  # the sentence shown for a failed computation
+    bins = DEFAULT_BINS  # of the weight histogram
 
-    def __init__(
-        self,
-        state: Any,
-        jobs: Any,
-        parent: QWidget | None = None,
-        *,
-        cache: StatsCache | None = None,
-        bins: int = DEFAULT_BINS,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.cache = cache if cache is not None else StatsCache()
-        self.bins = bins
+        self.init_task(state, jobs, "statistics")
+        self.cache = StatsCache()  # replace it with the overview's to share the statistics
         self.stats: TensorStats | None = None
         self._draw_token = 0
-        self._job: Any = None
-        self._job_name = ""
-        self.jobs_started = 0
+        self._job_name = ""  # the tensor of the newest statistics job
         self._build()
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(self._on_model_opened)
         state.modelClosed.connect(self.clear)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
+        follow_theme(state, self._apply_theme)
         if state.checkpoint is not None and state.selected_tensor:
             self.request(state.selected_tensor)  # built lazily after the user already chose one
 
@@ -180,7 +169,7 @@ class InspectorPanel(QWidget):
         hp.setTitle("Weight histogram")
         hp.setLabel("left", "log10(1 + count)")
         hp.setLabel("bottom", "value")
-        self.hist_item = hp.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0, brush=(31, 111, 208, 80))
+        self.hist_item = hp.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0)
         self.out_plot = pg.PlotWidget(self)
         self.out_channels = _ChannelPlot(self.out_plot, "absmax per output channel", "output channel")
         self.in_plot = pg.PlotWidget(self)
@@ -208,16 +197,7 @@ class InspectorPanel(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
 
-        split = QSplitter(Qt.Orientation.Horizontal, self)
-        split.addWidget(plots)
-        split.addWidget(self.table)
-        split.setStretchFactor(0, 4)
-        split.setStretchFactor(1, 1)
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(split, 1)
+        page_layout(self, top, self.status, plots, self.table, 4)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -226,16 +206,12 @@ class InspectorPanel(QWidget):
         """The outlier rule chosen in the panel."""
         return rule_from_widgets(self.rule_combo, self.rule_spin)
 
-    @property
-    def busy(self) -> bool:
-        """Whether statistics are being computed."""
-        return self._job is not None and self._job.active
-
     @Slot()
     def clear(self) -> None:
         """Forget the shown tensor (the model was closed)."""
         assert_gui_thread("InspectorPanel.clear")
-        self._cancel_job()
+        self.task.cancel(quiet=True)
+        self._job_name = ""
         self._draw_token += 1
         self.stats = None
         self.hist_item.setData([0.0, 1.0], [0.0], stepMode="center")
@@ -314,9 +290,10 @@ class InspectorPanel(QWidget):
         ckpt = self.state.checkpoint
         if ckpt is None or name not in ckpt:
             return
-        if self.busy and self._job_name == name:
-            return  # already on its way (FAULTS 50: repeated requests start one job)
-        self._cancel_job()
+        if self.running and self._job_name == name:
+            # Already on its way: repeated requests start one job
+            # (test_inspector.py::test_repeated_selection_starts_one_job).
+            return
         self._job_name = name
         self.status.setText(f"Computing statistics of {name}…")
         cache, bins = self.cache, self.bins
@@ -324,32 +301,10 @@ class InspectorPanel(QWidget):
         def work(ctx: Any) -> TensorStats:
             return tensor_stats(ckpt, name, cache=cache, bins=bins, ctx=ctx)
 
-        self.jobs_started += 1
-        self._job = self.jobs.submit(
-            f"Statistics of {name}",
-            work,
-            kind="statistics",
-            on_success=lambda st, n=name: self._on_done(n, st),
-            on_error=lambda msg, n=name: self._on_error(n, msg),
-        )
+        self.task.start(f"Statistics of {name}", work)
 
-    def _on_done(self, name: str, stats: TensorStats) -> None:
-        if name != self._job_name:
-            return  # a stale result: the user has moved on
-        self.show_stats(stats)
-
-    def _on_error(self, name: str, message: str) -> None:
-        assert_gui_thread("InspectorPanel._on_error")
-        if name != self._job_name:
-            return
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
-        self.errorShown.emit(message)
-
-    def _cancel_job(self) -> None:
-        if self._job is not None and self._job.active:
-            self._job.cancel()
-        self._job = None
-        self._job_name = ""
+    def on_done(self, result: TensorStats) -> None:
+        self.show_stats(result)
 
     @Slot()
     def _rule_changed(self, *_: Any) -> None:
@@ -366,6 +321,7 @@ class InspectorPanel(QWidget):
         for w in (self.hist_plot, self.heat_plot):
             style_plot(w, dark)
         self.hist_item.setPen(pg.mkPen(c["main"]))
+        self.hist_item.setBrush(fill_color(c["main"], MAIN_FILL_ALPHA))
         self.out_channels.recolor(dark)
         self.in_channels.recolor(dark)
 

@@ -1,11 +1,13 @@
-"""Jobs panel: every background job with its progress, ETA, a cancel button and its log."""
+"""Jobs panel: every background job with its progress, ETA, a cancel button and its log; and the
+status bar's summary of the running job."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from PySide6.QtCore import Qt, Slot
+from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -14,13 +16,17 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QStatusBar,
+    QToolButton,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
 
 __all__ = ["JobsPanel", "format_eta"]
 
@@ -40,7 +46,7 @@ def format_eta(seconds: float | None) -> str:
 class JobsPanel(QWidget):
     """Lists the ``JobManager``'s jobs, newest first; the selected job's log shows below."""
 
-    def __init__(self, state: Any, jobs: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state
         self.jobs = jobs
@@ -194,3 +200,48 @@ class JobsPanel(QWidget):
         active = sum(1 for j in self._jobs.values() if j.active)
         total = len(self._jobs)
         self.summary.setText("No jobs." if not total else f"{active} running, {total - active} finished")
+
+
+class JobStatus(QObject):
+    """The status bar's part for jobs: the newest active job's message, its progress and a cancel button.
+
+    Hardware detection and the start-up import are left out: they are not the user's jobs.
+    """
+
+    QUIET_KINDS = ("hardware", "startup")
+
+    def __init__(self, jobs: JobManager, bar: QStatusBar, cancel: QAction) -> None:
+        super().__init__(bar)
+        self._jobs = jobs
+        self.label = QLabel(bar)
+        self.progress = QProgressBar(bar)
+        self.progress.setMaximumWidth(220)
+        self.progress.setTextVisible(True)
+        self.cancel = QToolButton(bar)
+        self.cancel.setDefaultAction(cancel)
+        self.cancel.setAutoRaise(True)
+        for w in (self.label, self.progress, self.cancel):
+            bar.addPermanentWidget(w)
+            w.hide()
+        jobs.jobChanged.connect(self.refresh)
+        jobs.busyChanged.connect(self.refresh)
+
+    @Slot()
+    def refresh(self, *_args: Any) -> None:
+        """Show the newest active job, or hide when there is none."""
+        active = [j for j in self._jobs.active_jobs() if j.kind not in self.QUIET_KINDS]
+        widgets = (self.label, self.progress, self.cancel)
+        if not active:
+            for w in widgets:
+                w.hide()
+            return
+        job = active[-1]
+        more = f" (+{len(active) - 1} more)" if len(active) > 1 else ""
+        self.label.setText(f"{job.message or job.title}{more}")
+        if job.total > 0:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(1000 * min(1.0, job.done / job.total)))
+        else:
+            self.progress.setRange(0, 0)  # busy indicator until the total is known
+        for w in widgets:
+            w.show()

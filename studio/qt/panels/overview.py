@@ -13,58 +13,36 @@ import pyqtgraph as pg
 from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from studio.core.model.types import Role
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
+from studio.qt.panels import assert_gui_thread
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
+from studio.qt.state import StudioState
+from studio.qt.theme import follow_theme, plot_colors, role_color, style_plot
 
-__all__ = ["OverviewPanel", "role_color"]
-
-_ROLE_COLORS = {
-    Role.TOKEN_EMBD: "#7f7f7f",
-    Role.ATTN_Q: "#1f77b4",
-    Role.ATTN_K: "#17becf",
-    Role.ATTN_V: "#2ca02c",
-    Role.ATTN_QKV: "#1f77b4",
-    Role.ATTN_OUT: "#9467bd",
-    Role.FFN_GATE: "#ff7f0e",
-    Role.FFN_UP: "#bcbd22",
-    Role.FFN_GATE_UP: "#ff7f0e",
-    Role.FFN_DOWN: "#d62728",
-    Role.OUTPUT: "#8c564b",
-}
+__all__ = ["OverviewPanel"]
 
 
-def role_color(role: Role) -> str:
-    """The colour of a role's points."""
-    return _ROLE_COLORS.get(role, "#e377c2")
-
-
-class OverviewPanel(QWidget):
+class OverviewPanel(JobPanel, QWidget):
     """A scatter of one statistic per weight matrix; hard tensors stand out, a click selects one."""
 
     overviewShown = Signal(object)  # the ModelOverview drawn
     errorShown = Signal(str)
 
-    def __init__(
-        self, state: Any, jobs: Any, parent: QWidget | None = None, *, cache: StatsCache | None = None
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
-        self.cache = cache if cache is not None else StatsCache()
+        self.init_task(state, jobs, "statistics")
+        self.cache = StatsCache()  # replace it with the inspector's to share the statistics
         self.overview: ModelOverview | None = None
-        self._job: Any = None
-        self.jobs_started = 0
         self._names: list[str] = []
         self._build()
         state.modelOpened.connect(lambda _c: self.clear())
         state.modelClosed.connect(self.clear)
         state.tensorSelected.connect(self._mark_selected)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
-        self._update_enabled()
+        follow_theme(state, self._apply_theme)
+        self.update_controls()
 
     def _build(self) -> None:
         self.metric_combo = QComboBox(self)
@@ -93,7 +71,7 @@ class OverviewPanel(QWidget):
         self.scatter = pg.ScatterPlotItem(size=9, hoverable=True, tip=self._tip)
         self.scatter.sigClicked.connect(self._on_clicked)
         pi.addItem(self.scatter)
-        self.selected_marker = pg.ScatterPlotItem(size=16, pen=pg.mkPen("#d00000", width=2), brush=None)
+        self.selected_marker = pg.ScatterPlotItem(size=16, brush=None)  # its pen follows the theme
         pi.addItem(self.selected_marker)
 
         lay = QVBoxLayout(self)
@@ -112,17 +90,12 @@ class OverviewPanel(QWidget):
         """Plot ``metric``."""
         self.metric_combo.setCurrentIndex(list(OverviewMetric).index(metric))
 
-    @property
-    def busy(self) -> bool:
-        """Whether the analysis runs."""
-        return self._job is not None and self._job.active
-
     @Slot()
     def start(self) -> None:
         """Analyze every weight matrix of the open model (ignored while an analysis runs)."""
         assert_gui_thread("OverviewPanel.start")
         ckpt = self.state.checkpoint
-        if ckpt is None or self.busy:
+        if ckpt is None or self.running:
             return
         rule = rule_from_widgets(self.rule_combo, self.rule_spin)
         cache = self.cache
@@ -130,31 +103,21 @@ class OverviewPanel(QWidget):
         def work(ctx: Any) -> ModelOverview:
             return model_overview(ckpt, rule=rule, cache=cache, ctx=ctx)
 
-        self.jobs_started += 1
         self.status.setText("Analyzing every weight matrix…")
-        self._job = self.jobs.submit(
-            "Statistics of all tensors",
-            work,
-            kind="statistics",
-            on_success=lambda ov, c=ckpt: self._on_done(c, ov),
-            on_error=self._on_error,
-            on_cancel=self._on_cancel,
-        )
-        self._update_enabled()
+        self.task.start("Statistics of all tensors", work)
+        self.update_controls()
 
     @Slot()
     def clear(self) -> None:
         """Forget the overview (another model was opened)."""
         assert_gui_thread("OverviewPanel.clear")
-        if self.busy:
-            self._job.cancel()
-        self._job = None
+        self.task.cancel(quiet=True)  # another model: the analysis of this one is not wanted
         self.overview = None
         self._names = []
         self.scatter.setData([])
         self.selected_marker.setData([])
         self.status.setText("Analyze the model to see which tensors are hard to quantize.")
-        self._update_enabled()
+        self.update_controls()
 
     def show_overview(self, overview: ModelOverview) -> None:
         """Draw ``overview`` (GUI thread only)."""
@@ -174,20 +137,12 @@ class OverviewPanel(QWidget):
 
     # -- slots ------------------------------------------------------------------------------------
 
-    def _on_done(self, ckpt: Any, overview: ModelOverview) -> None:
-        self._update_enabled()
-        if ckpt is not self.state.checkpoint:
-            return  # the model changed meanwhile
-        self.show_overview(overview)
+    def on_done(self, result: ModelOverview) -> None:
+        self.update_controls()
+        self.show_overview(result)
 
-    def _on_error(self, message: str) -> None:
-        assert_gui_thread("OverviewPanel._on_error")
-        self._update_enabled()
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
-        self.errorShown.emit(message)
-
-    def _on_cancel(self) -> None:
-        self._update_enabled()
+    def on_cancel(self) -> None:
+        self.update_controls()
         self.status.setText("Analysis cancelled.")
 
     @Slot()
@@ -239,8 +194,8 @@ class OverviewPanel(QWidget):
         else:
             self.selected_marker.setData([])
 
-    def _update_enabled(self) -> None:
-        self.run_button.setEnabled(self.state.checkpoint is not None and not self.busy)
+    def update_controls(self) -> None:
+        self.run_button.setEnabled(self.state.checkpoint is not None and not self.running)
 
     @Slot(bool)
     def _apply_theme(self, dark: bool) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +47,18 @@ from studio.core.quant.plan import (
 from studio.core.quant.presets import PRESETS, Fallback, allows_quantization
 from studio.core.quant.types import PLAN_TYPES
 from studio.qt.fmt import human_bytes
+from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread
+from studio.qt.state import StudioState
+from studio.qt.theme import FALLBACK_RGBA, set_status
 
 __all__ = ["PlanEditorPanel", "PlanTableModel", "TypeDelegate"]
 
 TYPES: tuple[str, ...] = PLAN_TYPES
 DEFAULT_PRESET = "Q4_K_M"
-# Uniform plans offered next to llama.cpp's presets: INT8 and INT4 everywhere.
-_UNIFORM = {
-    "INT8 (Q8_0 everywhere)": "Q8_0",
-    "INT4 (Q4_K everywhere)": "Q4_K",
-    "INT4 (Q4_0 everywhere)": "Q4_0",
-}
+# "Start from" offers llama.cpp's presets (mixtures of types, as llama-quantize makes them), then
+# uniform plans: one type on every quantizable tensor (the CLI's --uniform).
+UNIFORM_TYPES = ("Q8_0", "Q4_K", "Q4_0")
 _ROLE_ORDER = (
     Role.TOKEN_EMBD,
     Role.ATTN_Q,
@@ -80,7 +80,7 @@ _ROLE_ORDER = (
     Role.OTHER,
     Role.UNKNOWN,
 )
-_FALLBACK_BRUSH = QBrush(QColor(255, 190, 90, 150))
+_FALLBACK_BRUSH = QBrush(QColor(*FALLBACK_RGBA))
 _MIXED = "mixed"
 
 
@@ -244,7 +244,7 @@ class PlanEditorPanel(QWidget):
     planEdited = Signal(object)  # the plan now shown (after any change, undo or redo)
     errorShown = Signal(str)
 
-    def __init__(self, state: Any, jobs: Any = None, parent: QWidget | None = None) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state
         self.jobs = jobs  # unused today: every operation here is instant
@@ -270,10 +270,20 @@ class PlanEditorPanel(QWidget):
 
     def _build(self) -> None:
         self.preset_combo = QComboBox(self)
-        self.preset_combo.addItems(list(PRESETS) + list(_UNIFORM))
-        self.preset_combo.setCurrentText(DEFAULT_PRESET)
-        self.preset_button = QPushButton("Apply preset", self)
-        self.preset_button.clicked.connect(lambda: self.apply_preset(self.preset_combo.currentText()))
+        self.preset_combo.setToolTip("A llama.cpp preset, or one type on every quantizable tensor")
+        self._add_heading("llama.cpp presets")
+        for name, preset in PRESETS.items():
+            self.preset_combo.addItem(name, f"preset:{name}")
+            self.preset_combo.setItemData(
+                self.preset_combo.count() - 1, preset.description, Qt.ItemDataRole.ToolTipRole
+            )
+        self.preset_combo.insertSeparator(self.preset_combo.count())
+        self._add_heading("Uniform (one type)")
+        for qtype in UNIFORM_TYPES:
+            self.preset_combo.addItem(f"uniform {qtype}", f"uniform:{qtype}")
+        self.preset_combo.setCurrentIndex(self.preset_combo.findData(f"preset:{DEFAULT_PRESET}"))
+        self.preset_button = QPushButton("Apply", self)
+        self.preset_button.clicked.connect(self._apply_start)
 
         self.keep_n = QSpinBox(self)
         self.keep_n.setRange(1, 999)
@@ -328,7 +338,7 @@ class PlanEditorPanel(QWidget):
         self.redo_button.setEnabled(False)
 
         row1 = QHBoxLayout()
-        row1.addWidget(QLabel("Preset:", self))
+        row1.addWidget(QLabel("Start from:", self))
         row1.addWidget(self.preset_combo)
         row1.addWidget(self.preset_button)
         row1.addSpacing(12)
@@ -388,14 +398,31 @@ class PlanEditorPanel(QWidget):
     # -- operations (each one undoable) -------------------------------------------------------------
 
     def apply_preset(self, preset: str) -> None:
-        """Replace the plan with a preset's (llama.cpp's mixture, or INT8/INT4 everywhere)."""
+        """Replace the plan with a llama.cpp preset's mixture of types."""
+        self._start_from(lambda info: plan_from_preset(info, preset), f"Preset {preset}")
+
+    def apply_uniform(self, qtype: str) -> None:
+        """Replace the plan with ``qtype`` on every quantizable tensor."""
+        self._start_from(lambda info: plan_uniform(info, qtype), f"Uniform {qtype}")
+
+    def _start_from(self, make: Callable[[Any], Plan], text: str) -> None:
         if self._info is None:
             return
-        info = self._info
-        if preset in _UNIFORM:
-            self._apply(lambda _p: plan_uniform(info, _UNIFORM[preset]), f"Preset {preset}")
-        else:
-            self._apply(lambda _p: plan_from_preset(info, preset), f"Preset {preset}")
+        try:
+            new = make(self._info)
+        except StudioError as err:
+            self._error(str(err))
+            return
+        self._push(new, text)
+
+    def _apply_start(self) -> None:
+        kind, _, name = str(self.preset_combo.currentData()).partition(":")
+        (self.apply_uniform if kind == "uniform" else self.apply_preset)(name)
+
+    def _add_heading(self, text: str) -> None:
+        # A label over a group of choices, not a choice itself.
+        self.preset_combo.addItem(text)
+        self.preset_combo.model().item(self.preset_combo.count() - 1).setEnabled(False)
 
     def set_tensors(self, names: list[str], qtype: str, text: str | None = None) -> None:
         """Ask for ``qtype`` on the named tensors (fallbacks applied where rows need it)."""
@@ -519,7 +546,7 @@ class PlanEditorPanel(QWidget):
         self.verdict_label.setText(self.estimate.get("text", "–"))
 
     def _error(self, message: str) -> None:
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
+        set_status(self.status, message, error=True)
         self.errorShown.emit(message)
 
     # -- slots ------------------------------------------------------------------------------------

@@ -25,9 +25,15 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.preview import PreviewResult, block_schemes, generic_schemes, preview_tensor
-from studio.qt.panels import assert_gui_thread, plot_colors, style_plot
+from studio.qt.jobs import JobManager
+from studio.qt.panel_job import JobPanel
+from studio.qt.panels import assert_gui_thread, choose, page_layout
+from studio.qt.state import StudioState
+from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
 
 __all__ = ["PreviewPanel", "format_db"]
+
+DEFAULT_QTYPE = "Q4_K"
 
 
 def format_db(v: float) -> str:
@@ -35,47 +41,44 @@ def format_db(v: float) -> str:
     return f"{v:.2f} dB" if math.isfinite(v) else f"{v} dB"
 
 
-class PreviewPanel(QWidget):
-    """Quantize the selected tensor with a chosen scheme and show what it costs."""
+class PreviewPanel(JobPanel, QWidget):
+    """Quantize the selected tensor to a chosen qtype and show what it costs.
+
+    The qtypes offered are the GGUF block types, then generic INT/FP8 ones (for analysis only: a GGUF
+    file cannot hold them).
+    """
 
     previewShown = Signal(object)  # the PreviewResult just drawn
     errorShown = Signal(str)
 
-    def __init__(
-        self, state: Any, jobs: Any, parent: QWidget | None = None, *, default_scheme: str = "Q4_K"
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = state
-        self.jobs = jobs
+        self.init_task(state, jobs, "quantize")
         self.result: PreviewResult | None = None
-        self._job: Any = None
-        self._key: tuple[str, str] | None = None
-        self.jobs_started = 0
-        self._build(default_scheme)
+        self._key: tuple[str, str] | None = None  # (tensor, qtype) of the newest preview
+        self._build(DEFAULT_QTYPE)
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(lambda _c: self.clear())
         state.modelClosed.connect(self.clear)
-        state.themeChanged.connect(self._apply_theme)
-        self._apply_theme(bool(getattr(state, "dark", False)))
+        follow_theme(state, self._apply_theme)
         self._on_tensor_selected(state.selected_tensor)
 
-    def _build(self, default_scheme: str) -> None:
-        self.scheme_combo = QComboBox(self)
-        for s in block_schemes():
-            self.scheme_combo.addItem(s)
-        self.scheme_combo.insertSeparator(self.scheme_combo.count())
-        for s in generic_schemes():
-            self.scheme_combo.addItem(s)
-        i = self.scheme_combo.findText(default_scheme)
-        self.scheme_combo.setCurrentIndex(max(i, 0))
+    def _build(self, default_qtype: str) -> None:
+        self.qtype_combo = QComboBox(self)
+        for q in block_schemes():
+            self.qtype_combo.addItem(q)
+        self.qtype_combo.insertSeparator(self.qtype_combo.count())
+        for q in generic_schemes():
+            self.qtype_combo.addItem(q)
+        choose(self.qtype_combo, default_qtype, by_text=True)
         self.run_button = QPushButton("Preview", self)
-        self.run_button.setToolTip("Quantize the selected tensor with this scheme and measure the error")
+        self.run_button.setToolTip("Quantize the selected tensor to this type and measure the error")
         self.run_button.clicked.connect(self.start)
         self.tensor_label = QLabel("No tensor selected.", self)
         top = QHBoxLayout()
         top.addWidget(self.tensor_label, 1)
-        top.addWidget(QLabel("Scheme:", self))
-        top.addWidget(self.scheme_combo)
+        top.addWidget(QLabel("Type:", self))
+        top.addWidget(self.qtype_combo)
         top.addWidget(self.run_button)
 
         self.status = QLabel("", self)
@@ -99,7 +102,7 @@ class PreviewPanel(QWidget):
         ep = self.err_plot.getPlotItem()
         ep.setTitle("Error (dequantized − original)")
         ep.setLabel("left", "log10(1 + count)")
-        self.err_item = ep.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0, brush=(208, 0, 0, 70))
+        self.err_item = ep.plot([0.0, 1.0], [0.0], stepMode="center", fillLevel=0)
         self.overlay_plot = pg.PlotWidget(self)
         op = self.overlay_plot.getPlotItem()
         op.setTitle("Original and dequantized values")
@@ -124,74 +127,47 @@ class PreviewPanel(QWidget):
         plots = QSplitter(Qt.Orientation.Vertical, self)
         plots.addWidget(self.overlay_plot)
         plots.addWidget(self.err_plot)
-        split = QSplitter(Qt.Orientation.Horizontal, self)
-        split.addWidget(plots)
-        split.addWidget(side)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 1)
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(split, 1)
+        page_layout(self, top, self.status, plots, side, 3)
 
     # -- public -----------------------------------------------------------------------------------
 
     @property
-    def scheme(self) -> str:
-        """The scheme chosen in the combo."""
-        return self.scheme_combo.currentText()
+    def qtype(self) -> str:
+        """The qtype chosen in the combo."""
+        return self.qtype_combo.currentText()
 
-    def set_scheme(self, scheme: str) -> None:
-        """Choose ``scheme`` in the combo (ValueError if it is not offered)."""
-        i = self.scheme_combo.findText(scheme)
-        if i < 0:
-            raise ValueError(f"scheme {scheme!r} is not offered")
-        self.scheme_combo.setCurrentIndex(i)
-
-    @property
-    def busy(self) -> bool:
-        """Whether a preview is being computed."""
-        return self._job is not None and self._job.active
+    def set_qtype(self, qtype: str) -> None:
+        """Choose ``qtype`` in the combo (ValueError if it is not offered)."""
+        if not choose(self.qtype_combo, qtype, by_text=True):
+            raise ValueError(f"qtype {qtype!r} is not offered")
 
     @Slot()
     def start(self) -> None:
-        """Preview the chosen scheme on the selected tensor (ignored while the same preview runs)."""
+        """Preview the chosen qtype on the selected tensor (ignored while the same preview runs)."""
         assert_gui_thread("PreviewPanel.start")
         ckpt = self.state.checkpoint
         name = self.state.selected_tensor
         if ckpt is None or not name:
             return
-        key = (name, self.scheme)
-        if self.busy and self._key == key:
-            return  # FAULTS 50: repeated clicks start one job
-        if self.busy:
-            self._job.cancel()
+        key = (name, self.qtype)
+        if self.running and self._key == key:
+            # Repeated clicks start one job (test_preview.py::test_five_rapid_clicks_start_one_job).
+            return
         self._key = key
-        scheme = key[1]
-        self.status.setText(f"Quantizing {name} to {scheme}…")
+        qtype = key[1]
+        self.status.setText(f"Quantizing {name} to {qtype}…")
 
         def work(ctx: Any) -> PreviewResult:
-            return preview_tensor(ckpt, name, scheme, ctx=ctx)
+            return preview_tensor(ckpt, name, qtype, ctx=ctx)
 
-        self.jobs_started += 1
-        self._job = self.jobs.submit(
-            f"Preview {scheme} on {name}",
-            work,
-            kind="quantize",
-            on_success=lambda r, k=key: self._on_done(k, r),
-            on_error=lambda msg, k=key: self._on_error(k, msg),
-            on_cancel=self._update_enabled,
-        )
-        self._update_enabled()
+        self.task.start(f"Preview {qtype} on {name}", work)
+        self.update_controls()
 
     @Slot()
     def clear(self) -> None:
         """Forget the shown preview."""
         assert_gui_thread("PreviewPanel.clear")
-        if self.busy:
-            self._job.cancel()
-        self._job = None
+        self.task.cancel(quiet=True)
         self._key = None
         self.result = None
         for item in (self.err_item, self.orig_item, self.deq_item):
@@ -227,28 +203,18 @@ class PreviewPanel(QWidget):
 
     # -- slots ------------------------------------------------------------------------------------
 
-    def _on_done(self, key: tuple[str, str], r: PreviewResult) -> None:
-        self._update_enabled()
-        if key != self._key:
-            return
-        self.show_result(r)
-
-    def _on_error(self, key: tuple[str, str], message: str) -> None:
-        assert_gui_thread("PreviewPanel._on_error")
-        self._update_enabled()
-        if key != self._key:
-            return
-        self.status.setText(f"<span style='color:#d00000'>{message}</span>")
-        self.errorShown.emit(message)
+    def on_done(self, result: PreviewResult) -> None:
+        self.update_controls()
+        self.show_result(result)
 
     @Slot(str)
     def _on_tensor_selected(self, name: str) -> None:
         self.tensor_label.setText(f"<b>{name}</b>" if name else "No tensor selected.")
-        self._update_enabled()
+        self.update_controls()
 
-    def _update_enabled(self) -> None:
+    def update_controls(self) -> None:
         ok = self.state.checkpoint is not None and bool(self.state.selected_tensor)
-        self.run_button.setEnabled(ok and not self.busy)
+        self.run_button.setEnabled(ok and not self.running)
 
     @Slot(bool)
     def _apply_theme(self, dark: bool) -> None:
@@ -256,5 +222,6 @@ class PreviewPanel(QWidget):
         style_plot(self.err_plot, dark)
         style_plot(self.overlay_plot, dark)
         self.err_item.setPen(pg.mkPen(c["outlier"]))
+        self.err_item.setBrush(fill_color(c["outlier"], ERROR_FILL_ALPHA))
         self.orig_item.setPen(pg.mkPen(c["main"], width=2))
         self.deq_item.setPen(pg.mkPen(c["second"], width=1, style=Qt.PenStyle.DashLine))

@@ -10,6 +10,7 @@ from studio.core.hardware import Backend, GpuInfo, HardwareInfo
 from studio.qt.jobs import JobManager, JobState
 from studio.qt.panels.device_selector import DeviceSelector
 from studio.qt.panels.jobs_panel import JobsPanel, format_eta
+from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 
 
@@ -75,7 +76,8 @@ def _hw(gpus=()):
 def test_device_selector_lists_cuda_mps_and_cpu_and_remembers(qtbot, tmp_path):
     state = StudioState()
     settings = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
-    sel = DeviceSelector(state, settings=settings)
+    sel = DeviceSelector(state, JobManager())
+    sel.remember_in(AppSettings(settings))
     qtbot.addWidget(sel)
     assert sel.devices() == ["cpu"]
     gib = 1024**3
@@ -94,7 +96,8 @@ def test_device_selector_lists_cuda_mps_and_cpu_and_remembers(qtbot, tmp_path):
     state.set_hardware(_hw(gpus))
     assert sel.device == "cuda:1"
     assert settings.value("quantize/device") == "cuda:1"
-    sel2 = DeviceSelector(state, settings=settings)
+    sel2 = DeviceSelector(state, JobManager())
+    sel2.remember_in(AppSettings(settings))
     qtbot.addWidget(sel2)
     assert sel2.device == "cuda:1"
     state.set_hardware(_hw([GpuInfo(0, "Apple GPU", Backend.MPS, 32 * gib, 16 * gib, unified=True)]))

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings, Qt
 
-from studio.qt.export_dialog import CURRENT_PLAN, OUTPUT_DIR_KEY, ExportDialog
 from studio.qt.jobs import JobState
+from studio.qt.panels.export_dialog import CURRENT_PLAN, ExportDialog
+from studio.qt.settings import OUTPUT_DIR_KEY
 
 OPEN_TIMEOUT_MS = 60_000
 EXPORT_TIMEOUT_MS = 240_000  # includes verification: torch, transformers and a llama.cpp child start
@@ -126,12 +127,12 @@ def test_a_q8_0_export_writes_the_file_and_shows_the_verification(qtbot, make_wi
     assert out.name in dlg.status.text()
     # The window's status bar repeats the outcome, and the output folder is remembered.
     assert "top-1 agreement" in win.statusBar().currentMessage()
-    assert Path(win.settings.value(OUTPUT_DIR_KEY)) == tmp_path
+    assert Path(win.settings.export_folder) == tmp_path
     # The new file joins the chat (next to the original) and the evaluation as a variant.
-    if win.chat_panel is not None:
-        assert [c.path for c in win.chat_panel.columns] == [llama_model, out]
-    if win.eval_panel is not None:
-        assert str(out) in [str(v) for v in win.eval_panel.variants()]
+    if win.panel("chat") is not None:
+        assert [c.path for c in win.panel("chat").columns] == [llama_model, out]
+    if win.panel("evaluate") is not None:
+        assert str(out) in [str(v) for v in win.panel("evaluate").variants()]
 
 
 def test_the_current_plan_from_the_plan_editor_is_exported_tensor_by_tensor(
@@ -141,8 +142,8 @@ def test_the_current_plan_from_the_plan_editor_is_exported_tensor_by_tensor(
 
     win = make_window()
     _open(qtbot, win, llama_model)
-    editor = win.plan_editor
-    editor.apply_preset("INT4 (Q4_0 everywhere)")
+    editor = win.panel("plan")
+    editor.apply_uniform("Q4_0")
     editor.apply_regex(r"layers\.0\.", "Q8_0")
     plan = win.state.plan
     assert {"Q4_0", "Q8_0"} <= set(plan.types.values())
@@ -224,7 +225,7 @@ def test_the_llama_cpp_back_end_writes_the_same_types(qtbot, make_window, llama_
     assert types == dict(result.tensor_types)
     assert types["blk.0.ffn_down.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
     assert _leftovers(out.parent) == [out.name]  # the F32 intermediate is gone
-    assert win.settings.value("export/backend") == "llama.cpp"
+    assert win.settings.export_backend == "llama.cpp"
 
 
 def test_cancel_during_verification_stops_the_child_and_leaves_no_file(

@@ -63,7 +63,7 @@ def test_outlier_rule_switch_rehighlights_without_recomputing(qtbot, opened):
     name = _matrix(ckpt, "layers.1.self_attn.q_proj.weight")
     with qtbot.waitSignal(panel.statsShown, timeout=20_000):
         state.select_tensor(name)
-    started = panel.jobs_started
+    started = panel.task.started
     x = ckpt.read(name)
     t = float(np.quantile(np.abs(x), 0.999))
     panel.rule_combo.setCurrentIndex(1)  # |x| > t
@@ -75,7 +75,7 @@ def test_outlier_rule_switch_rehighlights_without_recomputing(qtbot, opened):
     assert panel.rule == OutlierRule(OutlierKind.ABS, thr)
     share = float(panel.table_value(f"outlier share (|x| > {thr:g})").split()[0]) / 100
     assert share == pytest.approx((np.abs(x) > thr).mean(), rel=0.02, abs=2e-6)
-    assert panel.jobs_started == started
+    assert panel.task.started == started
 
 
 def test_heat_map_is_block_max_of_abs_weights(qtbot, opened):
@@ -98,7 +98,7 @@ def test_repeated_selection_starts_one_job(qtbot, opened):
     with qtbot.waitSignal(panel.statsShown, timeout=20_000):
         for _ in range(5):
             panel.request(name)
-    assert panel.jobs_started == 1
+    assert panel.task.started == 1
     assert len([j for j in jobs.history() if j.kind == "statistics"]) == 1
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from PySide6.QtCore import Qt, Slot
-from PySide6.QtGui import QAction, QColor, QFont
+from PySide6.QtGui import QAction, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFormLayout,
@@ -37,25 +37,13 @@ from studio.qt.fmt import (
     role_text,
 )
 from studio.qt.icons import app_icon
+from studio.qt.jobs import JobManager
 from studio.qt.state import StudioState
+from studio.qt.theme import verdict_colour, warning_box_style
 
 ESTIMATE_COLUMNS = ("Preset", "File size", "Bits/weight", "Memory", "Verdict")
 ROLE_COLUMNS = ("Role", "Tensors", "Parameters")
 CTX_MIN, CTX_MAX = 128, 1 << 20
-
-
-_VERDICT_RGB = {
-    "FITS_GPU": (40, 170, 70),  # green
-    "PARTIAL_OFFLOAD": (230, 160, 0),  # amber
-    "CPU_ONLY": (38, 139, 210),  # blue
-    "DOES_NOT_FIT": (220, 50, 47),  # red
-}
-
-
-def verdict_colour(verdict: Any) -> QColor:
-    """A translucent background for a verdict that reads on light and dark palettes alike."""
-    rgb = _VERDICT_RGB.get(getattr(verdict, "name", str(verdict)), (128, 128, 128))
-    return QColor(*rgb, 90)
 
 
 def _cell(text: str, *, right: bool = False) -> QTableWidgetItem:
@@ -100,17 +88,16 @@ def _fit_height(table: QTableWidget) -> None:
 class SummaryPanel(QWidget):
     """Facts about the open model, its tensors per role, and the estimate table with verdicts.
 
-    Before a model is open it shows a welcome page with the window's open actions.
+    Before a model is open it shows a welcome page, with buttons for the window's open actions
+    (``set_welcome_actions``).
     """
 
-    def __init__(
-        self, state: StudioState, welcome_actions: Sequence[QAction] = (), parent: QWidget | None = None
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("SummaryPanel")
         self._state = state
         self.stack = QStackedWidget(self)
-        self.stack.addWidget(self._build_welcome(welcome_actions))
+        self.stack.addWidget(self._build_welcome())
         self.stack.addWidget(self._build_summary())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -124,7 +111,16 @@ class SummaryPanel(QWidget):
 
     # -- construction -----------------------------------------------------------------------------
 
-    def _build_welcome(self, actions: Sequence[QAction]) -> QWidget:
+    def set_welcome_actions(self, actions: Sequence[QAction]) -> None:
+        """Show a button for each of ``actions`` on the welcome page."""
+        for action in actions:
+            button = QPushButton(action.icon(), action.text().replace("&", ""), self)
+            button.clicked.connect(action.trigger)
+            button.setMinimumHeight(32)
+            self._welcome_row.insertWidget(self._welcome_row.count() - 1, button)
+            self.welcome_buttons.append(button)
+
+    def _build_welcome(self) -> QWidget:
         page = QWidget(self)
         outer = QVBoxLayout(page)
         outer.addStretch(2)
@@ -145,14 +141,9 @@ class SummaryPanel(QWidget):
         text.setFixedWidth(560)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
-        self.welcome_buttons: list[QPushButton] = []
-        for action in actions:
-            button = QPushButton(action.icon(), action.text().replace("&", ""), page)
-            button.clicked.connect(action.trigger)
-            button.setMinimumHeight(32)
-            buttons.addWidget(button)
-            self.welcome_buttons.append(button)
         buttons.addStretch(1)
+        self._welcome_row = buttons
+        self.welcome_buttons: list[QPushButton] = []
         logo = QLabel(page)
         logo.setPixmap(app_icon().pixmap(96, 96))
         logo.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -193,10 +184,7 @@ class SummaryPanel(QWidget):
         self.warnings_label = QLabel(page)
         self.warnings_label.setWordWrap(True)
         self.warnings_label.setObjectName("WarningsLabel")
-        self.warnings_label.setStyleSheet(
-            "QLabel#WarningsLabel { background: rgba(230,160,0,60); border: 1px solid rgba(230,160,0,160);"
-            " border-radius: 4px; padding: 6px; }"
-        )
+        self.warnings_label.setStyleSheet(warning_box_style("WarningsLabel"))
         self.warnings_label.hide()
         outer.addWidget(self.warnings_label)
 

@@ -9,6 +9,7 @@ from PySide6.QtGui import QFont, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLineEdit, QTreeView, QVBoxLayout, QWidget
 
 from studio.qt.fmt import human_count, role_text, shape_text
+from studio.qt.jobs import JobManager
 from studio.qt.state import StudioState
 
 NAME_ROLE = Qt.ItemDataRole.UserRole + 1  # full tensor name on tensor rows, "" on group rows
@@ -105,7 +106,7 @@ class TensorTreeModel(QStandardItemModel):
 class ModelTreePanel(QWidget):
     """A filterable tree of the open model's tensors; selecting one selects it in the shared state."""
 
-    def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("ModelTreePanel")
         self._state = state

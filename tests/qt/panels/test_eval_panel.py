@@ -33,12 +33,14 @@ def test_evaluation_fills_table_and_plot(qtbot, panel, chat_model, f32_gguf, ggu
     assert not panel.run_button.isEnabled()  # no variants yet
     q2 = gguf_of(chat_model, "Q2_K")
     panel.add_variant(f32_gguf)
-    panel.state.publish_result(SimpleNamespace(path=q2, tensor_types={}))  # an export lands in the list
+    panel.state.publish_export(
+        SimpleNamespace(result=SimpleNamespace(path=q2))
+    )  # an export lands in the list
     assert panel.variants() == [str(f32_gguf), str(q2)]
     panel.ctx_spin.setValue(64)
     panel.chunks_spin.setValue(2)
     published = []
-    panel.state.resultReady.connect(published.append)
+    panel.state.evaluated.connect(published.append)
     with qtbot.waitSignal(panel.reportShown, timeout=120_000) as blocker:
         assert panel.start()
         assert panel.cancel_button.isEnabled() and not panel.run_button.isEnabled()

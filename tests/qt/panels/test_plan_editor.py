@@ -9,7 +9,15 @@ from PySide6.QtCore import QItemSelectionModel, Qt
 
 from studio.core.gguf.arch import layout
 from studio.core.model import open_model
-from studio.core.quant.plan import Override, Plan, keep_first_last, plan_from_preset, with_overrides
+from studio.core.quant.plan import (
+    Override,
+    Plan,
+    keep_first_last,
+    plan_from_preset,
+    plan_uniform,
+    with_overrides,
+)
+from studio.core.quant.presets import PRESETS
 from studio.core.quant.types import tensor_bytes
 from studio.qt.jobs import JobManager
 from studio.qt.panels.plan_editor import PlanEditorPanel
@@ -47,6 +55,26 @@ def test_opens_with_q4_k_m_and_a_grid_of_layers_and_roles(editor):
     assert dict(panel.plan.types) == dict(ref.types)
     assert state.plan is panel.plan
     assert panel.summary.total_bytes == ref.summary(ckpt.info).total_bytes
+
+
+def test_start_from_offers_presets_and_uniform_plans_under_their_own_headings(qtbot, editor):
+    _state, panel, ckpt = editor
+    combo = panel.preset_combo
+    texts = [combo.itemText(i) for i in range(combo.count())]
+    # Headings (not choosable) name the two groups; a uniform plan is never called a preset.
+    presets_at, uniform_at = texts.index("llama.cpp presets"), texts.index("Uniform (one type)")
+    assert not combo.model().item(presets_at).isEnabled() and not combo.model().item(uniform_at).isEnabled()
+    assert texts[presets_at + 1 : presets_at + 1 + len(PRESETS)] == list(PRESETS)
+    assert texts[uniform_at + 1 :] == ["uniform Q8_0", "uniform Q4_K", "uniform Q4_0"]
+    assert combo.currentText() == "Q4_K_M"
+
+    combo.setCurrentIndex(texts.index("uniform Q8_0"))
+    qtbot.mouseClick(panel.preset_button, Qt.MouseButton.LeftButton)
+    assert dict(panel.plan.types) == dict(plan_uniform(ckpt.info, "Q8_0").types)
+    assert panel.plan.name == "uniform Q8_0" and panel.undo_stack.undoText() == "Uniform Q8_0"
+    combo.setCurrentIndex(texts.index("Q2_K"))
+    qtbot.mouseClick(panel.preset_button, Qt.MouseButton.LeftButton)
+    assert dict(panel.plan.types) == dict(plan_from_preset(ckpt.info, "Q2_K").types)
 
 
 def test_changing_a_cell_changes_the_size_by_that_tensors_bytes(qtbot, editor):
@@ -141,7 +169,7 @@ def test_save_and_load_plan_json(tmp_path, editor):
 def test_fallback_cells_are_marked(qtbot, tiny_model):
     state = StudioState()
     ckpt = open_model(tiny_model("llama", hidden=320))
-    panel = PlanEditorPanel(state)
+    panel = PlanEditorPanel(state, JobManager())
     qtbot.addWidget(panel)
     state.set_checkpoint(ckpt)
     try:

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.qt.fmt import human_bytes, human_count, role_text, shape_text
+from studio.qt.jobs import JobManager
 from studio.qt.state import StudioState
 
 FIELDS = ("Name", "Role", "Layer", "Shape", "Dtype", "Parameters", "Bytes", "File")
@@ -30,7 +31,7 @@ FIELDS = ("Name", "Role", "Layer", "Shape", "Dtype", "Parameters", "Bytes", "Fil
 class TensorPanel(QWidget):
     """Details of the tensor selected in the shared state."""
 
-    def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("TensorPanel")
         self._state = state

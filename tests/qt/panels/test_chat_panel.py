@@ -30,7 +30,8 @@ def make_panel(qtbot):
 
     def make(n_ctx: int = 256) -> ChatPanel:
         state, jobs = StudioState(), JobManager()
-        panel = ChatPanel(state, jobs, backend_factory=lambda p: open_backend(p, n_ctx=n_ctx, device="cpu"))
+        panel = ChatPanel(state, jobs)
+        panel.backend_factory = lambda p: open_backend(p, n_ctx=n_ctx, device="cpu")
         qtbot.addWidget(panel)
         panel.resize(1000, 600)
         panel.show()
@@ -165,10 +166,10 @@ def test_models_come_from_the_state(qtbot, make_panel, chat_model, tmp_path):
     panel = make_panel()
     panel.state.modelOpened.emit(SimpleNamespace(info=SimpleNamespace(path=chat_model)))
     assert [c.path for c in panel.columns] == [chat_model]
-    export = SimpleNamespace(path=tmp_path / "m-Q4_K_M.gguf", tensor_types={})
-    panel.state.publish_result(export)
-    panel.state.publish_result(SimpleNamespace(path=tmp_path / "stats.json"))
-    assert [c.path for c in panel.columns] == [chat_model, export.path]
+    export = SimpleNamespace(result=SimpleNamespace(path=tmp_path / "m-Q4_K_M.gguf"))
+    panel.state.publish_export(export)
+    panel.state.publish_evaluation(SimpleNamespace(path=tmp_path / "report.json"))  # not a model
+    assert [c.path for c in panel.columns] == [chat_model, export.result.path]
     assert panel.send_button.isEnabled() is True
     panel.remove_column(panel.columns[1])
     assert len(panel.columns) == 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt, Signal, Slot
+from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -37,21 +37,22 @@ from studio.core.jobs import JobCancelled, JobContext
 from studio.core.quant.plan import Plan
 from studio.core.quant.presets import PRESETS
 from studio.qt.fmt import human_bytes, model_display_name
-from studio.qt.jobs import Job, unexpected_error_sentence
+from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
+from studio.qt.panel_job import JobPanel
+from studio.qt.panels import choose
+from studio.qt.settings import AppSettings
+from studio.qt.state import StudioState
+from studio.qt.theme import set_status
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExportDialog", "ExportOutcome", "OUTPUT_DIR_KEY", "CURRENT_PLAN", "run_export"]
+__all__ = ["ExportDialog", "ExportOutcome", "CURRENT_PLAN", "run_export"]
 
-OUTPUT_DIR_KEY = "export/output_folder"
-PRESET_KEY = "export/preset"
-BACKEND_KEY = "export/backend"
 CURRENT_PLAN = "__current_plan__"
 DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
 EXPORT_SHARE = 0.8  # of the progress bar when verification follows; the rest is verification
 PROGRESS_STEPS = 1000
-_ERROR_STYLE = "color: #d0342c;"
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def run_export(
     return ExportOutcome(result, verified.get("result"), verified.get("error", ""))
 
 
-class ExportDialog(QDialog):
+class ExportDialog(JobPanel, QDialog):
     """Preset or current plan, output file, device, back end and verification; progress and result."""
 
     exportStarted = Signal(object)  # the Job
@@ -219,22 +220,12 @@ class ExportDialog(QDialog):
     exportFailed = Signal(str)  # one sentence
     exportCancelled = Signal()
 
-    def __init__(
-        self,
-        state: Any,
-        jobs: Any,
-        parent: QWidget | None = None,
-        *,
-        settings: QSettings | None = None,
-        device: str = "cpu",
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("ExportDialog")
         self.setWindowTitle("Export GGUF")
-        self.state = state
-        self.jobs = jobs
-        self.settings = settings if settings is not None else QSettings()
-        self.job: Job | None = None
+        self.init_task(state, jobs, "export", progress=True)
+        self.settings = AppSettings()  # the user's; the window hands in its own with remember_in
         self.outcome: ExportOutcome | None = None
         self._path_edited = False
         self._build()
@@ -242,7 +233,12 @@ class ExportDialog(QDialog):
         state.modelOpened.connect(lambda _c: self.reset())
         state.modelClosed.connect(self.reset)
         state.hardwareChanged.connect(lambda _hw: self._fill_devices(self.device))
-        self.reset(device=device)
+        self.reset(device="cpu")
+
+    def remember_in(self, settings: AppSettings) -> None:
+        """Take the remembered folder, preset and back end from ``settings``, and keep new ones there."""
+        self.settings = settings
+        self.reset()
 
     # -- layout -----------------------------------------------------------------------------------
 
@@ -324,9 +320,9 @@ class ExportDialog(QDialog):
     # -- public -----------------------------------------------------------------------------------
 
     @property
-    def running(self) -> bool:
-        """Whether an export started here is still running."""
-        return self.job is not None and self.job.active
+    def job(self) -> Job | None:
+        """The newest export started here (running or not), or None."""
+        return self.task.job
 
     @property
     def device(self) -> str:
@@ -353,10 +349,8 @@ class ExportDialog(QDialog):
 
     def set_plan_choice(self, key: str) -> None:
         """Choose a preset by name, or the current plan with ``CURRENT_PLAN`` (ValueError if not offered)."""
-        i = self.plan_combo.findData(key)
-        if i < 0:
+        if not choose(self.plan_combo, key):
             raise ValueError(f"{key!r} is not offered")
-        self.plan_combo.setCurrentIndex(i)
 
     def set_output_path(self, path: str | Path) -> None:
         """Write to ``path`` (as if typed)."""
@@ -365,17 +359,12 @@ class ExportDialog(QDialog):
 
     def set_device(self, device: str) -> bool:
         """Choose ``device`` if offered; returns whether it was."""
-        i = self.device_combo.findData(device)
-        if i >= 0:
-            self.device_combo.setCurrentIndex(i)
-        return i >= 0
+        return choose(self.device_combo, device)
 
     def set_backend(self, backend: str) -> None:
         """Choose the back end ("studio" or "llama.cpp")."""
-        i = self.backend_combo.findData(backend)
-        if i < 0:
+        if not choose(self.backend_combo, backend):
             raise ValueError(f"unknown back end {backend!r}")
-        self.backend_combo.setCurrentIndex(i)
 
     @Slot()
     def reset(self, device: str | None = None) -> None:
@@ -387,16 +376,14 @@ class ExportDialog(QDialog):
         if info is not None:
             self.model_label.setToolTip(str(info.path))
         self._fill_devices(device or self.device)
-        saved_backend = str(self.settings.value(BACKEND_KEY, "studio") or "studio")
-        i = self.backend_combo.findData(saved_backend)
+        i = self.backend_combo.findData(self.settings.export_backend)
         self.backend_combo.setCurrentIndex(max(i, 0))
         self._path_edited = False
         self._fill_plans()
         self.progress.setValue(0)
-        self.status.setText("")
-        self.status.setStyleSheet("")
+        set_status(self.status, "")
         self.result_label.setText("")
-        self._update_buttons()
+        self.update_controls()
 
     @Slot()
     def browse(self) -> None:
@@ -412,7 +399,9 @@ class ExportDialog(QDialog):
     def start(self) -> Job | None:
         """Start the export job; None (with a sentence in the dialog) when something is missing."""
         if self.running:
-            return None  # a second click while it runs changes nothing (FAULTS 50)
+            # A second click while it runs changes nothing
+            # (test_export_dialog.py::test_cancel_leaves_no_file_and_the_window_still_answers).
+            return None
         info = self.state.info
         if info is None:
             return self._refuse("Open a model before exporting.")
@@ -440,10 +429,10 @@ class ExportDialog(QDialog):
             )
             if answer != QMessageBox.StandardButton.Yes:
                 return None
-        self.settings.setValue(OUTPUT_DIR_KEY, str(out.parent))
-        self.settings.setValue(BACKEND_KEY, self.backend)
+        self.settings.export_folder = str(out.parent)
+        self.settings.export_backend = self.backend
         if isinstance(plan, str):
-            self.settings.setValue(PRESET_KEY, plan)
+            self.settings.export_preset = plan
         self.settings.sync()
 
         source = Path(info.path)
@@ -468,66 +457,48 @@ class ExportDialog(QDialog):
             )
 
         plan_name = plan if isinstance(plan, str) else plan.name
-        self.job = self.jobs.submit(
-            f"Exporting {model_display_name(source)} ({plan_name})",
-            task,
-            kind="export",
-            on_success=self._on_success,
-            on_error=self._on_error,
-            on_cancel=self._on_cancel,
-            confirm_on_quit=True,
+        job = self.task.start(
+            f"Exporting {model_display_name(source)} ({plan_name})", task, confirm_on_quit=True
         )
-        self.jobs.jobChanged.connect(self._on_job_changed)
-        self._update_buttons()
-        self.exportStarted.emit(self.job)
-        return self.job
+        self.update_controls()
+        self.exportStarted.emit(job)
+        return job
 
     @Slot()
     def cancel(self) -> None:
         """Ask the running export to stop; its partial file is removed."""
-        if self.running and self.job is not None:
-            self.job.cancel()
+        if self.running:
+            self.task.cancel()
             self._set_status("Cancelling…")
             self.cancel_button.setEnabled(False)
 
     # -- job feedback (GUI thread) ---------------------------------------------------------------------
 
-    @Slot(object)
-    def _on_job_changed(self, job: Job) -> None:
-        if job is not self.job or not job.active:
-            return
+    def on_progress(self, job: Job) -> None:
         if job.total > 0:
             self.progress.setValue(int(PROGRESS_STEPS * min(1.0, job.done / job.total)))
         if job.message and not job.context.cancelled:
             self.status.setText(job.message)
 
-    def _finish(self) -> None:
-        try:
-            self.jobs.jobChanged.disconnect(self._on_job_changed)
-        except (RuntimeError, TypeError):
-            pass
-        self._update_buttons()
-
-    def _on_success(self, outcome: ExportOutcome) -> None:
+    def on_done(self, outcome: ExportOutcome) -> None:
         self.outcome = outcome
-        self._finish()
+        self.update_controls()
         self.progress.setValue(PROGRESS_STEPS)
         r = outcome.result
         self._set_status(
             f"Wrote {r.path} ({human_bytes(r.file_bytes)}, {r.n_tensors} tensors, {r.bpw:.2f} bits per weight) "
             f"in {r.seconds:.1f} s."
         )
-        self.result_label.setText(self._verification_text(outcome))
-        self.result_label.setStyleSheet(_ERROR_STYLE if outcome.verify_error else "")
+        set_status(self.result_label, self._verification_text(outcome), error=bool(outcome.verify_error))
         self.exportFinished.emit(outcome)
 
-    def _on_error(self, message: str) -> None:
-        self._finish()
+    def on_error(self, message: str) -> None:
+        self.update_controls()
         self._set_status(message, error=True)
         self.exportFailed.emit(message)
 
-    def _on_cancel(self) -> None:
-        self._finish()
+    def on_cancel(self) -> None:
+        self.update_controls()
         self.progress.setValue(0)
         self._set_status("Export cancelled; no file was written.")
         self.exportCancelled.emit()
@@ -555,10 +526,9 @@ class ExportDialog(QDialog):
         return None
 
     def _set_status(self, text: str, *, error: bool = False) -> None:
-        self.status.setText(text)
-        self.status.setStyleSheet(_ERROR_STYLE if error else "")
+        set_status(self.status, text, error=error)
 
-    def _update_buttons(self) -> None:
+    def update_controls(self) -> None:
         running = self.running
         has_model = self.state.info is not None and _exportable(self.state.info)
         self.export_button.setEnabled(has_model and not running)
@@ -593,7 +563,7 @@ class ExportDialog(QDialog):
             self.plan_combo.addItem(f"{name} — {preset.description}", name)
         if previous is None:
             previous = (
-                CURRENT_PLAN if isinstance(plan, Plan) else self.settings.value(PRESET_KEY, DEFAULT_PRESET)
+                CURRENT_PLAN if isinstance(plan, Plan) else (self.settings.export_preset or DEFAULT_PRESET)
             )
         i = self.plan_combo.findData(previous)
         if i < 0:
@@ -627,7 +597,7 @@ class ExportDialog(QDialog):
         info = self.state.info
         if info is None:
             return None
-        folder = Path(str(self.settings.value(OUTPUT_DIR_KEY, "") or ""))
+        folder = Path(self.settings.export_folder)
         if not str(folder) or str(folder) == "." or not folder.is_dir():
             src = Path(info.path)
             folder = src.parent if src.is_dir() else src.parent

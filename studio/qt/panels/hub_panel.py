@@ -1,9 +1,10 @@
 """The Hub panel: search the Hugging Face Hub, read a model's card and files, download it.
 
-A self-contained widget the main window docks. Every network call runs as a job on the window's
-``JobManager`` (or the panel's own); download progress crosses to the GUI thread through a queued
-signal, throttled by the core, so the GUI thread never waits on the network. A finished download
-emits ``modelDownloaded(path)`` for the window to open it.
+A page of the main window. Every network call runs as a job on the window's ``JobManager``, one
+``PanelJob`` per kind (search, details, fit badges, download, cache), so a newer search drops the
+older one's results; download progress crosses to the GUI thread through a queued signal, throttled
+by the core, so the GUI thread never waits on the network. A finished download emits
+``modelDownloaded(path)`` for the window to open it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from studio.core.hub.errors import AuthRequired
 from studio.core.jobs import JobContext
 from studio.qt.fmt import human_bytes, human_count
 from studio.qt.jobs import Job, JobManager
+from studio.qt.panel_job import PanelJob
+from studio.qt.state import StudioState
+from studio.qt.theme import set_status
 
 TASKS = (
     "",
@@ -119,33 +123,40 @@ class HubPanel(QWidget):
     """Search box, results table, detail pane (card and files) and a resumable Download."""
 
     modelDownloaded = Signal(str)  # local snapshot folder (or the single GGUF file downloaded)
-    statusMessage = Signal(str)
+    statusMessage = Signal(str)  # what the panel's status line says (progress, counts)
+    errorShown = Signal(str)  # a Hub call failed: one sentence
 
-    def __init__(
-        self,
-        jobs: JobManager | None = None,
-        parent: QWidget | None = None,
-        *,
-        hardware: Any = None,
-        cache_dir: str | Path | None = None,
-        ask_token: Callable[[QWidget, str], tuple[str | None, bool]] | None = None,
-    ) -> None:
+    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("HubPanel")
-        self.jobs = jobs if jobs is not None else JobManager(parent=self)
-        self.hardware = hardware
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.ask_token = ask_token or _ask_token_dialog
+        self.state, self.jobs = state, jobs
+        self.hardware = state.hardware
+        self.cache_dir: Path | None = None  # None: the Hugging Face cache
+        # (parent, reason) -> (token or None, remember it): a dialog, or a test's stand-in.
+        self.ask_token: Callable[[QWidget, str], tuple[str | None, bool]] = _ask_token_dialog
         self._session_token: str | None = None  # typed this session and not stored (never in settings)
         self._results: list[Any] = []
         self._cached: list[Any] = []
         self._details: Any = None
-        self._search_gen = 0
-        self._detail_gen = 0
-        self._search_job: Job | None = None
-        self._detail_job: Job | None = None
-        self._badge_job: Job | None = None
-        self._download_job: Job | None = None
+        self._detail_repo = ""
+        self._searching = PanelJob(
+            jobs, "hub-search", self, on_done=self._on_results, on_error=self.show_error
+        )
+        self._detailing = PanelJob(
+            jobs, "hub-details", self, on_done=self._on_details, on_error=self._detail_failed
+        )
+        self._badging = PanelJob(jobs, "hub-fit", self)
+        self._downloading = PanelJob(
+            jobs,
+            "hub-download",
+            self,
+            on_done=self._on_downloaded,
+            on_error=self._on_download_failed,
+            on_cancel=self._on_download_stopped,
+        )
+        self._listing = PanelJob(
+            jobs, "hub-cache", self, on_done=self._on_cache_listed, on_error=self.cache_label_error
+        )
         self._download_repo: str | None = None
         self._download_include: list[str] | None = None
         self._pausing = False
@@ -153,6 +164,7 @@ class HubPanel(QWidget):
         self._relay.progress.connect(self._on_progress)
         self._relay.badge.connect(self._on_badge)
         self._build()
+        state.hardwareChanged.connect(self.set_hardware)
 
     # -- construction -----------------------------------------------------------------------------
 
@@ -284,17 +296,15 @@ class HubPanel(QWidget):
 
         return get_token()[0]
 
-    def busy(self) -> bool:
+    @property
+    def downloading(self) -> bool:
         """Whether a download is running."""
-        return self._download_job is not None and self._download_job.active
+        return self._downloading.running
 
-    def shutdown(self, timeout_ms: int = 5000) -> None:
-        """Cancel the panel's jobs and wait for them (when it owns its JobManager)."""
-        for job in (self._search_job, self._detail_job, self._badge_job, self._download_job):
-            if job is not None and job.active:
-                job.cancel()
-        if self.jobs.parent() is self:
-            self.jobs.shutdown(timeout_ms)
+    def shutdown(self) -> None:
+        """Cancel the panel's jobs (the window waits for them)."""
+        for task in (self._searching, self._detailing, self._badging, self._downloading, self._listing):
+            task.cancel()
 
     # -- search -----------------------------------------------------------------------------------
 
@@ -307,27 +317,14 @@ class HubPanel(QWidget):
         task = self.task_combo.currentData() or None
         sort = self.sort_combo.currentData()
         token = self.token()
-        self._search_gen += 1
-        gen = self._search_gen
-        if self._search_job is not None and self._search_job.active:
-            self._search_job.cancel()
         self._set_status(f"Searching for “{query}”…" if query else "Searching…")
 
         def task_fn(ctx: JobContext) -> list[Any]:
             return api.search(query, task=task, sort=sort, limit=30, token=token, ctx=ctx)
 
-        self._search_job = self.jobs.submit(
-            f"Hub search “{query}”",
-            task_fn,
-            kind="hub-search",
-            on_success=lambda res: self._on_results(gen, res),
-            on_error=lambda msg: self._set_status(msg) if gen == self._search_gen else None,
-        )
-        return self._search_job
+        return self._searching.start(f"Hub search “{query}”", task_fn)
 
-    def _on_results(self, gen: int, results: list[Any]) -> None:
-        if gen != self._search_gen:
-            return  # an older search finished after a newer one started
+    def _on_results(self, results: list[Any]) -> None:
         self._results = list(results)
         table = self.results
         table.setSortingEnabled(False)
@@ -351,8 +348,6 @@ class HubPanel(QWidget):
     def _start_badges(self) -> None:
         from studio.core.hub.fit import fit_for_repo
 
-        if self._badge_job is not None and self._badge_job.active:
-            self._badge_job.cancel()
         hw, token, relay = self.hardware, self.token(), self._relay
         todo = [(m.id, m.params) for m in self._results if m.params]
 
@@ -366,7 +361,7 @@ class HubPanel(QWidget):
                     badge = None
                 relay.badge.emit(repo_id, badge)
 
-        self._badge_job = self.jobs.submit("Fit badges", task_fn, kind="hub-fit")
+        self._badging.start("Fit badges", task_fn)
 
     @Slot(str, object)
     def _on_badge(self, repo_id: str, badge: Any) -> None:
@@ -399,33 +394,20 @@ class HubPanel(QWidget):
         """Load and show the card and files of ``repo_id``."""
         from studio.core.hub import api
 
-        self._detail_gen += 1
-        gen = self._detail_gen
-        if self._detail_job is not None and self._detail_job.active:
-            self._detail_job.cancel()
         token = self.token()
+        self._detail_repo = repo_id
         self.title_label.setText(f"<b>{repo_id}</b> — loading…")
 
         def task_fn(ctx: JobContext) -> Any:
             return api.model_details(repo_id, token=token, ctx=ctx)
 
-        self._detail_job = self.jobs.submit(
-            f"Hub details {repo_id}",
-            task_fn,
-            kind="hub-details",
-            on_success=lambda d: self._on_details(gen, d),
-            on_error=lambda msg: self._detail_failed(gen, repo_id, msg),
-        )
-        return self._detail_job
+        return self._detailing.start(f"Hub details {repo_id}", task_fn)
 
-    def _detail_failed(self, gen: int, repo_id: str, msg: str) -> None:
-        if gen == self._detail_gen:
-            self.title_label.setText(f"<b>{repo_id}</b>")
-            self._set_status(msg)
+    def _detail_failed(self, msg: str) -> None:
+        self.title_label.setText(f"<b>{self._detail_repo}</b>")
+        self.show_error(msg)
 
-    def _on_details(self, gen: int, d: Any) -> None:
-        if gen != self._detail_gen:
-            return
+    def _on_details(self, d: Any) -> None:
         self._details = d
         bits = [
             f"<b>{d.id}</b>",
@@ -467,7 +449,7 @@ class HubPanel(QWidget):
     @Slot()
     def start_download(self) -> Job | None:
         """Download (or resume) the shown model, or only its ticked files."""
-        if self._details is None or self.busy():
+        if self._details is None or self.downloading:
             return None
         include = self.checked_files() or None
         return self._download(self._details.id, self._details.sha, include)
@@ -486,16 +468,7 @@ class HubPanel(QWidget):
                 repo_id, revision, include, cache_dir, ctx, token, on_progress=relay.progress.emit
             )
 
-        job = self.jobs.submit(
-            f"Downloading {repo_id}",
-            task_fn,
-            kind="hub-download",
-            confirm_on_quit=True,
-            on_success=self._on_downloaded,
-            on_error=lambda msg: self._on_download_failed(job, msg),
-            on_cancel=self._on_download_stopped,
-        )
-        self._download_job = job
+        job = self._downloading.start(f"Downloading {repo_id}", task_fn, confirm_on_quit=True)
         self._set_status(f"Starting the download of {repo_id}…")
         self._update_buttons()
         return job
@@ -503,24 +476,22 @@ class HubPanel(QWidget):
     @Slot()
     def pause_download(self) -> None:
         """Stop the download but keep the partial files; Download resumes from there."""
-        if self.busy():
+        if self.downloading:
             self._pausing = True
-            assert self._download_job is not None
-            self._download_job.cancel()
+            self._downloading.cancel()
 
     @Slot()
     def cancel_download(self) -> None:
         """Stop the download and remove its partial files."""
-        if self.busy():
+        if self.downloading:
             self._pausing = False
-            assert self._download_job is not None
-            self._download_job.cancel()
+            self._downloading.cancel()
         else:
             self._remove_partials()
 
     @Slot(object)
     def _on_progress(self, p: Any) -> None:
-        if not self.busy():
+        if not self.downloading:
             return
         self.progress.setValue(int(1000 * p.done / p.total) if p.total else 0)
         self._set_status(p.message)
@@ -534,7 +505,6 @@ class HubPanel(QWidget):
                 break
 
     def _on_downloaded(self, res: Any) -> None:
-        self._download_job = None
         self.progress.setValue(1000)
         note = f" ({res.note})" if res.note else ""
         self._set_status(f"Downloaded {res.repo_id} to {res.path}{note}")
@@ -545,10 +515,10 @@ class HubPanel(QWidget):
             target = res.path / res.files[0]
         self.modelDownloaded.emit(str(target))
 
-    def _on_download_failed(self, job: Job, msg: str) -> None:
-        self._download_job = None
+    def _on_download_failed(self, msg: str) -> None:
         self._update_buttons()
-        err = job.exception
+        job = self._downloading.job
+        err = job.exception if job is not None else None
         if isinstance(err, AuthRequired):
             token, remember = self.ask_token(self, str(err))
             if token:
@@ -559,10 +529,9 @@ class HubPanel(QWidget):
                     store_token(token)
                 self._download(self._download_repo or err.repo_id, None, self._download_include)
                 return
-        self._set_status(msg)
+        self.show_error(msg)
 
     def _on_download_stopped(self) -> None:
-        self._download_job = None
         if self._pausing:
             self._set_status("Paused; press Download to resume where it stopped.")
         else:
@@ -594,14 +563,8 @@ class HubPanel(QWidget):
         from studio.core.hub.cache import list_cached
 
         cache_dir = self.cache_dir
-        self.cache_label.setText("Scanning the cache…")
-        return self.jobs.submit(
-            "Scanning the Hub cache",
-            lambda ctx: list_cached(cache_dir),
-            kind="hub-cache",
-            on_success=self._on_cache_listed,
-            on_error=self.cache_label.setText,
-        )
+        set_status(self.cache_label, "Scanning the cache…")
+        return self._listing.start("Scanning the Hub cache", lambda ctx: list_cached(cache_dir))
 
     def _on_cache_listed(self, models: list[Any]) -> None:
         self._cached = list(models)
@@ -620,7 +583,7 @@ class HubPanel(QWidget):
         total = sum(m.size_on_disk for m in models)
         partial = sum(m.partial_bytes for m in models)
         extra = f", plus {human_bytes(partial)} of paused downloads" if partial else ""
-        self.cache_label.setText(f"{len(models)} model(s), {human_bytes(total)}{extra}")
+        set_status(self.cache_label, f"{len(models)} model(s), {human_bytes(total)}{extra}")
         self._update_cache_buttons()
 
     def selected_cached(self) -> Any:
@@ -658,7 +621,7 @@ class HubPanel(QWidget):
             lambda ctx: delete_cached(m.repo_id, None, cache_dir),
             kind="hub-cache",
             on_success=lambda freed: (self.refresh_cache(), None)[1],
-            on_error=self.cache_label.setText,
+            on_error=self.cache_label_error,
         )
 
     def _update_cache_buttons(self) -> None:
@@ -669,12 +632,22 @@ class HubPanel(QWidget):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _set_status(self, text: str) -> None:
-        self.status.setText(text)
+        set_status(self.status, text)
         self.statusMessage.emit(text)
+
+    def show_error(self, message: str) -> None:
+        """Show a failed call's sentence in the status line (in the theme's error colour)."""
+        set_status(self.status, message, error=True)
+        self.errorShown.emit(message)
+
+    def cache_label_error(self, message: str) -> None:
+        """Show a failed cache scan or deletion under the Downloaded table."""
+        set_status(self.cache_label, message, error=True)
+        self.errorShown.emit(message)
 
     @Slot()
     def _update_buttons(self, *_args: Any) -> None:
-        busy = self.busy()
+        busy = self.downloading
         self.download_button.setEnabled(self._details is not None and not busy)
         n = len(self.checked_files())
         self.download_button.setText(f"Download {n} file(s)" if n else "Download")

@@ -20,7 +20,8 @@ def analyzed(qtbot, tiny_models):
     jobs = JobManager()
     ckpt = open_model(tiny_models("llama"))
     cache = StatsCache()
-    panel = OverviewPanel(state, jobs, cache=cache)
+    panel = OverviewPanel(state, jobs)
+    panel.cache = cache
     qtbot.addWidget(panel)
     panel.resize(900, 500)
     panel.show()
@@ -35,7 +36,7 @@ def analyzed(qtbot, tiny_models):
 
 def test_one_analysis_and_values_match_numpy(analyzed):
     state, jobs, panel, ckpt, cache = analyzed
-    assert panel.jobs_started == 1
+    assert panel.task.started == 1
     matrices = [t for t in ckpt.info.tensors if len(t.shape) >= 2]
     assert sorted(panel.overview.names()) == sorted(t.name for t in matrices)
     assert len(cache) == len(matrices)  # the inspector will find them cached

@@ -32,7 +32,7 @@ def opened(qtbot, tiny_models):
 
 def test_q4_k_preview_shows_the_core_snr(qtbot, opened):
     _state, _jobs, panel, ckpt, name = opened
-    panel.set_scheme("Q4_K")
+    panel.set_qtype("Q4_K")
     with qtbot.waitSignal(panel.previewShown, timeout=60_000):
         qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
     x = ckpt.read(name)
@@ -51,9 +51,9 @@ def test_q4_k_preview_shows_the_core_snr(qtbot, opened):
     assert worst == int(np.argmax(core.per_channel_mse))
 
 
-def test_generic_scheme_preview(qtbot, opened):
+def test_generic_qtype_preview(qtbot, opened):
     _state, _jobs, panel, ckpt, name = opened
-    panel.set_scheme("INT8 sym channel")
+    panel.set_qtype("INT8 sym channel")
     with qtbot.waitSignal(panel.previewShown, timeout=60_000):
         panel.start()
     from studio.core.quant.generic import quantize_int
@@ -66,12 +66,12 @@ def test_generic_scheme_preview(qtbot, opened):
 def test_five_rapid_clicks_start_one_job(qtbot, opened):
     """FAULTS 50: rapid clicks on Preview start one job."""
     _state, jobs, panel, _ckpt, _name = opened
-    panel.set_scheme("Q4_K")
+    panel.set_qtype("Q4_K")
     with qtbot.waitSignal(panel.previewShown, timeout=60_000):
         for _ in range(5):
             qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
             panel.start()  # even bypassing the disabled button
-    assert panel.jobs_started == 1
+    assert panel.task.started == 1
     assert len([j for j in jobs.history() if j.kind == "quantize"]) == 1
     assert panel.run_button.isEnabled()
 

@@ -10,7 +10,9 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QMessageBox
 
 from studio.core.hub.paths import PARTIAL_SUFFIX
-from studio.qt.hub_panel import HubPanel
+from studio.qt.jobs import JobManager
+from studio.qt.panels.hub_panel import HubPanel
+from studio.qt.state import StudioState
 from tests.core.hub.fakehub import FakeHub, Fault, prepare_env
 
 LLAMA = "tiny-org/tiny-llama"
@@ -27,13 +29,15 @@ def hub(monkeypatch, tmp_path):
 @pytest.fixture
 def panel(qtbot, hub):
     prompts: list[str] = []
-    p = HubPanel(ask_token=lambda parent, msg: (prompts.append(msg), (p.next_token, False))[1])
+    p = HubPanel(StudioState(), JobManager())
+    p.ask_token = lambda parent, msg: (prompts.append(msg), (p.next_token, False))[1]
     p.next_token = None
     p.prompts = prompts
     qtbot.addWidget(p)
     p.show()
     yield p
     p.shutdown()
+    p.jobs.shutdown()
 
 
 def _search(qtbot, panel, text):
@@ -132,7 +136,7 @@ def test_gated_download_without_token_shows_the_reason(qtbot, panel, hub):
     _search(qtbot, panel, "gated")
     _select(qtbot, panel, "gated-org/gated-llama")
     panel.download_button.click()
-    qtbot.waitUntil(lambda: "gated" in panel.status.text() and not panel.busy(), timeout=10_000)
+    qtbot.waitUntil(lambda: "gated" in panel.status.text() and not panel.downloading, timeout=10_000)
     assert len(panel.prompts) == 1
 
 
@@ -146,7 +150,7 @@ def test_pause_keeps_partial_and_download_resumes(qtbot, panel, hub):
         lambda: any(p.stat().st_size > 50_000 for p in blobs.glob(f"*{PARTIAL_SUFFIX}")), timeout=10_000
     )
     panel.pause_button.click()
-    qtbot.waitUntil(lambda: not panel.busy() and "Paused" in panel.status.text(), timeout=5000)
+    qtbot.waitUntil(lambda: not panel.downloading and "Paused" in panel.status.text(), timeout=5000)
     assert list(blobs.glob(f"*{PARTIAL_SUFFIX}"))
     hub.clear()
     with qtbot.waitSignal(panel.modelDownloaded, timeout=20_000):
@@ -175,12 +179,11 @@ def test_cancel_removes_partials(qtbot, panel, hub):
 
 
 def test_docked_in_main_window_a_finished_download_opens(qtbot, hub, make_window):
-    """The wiring recommended for studio.qt.main_window: dock, share the JobManager, open on download."""
+    """Docked with the window's state and JobManager, a finished download opens in the window."""
     win = make_window()
-    panel = HubPanel(jobs=win.jobs, parent=win)
+    panel = HubPanel(win.state, win.jobs, win)
     win.add_dock(panel, "Hub", "HubDock", Qt.DockWidgetArea.RightDockWidgetArea)
     panel.modelDownloaded.connect(win.open_path)
-    win.state.hardwareChanged.connect(panel.set_hardware)
     _search(qtbot, panel, "tiny-llama")
     _select(qtbot, panel, LLAMA)
     panel.download_button.click()

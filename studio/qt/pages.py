@@ -1,0 +1,221 @@
+"""The central tab widget's pages after "Summary": each panel is built on first need, or one per
+event-loop turn just after the window first shows, so the window appears before pyqtgraph and numba load.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
+from PySide6.QtWidgets import QApplication, QLabel, QTabWidget, QVBoxLayout, QWidget
+
+from studio.core.jobs import JobContext
+from studio.qt.jobs import Job, JobManager
+from studio.qt.state import StudioState
+from studio.qt.theme import set_plot_defaults
+
+log = logging.getLogger(__name__)
+
+PAGE_BUILD_STEP_MS = 30  # between two panels built after start-up: the event loop runs in between
+# Core modules the panels import lazily while they are built (numba-compiled quantizers: ~1 s).
+PRELOAD_MODULES = ("studio.core.quant.blocks", "studio.core.stats.tensor_stats")
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    """A page whose panel class ``cls`` in ``module`` (maybe heavy) is built as ``cls(state, jobs, parent)``."""
+
+    key: str  # how the window names the page: its title in lower case
+    title: str
+    module: str
+    cls: str
+
+
+# In tab order; a page whose module is not installed is left out.
+PAGES = (
+    PageSpec("inspector", "Inspector", "studio.qt.panels.inspector", "InspectorPanel"),
+    PageSpec("preview", "Preview", "studio.qt.panels.preview", "PreviewPanel"),
+    PageSpec("overview", "Overview", "studio.qt.panels.overview", "OverviewPanel"),
+    PageSpec("plan", "Plan", "studio.qt.panels.plan_editor", "PlanEditorPanel"),
+    PageSpec("hub", "Hub", "studio.qt.panels.hub_panel", "HubPanel"),
+    PageSpec("chat", "Chat", "studio.qt.panels.chat_panel", "ChatPanel"),
+    PageSpec("evaluate", "Evaluate", "studio.qt.panels.eval_panel", "EvalPanel"),
+)
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class LazyPanel(QWidget):
+    """Stands in for a panel until ``build`` is called; then holds the real panel."""
+
+    built = Signal(QWidget)
+
+    def __init__(
+        self, title: str, factory: Callable[[QWidget], QWidget], parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.title = title
+        self._factory = factory
+        self._widget: QWidget | None = None
+        self._failed = False
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self.placeholder = QLabel(f"Loading the {title.lower()} panel…", self)
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setEnabled(False)
+        self._layout.addWidget(self.placeholder)
+
+    @property
+    def widget(self) -> QWidget | None:
+        """The real panel, or None until built (or when building failed)."""
+        return self._widget
+
+    @property
+    def failed(self) -> bool:
+        """Whether building the panel failed (the error is shown in its place)."""
+        return self._failed
+
+    def build(self) -> QWidget | None:
+        """Build the real panel once; a failure is logged and shown in place of the panel."""
+        if self._widget is None and not self._failed:
+            try:
+                widget = self._factory(self)
+            except Exception as err:
+                log.exception("building the %s panel failed", self.title)
+                self._failed = True
+                self.placeholder.setText(
+                    f"The {self.title.lower()} panel could not be loaded ({type(err).__name__}: {err}); "
+                    "the details are in the log."
+                )
+                self.placeholder.setEnabled(True)
+                self.placeholder.setWordWrap(True)
+                return None
+            self.placeholder.hide()
+            self._layout.addWidget(widget)
+            self._widget = widget
+            self.built.emit(widget)
+        return self._widget
+
+
+class Pages(QObject):
+    """The pages of ``tabs`` listed in ``PAGES``; ``panelBuilt(key, panel)`` announces each real panel."""
+
+    panelBuilt = Signal(str, QWidget)
+    allBuilt = Signal()
+
+    def __init__(
+        self, tabs: QTabWidget, state: StudioState, jobs: JobManager, parent: QObject | None = None
+    ) -> None:
+        super().__init__(parent)
+        self._tabs, self._state, self._jobs = tabs, state, jobs
+        self._pages: dict[str, LazyPanel] = {}
+        self._ready = False
+        self._stopped = False
+        for spec in PAGES:
+            if _module_available(spec.module):
+                page = LazyPanel(spec.title, lambda parent, spec=spec: self._make(spec, parent), tabs)
+                self._pages[spec.key] = page
+                tabs.addTab(page, spec.title)
+        tabs.currentChanged.connect(self._on_page_changed)
+
+    def _make(self, spec: PageSpec, parent: QWidget) -> QWidget:
+        cls = getattr(importlib.import_module(spec.module), spec.cls)
+        panel = cls(self._state, self._jobs, parent)
+        self.panelBuilt.emit(spec.key, panel)
+        return panel
+
+    @property
+    def ready(self) -> bool:
+        """Whether every page's panel has been built (or has failed to)."""
+        return self._ready
+
+    def panel(self, key: str) -> QWidget | None:
+        """The panel of page ``key``, built if needed; None if the page is absent or failed to build."""
+        page = self._pages.get(key)
+        return page.build() if page is not None else None
+
+    def page(self, key: str) -> LazyPanel | None:
+        """The tab page (the stand-in holding the panel) of ``key``."""
+        return self._pages.get(key)
+
+    def built_panels(self) -> Iterator[tuple[str, QWidget]]:
+        """(title, panel) of every panel built so far."""
+        for page in self._pages.values():
+            if page.widget is not None:
+                yield page.title, page.widget
+
+    def preload(self) -> Job | None:
+        """Import the pages' modules (pyqtgraph, numba: seconds) in a worker, then build the panels."""
+        if self._ready or self._stopped:
+            return None
+        modules = [spec.module for spec in PAGES if spec.key in self._pages] + list(PRELOAD_MODULES)
+
+        def load(ctx: JobContext) -> None:
+            for i, name in enumerate(modules):
+                ctx.check_cancelled()
+                ctx.report(i, len(modules), f"Loading {name.rsplit('.', 1)[-1]}")
+                try:
+                    importlib.import_module(name)
+                except Exception:  # building the page shows the error in its place
+                    log.exception("importing %s failed", name)
+            # Numba's one-time set-up holds the GIL for a moment: pay it now rather than in the first
+            # statistics job, while the user is still looking at the empty window.
+            prepare = getattr(sys.modules.get("studio.core.stats.tensor_stats"), "prepare_kernels", None)
+            if callable(prepare):
+                try:
+                    prepare()
+                except Exception:
+                    log.exception("preparing the statistics kernels failed")
+
+        return self._jobs.submit(
+            "Loading the panels",
+            load,
+            kind="startup",
+            on_success=lambda _r: self._build_staged(),
+            on_error=lambda _msg: self._build_staged(),
+        )
+
+    def _build_staged(self) -> None:
+        # One panel per event-loop turn, so building them never blocks the GUI thread in one piece.
+        if self._ready or self._stopped:
+            return
+        pending = [p for p in self._pages.values() if p.widget is None and not p.failed]
+        if not pending:
+            self.ensure()
+            return
+        pending[0].build()
+        QTimer.singleShot(PAGE_BUILD_STEP_MS, self, self._build_staged)
+
+    def ensure(self) -> None:
+        """Build every page's panel now (they are otherwise built just after the window first shows)."""
+        if self._ready or self._stopped:
+            return
+        self._ready = True
+        set_plot_defaults(self._state.dark)
+        QApplication.setOverrideCursor(Qt.CursorShape.BusyCursor)
+        try:
+            for page in self._pages.values():
+                page.build()
+        finally:
+            QApplication.restoreOverrideCursor()
+        self.allBuilt.emit()
+
+    def stop(self) -> None:
+        """Build nothing more (the window is closing)."""
+        self._stopped = True
+
+    @Slot(int)
+    def _on_page_changed(self, index: int) -> None:
+        page = self._tabs.widget(index)
+        if isinstance(page, LazyPanel):
+            page.build()  # a page asked for before the deferred build still shows at once
