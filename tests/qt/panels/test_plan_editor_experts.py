@@ -58,10 +58,10 @@ def test_summary_shows_experts_and_active_weights(qtbot, tiny_models):
     need_converter()
     from studio.core.estimate import estimate_presets
     from studio.core.hardware import HardwareInfo
-    from studio.qt.summary import SummaryPanel
+    from studio.qt.panels.summary import SummaryPanel
 
     state = StudioState()
-    panel = SummaryPanel(state)
+    panel = SummaryPanel(state, JobManager())
     qtbot.addWidget(panel)
     with open_model(tiny_models("mixtral")) as ckpt:
         state.set_checkpoint(ckpt)
