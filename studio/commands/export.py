@@ -60,6 +60,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
     p.add_argument(
+        "--imatrix",
+        metavar="FILE",
+        help="importance matrix (llama.cpp's GGUF or legacy .dat format, e.g. from quant-studio-cli calibrate)",
+    )
+    p.add_argument(
         "--allow-pickle",
         action="store_true",
         help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
@@ -109,7 +114,7 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
         return plan_first_last(info, n, high, low, overrides)
     if args.uniform:
         return plan_uniform(info, args.uniform, overrides)
-    return plan_from_preset(info, args.preset, overrides)
+    return plan_from_preset(info, args.preset, overrides, imatrix=bool(getattr(args, "imatrix", None)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,6 +130,12 @@ def run(args: argparse.Namespace) -> int:
         from studio.core.verify import check_verifiable
 
         check_verifiable(info.path)  # refuse before a long export, not after it
+    imatrix = None
+    if args.imatrix:
+        from studio.core.calib.imatrix import check_for_model, read_imatrix
+
+        imatrix = read_imatrix(args.imatrix)
+        check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
     plan = build_plan(args, info)
     if args.save_plan:
         write_text(args.save_plan, plan.to_json(), "plan")
@@ -138,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
             ctx=ctx,
             allow_pickle=args.allow_pickle,
+            imatrix=imatrix,
         )
     out: dict[str, Any] = {
         "output": str(res.path),
@@ -153,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         "fallbacks": [f.to_dict() for f in res.fallbacks],
         "notes": list(res.notes),
     }
+    if imatrix is not None:
+        out["imatrix"] = {"file": args.imatrix, "entries": len(imatrix), "chunks": imatrix.chunk_count}
     if args.verify:
         from studio.core.verify import verify_gguf
 

@@ -302,11 +302,23 @@ def _check_device(device: str) -> str:
 
 
 def _write_metadata(
-    w: AtomicGGUFWriter, info: Any, plan: Plan, ftype: int, source_repo: str | None
+    w: AtomicGGUFWriter,
+    info: Any,
+    plan: Plan,
+    ftype: int,
+    source_repo: str | None,
+    imatrix: Mapping[str, Any] | None = None,
 ) -> TokenizerSummary:
     add_arch_metadata(w.kv, info)
     add_general_metadata(w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo)
-    return add_tokenizer(w.kv, info)
+    tok = add_tokenizer(w.kv, info)
+    # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix) is recorded as llama-quantize does
+    for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
+        if isinstance(value, str):
+            w.kv.add_string(key, value)
+        else:
+            w.kv.add_uint32(key, int(value))
+    return tok
 
 
 def _export_studio(
@@ -335,7 +347,7 @@ def _export_studio(
     done = 0
     ctx.report(0, total, "Writing metadata")
     with AtomicGGUFWriter(out, lay.arch) as w:
-        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo)
+        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, imatrix)
         for it in items:
             w.add_tensor_info(it.gguf_name, it.shape, it.qtype, it.nbytes)
         w.begin()
@@ -429,11 +441,12 @@ def _export_llamacpp(
     lock = None
     sub = _SubContext(ctx, 0.5)
     try:
+        # the F32 intermediate carries the imatrix's quantize.imatrix.* keys; llama.cpp copies them over
         if lay.converted:
-            _export_converted(info, lay, tmp_final, plan, "cpu", None, sub, None, float_only=True)
+            _export_converted(info, lay, tmp_final, plan, "cpu", imatrix, sub, None, float_only=True)
         else:
             _export_studio(
-                ckpt, lay, tmp_final, plan, inputs, "cpu", None, sub, source_repo, None, float_only=True
+                ckpt, lay, tmp_final, plan, inputs, "cpu", imatrix, sub, source_repo, None, float_only=True
             )
         lock = _hold_lock(tmp_final)
         ctx.check_cancelled()

@@ -610,6 +610,12 @@ def export_converted(
             w.kv.add_file_type(int(plan.ftype))
         w.kv.add_string("quant_studio.version", _studio_version())
         w.kv.add_string("quant_studio.plan", plan.to_json())
+        # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix): llama-quantize's keys
+        for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
+            if isinstance(value, str):
+                w.kv.add_string(key, value)
+            else:
+                w.kv.add_uint32(key, int(value))
         for n, t in run.tensors.items():
             w.add_tensor_info(n, t.shape, types[n], sizes[n])
         w.begin()

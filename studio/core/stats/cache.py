@@ -16,7 +16,7 @@ from typing import Any
 from studio.core.jobs import JobContext
 from studio.core.model.types import TensorInfo
 
-__all__ = ["CacheKey", "StatsCache", "cache_key"]
+__all__ = ["CacheKey", "StatsCache", "cache_key", "checkpoint_key"]
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
@@ -40,6 +40,19 @@ def cache_key(info: TensorInfo, variant: str = "") -> CacheKey:
     except OSError:
         mtime, size = 0, 0
     return CacheKey(str(info.file), info.name, mtime, size, variant)
+
+
+def checkpoint_key(info: Any, variant: str) -> CacheKey:
+    """The key of a whole-model result (a calibration run): the model folder, and the newest mtime and
+    total size of its weight files, so that any changed shard invalidates it."""
+    mtime, size = 0, 0
+    for f in {t.file for t in info.tensors}:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        mtime, size = max(mtime, st.st_mtime_ns), size + st.st_size
+    return CacheKey(str(info.path), "<checkpoint>", mtime, size, variant)
 
 
 def _size_of(value: Any) -> int:

@@ -1,0 +1,189 @@
+"""``quant-studio-cli calibrate MODEL -o imatrix.gguf``: activation statistics, outlier features and the imatrix."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from studio.commands._common import ProgressLine, format_table, print_json
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``calibrate`` subcommand."""
+    p = subparsers.add_parser(
+        "calibrate",
+        help="run calibration text through a model: imatrix, activation outliers, LLM.int8() analysis",
+        description=(
+            "Run a calibration text through the model layer by layer and write its importance matrix "
+            "in llama.cpp's format (GGUF, or the legacy .dat with --format dat), as llama-imatrix does: "
+            "the text is tokenized once and cut into chunks of --ctx tokens, every position counted. "
+            "Also lists the activation outlier features. Without --text or --chat the built-in "
+            "calibration text is used (prose, chats in the model's template, code, several languages)."
+        ),
+    )
+    p.add_argument("model", metavar="MODEL", help="model folder (or cached Hub id)")
+    p.add_argument("-o", "--output", required=True, metavar="imatrix.gguf", help="the imatrix file to write")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--text", metavar="FILE", help="a UTF-8 text file")
+    src.add_argument(
+        "--chat", metavar="FILE.jsonl", help='JSON lines of {"messages": [{"role", "content"}, ...]}'
+    )
+    p.add_argument("--ctx", type=int, default=512, metavar="N", help="tokens per chunk (default 512)")
+    p.add_argument(
+        "--chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
+    )
+    p.add_argument(
+        "--format", choices=("gguf", "dat"), default=None, help="file format (default: from the suffix)"
+    )
+    p.add_argument(
+        "--process-output",
+        action="store_true",
+        help="also collect output.weight (llama-imatrix --process-output)",
+    )
+    p.add_argument(
+        "--device", default="auto", choices=("auto", "cpu", "cuda", "mps"), help="where to run (default auto)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        help="compute precision",
+    )
+    p.add_argument("--int8", action="store_true", help="also run the LLM.int8() analysis per layer")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="outlier features to list (default 10)")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``calibrate``."""
+    from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
+    from studio.core.calib.calibrate import calibrate
+    from studio.core.calib.data import BUILTIN
+    from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
+    from studio.core.gguf.writer import check_output_path
+    from studio.core.jobs import JobContext
+    from studio.core.model import open_model
+
+    out = Path(args.output).expanduser()
+    check_output_path(out)  # a folder that cannot be written is refused before the long run
+    with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
+        info = ck.info
+    from studio.core.calib.collect import ActivationCollector
+
+    collector = ActivationCollector()
+    consumers: list[Any] = []
+    int8 = None
+    if args.int8:
+        from studio.core.calib.int8 import Int8Analysis
+
+        int8 = Int8Analysis(collector)
+        consumers.append(int8)
+    with ProgressLine() as line:
+        ctx = JobContext(on_progress=line.fraction, min_interval=0.2)
+        stats = calibrate(
+            info.path,
+            args.text or args.chat or BUILTIN,
+            n_ctx=args.ctx,
+            n_chunks=args.chunks,
+            device=args.device,
+            dtype=args.dtype,
+            process_output=args.process_output,
+            consumers=consumers,
+            collector=collector,
+            allow_pickle=args.allow_pickle,
+            ctx=ctx,
+        )
+    imatrix = write_imatrix(
+        imatrix_from_stats(stats, info, process_output=args.process_output), out, args.format
+    )
+    run_info = stats.info
+    seconds = run_info.seconds if run_info else 0.0
+    top = top_outlier_features(stats, limit=max(0, args.top))
+    layers = layer_outlier_counts(stats)
+    result: dict[str, Any] = {
+        "output": str(out),
+        "format": args.format or ("dat" if str(out).lower().endswith(".dat") else "gguf"),
+        "entries": len(imatrix),
+        "chunks": stats.n_chunks,
+        "ctx": stats.n_ctx,
+        "tokens": stats.n_tokens,
+        "dataset": stats.dataset,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(stats.n_tokens / seconds, 1) if seconds > 0 else None,
+        "mode": run_info.mode.value if run_info else None,
+        "device": run_info.device if run_info else None,
+        "dtype": run_info.dtype if run_info else None,
+        "outlier_features": [
+            {
+                "layer": f.layer,
+                "input": f.site,
+                "channel": f.channel,
+                "absmax": round(f.absmax, 4),
+                "x_median": round(f.ratio, 2),
+            }
+            for f in top
+        ],
+        "layers": [
+            {
+                "layer": lo.layer,
+                "outlier_features": lo.n_features,
+                "channels": list(lo.channels),
+                "max_absmax": round(lo.max_absmax, 4),
+            }
+            for lo in layers
+        ],
+        "warnings": list(stats.warnings),
+    }
+    if int8 is not None:
+        rep = int8.report()
+        result["int8"] = {
+            "sample_tokens": rep.sample_tokens,
+            "layers": [
+                {
+                    "layer": s.layer,
+                    "rule": s.rule,
+                    "outlier_features": s.n_features,
+                    "err_int8": s.err_int8,
+                    "err_mixed": s.err_mixed,
+                }
+                for s in rep.layers
+            ],
+        }
+    if args.json:
+        print_json(result)
+        return 0
+    rate = f", {result['tokens_per_s']:.0f} tokens/s" if result["tokens_per_s"] else ""
+    print(
+        f"wrote {out} ({len(imatrix)} entries; {stats.n_chunks} chunks × {stats.n_ctx} tokens of {stats.dataset}; "
+        f"{seconds:.1f} s{rate}; {result['mode']} on {result['device']}, {result['dtype']})"
+    )
+    for w in stats.warnings:
+        print(f"note: {w}")
+    if top:
+        print("\nlargest outlier features (|x| ≥ 6):")
+        rows = [(str(f.layer), f.site, str(f.channel), f"{f.absmax:.2f}", f"{f.ratio:.1f}") for f in top]
+        print(format_table(("layer", "input of", "channel", "max |x|", "× median"), rows, right={0, 2, 3, 4}))
+    flagged = [lo for lo in layers if lo.n_features]
+    print(f"\nlayers with outlier features: {len(flagged)} of {len(layers)}")
+    if int8 is not None:
+        rep = int8.report()
+        print(f"\nLLM.int8() analysis ({rep.sample_tokens} tokens per linear):")
+        rows = [
+            (str(s.layer), s.rule, str(s.n_features), f"{s.err_int8:.5f}", f"{s.err_mixed:.5f}")
+            for s in rep.layers
+        ]
+        print(
+            format_table(
+                ("layer", "outliers", "features", "INT8 error", "with FP16 outliers"),
+                rows,
+                right={0, 2, 3, 4},
+            )
+        )
+    return 0

@@ -1,0 +1,266 @@
+"""Small typed accumulators a calibration hook feeds, and the frozen statistics they end in.
+
+``InputAccumulator`` sums over the rows (tokens) that enter one linear layer, per input channel:
+count, Σx², absmax, Σ|x| and a log-binned histogram of |x|; with experts, one row of sums per
+expert with its own token count (as llama-imatrix keeps them). ``HiddenAccumulator`` follows the
+residual stream after one decoder layer (token norms, per-channel absmax). ``HessianAccumulator``
+sums XᵀX for GPTQ (``H = 2XᵀX / n``). Sums stay on the device the layer runs on (float64 where the
+device has it, float32 on MPS) and cross to numpy once, in ``result()``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# |x| histogram, keyed by the top 12 bits of the float32 pattern: exponent plus 3 mantissa bits, so
+# eight bins per octave (exact, no logarithm needed). Bin 0 holds |x| < 2^-24 (zeros included), bins
+# 1..320 cover 2^-24 to 2^16, the last bin everything from 2^16 up.
+_KEY_SHIFT = 20
+_KEY_LO = (127 - 24) << 3  # key of 2^-24
+_KEY_SPAN = 40 << 3  # 40 octaves
+HIST_BINS = _KEY_SPAN + 2
+
+
+def hist_edges() -> np.ndarray:
+    """Edges (|x| values, float64) of the activation histogram bins: ``HIST_BINS + 1`` of them,
+    starting at 0 and ending at +inf."""
+    k = np.arange(_KEY_SPAN + 1) + _KEY_LO
+    v = np.exp2((k >> 3) - 127.0) * (1.0 + (k & 7) / 8.0)
+    return np.concatenate([[0.0], v, [np.inf]])
+
+
+def _acc_dtype(device: Any) -> Any:
+    import torch
+
+    return torch.float32 if str(device).startswith("mps") else torch.float64
+
+
+@dataclass(frozen=True, eq=False)
+class Reduction:
+    """Per-channel reductions of one batch of rows ``x`` (2-D, rows × channels), computed once and shared.
+
+    Several linears read the same tensor (q, k and v; gate and up): the hook reduces it once.
+    """
+
+    rows: int
+    sum_sq: Any  # torch float32 (channels,)
+    absmax: Any
+    sum_abs: Any
+    hist: Any | None  # torch int64 (HIST_BINS,)
+    finite: bool
+
+    @classmethod
+    def of(cls, x: Any, *, histogram: bool = True) -> Reduction:
+        """Reduce ``x`` (any float dtype, rows × channels) in float32."""
+        import torch
+
+        xf = x.float()
+        sq = (xf * xf).sum(0)
+        a = xf.abs()
+        amax = a.amax(0) if a.shape[0] else torch.zeros(a.shape[1], device=a.device)
+        finite = bool(torch.isfinite(sq).all()) and bool(torch.isfinite(amax).all())
+        hist = None
+        if histogram and finite:
+            keys = (a.view(torch.int32) >> _KEY_SHIFT) - _KEY_LO
+            keys = keys.clamp_(-1, _KEY_SPAN).add_(1).reshape(-1)
+            hist = torch.bincount(keys, minlength=HIST_BINS)
+        return cls(int(x.shape[0]), sq, amax, a.sum(0), hist, finite)
+
+
+@dataclass(frozen=True, eq=False)
+class InputStats:
+    """What entered one linear layer over the calibration tokens, per input channel.
+
+    Arrays are (n_experts, n_cols); a dense layer has one expert. ``count`` is tokens per expert.
+    """
+
+    n_cols: int
+    count: np.ndarray  # int64 (E,)
+    sum_sq: np.ndarray  # float64 (E, n)
+    absmax: np.ndarray  # float32 (E, n)
+    sum_abs: np.ndarray  # float64 (E, n)
+    hist: np.ndarray  # int64 (HIST_BINS,): |x| of every element, all experts together (``hist_edges``)
+
+    def __post_init__(self) -> None:
+        for a in (self.count, self.sum_sq, self.absmax, self.sum_abs, self.hist):
+            a.flags.writeable = False
+
+    @property
+    def n_experts(self) -> int:
+        """Number of experts (1 for a dense layer)."""
+        return int(self.count.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        """Rows seen, over all experts."""
+        return int(self.count.sum())
+
+    def _per_token(self, total: np.ndarray) -> np.ndarray:
+        c = self.count.astype(np.float64)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(c > 0, total / np.where(c > 0, c, 1.0), 0.0)
+
+    @property
+    def mean_sq(self) -> np.ndarray:
+        """mean(x²) per expert and channel (the imatrix values)."""
+        return self._per_token(self.sum_sq)
+
+    @property
+    def rms(self) -> np.ndarray:
+        """sqrt(mean(x²)) per channel, over all experts (n,)."""
+        n = max(self.tokens, 1)
+        return np.sqrt(self.sum_sq.sum(0) / n)
+
+    @property
+    def mean_abs(self) -> np.ndarray:
+        """mean |x| per channel, over all experts (n,)."""
+        n = max(self.tokens, 1)
+        return self.sum_abs.sum(0) / n
+
+    @property
+    def channel_absmax(self) -> np.ndarray:
+        """max |x| per channel, over all experts (n,)."""
+        return self.absmax.max(0)
+
+    @property
+    def mean_magnitude(self) -> float:
+        """mean |x| over every element (LLM.int8()'s "mean magnitude")."""
+        n = self.tokens * self.n_cols
+        return float(self.sum_abs.sum() / n) if n else 0.0
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the arrays."""
+        return sum(a.nbytes for a in (self.count, self.sum_sq, self.absmax, self.sum_abs, self.hist)) + 256
+
+
+class InputAccumulator:
+    """Running sums for one linear layer's input; feed it ``Reduction`` objects."""
+
+    def __init__(self, n_cols: int, device: Any, n_experts: int = 1) -> None:
+        import torch
+
+        dt = _acc_dtype(device)
+        self.n_cols = int(n_cols)
+        self.count = [0] * n_experts
+        self.sum_sq = torch.zeros((n_experts, n_cols), dtype=dt, device=device)
+        self.sum_abs = torch.zeros((n_experts, n_cols), dtype=dt, device=device)
+        self.absmax = torch.zeros((n_experts, n_cols), dtype=torch.float32, device=device)
+        self.hist = torch.zeros(HIST_BINS, dtype=torch.int64, device=device)
+        self.last: Any = None  # the last Reduction added (sites sharing this accumulator add it once)
+
+    def add(self, r: Reduction, expert: int = 0) -> None:
+        """Add one batch of rows (for ``expert``)."""
+        self.count[expert] += r.rows
+        self.sum_sq[expert] += r.sum_sq.to(self.sum_sq.dtype)
+        self.sum_abs[expert] += r.sum_abs.to(self.sum_abs.dtype)
+        self.absmax[expert] = self.absmax[expert].maximum(r.absmax)
+        if r.hist is not None:
+            self.hist += r.hist
+
+    def result(self) -> InputStats:
+        """The frozen statistics (numpy)."""
+        return InputStats(
+            self.n_cols,
+            np.asarray(self.count, dtype=np.int64),
+            self.sum_sq.double().cpu().numpy(),
+            self.absmax.cpu().numpy().astype(np.float32),
+            self.sum_abs.double().cpu().numpy(),
+            self.hist.cpu().numpy().astype(np.int64),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenStats:
+    """The residual stream after one decoder layer: per-token L2 norms and per-channel absmax."""
+
+    layer: int
+    tokens: int
+    mean_norm: float
+    max_norm: float
+    rms: float  # sqrt(mean over tokens and channels of h²)
+    absmax: np.ndarray  # float32 (hidden,)
+
+    def __post_init__(self) -> None:
+        self.absmax.flags.writeable = False
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held."""
+        return self.absmax.nbytes + 128
+
+
+class HiddenAccumulator:
+    """Running sums for the hidden states after one layer."""
+
+    def __init__(self, layer: int, hidden: int, device: Any) -> None:
+        import torch
+
+        self.layer = layer
+        self.tokens = 0
+        self.sum_norm = 0.0
+        self.max_norm = 0.0
+        self.sum_sq = 0.0
+        self.absmax = torch.zeros(hidden, dtype=torch.float32, device=device)
+
+    def add(self, h: Any) -> None:
+        """Add a batch of hidden states (…, hidden)."""
+        hf = h.reshape(-1, h.shape[-1]).float()
+        norms = hf.norm(dim=-1)
+        self.tokens += int(hf.shape[0])
+        self.sum_norm += float(norms.sum())
+        self.max_norm = max(self.max_norm, float(norms.max())) if hf.shape[0] else self.max_norm
+        self.sum_sq += float((norms.double() ** 2).sum())
+        self.absmax = self.absmax.maximum(hf.abs().amax(0))
+
+    def result(self) -> HiddenStats:
+        """The frozen statistics."""
+        n = max(self.tokens, 1)
+        width = int(self.absmax.shape[0]) or 1
+        return HiddenStats(
+            self.layer,
+            self.tokens,
+            self.sum_norm / n,
+            self.max_norm,
+            math.sqrt(self.sum_sq / (n * width)),
+            self.absmax.cpu().numpy().astype(np.float32),
+        )
+
+
+class HessianAccumulator:
+    """Σ XᵀX over the rows entering one linear, for GPTQ: ``hessian()`` is ``2 XᵀX / n`` (float32 numpy)."""
+
+    def __init__(self, n_cols: int, device: Any) -> None:
+        import torch
+
+        self.n_cols = int(n_cols)
+        self.rows = 0
+        self.xtx = torch.zeros((n_cols, n_cols), dtype=_acc_dtype(device), device=device)
+        self.last: Any = None
+
+    def add(self, x: Any) -> None:
+        """Add rows ``x`` (rows × n_cols)."""
+        xf = x.reshape(-1, self.n_cols).to(self.xtx.dtype)
+        self.xtx.addmm_(xf.T, xf)
+        self.rows += int(xf.shape[0])
+
+    def hessian(self) -> np.ndarray:
+        """``2 XᵀX / n`` (zeros when no row was seen)."""
+        h = self.xtx * (2.0 / self.rows) if self.rows else self.xtx
+        return h.float().cpu().numpy()
+
+
+__all__ = [
+    "HIST_BINS",
+    "HessianAccumulator",
+    "HiddenAccumulator",
+    "HiddenStats",
+    "InputAccumulator",
+    "InputStats",
+    "Reduction",
+    "hist_edges",
+]

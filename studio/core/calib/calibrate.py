@@ -1,0 +1,142 @@
+"""``calibrate``: text → tokens → the layer runner with the activation collector → ``ActivationStats``.
+
+The result is cached in a ``StatsCache`` (the weight statistics' cache) under the model's files and
+the text's digest, context, chunk count and precision, so the inspector, the imatrix and the LLM.int8()
+analysis reuse one run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.calib.collect import ActivationCollector, ActivationStats
+from studio.core.calib.data import (
+    BUILTIN,
+    CalibrationText,
+    ChatFormat,
+    Chunks,
+    bos_of,
+    load_calibration,
+    make_chunks,
+    tokenize,
+)
+from studio.core.calib.errors import CalibrationError
+from studio.core.calib.runner import Consumer, run_model
+from studio.core.jobs import JobContext, null_context
+
+
+@dataclass(frozen=True)
+class CalibrationInput:
+    """A tokenized calibration text for one model."""
+
+    data: CalibrationText
+    chunks: Chunks
+    warnings: tuple[str, ...] = ()
+
+
+def load_tokenizer(model_dir: str | os.PathLike[str]) -> Any:
+    """The model's transformers tokenizer (never running code from the model's folder)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 - one sentence whatever transformers raised
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CalibrationError(f"The tokenizer of {Path(model_dir).name} cannot be loaded: {first}") from None
+
+
+def prepare_input(
+    model_dir: str | os.PathLike[str],
+    text: str | os.PathLike[str] | CalibrationText = BUILTIN,
+    *,
+    n_ctx: int = 512,
+    n_chunks: int | None = None,
+    tokenizer: Any = None,
+    ctx: JobContext | None = None,
+) -> CalibrationInput:
+    """Load the calibration text for ``model_dir`` and cut it into chunks (one sentence on bad input)."""
+    tok = tokenizer or load_tokenizer(model_dir)
+    fmt = ChatFormat.of_tokenizer(tok, Path(model_dir).name)
+    warnings: tuple[str, ...] = ()
+    data = text if isinstance(text, CalibrationText) else load_calibration(text, fmt, ctx)
+    if fmt.template is None and data.parse_special:
+        warnings = (
+            f"{Path(model_dir).name} has no chat template; dialogues are calibrated as plain 'Role: text' lines.",
+        )
+    ids = tokenize(tok, data)
+    return CalibrationInput(data, make_chunks(ids, n_ctx, n_chunks, bos_of(tok), data.name), warnings)
+
+
+def _open(model: str | os.PathLike[str], allow_pickle: bool) -> Any:
+    from studio.core.model import open_model
+    from studio.core.model.types import CheckpointFormat
+
+    ckpt = open_model(model, allow_pickle=allow_pickle)
+    if ckpt.info.format == CheckpointFormat.GGUF:
+        ckpt.close()
+        raise CalibrationError(
+            f"{Path(str(model)).name} is a GGUF file; calibration runs the original Hugging Face model "
+            "(a folder with config.json and .safetensors weights)."
+        )
+    return ckpt
+
+
+def calibrate(
+    model: str | os.PathLike[str],
+    text: str | os.PathLike[str] | CalibrationText = BUILTIN,
+    *,
+    n_ctx: int = 512,
+    n_chunks: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    process_output: bool = False,
+    histogram: bool = True,
+    consumers: Sequence[Consumer] = (),
+    collector: ActivationCollector | None = None,
+    cache: Any = None,
+    allow_pickle: bool = False,
+    mode: str = "auto",
+    ctx: JobContext | None = None,
+) -> ActivationStats:
+    """Run ``text`` (``"builtin"``, a text file, a ``.jsonl`` of chats or a ``CalibrationText``) through
+    ``model`` and return what entered each linear layer.
+
+    Extra ``consumers`` (an LLM.int8() analysis, GPTQ, ...) ride along on the same run, after the
+    ``collector`` (give your own to configure it or to hand it to them); a run with extra consumers is
+    never served from ``cache``.
+    """
+    ctx = ctx or null_context()
+    ckpt = _open(model, allow_pickle)
+    try:
+        info = ckpt.info
+        ctx.report(0, 1, "Tokenizing the calibration text")
+        inp = prepare_input(info.path, text, n_ctx=n_ctx, n_chunks=n_chunks, ctx=ctx)
+        if collector is None:
+            collector = ActivationCollector(histogram=histogram)
+        collector.dataset = inp.data.name
+        collector.wants_head = bool(process_output)
+
+        def run() -> ActivationStats:
+            run_info = run_model(
+                ckpt, inp.chunks, [collector, *consumers], device=device, dtype=dtype, ctx=ctx, mode=mode
+            )
+            return collector.result(run_info, inp.warnings)
+
+        if cache is None or consumers:
+            return run()
+        from studio.core.stats.cache import checkpoint_key
+
+        variant = (
+            f"calib:{inp.data.digest}:{inp.chunks.n_ctx}:{inp.chunks.n_chunks}:{device}:{dtype}:"
+            f"{int(process_output)}:{int(histogram)}"
+        )
+        return cache.get_or_compute(checkpoint_key(info, variant), run, ctx)
+    finally:
+        ckpt.close()
+
+
+__all__ = ["CalibrationInput", "calibrate", "load_tokenizer", "prepare_input"]

@@ -1,0 +1,944 @@
+"""The sequential layer runner: the one pipeline every calibrated feature runs on (see the package docstring).
+
+Layer-wise mode builds the model from its config with every parameter on the meta device (buffers
+such as rotary frequencies stay real), loads the parts outside the decoder layers (embeddings,
+final norm, the head when asked for), and runs the model's own forward once per chunk with every
+decoder layer's ``forward`` replaced by a recorder: the first records the hidden states that enter
+layer 0, each records the arguments the model passes to its layer (attention mask, position
+embeddings, ...), the last stops the forward. Then, layer by layer: that layer's weights are read
+from the checkpoint onto the device, hooks on each linear input feed the consumers while every chunk
+runs through it, the consumers may replace weights (the outputs are then computed again with the new
+weights), the outputs become the next layer's inputs and the weights go back to the meta device.
+
+Whole-model mode (an architecture whose layers cannot be found or whose checkpoint names do not match
+its modules) loads the model with ``from_pretrained`` when it fits in memory and runs each chunk
+through it with the same hooks; consumers that must change weights between layers refuse it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from studio.core.calib.data import Chunks
+from studio.core.calib.errors import CalibrationError
+from studio.core.jobs import JobContext, null_context
+
+# config.json model types that are encoders: built with AutoModel, never with a causal LM head.
+_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2"})
+_FIT_SHARE = 0.7  # the whole-model fallback needs its weights within this share of free memory
+
+
+class RunnerMode(str, Enum):
+    """How the model was run."""
+
+    LAYERWISE = "layer-wise"
+    WHOLE_MODEL = "whole model"
+
+
+@dataclass(frozen=True)
+class LinearSite:
+    """One matrix product whose input the runner observes.
+
+    ``name`` is the checkpoint's weight name (``model.layers.3.self_attn.q_proj.weight``; for fused
+    experts the 3-D parameter, ``model.layers.3.mlp.experts.down_proj``). ``layer`` is None for the
+    output head.
+    """
+
+    name: str
+    module: str
+    layer: int | None
+    in_features: int
+    out_features: int
+    n_experts: int = 1
+    kind: str = "linear"  # "linear", "conv1d" (GPT-2, weight stored (in, out)) or "experts"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run covers; every consumer gets it before the first layer."""
+
+    model: str
+    mode: RunnerMode
+    device: str
+    dtype: str
+    n_layers: int
+    hidden: int
+    n_chunks: int
+    n_ctx: int
+    sites: tuple[LinearSite, ...]
+    head: bool  # logits are computed (consumers' ``logits`` is called)
+
+    def sites_of(self, layer: int | None) -> tuple[LinearSite, ...]:
+        """The sites inside decoder layer ``layer`` (None: the head)."""
+        return tuple(s for s in self.sites if s.layer == layer)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """How a run went."""
+
+    mode: RunnerMode
+    device: str
+    dtype: str
+    n_layers: int
+    n_chunks: int
+    n_tokens: int
+    seconds: float
+    recomputed_layers: tuple[int, ...]  # layers whose outputs were computed again after a weight change
+    peak_layer_bytes: int  # largest layer's weights as materialised
+
+
+class LayerView:
+    """Decoder layer ``index`` while its weights are on the device.
+
+    ``weight(site)`` is the parameter as the module holds it (nn.Linear: (out, in); GPT-2 Conv1D:
+    (in, out); experts: (E, out, in)); ``set_weight`` replaces its values, after which the runner
+    computes the layer's outputs again so the next layer sees the changed layer.
+    """
+
+    def __init__(self, index: int, module: Any, sites: tuple[LinearSite, ...], root: Any) -> None:
+        self.index = index
+        self.module = module
+        self.sites = sites
+        self._root = root
+        self.changed = False
+
+    def _param(self, site: LinearSite) -> Any:
+        if site.kind == "experts":
+            return self._root.get_parameter(site.name)
+        return self._root.get_submodule(site.module).weight
+
+    def weight(self, site: LinearSite) -> Any:
+        """The weight tensor of ``site`` (do not modify it in place; use ``set_weight``)."""
+        return self._param(site)
+
+    def set_weight(self, site: LinearSite, value: Any) -> None:
+        """Replace the weight of ``site`` (same shape) before the layer's outputs are computed."""
+        import torch
+
+        p = self._param(site)
+        v = torch.as_tensor(value)
+        if tuple(v.shape) != tuple(p.shape):
+            raise CalibrationError(
+                f"A new weight for {site.name} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
+            )
+        with torch.no_grad():
+            p.copy_(v.to(device=p.device, dtype=p.dtype))
+        self.changed = True
+
+
+class Consumer:
+    """Something the runner feeds; override what you need (every method is a no-op here).
+
+    Call order: ``start(spec)``; per layer: ``observe`` for every linear input of every chunk,
+    ``layer_collected(view)`` (weights may be replaced here), ``layer_output`` for every chunk;
+    then ``logits`` per chunk when the run has a head; ``finish()``.
+    """
+
+    needs_layerwise: bool = False  # True: refuses the whole-model fallback (it cannot change weights)
+    wants_head: bool = False  # True: the run computes logits (and observes the head's input)
+
+    def start(self, spec: RunSpec) -> None:
+        """The run begins."""
+
+    def observe(self, site: LinearSite, x: Any, chunk: int, expert: int = 0) -> None:
+        """Rows ``x`` (tokens × in_features, on the device, model dtype) enter ``site``; do not keep ``x``."""
+
+    def layer_collected(self, view: LayerView) -> None:
+        """Every chunk went through layer ``view.index``; replace weights here to change what follows."""
+
+    def layer_output(self, layer: int, chunk: int, hidden: Any) -> None:
+        """The hidden states (1 × tokens × hidden) that layer ``layer`` passes on, for ``chunk``."""
+
+    def logits(self, chunk: int, logits: Any) -> None:
+        """The model's logits (tokens × vocab, float32) for ``chunk``."""
+
+    def finish(self) -> None:
+        """The run is over."""
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+class _Stop(Exception):
+    """Raised by the last layer's recorder: the rest of the model's forward is not needed."""
+
+
+class SkeletonError(Exception):
+    """The layer-wise runner cannot handle this model (the whole-model fallback may)."""
+
+
+@contextlib.contextmanager
+def params_on_meta() -> Iterator[None]:
+    """While active, every parameter a module registers lands on the meta device; buffers stay real."""
+    import torch
+    from torch import nn
+
+    orig = nn.Module.register_parameter
+
+    def register(self: Any, name: str, param: Any) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=False)
+        orig(self, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        with torch.device("cpu"):
+            yield
+    finally:
+        nn.Module.register_parameter = orig  # type: ignore[method-assign]
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class _Progress:
+    def __init__(self, ctx: JobContext, total: int) -> None:
+        self.ctx = ctx
+        self.total = max(total, 1)
+        self.done = 0
+        self.t0 = time.monotonic()
+
+    def step(self, msg: str) -> None:
+        self.done += 1
+        el = time.monotonic() - self.t0
+        eta = el / self.done * (self.total - self.done) if self.done else float("nan")
+        self.ctx.report(min(self.done, self.total), self.total, f"{msg} · ETA {_fmt_eta(eta)}")
+
+
+def _find_layers(model: Any, n_layers: int) -> tuple[str, Any]:
+    """The ModuleList of the decoder layers: the largest list of ``n_layers`` modules."""
+    from torch import nn
+
+    best: tuple[int, str, Any] | None = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == n_layers and n_layers > 0:
+            size = sum(p.numel() for p in mod.parameters())
+            if best is None or size > best[0]:
+                best = (size, name, mod)
+    if best is None:
+        raise SkeletonError(f"no list of {n_layers} decoder layers found")
+    return best[1], best[2]
+
+
+def _linear_kind(mod: Any) -> str | None:
+    from torch import nn
+
+    if isinstance(mod, nn.Linear):
+        return "linear"
+    if type(mod).__name__ == "Conv1D" and getattr(mod, "weight", None) is not None and mod.weight.ndim == 2:
+        return "conv1d"  # transformers' GPT-2 Conv1D: y = x @ W + b with W stored (in, out)
+    return None
+
+
+def _sites_in(root: Any, prefix: str, module: Any, layer: int | None) -> list[LinearSite]:
+    out = []
+    for sub, mod in module.named_modules():
+        path = f"{prefix}.{sub}" if sub else prefix
+        kind = _linear_kind(mod)
+        if kind == "linear":
+            out.append(LinearSite(f"{path}.weight", path, layer, mod.in_features, mod.out_features))
+        elif kind == "conv1d":
+            rows, cols = mod.weight.shape
+            out.append(LinearSite(f"{path}.weight", path, layer, int(rows), int(cols), kind="conv1d"))
+        else:
+            for pname, p in mod.named_parameters(recurse=False):
+                if p.ndim == 3:  # fused experts (E, out, in), multiplied with F.linear per expert
+                    out.append(
+                        LinearSite(
+                            f"{path}.{pname}",
+                            path,
+                            layer,
+                            int(p.shape[2]),
+                            int(p.shape[1]),
+                            int(p.shape[0]),
+                            "experts",
+                        )
+                    )
+    del root
+    return out
+
+
+def _input_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if args:
+        return args[0]
+    for k in ("input", "x", "hidden_states"):
+        if k in kwargs:
+            return kwargs[k]
+    return next(iter(kwargs.values()))
+
+
+class _Hooks:
+    """Forward pre-hooks on linear sites (and a torch-function mode inside expert modules)."""
+
+    def __init__(self, root: Any, consumers: Sequence[Consumer], chunk_ref: list[int]) -> None:
+        self.root = root
+        self.consumers = consumers
+        self.chunk = chunk_ref
+        self.handles: list[Any] = []
+        self._last: tuple[Any, int, Any] | None = None
+
+    def add(self, sites: Sequence[LinearSite]) -> None:
+        experts: dict[str, list[LinearSite]] = {}
+        for s in sites:
+            if s.kind == "experts":
+                experts.setdefault(s.module, []).append(s)
+                continue
+            mod = self.root.get_submodule(s.module)
+            self.handles.append(mod.register_forward_pre_hook(self._linear_hook(s), with_kwargs=True))
+        for path, ss in experts.items():
+            self._add_experts(self.root.get_submodule(path), ss)
+
+    def _linear_hook(self, site: LinearSite) -> Callable[..., None]:
+        consumers, chunk = self.consumers, self.chunk
+
+        def hook(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x = _input_of(args, kwargs)
+            last = self._last
+            # q, k and v get one tensor: hand the consumers the same 2-D object so they can reduce it once
+            if last is not None and last[0] is x and last[1] == x._version:
+                x2 = last[2]
+            else:
+                x2 = x.reshape(-1, x.shape[-1])
+                self._last = (x, x._version, x2)
+            for c in consumers:
+                c.observe(site, x2, chunk[0])
+
+        return hook
+
+    def _add_experts(self, mod: Any, sites: list[LinearSite]) -> None:
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        params = [(s, self.root.get_parameter(s.name)) for s in sites]
+        consumers, chunk = self.consumers, self.chunk
+        linear = torch.nn.functional.linear
+
+        class Capture(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                kwargs = kwargs or {}
+                if func is linear:
+                    w = args[1] if len(args) > 1 else kwargs.get("weight")
+                    x = args[0] if args else kwargs.get("input")
+                    ptr = w.untyped_storage().data_ptr()
+                    for s, p in params:
+                        if p.untyped_storage().data_ptr() == ptr and w.numel():
+                            e = (w.storage_offset() - p.storage_offset()) // w.numel()
+                            x2 = x.reshape(-1, x.shape[-1])
+                            for c in consumers:
+                                c.observe(s, x2, chunk[0], int(e))
+                            break
+                return func(*args, **kwargs)
+
+        state: dict[str, Any] = {}
+
+        def pre(_m: Any, _a: Any) -> None:
+            state["mode"] = Capture()
+            state["mode"].__enter__()
+
+        def post(_m: Any, _a: Any, _o: Any) -> None:
+            m = state.pop("mode", None)
+            if m is not None:
+                m.__exit__(None, None, None)
+
+        self.handles.append(mod.register_forward_pre_hook(pre))
+        self.handles.append(mod.register_forward_hook(post, always_call=True))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self._last = None
+
+
+def _check_finite(t: Any, what: str) -> None:
+    import torch
+
+    if not bool(torch.isfinite(t).all()):
+        raise CalibrationError(
+            f"{what} contains NaN or Inf values; the weights or the chosen precision overflow there.",
+            hint="Try --dtype float32, or check the checkpoint for NaN/Inf weights.",
+        )
+
+
+def _oom_error(device: str, where: str) -> CalibrationError:
+    return CalibrationError(
+        f"Calibration ran out of memory on {device} at {where}.",
+        hint="Use fewer chunks, a smaller --ctx, or --device cpu.",
+    )
+
+
+# ------------------------------------------------------------------------------------------ skeleton
+
+
+@dataclass
+class _Skeleton:
+    model: Any
+    base: Any
+    layers_path: str
+    layers: Any
+    names: dict[str, str]  # parameter path -> checkpoint tensor name
+    shared: dict[str, list[str]]  # parameter path -> other paths sharing the same Parameter
+    head_path: str | None
+    tied_head: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def _model_classes(model_type: str) -> list[Any]:
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    return [AutoModel] if model_type in _ENCODERS else [AutoModelForCausalLM, AutoModel]
+
+
+def _build_skeleton(info: Any, config: Any, n_layers: int) -> _Skeleton:
+    from transformers.initialization import no_init_weights
+
+    model = None
+    last: Exception | None = None
+    for cls in _model_classes(str(info.model_type)):
+        try:
+            with params_on_meta(), no_init_weights():
+                model = cls.from_config(config, trust_remote_code=False)
+            break
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            last = err
+    if model is None:
+        raise SkeletonError(f"transformers cannot build {info.model_type!r}: {last}")
+    model.eval()
+    layers_path, layers = _find_layers(model, n_layers)
+    ckpt_names = {t.name for t in info.tensors}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    by_id: dict[int, list[str]] = {}
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(pname)
+    names: dict[str, str] = {}
+    shared: dict[str, list[str]] = {}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_path = None
+    if head is not None:
+        head_path = next((n for n, m in model.named_modules() if m is head), None)
+    tied_head = False
+    for group in by_id.values():
+        found = None
+        for pname in group:
+            for cand in (
+                pname,
+                f"{prefix}.{pname}",
+                pname[len(prefix) + 1 :] if pname.startswith(prefix + ".") else None,
+            ):
+                if cand and cand in ckpt_names:
+                    found = cand
+                    break
+            if found:
+                break
+        first = group[0]
+        shared[first] = group[1:]
+        if found is None:
+            if head_path and all(p.startswith(head_path + ".") for p in group):
+                tied_head = True  # the head is tied to the embeddings (loaded with them, if asked for)
+                continue
+            raise SkeletonError(f"the checkpoint has no tensor for {first}")
+        names[first] = found
+        if head_path and any(p == f"{head_path}.weight" for p in group[1:]):
+            tied_head = True
+    base = getattr(model, "base_model", model)
+    return _Skeleton(model, base, layers_path, layers, names, shared, head_path, tied_head)
+
+
+def _set_param(root: Any, path: str, value: Any) -> None:
+    from torch import nn
+
+    mod_path, _, pname = path.rpartition(".")
+    mod = root.get_submodule(mod_path) if mod_path else root
+    mod._parameters[pname] = (
+        value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
+    )
+
+
+_COPYABLE = {"F32": None, "F16": None, "BF16": "bfloat16"}
+
+
+def _read_tensor(ckpt: Any, name: str) -> Any:
+    """One tensor as a CPU torch tensor, copied out of a short-lived memory map of just its bytes.
+
+    safetensors' own handle keeps the whole file mapped, so every layer read would stay in the
+    process's resident memory until the end; a per-tensor map is released as soon as it is copied.
+    """
+    import numpy as np
+    import torch
+
+    info = ckpt.info.tensor(name)
+    if info.dtype in _COPYABLE and getattr(ckpt.info.format, "value", "") == "safetensors":
+        raw = ckpt.read_raw(name)
+        t = torch.from_numpy(np.array(raw).reshape(info.shape))
+        del raw
+        return t.view(torch.bfloat16) if info.dtype == "BF16" else t
+    return ckpt.read_torch(name)
+
+
+class _Materializer:
+    """Reads parameters from the checkpoint onto the device, and sends them back to the meta device."""
+
+    def __init__(self, sk: _Skeleton, ckpt: Any, device: str, dtype: Any) -> None:
+        self.sk = sk
+        self.ckpt = ckpt
+        self.device = device
+        self.dtype = dtype
+
+    def load(self, paths: Sequence[str]) -> int:
+        import torch
+        from torch import nn
+
+        nbytes = 0
+        for path in paths:
+            t = _read_tensor(self.ckpt, self.sk.names[path])
+            want = tuple(self.sk.model.get_parameter(path).shape)
+            if tuple(t.shape) != want:
+                raise SkeletonError(f"{self.sk.names[path]} has shape {tuple(t.shape)}, the model {want}")
+            t = t.to(device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype)
+            if torch.is_floating_point(t):
+                nbytes += t.numel() * t.element_size()
+            p = nn.Parameter(t, requires_grad=False)
+            for q in (path, *self.sk.shared.get(path, ())):
+                _set_param(self.sk.model, q, p)
+        return nbytes
+
+    def unload(self, paths: Sequence[str]) -> None:
+        import torch
+        from torch import nn
+
+        for path in paths:
+            p = self.sk.model.get_parameter(path)
+            meta = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+            for q in (path, *self.sk.shared.get(path, ())):
+                _set_param(self.sk.model, q, meta)
+
+    def buffers_to_device(self, module: Any) -> None:
+        for mod in module.modules():
+            for k, b in list(mod._buffers.items()):
+                if b is not None and b.device.type != "meta":
+                    mod._buffers[k] = b.to(self.device)
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+def _resolve(device: str, dtype: str) -> tuple[str, Any]:
+    from studio.core.chat.hf_backend import resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    return dev, resolve_dtype(dtype, dev)
+
+
+def run_model(
+    checkpoint: Any,
+    chunks: Chunks,
+    consumers: Sequence[Consumer],
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    ctx: JobContext | None = None,
+    mode: str = "auto",
+) -> RunInfo:
+    """Run ``chunks`` through the model of ``checkpoint`` (an opened ``Checkpoint``), feeding ``consumers``.
+
+    ``mode``: "auto" (layer-wise, else the whole model when it fits), "layerwise" or "whole".
+    """
+    import torch
+    from transformers import AutoConfig
+
+    ctx = ctx or null_context()
+    info = checkpoint.info
+    dev, dt = _resolve(device, dtype)
+    config = AutoConfig.from_pretrained(str(info.path), trust_remote_code=False)
+    n_layers = int(getattr(config, "num_hidden_layers", 0) or info.n_layers or 0)
+    head = any(c.wants_head for c in consumers)
+    t0 = time.monotonic()
+    sk = None
+    why = ""
+    if mode in ("auto", "layerwise"):
+        try:
+            sk = _build_skeleton(info, config, n_layers)
+        except SkeletonError as err:
+            why = str(err)
+            if mode == "layerwise":
+                raise CalibrationError(f"{info.path.name} cannot be run layer by layer: {why}.") from None
+    with torch.no_grad():
+        if sk is not None:
+            try:
+                return _run_layerwise(sk, checkpoint, chunks, consumers, dev, dt, head, ctx, t0)
+            except SkeletonError as err:
+                if mode == "layerwise":
+                    raise CalibrationError(f"{info.path.name} cannot be run layer by layer: {err}.") from None
+                why = str(err)
+        return _run_whole(info, chunks, consumers, dev, dt, head, ctx, t0, why)
+
+
+def _capture_inputs(
+    sk: _Skeleton, chunks: Chunks, dev: str, prog: _Progress, ctx: JobContext
+) -> tuple[list[Any], list[tuple[tuple[Any, ...], dict[str, Any]]]]:
+    import torch
+
+    n = len(sk.layers)
+    states: list[Any] = []
+    layer_args: list[tuple[tuple[Any, ...], dict[str, Any]] | None] = [None] * n
+
+    def recorder(i: int) -> Callable[..., Any]:
+        def fwd(*args: Any, **kwargs: Any) -> Any:
+            if args:
+                hidden, rest = args[0], args[1:]
+            else:
+                hidden, rest = kwargs.pop("hidden_states"), ()
+            if layer_args[i] is None:
+                # every chunk has n_ctx tokens from position 0, so masks and positions are the same
+                layer_args[i] = (rest, dict(kwargs))
+            if i == 0:
+                states.append(hidden.detach())
+            if i == n - 1:
+                raise _Stop
+            return hidden
+
+        return fwd
+
+    for i, layer in enumerate(sk.layers):
+        layer.forward = recorder(i)
+    try:
+        for c in range(chunks.n_chunks):
+            ctx.check_cancelled()
+            ids = torch.as_tensor(chunks.tokens[c : c + 1], device=dev)
+            try:
+                sk.base(input_ids=ids, use_cache=False)
+            except _Stop:
+                pass
+            prog.step(f"embeddings: chunk {c + 1}/{chunks.n_chunks}")
+    finally:
+        for layer in sk.layers:
+            layer.__dict__.pop("forward", None)
+    if len(states) != chunks.n_chunks or any(a is None for a in layer_args):
+        raise SkeletonError("the model's forward did not pass through every decoder layer")
+    return states, layer_args  # type: ignore[return-value]
+
+
+def _layer_paths(sk: _Skeleton, i: int) -> list[str]:
+    pre = f"{sk.layers_path}.{i}."
+    return [p for p in sk.names if p.startswith(pre)]
+
+
+def _run_layerwise(
+    sk: _Skeleton,
+    ckpt: Any,
+    chunks: Chunks,
+    consumers: Sequence[Consumer],
+    dev: str,
+    dt: Any,
+    head: bool,
+    ctx: JobContext,
+    t0: float,
+) -> RunInfo:
+    import torch
+
+    n = len(sk.layers)
+    mat = _Materializer(sk, ckpt, dev, dt)
+    layer_prefix = sk.layers_path + "."
+    head_prefix = (sk.head_path + ".") if sk.head_path else None
+    outer = [
+        p
+        for p in sk.names
+        if not p.startswith(layer_prefix) and (head or not (head_prefix and p.startswith(head_prefix)))
+    ]
+    if head and sk.head_path and f"{sk.head_path}.weight" not in sk.names and not sk.tied_head:
+        raise SkeletonError("the checkpoint has no output head")
+    mat.load(outer)
+    if head and sk.tied_head and sk.head_path:
+        # a head tied to the embeddings uses the embedding matrix itself
+        emb = sk.model.get_input_embeddings()
+        if emb is None or emb.weight.device.type == "meta":
+            raise SkeletonError("the tied output head has no embedding matrix to share")
+        _set_param(sk.model, f"{sk.head_path}.weight", emb.weight)
+    mat.buffers_to_device(sk.model)
+    sites: list[LinearSite] = []
+    for i, layer in enumerate(sk.layers):
+        sites += _sites_in(sk.model, f"{sk.layers_path}.{i}", layer, i)
+    if head and sk.head_path:
+        hm = sk.model.get_submodule(sk.head_path)
+        sites.append(
+            LinearSite(f"{sk.head_path}.weight", sk.head_path, None, hm.in_features, hm.out_features)
+        )
+    hidden = int(getattr(sk.model.config, "hidden_size", 0) or 0)
+    spec = RunSpec(
+        str(ckpt.info.path),
+        RunnerMode.LAYERWISE,
+        dev,
+        str(dt).replace("torch.", ""),
+        n,
+        hidden,
+        chunks.n_chunks,
+        chunks.n_ctx,
+        tuple(sites),
+        head,
+    )
+    prog = _Progress(ctx, chunks.n_chunks * (n + 1 + int(head)))
+    for c in consumers:
+        c.start(spec)
+    chunk_ref = [0]
+    hooks = _Hooks(sk.model, consumers, chunk_ref)
+    recomputed: list[int] = []
+    peak = 0
+    try:
+        states, layer_args = _capture_inputs(sk, chunks, dev, prog, ctx)
+        for i, layer in enumerate(sk.layers):
+            ctx.check_cancelled()
+            paths = _layer_paths(sk, i)
+            try:
+                peak = max(peak, mat.load(paths))
+                mat.buffers_to_device(layer)
+                rest, kwargs = layer_args[i]
+                lsites = spec.sites_of(i)
+                hooks.add(lsites)
+                outs = []
+                for c in range(chunks.n_chunks):
+                    ctx.check_cancelled()
+                    chunk_ref[0] = c
+                    out = layer(states[c], *rest, **kwargs)
+                    outs.append(out[0] if isinstance(out, tuple) else out)
+                    prog.step(f"layer {i + 1}/{n}: chunk {c + 1}/{chunks.n_chunks}")
+                hooks.remove()
+                view = LayerView(i, layer, lsites, sk.model)
+                for cons in consumers:
+                    cons.layer_collected(view)
+                if view.changed:
+                    recomputed.append(i)
+                    outs = []
+                    for c in range(chunks.n_chunks):
+                        ctx.check_cancelled()
+                        out = layer(states[c], *rest, **kwargs)
+                        outs.append(out[0] if isinstance(out, tuple) else out)
+                for c, h in enumerate(outs):
+                    _check_finite(h, f"The output of layer {i} on chunk {c + 1}")
+                    for cons in consumers:
+                        cons.layer_output(i, c, h)
+                states = outs
+            except torch.OutOfMemoryError:
+                raise _oom_error(dev, f"layer {i}") from None
+            finally:
+                hooks.remove()
+                mat.unload(paths)
+        if head:
+            _run_head(sk, chunks, states, consumers, hooks, spec, chunk_ref, dev, prog, ctx)
+    finally:
+        hooks.remove()
+    for c in consumers:
+        c.finish()
+    return RunInfo(
+        RunnerMode.LAYERWISE,
+        dev,
+        spec.dtype,
+        n,
+        chunks.n_chunks,
+        chunks.n_tokens,
+        time.monotonic() - t0,
+        tuple(recomputed),
+        peak,
+    )
+
+
+def _run_head(
+    sk: _Skeleton,
+    chunks: Chunks,
+    states: list[Any],
+    consumers: Sequence[Consumer],
+    hooks: _Hooks,
+    spec: RunSpec,
+    chunk_ref: list[int],
+    dev: str,
+    prog: _Progress,
+    ctx: JobContext,
+) -> None:
+    """Logits from the last hidden states through the model's own final norm, head and soft-capping."""
+    import torch
+
+    current: list[Any] = [None]
+
+    def first(*_a: Any, **_k: Any) -> Any:
+        return current[0]
+
+    def identity(*args: Any, **kwargs: Any) -> Any:
+        return args[0] if args else kwargs["hidden_states"]
+
+    if sk.head_path and sk.model.get_submodule(sk.head_path).weight.device.type == "meta":
+        raise SkeletonError("the output head's weight was not loaded")
+    for i, layer in enumerate(sk.layers):
+        layer.forward = first if i == 0 else identity
+    hooks.add(spec.sites_of(None))
+    try:
+        for c in range(chunks.n_chunks):
+            ctx.check_cancelled()
+            chunk_ref[0] = c
+            current[0] = states[c]
+            ids = torch.as_tensor(chunks.tokens[c : c + 1], device=dev)
+            try:
+                out = sk.model(input_ids=ids, use_cache=False)
+            except torch.OutOfMemoryError:
+                raise _oom_error(dev, "the output head") from None
+            logits = out.logits[0].float()
+            _check_finite(logits, f"The logits of chunk {c + 1}")
+            for cons in consumers:
+                cons.logits(c, logits)
+            prog.step(f"output head: chunk {c + 1}/{chunks.n_chunks}")
+    finally:
+        hooks.remove()
+        for layer in sk.layers:
+            layer.__dict__.pop("forward", None)
+
+
+def _free_bytes(dev: str) -> int:
+    if dev.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(dev))[0])
+    from studio.core.hardware import ram
+
+    return int(ram()[1])
+
+
+def _run_whole(
+    info: Any,
+    chunks: Chunks,
+    consumers: Sequence[Consumer],
+    dev: str,
+    dt: Any,
+    head: bool,
+    ctx: JobContext,
+    t0: float,
+    why: str,
+) -> RunInfo:
+    import torch
+
+    from studio.core.model.hf_progress import no_hf_progress_bars
+
+    blocked = [type(c).__name__ for c in consumers if c.needs_layerwise]
+    if blocked:
+        raise CalibrationError(
+            f"{info.path.name} cannot be run layer by layer ({why}), and {blocked[0]} needs that."
+        )
+    need = int(info.parameters * torch.empty(0, dtype=dt).element_size())
+    free = _free_bytes(dev)
+    if free and need > _FIT_SHARE * free:
+        raise CalibrationError(
+            f"{info.path.name} cannot be run layer by layer ({why}) and its {need / 2**30:.1f} GiB do not "
+            f"fit in the {free / 2**30:.1f} GiB free on {dev}."
+        )
+    model = None
+    last: Exception | None = None
+    for cls in _model_classes(str(info.model_type)):
+        try:
+            with no_hf_progress_bars():
+                model = cls.from_pretrained(str(info.path), dtype=dt, trust_remote_code=False)
+            break
+        except Exception as err:  # noqa: BLE001 - transformers raises many kinds; one sentence below
+            last = err
+    if model is None:
+        raise CalibrationError(
+            f"transformers cannot load {info.path.name}: {str(last).splitlines()[0][:200]}"
+        )
+    try:
+        model = model.to(dev).eval()
+    except torch.OutOfMemoryError:
+        raise _oom_error(dev, "loading the whole model") from None
+    n_layers = int(getattr(model.config, "num_hidden_layers", 0) or 0)
+    try:
+        layers_path, layers = _find_layers(model, n_layers)
+    except SkeletonError:
+        layers_path, layers = "", []
+    sites: list[LinearSite] = []
+    for i, layer in enumerate(layers):
+        sites += _sites_in(model, f"{layers_path}.{i}", layer, i)
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_path = (
+        next((n for n, m in model.named_modules() if m is out_emb), None) if out_emb is not None else None
+    )
+    if head and head_path:
+        sites.append(
+            LinearSite(f"{head_path}.weight", head_path, None, out_emb.in_features, out_emb.out_features)
+        )
+    spec = RunSpec(
+        str(info.path),
+        RunnerMode.WHOLE_MODEL,
+        dev,
+        str(dt).replace("torch.", ""),
+        len(layers),
+        int(getattr(model.config, "hidden_size", 0) or 0),
+        chunks.n_chunks,
+        chunks.n_ctx,
+        tuple(sites),
+        head,
+    )
+    for c in consumers:
+        c.start(spec)
+    chunk_ref = [0]
+    hooks = _Hooks(model, consumers, chunk_ref)
+    hooks.add(sites)
+    out_hooks = []
+    for i, layer in enumerate(layers):
+
+        def post(_m: Any, _a: Any, out: Any, i: int = i) -> None:
+            h = out[0] if isinstance(out, tuple) else out
+            _check_finite(h, f"The output of layer {i} on chunk {chunk_ref[0] + 1}")
+            for cons in consumers:
+                cons.layer_output(i, chunk_ref[0], h)
+
+        out_hooks.append(layer.register_forward_hook(post))
+    prog = _Progress(ctx, chunks.n_chunks)
+    try:
+        for c in range(chunks.n_chunks):
+            ctx.check_cancelled()
+            chunk_ref[0] = c
+            ids = torch.as_tensor(chunks.tokens[c : c + 1], device=dev)
+            try:
+                out = model(input_ids=ids, use_cache=False)
+            except torch.OutOfMemoryError:
+                raise _oom_error(dev, f"chunk {c + 1}") from None
+            if head and getattr(out, "logits", None) is not None:
+                for cons in consumers:
+                    cons.logits(c, out.logits[0].float())
+            prog.step(f"whole model: chunk {c + 1}/{chunks.n_chunks}")
+    finally:
+        hooks.remove()
+        for h in out_hooks:
+            h.remove()
+    for c in consumers:
+        c.finish()
+    del model
+    return RunInfo(
+        RunnerMode.WHOLE_MODEL,
+        dev,
+        spec.dtype,
+        len(layers),
+        chunks.n_chunks,
+        chunks.n_tokens,
+        time.monotonic() - t0,
+        (),
+        0,
+    )
+
+
+__all__ = [
+    "Consumer",
+    "LayerView",
+    "LinearSite",
+    "RunInfo",
+    "RunSpec",
+    "RunnerMode",
+    "params_on_meta",
+    "run_model",
+]
