@@ -561,6 +561,9 @@ def run_model(
     info = checkpoint.info
     dev, dt = _resolve(device, dtype)
     config = AutoConfig.from_pretrained(str(info.path), trust_remote_code=False)
+    # MoE experts must run their per-expert loop, where each expert is one F.linear the expert hooks
+    # see; transformers' default grouped_mm multiplies all experts at once and the hooks saw none
+    config._experts_implementation = "eager"
     n_layers = int(getattr(config, "num_hidden_layers", 0) or info.n_layers or 0)
     head = any(c.wants_head for c in consumers)
     t0 = time.monotonic()
@@ -843,7 +846,9 @@ def _run_whole(
     for cls in _model_classes(str(info.model_type)):
         try:
             with no_hf_progress_bars():
-                model = cls.from_pretrained(str(info.path), dtype=dt, trust_remote_code=False)
+                model = cls.from_pretrained(
+                    str(info.path), dtype=dt, trust_remote_code=False, experts_implementation="eager"
+                )
             break
         except Exception as err:  # noqa: BLE001 - transformers raises many kinds; one sentence below
             last = err

@@ -153,3 +153,33 @@ def test_moe_q4_k_m_with_expert_imatrix_equals_llamacpp(tiny_model, tmp_path):
     plain = export_gguf(model, tmp_path / "plain.gguf", "Q4_K_M")
     _, tp = read_gguf_all(plain.path)
     assert tp["blk.0.ffn_down_exps.weight"][2] != ta["blk.0.ffn_down_exps.weight"][2]
+
+
+def test_calibration_counts_the_tokens_routed_to_each_expert(tiny_model, tmp_path):
+    """The calibration (studio.core.calib) keeps one row per expert: its token counts are the
+    router's top-2 choices that transformers itself makes on the same chunks, and that imatrix
+    exports through both back ends to the same bytes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from studio.core.calib.calibrate import calibrate, prepare_input
+    from studio.core.calib.imatrix import imatrix_from_stats
+    from studio.core.export import export_gguf
+    from studio.core.model import open_model
+
+    model = new_arch_model(tiny_model, "mixtral")
+    stats = calibrate(model, n_ctx=32, n_chunks=2, histogram=False)
+    with open_model(model) as ck:
+        im = imatrix_from_stats(stats, ck.info)
+    chunks = torch.tensor(prepare_input(model, n_ctx=32, n_chunks=2).chunks.tokens)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, trust_remote_code=False)
+    with torch.no_grad():
+        routed = hf(chunks, output_router_logits=True).router_logits  # per layer: (tokens, experts)
+    for layer, logits in enumerate(routed):
+        want = np.bincount(logits.topk(2, dim=-1).indices.reshape(-1).numpy(), minlength=8)
+        for proj in ("gate", "up", "down"):
+            e = im.entries[f"blk.{layer}.ffn_{proj}_exps.weight"]
+            assert e.n_experts == 8 and e.counts.tolist() == want.tolist(), (layer, proj)
+    a = export_gguf(model, tmp_path / "a.gguf", "Q4_K_M", imatrix=im)
+    b = export_gguf(model, tmp_path / "b.gguf", "Q4_K_M", imatrix=im, backend="llama.cpp")
+    assert read_gguf_all(a.path)[1] == read_gguf_all(b.path)[1]
