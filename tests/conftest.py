@@ -24,11 +24,4 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         shutil.rmtree(_TEST_CACHE, ignore_errors=True)
 
 
-try:  # TEMPORARY (issue 10 replaces it): the same guard as the llama.cpp child, for in-process loads
-    from studio.core.llamacpp.worker import _no_extra_buffers
-
-    _no_extra_buffers()
-except Exception:  # pragma: no cover
-    pass
-
 pytest_plugins = ["tests.factory_fixtures"]

@@ -6,7 +6,15 @@ import argparse
 import sys
 from typing import Any
 
-from studio.commands._common import ProgressLine, print_json, read_text, write_text
+from studio.commands._common import (
+    ProgressLine,
+    add_allow_pickle_option,
+    add_extra_buffers_option,
+    print_json,
+    print_notes,
+    read_text,
+    write_text,
+)
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 
@@ -58,17 +66,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--verify", action="store_true", help="compare the result with the original model afterwards"
     )
+    add_extra_buffers_option(p, "--verify")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
     p.add_argument(
         "--imatrix",
         metavar="FILE",
         help="importance matrix (llama.cpp's GGUF or legacy .dat format, e.g. from quant-studio-cli calibrate)",
     )
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
-    )
+    add_allow_pickle_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 
@@ -171,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         from studio.core.verify import verify_gguf
 
         print("verifying against the original model ...", file=sys.stderr)
-        v = verify_gguf(res.path, info.path, device=args.device)
+        v = verify_gguf(res.path, info.path, device=args.device, extra_buffers=args.llama_extra_buffers)
+        print_notes(v.notes)
         out["verify"] = {
             "tokens": v.n_tokens,
             "top1_agreement": v.top1_agreement,
@@ -179,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             "max_abs_diff": v.max_abs_diff,
             "relative_max_diff": v.relative_max_diff,
             "mean_cosine": v.mean_cosine,
+            "notes": list(v.notes),
         }
     if args.json:
         print_json(out)

@@ -307,10 +307,13 @@ def _write_metadata(
     plan: Plan,
     ftype: int,
     source_repo: str | None,
+    n_params: int,
     imatrix: Mapping[str, Any] | None = None,
 ) -> TokenizerSummary:
+    add_general_metadata(
+        w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo, n_params=n_params
+    )
     add_arch_metadata(w.kv, info)
-    add_general_metadata(w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo)
     tok = add_tokenizer(w.kv, info)
     # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix) is recorded as llama-quantize does
     for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
@@ -347,7 +350,8 @@ def _export_studio(
     done = 0
     ctx.report(0, total, "Writing metadata")
     with AtomicGGUFWriter(out, lay.arch) as w:
-        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, imatrix)
+        n_params = sum(math.prod(it.shape) for it in items)
+        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, n_params, imatrix)
         for it in items:
             w.add_tensor_info(it.gguf_name, it.shape, it.qtype, it.nbytes)
         w.begin()
@@ -527,11 +531,11 @@ def _hold_lock(p: Path) -> int | None:
 def llamacpp_validator(path: Path) -> None:
     """Post-write check: llama.cpp loads the file's vocabulary in a child process
     (test_llamacpp_validation_rejects_unloadable_file in tests/core/export/test_export_faults.py)."""
-    from studio.core.llamacpp import LlamaWorker
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
 
-    with LlamaWorker(label="llama.cpp (validation)") as wk:
+    with LlamaRunner(label="llama.cpp (validation)") as wk:
         try:
-            wk.request("load", path=str(path), vocab_only=True, timeout=120)
+            wk.load(path, LoadOptions(vocab_only=True), timeout=120)
         except Exception as err:
             raise ExportError(f"llama.cpp cannot load the written file {path.name}: {err}") from err
 

@@ -204,6 +204,9 @@ class MainWindow(QMainWindow):
 
         self.edit_menu = bar.addMenu("&Edit")
         self.edit_menu.addAction(self.act_filter)
+        from studio.qt.llama_setting import install_extra_buffers_menu
+
+        self.extra_buffers_menu = install_extra_buffers_menu(self.edit_menu, self.settings, self)
 
         self.view_menu = bar.addMenu("&View")
         self.pages_menu = self.view_menu.addMenu("&Go to page")

@@ -357,16 +357,20 @@ def test_the_theme_flag_follows_the_palette(qtbot, make_window):
     from PySide6.QtGui import QColor, QPalette
 
     win = make_window()
-    seen = []
-    win.state.themeChanged.connect(seen.append)
+    light = QPalette(win.palette())
+    light.setColor(QPalette.ColorRole.Window, QColor(240, 240, 240))
+    light.setColor(QPalette.ColorRole.WindowText, QColor(20, 20, 20))
     dark = QPalette(win.palette())
     dark.setColor(QPalette.ColorRole.Window, QColor(30, 30, 30))
     dark.setColor(QPalette.ColorRole.WindowText, QColor(230, 230, 230))
-    light_before = win.state.dark
+    win.setPalette(light)  # start light whatever the platform's theme, so each flip is seen
+    assert win.state.dark is False
+    seen = []
+    win.state.themeChanged.connect(seen.append)
     win.setPalette(dark)
-    assert win.state.dark is True
-    if not light_before:
-        assert seen == [True]
+    assert win.state.dark is True and seen == [True]
+    win.setPalette(light)
+    assert win.state.dark is False and seen == [True, False]
 
 
 def _write_tiny_gguf(path: Path) -> list[str]:

@@ -510,14 +510,13 @@ class ExportDialog(JobPanel, QDialog):
             return f"The file was written but could not be verified: {outcome.verify_error}"
         if v is None:
             return "Not verified."
+        notes = "".join(f" {n}" for n in getattr(v, "notes", ()))  # e.g. a llama.cpp restart
         if v.top1_agreement is not None:
             return (
                 f"Verified on {v.n_tokens} tokens: top-1 agreement {100 * v.top1_agreement:.1f} %, "
-                f"mean KL divergence {v.mean_kl:.3g} nats (max logit difference {v.max_abs_diff:.3g})."
+                f"mean KL divergence {v.mean_kl:.3g} nats (max logit difference {v.max_abs_diff:.3g}).{notes}"
             )
-        return (
-            f"Verified on {v.n_tokens} tokens: mean cosine similarity of hidden states {v.mean_cosine:.5f}."
-        )
+        return f"Verified on {v.n_tokens} tokens: mean cosine similarity of hidden states {v.mean_cosine:.5f}.{notes}"
 
     # -- helpers ----------------------------------------------------------------------------------
 
