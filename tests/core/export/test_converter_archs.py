@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from studio.core.llamacpp import LoadOptions
 from tests.core.export.converter_fixtures import MOE, NEW_ARCHS, need_converter, new_arch_model, read_gguf_all
 
 TEXT = "Hello, world! Grüße aus Köln. Привет, мир! 你好，世界。 こんにちは 🌍🚀👍🏽 naïve café 12345 " * 2
@@ -42,7 +43,7 @@ def test_f32_logits_match_transformers(arch, tiny_model, exported, llama_worker)
     gguf_path = exported(model, "F32", "F32")
     ids = _ids(model)
     assert len(ids) > 64  # longer than Gemma 3's sliding window
-    llama_worker.request("load", path=str(gguf_path), logits_all=True, n_ctx=256, f32_kv=True)
+    llama_worker.load(gguf_path, LoadOptions(logits_all=True, n_ctx=256, f32_kv=True))
     got = llama_worker.request("eval_logits", ids=ids)
     ref = _reference_logits(model, ids)
     assert got.shape == ref.shape
@@ -82,9 +83,9 @@ def test_q4_k_m_runs(arch, tiny_model, exported, llama_worker):
     if arch in MOE:
         assert {types[n] for n in types if "_exps." in n} >= {"Q4_K"}
     ids = _ids(model)[:48]
-    llama_worker.request("load", path=str(f32), logits_all=True, n_ctx=128, f32_kv=True)
+    llama_worker.load(f32, LoadOptions(logits_all=True, n_ctx=128, f32_kv=True))
     ref = llama_worker.request("eval_logits", ids=ids)
-    llama_worker.request("load", path=str(q), logits_all=True, n_ctx=128, f32_kv=True)
+    llama_worker.load(q, LoadOptions(logits_all=True, n_ctx=128, f32_kv=True))
     got = llama_worker.request("eval_logits", ids=ids)
     assert np.isfinite(got).all()
     # a 4-bit copy of the same model, not noise: per position, its logits correlate with the F32

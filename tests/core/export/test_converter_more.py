@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from studio.core.errors import ExportError
+from studio.core.llamacpp import LoadOptions
 from tests.core.export.converter_fixtures import need_converter, new_arch_model
 
 
@@ -88,7 +89,7 @@ def test_an_architecture_only_the_converter_knows(tmp_path, llama_worker):
     ids = AutoTokenizer.from_pretrained(model)("def hello(world): return world * 2  # a comment " * 3)[
         "input_ids"
     ]
-    llama_worker.request("load", path=str(r.path), logits_all=True, n_ctx=256, f32_kv=True)
+    llama_worker.load(r.path, LoadOptions(logits_all=True, n_ctx=256, f32_kv=True))
     got = llama_worker.request("eval_logits", ids=ids)
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, trust_remote_code=False)
     with torch.no_grad():
