@@ -20,6 +20,11 @@ alternately, timed inside the child: prompt processing (the prompt as one batch)
 CPU with AMX the batched decode with extra buffers on dies (llama.cpp #20824): the bench reports
 the crash and still times the generation, which uses only single-token decodes. The ratio on/off
 is what the ``auto`` default is chosen on.
+
+Then the transformers back end against plain ``model.generate`` on the same loaded model in the same
+run (``--hf-model``: a model folder, by default the demo SmolLM2-135M-Instruct; ``none`` skips it):
+``TransformersBackend.stream`` (our loop, sampler and per-token probabilities) and greedy
+``generate`` with a streamer that timestamps each token, alternating; target ours/generate ≥ 0.9.
 """
 
 from __future__ import annotations
@@ -210,6 +215,81 @@ def extra_buffers_ab(args: argparse.Namespace) -> int:
     return 0
 
 
+HF_PROMPT = "Write a long story about a river, a mill and the town that grew up around them."
+
+
+def transformers_vs_generate(model_dir: str, tokens: int, repeat: int) -> float:
+    """Decode tokens/s of ``TransformersBackend.stream`` and of ``model.generate`` (greedy, same weights,
+    same prompt ids, alternating rounds); prints both and returns the best-round ratio ours/generate."""
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    from studio.core.chat import Message, Sampling
+    from studio.core.chat.hf_backend import TransformersBackend
+
+    if model_dir == "demo":
+        from studio.core.demo import demo_model_path
+
+        model_dir = str(demo_model_path())
+    ours = TransformersBackend(model_dir, device="cpu", dtype="float32", n_ctx=2048)
+    ours.load()
+    ids = list(ours.prompt([Message("user", HF_PROMPT)], max_tokens=tokens).ids)
+    model = ours._model  # the very weights our loop uses
+
+    class Stamps(BaseStreamer):
+        def __init__(self) -> None:
+            self.t: list[float] = []
+            self.first = True
+
+        def put(self, value) -> None:
+            if self.first:  # generate() puts the prompt first
+                self.first = False
+                return
+            self.t.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    # CPU seconds of this process per token as well: on a shared machine wall-clock rates swing with
+    # the load, the CPU cost of a token much less
+    def ours_rate(n: int) -> tuple[float, int, float]:
+        c0 = time.process_time()
+        stamps = [time.perf_counter() for _ in ours.stream(ids, Sampling(max_tokens=n, temperature=0.0))]
+        return _rate(stamps), len(stamps), (time.process_time() - c0) / max(len(stamps), 1)
+
+    def generate_rate(n: int) -> tuple[float, int, float]:
+        st = Stamps()
+        c0 = time.process_time()
+        with torch.inference_mode():
+            model.generate(
+                torch.tensor([ids]), max_new_tokens=n, do_sample=False, streamer=st, pad_token_id=0
+            )
+        return _rate(st.t), len(st.t), (time.process_time() - c0) / max(len(st.t), 1)
+
+    ours_rate(8)  # warm both up
+    generate_rate(8)
+    mine, theirs, mine_cpu, theirs_cpu = [], [], [], []
+    for r in range(repeat):
+        (a, na, ca), (b, nb, cb) = ours_rate(tokens), generate_rate(tokens)
+        mine.append(a)
+        theirs.append(b)
+        mine_cpu.append(ca)
+        theirs_cpu.append(cb)
+        print(
+            f"transformers round {r + 1}: ours {a:8.2f} tok/s ({na} tokens, {ca * 1000:.1f} ms CPU/token)   "
+            f"generate {b:8.2f} tok/s ({nb} tokens, {cb * 1000:.1f} ms CPU/token)"
+        )
+    ours.close()
+    ratio = max(mine) / max(theirs)
+    print(
+        f"transformers (TransformersBackend.stream vs model.generate, {Path(model_dir).name}, float32 CPU): "
+        f"best {max(mine):.2f} vs {max(theirs):.2f} tok/s; ratio ours/generate {ratio:.3f} (best), "
+        f"{statistics.median(mine) / statistics.median(theirs):.3f} (median); CPU per token ratio "
+        f"generate/ours {statistics.median(theirs_cpu) / statistics.median(mine_cpu):.3f}; target >= 0.9"
+    )
+    return ratio
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=1024)
@@ -227,6 +307,9 @@ def main() -> int:
         type=int,
         default=None,
         help="llama.cpp threads of --extra-buffers-ab (default: llama.cpp's)",
+    )
+    ap.add_argument(
+        "--hf-model", default="demo", help="model folder for the transformers ratio ('none': skip)"
     )
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -293,6 +376,9 @@ def main() -> int:
     print(
         f"peak RSS: this process {self_mib:.0f} MiB (holds the direct model), llama.cpp child {child_mib:.0f} MiB"
     )
+    if args.hf_model != "none":
+        transformers_vs_generate(args.hf_model, args.tokens, args.repeat)
+        print(f"peak RSS after the transformers rounds: {peak_mib():.0f} MiB")
     return 0
 
 

@@ -24,4 +24,13 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         shutil.rmtree(_TEST_CACHE, ignore_errors=True)
 
 
-pytest_plugins = ["tests.factory_fixtures"]
+pytest_plugins = ["tests.factory_fixtures", "tests.real_fixtures"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """What the real-model tier spent preparing the demo and its exports (its fixed cost)."""
+    from tests.real_fixtures import PREPARE_SECONDS
+
+    if PREPARE_SECONDS:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in PREPARE_SECONDS.items())
+        terminalreporter.write_line(f"real-model tier set-up: {parts}")

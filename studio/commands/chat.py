@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
             "its speed. A GGUF runs in llama.cpp (in a child process), a model folder in transformers."
         ),
     )
-    p.add_argument("--model", required=True, metavar="A", help="a model folder or a GGUF file")
+    p.add_argument("--model", required=True, metavar="A", help="a model folder or a GGUF file (the original)")
     p.add_argument(
         "--compare", action="append", default=[], metavar="B", help="another model to compare (repeatable)"
     )
@@ -40,6 +40,12 @@ def register(subparsers: Any) -> None:
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
     p.add_argument("--truncate", action="store_true", help="keep only the end of a prompt that is too long")
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a .gguf --model in transformers, from the float32 Hugging Face folder the studio "
+        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
+    )
     add_allow_pickle_option(p)
     add_extra_buffers_option(p, "GGUF files")
     p.add_argument(
@@ -63,7 +69,15 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    paths = [args.model, *args.compare]
+    model = args.model
+    if args.dequantize and str(model).lower().endswith(".gguf"):
+        from studio.commands._common import ProgressLine
+        from studio.core.jobs import JobContext
+        from studio.core.model.gguf_source import hf_folder_for
+
+        with ProgressLine() as line:
+            model = hf_folder_for(model, JobContext(on_progress=line.fraction, min_interval=0.2))
+    paths = [model, *args.compare]
     backends = [
         open_backend(
             p,

@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a .gguf --original in transformers, from the float32 Hugging Face folder the studio "
+        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
+    )
     add_allow_pickle_option(p)
     add_extra_buffers_option(p, "the GGUF files")
     p.add_argument(
@@ -70,8 +76,13 @@ def run(args: argparse.Namespace) -> int:
     from studio.core.evaluate import evaluate
 
     with ProgressLine() as line:
+        original = args.original
+        if args.dequantize and str(original).lower().endswith(".gguf"):
+            from studio.core.model.gguf_source import hf_folder_for
+
+            original = hf_folder_for(original, JobContext(on_progress=line.fraction, min_interval=0.2))
         report = evaluate(
-            args.original,
+            original,
             args.variant,
             text=args.text,
             n_ctx=args.ctx,
@@ -84,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
             ctx=JobContext(on_progress=line.fraction, on_log=lambda m: line.log(f"note: {m}")),
             kv_types=args.kv_type,
         )
+    from studio.core.evaluate.record import save_records
     from studio.core.lab.verdict import judge
 
+    notes = save_records(report)  # beside each variant, for the model card of an upload
     failed = [v for v in report.variants if v.error]
     if args.json:
         print_json(report.to_dict())
@@ -113,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{judge(o.ppl, v.ppl).verdict.value}"
             )
     sys.stdout.flush()
+    for note in notes:
+        print(note, file=sys.stderr)
     for v in failed:
         print(f"error: {v.error}", file=sys.stderr)
     return 2 if failed else 0

@@ -26,11 +26,15 @@ def register(subparsers: Any) -> None:
         help="export a model to GGUF with a preset or a per-tensor plan",
         description=(
             "Convert a Hugging Face model folder to a GGUF file that llama.cpp runs, quantizing each "
-            "tensor as a preset (Q4_K_M, Q8_0, ...) or a saved plan says. The file is written to "
+            "tensor as a preset (Q4_K_M, Q8_0, ...) or a saved plan says. A GGUF MODEL is requantized "
+            "the way llama-quantize --allow-requantize does it (metadata, tokenizer and chat template "
+            "copied; tensors already of their planned type copied unchanged). The file is written to "
             "OUT.partial and renamed only when complete and validated."
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="model folder (or cached Hub id)")
+    p.add_argument(
+        "model", metavar="MODEL", help="model folder, cached Hub id, or a .gguf file (requantized)"
+    )
     p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF file to write")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -122,6 +126,16 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
     return plan_from_preset(info, args.preset, overrides, imatrix=bool(getattr(args, "imatrix", None)))
 
 
+def _gguf_source(ck: Any) -> Any:
+    """The ``SourceSummary`` of a GGUF original (requantization), None for other checkpoints."""
+    g = getattr(ck, "gguf", None)
+    if g is None:
+        return None
+    from studio.core.model.gguf_source import source_summary
+
+    return source_summary(g)
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
     from studio.core.export import check_exportable, export_gguf
@@ -130,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
 
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
+        source = _gguf_source(ck)
     check_exportable(info)
+    if source is not None and source.warning and not args.json:
+        print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
         from studio.core.verify import check_verifiable
 
@@ -170,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         "fallbacks": [f.to_dict() for f in res.fallbacks],
         "notes": list(res.notes),
     }
+    if source is not None:
+        out["source"] = source.to_dict()
     if imatrix is not None:
         out["imatrix"] = {"file": args.imatrix, "entries": len(imatrix), "chunks": imatrix.chunk_count}
     if args.verify:

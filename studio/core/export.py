@@ -243,7 +243,13 @@ def export_gguf(
             raise ExportError(f"The output name {out.name} should end in .gguf.")
         plan = _resolve_plan(plan, info)
         lay = layout(info)
-        if backend == "llama.cpp":
+        if info.format.value == "gguf":  # a GGUF original: llama-quantize --allow-requantize semantics
+            from studio.core.requantize import requantize_gguf
+
+            result = requantize_gguf(
+                ckpt, out, plan, backend=backend, device=device, imatrix=imatrix, ctx=ctx, validate=validate
+            )
+        elif backend == "llama.cpp":
             result = _export_llamacpp(ckpt, lay, out, plan, inputs, imatrix, ctx, source_repo, validate)
         elif lay.converted:
             result = _export_converted(info, lay, out, plan, device, imatrix, ctx, validate)
@@ -272,14 +278,10 @@ def export_gguf(
 
 
 def check_exportable(info: Any) -> None:
-    """Raise an ExportError when ``info`` is not a checkpoint export can convert (a GGUF file)."""
-    from studio.core.model.types import CheckpointFormat
-
-    if info.format == CheckpointFormat.GGUF:
-        raise ExportError(
-            f"{info.path} is already a GGUF file; export converts a Hugging Face model folder "
-            "(config.json, tokenizer and .safetensors weights). Choose the folder of the original model."
-        )
+    """Raise an ExportError when ``info`` cannot be exported at all (every format we open can be:
+    a GGUF original is requantized, see ``studio.core.requantize``)."""
+    if not info.tensors:
+        raise ExportError(f"{info.path} contains no tensors to export.")
 
 
 def _check_device(device: str) -> str:

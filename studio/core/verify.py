@@ -60,6 +60,8 @@ def check_verifiable(checkpoint_path: str | Path) -> None:
     unpickle a ``pytorch_model.bin`` in this process, which the studio only does in a child."""
     p = Path(checkpoint_path)
     folder = p if p.is_dir() else p.parent
+    if p.suffix.lower() == ".gguf":  # a GGUF original runs in llama.cpp (requantize.verify_against_gguf)
+        return
     if p.suffix == ".safetensors" or any(folder.glob("*.safetensors")):
         return
     raise EvaluationError(
@@ -89,6 +91,12 @@ def verify_gguf(
     ctx = ctx or null_context()
     text = text or DEFAULT_TEXT
     folder = Path(checkpoint_path)
+    if folder.suffix.lower() == ".gguf":
+        from studio.core.requantize import verify_against_gguf
+
+        return verify_against_gguf(
+            gguf_path, folder, text=text, max_tokens=max_tokens, ctx=ctx, extra_buffers=extra_buffers
+        )
     check_verifiable(folder)
     if not folder.is_dir():  # a single .safetensors file: transformers wants its folder
         folder = folder.parent

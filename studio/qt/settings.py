@@ -16,6 +16,7 @@ PRESET_KEY = "export/preset"
 BACKEND_KEY = "export/backend"
 DEVICE_KEY = "quantize/device"
 LLAMA_EXTRA_BUFFERS_KEY = "llama/extra_buffers"
+UPLOAD_NAMESPACE_KEY = "hub/upload_namespace"
 
 MAX_RECENT = 10
 THEMES = ("system", "light", "dark")
@@ -90,6 +91,7 @@ class AppSettings:
         "auto",
         ("auto", "on", "off"),
     )
+    upload_namespace = _Text(UPLOAD_NAMESPACE_KEY, 'The user or organisation of the last Hub upload, or "".')
 
     def __init__(self, qsettings: QSettings | None = None) -> None:
         self.qsettings = qsettings if qsettings is not None else QSettings()

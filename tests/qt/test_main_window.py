@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QTableWidget
 
 from studio.qt.fmt import human_bytes
 from studio.qt.main_window import APP_TITLE
+from studio.qt.opener import DEMO_NAME
 from studio.qt.panels.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_ROLE
 from studio.qt.settings import RECENT_KEY
 from studio.qt.theme import verdict_colour
@@ -224,7 +225,7 @@ def test_open_demo_model_builds_and_opens(qtbot, make_window, real_services, tin
     qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
     assert built == [True]
     assert win.state.info.model_type == "qwen2"
-    assert win.windowTitle() == f"Demo model — {APP_TITLE}"
+    assert win.windowTitle() == f"{DEMO_NAME} — {APP_TITLE}"
 
 
 def test_layout_and_geometry_are_remembered(qtbot, make_window, settings_path):

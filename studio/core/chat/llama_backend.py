@@ -28,8 +28,11 @@ MIN_CTX = 256
 
 def _gguf_header(path: Path) -> Any:
     from studio.core.gguf_read import read_gguf
+    from studio.core.model.gguf_source import check_tokenizer
 
-    return read_gguf(path)
+    header = read_gguf(path)
+    check_tokenizer(header)  # no vocabulary: one sentence, instead of llama.cpp's "failed to load"
+    return header
 
 
 def gpu_attempts(n_gpu_layers: int, n_layers: int, n_ctx: int) -> list[tuple[int, int]]:

@@ -147,11 +147,8 @@ def studio_converts(info: ModelInfo) -> bool:
 
 def export_route(info: ModelInfo) -> tuple[str | None, str | None]:
     """Who converts ``info`` to GGUF: ("studio", None), ("llama.cpp", None) for llama.cpp's
-    converter, or (None, the one sentence saying why neither can)."""
-    from studio.core.model.types import CheckpointFormat
-
-    if info.format is CheckpointFormat.GGUF:
-        return None, f"{info.path.name} is already a GGUF file."
+    converter, or (None, the one sentence saying why neither can). A GGUF original is the studio's
+    (requantized with its own names)."""
     try:
         return layout(info).source, None
     except ExportError as err:
@@ -159,9 +156,13 @@ def export_route(info: ModelInfo) -> tuple[str | None, str | None]:
 
 
 def layout(info: ModelInfo) -> Layout:
-    """Map every tensor of ``info`` to its GGUF name, shape and transform: with the studio's own
-    mapping for the families it covers, else with llama.cpp's converter; ExportError (one sentence
-    naming the architecture) when neither converts it."""
+    """Map every tensor of ``info`` to its GGUF name, shape and transform: a GGUF original keeps its
+    own names; the studio's own mapping covers its families, llama.cpp's converter every other
+    architecture; ExportError (one sentence naming the architecture) when neither converts it."""
+    if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original keeps its own names
+        from studio.core.requantize import gguf_layout
+
+        return gguf_layout(info)
     if not studio_converts(info):
         from studio.core.gguf import llama_converter
 

@@ -482,8 +482,10 @@ def _op_quantize(
     nthread: int = 0,
     file_type: int | None = None,
     pure: bool = False,
+    allow_requantize: bool = False,
 ) -> int:
-    """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type."""
+    """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type;
+    ``allow_requantize``: accept an already quantized source (llama-quantize --allow-requantize)."""
     import ctypes
 
     import gguf
@@ -494,6 +496,7 @@ def _op_quantize(
     params.nthread = int(nthread)
     params.ftype = int(ftype)
     params.pure = bool(pure)
+    params.allow_requantize = bool(allow_requantize)
     keep: list[Any] = []  # keep ctypes buffers alive during the call
     if overrides:
         arr = (llama_cpp.llama_model_tensor_override * (len(overrides) + 1))()

@@ -227,7 +227,7 @@ class ChatColumn(QFrame):
         cur = QTextCursor(self.view.document())
         cur.movePosition(QTextCursor.MoveOperation.End)
         fmt = QTextCharFormat()
-        fmt.setForeground(QColor("#757575"))
+        fmt.setForeground(theme.note_colour(self.view))
         cur.insertBlock()
         cur.insertText(f"[{message}]", fmt)
 

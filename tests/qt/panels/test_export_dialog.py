@@ -272,3 +272,28 @@ def test_cancel_during_verification_stops_the_child_and_leaves_no_file(
     qtbot.waitUntil(
         lambda: not any(p.name == "studio-verify" for p in multiprocessing.active_children()), timeout=10_000
     )
+
+
+def test_a_quantized_gguf_opens_for_export_with_its_warning_and_is_requantized_and_verified(
+    qtbot, make_window, llama_model, tmp_path
+):
+    from studio.core.export import export_gguf
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    src = export_gguf(llama_model, folder / "tiny-Q8_0.gguf", "Q8_0").path
+    win = make_window()
+    _open(qtbot, win, src)
+    assert win.act_export.isEnabled()  # a GGUF original is requantized
+    dlg = win.show_export_dialog()
+    dlg.set_plan_choice("Q4_K_M")
+    assert "Stored as Q8_0" in dlg.plan_info.text() and "already quantized" in dlg.plan_info.text()
+    out = folder / "requantized.gguf"
+    dlg.set_output_path(out)
+    with qtbot.waitSignal(dlg.exportFinished, timeout=EXPORT_TIMEOUT_MS) as finished:
+        assert dlg.start() is not None
+    outcome = finished.args[0]
+    assert _gguf_types(out)["blk.0.attn_q.weight"] == "Q4_K"
+    v = outcome.verification  # both files run in llama.cpp: the original is a GGUF
+    assert outcome.verify_error == "" and v is not None and 0.5 <= v.top1_agreement <= 1.0
+    assert _leftovers(folder) == ["requantized.gguf", "tiny-Q8_0.gguf"]  # no partial files left
