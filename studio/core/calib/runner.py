@@ -56,7 +56,9 @@ class LinearSite:
     in_features: int
     out_features: int
     n_experts: int = 1
-    kind: str = "linear"  # "linear", "conv1d" (GPT-2, weight stored (in, out)) or "experts"
+    # "linear", "conv1d" (GPT-2, weight stored (in, out)), "experts" or "router" (an MoE router module
+    # that multiplies by its own (experts, hidden) weight; observed like "linear")
+    kind: str = "linear"
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,13 @@ def _sites_in(root: Any, prefix: str, module: Any, layer: int | None) -> list[Li
                             "experts",
                         )
                     )
+            w = getattr(mod, "weight", None)
+            if type(mod).__name__.endswith("Router") and w is not None and w.ndim == 2:
+                # transformers' MoE routers (MixtralTopKRouter...) hold their (experts, hidden)
+                # matrix and call F.linear themselves; llama-imatrix records ffn_gate_inp too
+                out.append(
+                    LinearSite(f"{path}.weight", path, layer, int(w.shape[1]), int(w.shape[0]), kind="router")
+                )
     del root
     return out
 
