@@ -10,23 +10,15 @@ from studio.core.model import open_model
 from studio.core.quant.plan import plan_from_preset
 from studio.core.quant.types import tensor_bytes
 from studio.qt.jobs import JobManager
-from studio.qt.panels.plan_editor import PlanEditorPanel
 from studio.qt.state import StudioState
 
 
 @pytest.fixture
-def moe_editor(qtbot, tiny_models):
+def moe_editor(open_plan_editor):
     from tests.core.export.converter_fixtures import need_converter
 
     need_converter()
-    state = StudioState()
-    ckpt = open_model(tiny_models("mixtral"))
-    panel = PlanEditorPanel(state, JobManager())
-    qtbot.addWidget(panel)
-    panel.show()
-    state.set_checkpoint(ckpt)
-    yield state, panel, ckpt
-    ckpt.close()
+    return open_plan_editor("mixtral")
 
 
 def test_merged_expert_tensors_are_edited_like_any_tensor(qtbot, moe_editor):
