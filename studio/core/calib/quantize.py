@@ -432,6 +432,12 @@ class MethodConsumer(Consumer):
 # ------------------------------------------------------------------------------------------ pipeline
 
 
+def _export_device(device: str) -> str:
+    """Where the export quantizes what the run did not: the run's GPU, else the CPU ("auto" too)."""
+    d = (device or "cpu").lower()
+    return d if d.startswith("cuda") or d == "mps" else "cpu"
+
+
 def _imatrix_only(plan: Any) -> bool:
     return all(method_info(plan.method_of(n)).name in ("rtn", "imatrix") for n in plan.types)
 
@@ -472,7 +478,7 @@ def export_calibrated(
         check_exportable(info)
         check_output_path(out_p, inputs=tuple({t.file for t in info.tensors}) + (info.path,))
         plan = _resolve_plan(plan, info)
-        export_device = device if device in ("cuda", "mps") else "cpu"
+        export_device = _export_device(device)
         if not plan.calibrated:
             res = export_gguf(info.path, out_p, plan, device=export_device, ctx=ctx, validate=validate)
             return CalibratedExport(res, plan.method, "", 0, 0, 0, None, (), (), time.monotonic() - t0)
@@ -571,7 +577,7 @@ def _export_with_imatrix(
             for t in lay.tensors
             if plan.method_of(t.hf_name) == "imatrix" and t.gguf_name in im
         }
-    export_device = device if device in ("cuda", "mps") else "cpu"
+    export_device = _export_device(device)
     res = export_gguf(
         info.path,
         out,
