@@ -129,9 +129,18 @@ def test_calibrated_file_is_standard_and_decodes_as_the_studio_does(
     ids = AutoTokenizer.from_pretrained(llama_model, trust_remote_code=False)(text)["input_ids"]
     llama_worker.request("load", path=str(path), logits_all=True, n_ctx=128, f32_kv=True)
     got = llama_worker.request("eval_logits", ids=ids)
+    from transformers import AutoModelForCausalLM
+
     with torch.no_grad():
         ref = _hf_with_file_weights(llama_model, path)(torch.tensor([ids])).logits[0].numpy()
-    assert float(np.abs(got - ref).max()) <= 1e-3 * float(ref.max() - ref.min())
+        orig = AutoModelForCausalLM.from_pretrained(llama_model, dtype=torch.float32, trust_remote_code=False)
+        float_logits = orig(torch.tensor([ids])).logits[0].numpy()
+    # llama.cpp multiplies K-quant weights with 8-bit quantized activations, so it cannot match a float
+    # matmul exactly; but its distance to the file's weights must be far below the quantization's own
+    # distance to the float model (a wrong row order or a lost AWQ fold would be as large or larger)
+    own = float(np.abs(got - ref).max())
+    quant = float(np.abs(ref - float_logits).max())
+    assert own < 0.5 * quant, f"llama.cpp vs file weights {own:.3g}, file vs float model {quant:.3g}"
     # the sweep did better than llama.cpp's rounding on the calibration data, tensor by tensor
     gains = [t.gain for lr in res.layers for t in lr.tensors if t.gain is not None]
     assert len(gains) == 15 and max(gains) < 1.0 and float(np.mean(gains)) < 0.8
