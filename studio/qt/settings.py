@@ -15,6 +15,8 @@ OUTPUT_DIR_KEY = "export/output_folder"
 PRESET_KEY = "export/preset"
 BACKEND_KEY = "export/backend"
 DEVICE_KEY = "quantize/device"
+LLAMA_EXTRA_BUFFERS_KEY = "llama/extra_buffers"
+UPLOAD_NAMESPACE_KEY = "hub/upload_namespace"
 
 MAX_RECENT = 10
 THEMES = ("system", "light", "dark")
@@ -83,6 +85,13 @@ class AppSettings:
     export_preset = _Text(PRESET_KEY, 'The preset of the last export, or "".')
     export_backend = _Text(BACKEND_KEY, 'The back end of the last export: "studio" or "llama.cpp".', "studio")
     device = _Text(DEVICE_KEY, 'The device last chosen for quantization ("cuda:0", "mps", "cpu"), or "".')
+    llama_extra_buffers = _Text(
+        LLAMA_EXTRA_BUFFERS_KEY,
+        'Whether llama.cpp loads use its extra buffer types: "auto", "on" or "off".',
+        "auto",
+        ("auto", "on", "off"),
+    )
+    upload_namespace = _Text(UPLOAD_NAMESPACE_KEY, 'The user or organisation of the last Hub upload, or "".')
 
     def __init__(self, qsettings: QSettings | None = None) -> None:
         self.qsettings = qsettings if qsettings is not None else QSettings()
