@@ -54,7 +54,9 @@ def test_calibrate_and_quantize_reports_layers_and_joins_chat_and_evaluation(
     # per-layer progress with an ETA, and the layer being quantized
     assert any("layer 2/2" in m and "ETA" in m for m in messages)
     assert any(m.startswith("layer 1/2: gptq") for m in messages)
-    assert "gptq: calibrated on 192 tokens" in dlg.result_label.text()
+    assert (
+        "gptq: calibrated on 1,536 tokens (3 × 512)" in dlg.result_label.text()
+    )  # chunks of 512, as labelled
     assert "gptq" in outcome.summary()
     # the result joins chat and evaluation
     assert str(out) in win.panel("evaluate").variants()
