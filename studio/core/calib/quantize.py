@@ -527,18 +527,7 @@ def export_calibrated(
                 precomputed=spool,
                 allow_pickle=allow_pickle,
             )
-        return CalibratedExport(
-            res,
-            plan.method,
-            inp.data.name,
-            inp.chunks.n_ctx,
-            inp.chunks.n_chunks,
-            inp.chunks.n_tokens,
-            run,
-            tuple(consumer.layers),
-            tuple(warnings),
-            time.monotonic() - t0,
-        )
+        return _result(res, plan, inp, run, tuple(consumer.layers), warnings, t0)
     finally:
         ckpt.close()
 
@@ -587,15 +576,22 @@ def _export_with_imatrix(
         ctx=_Span(ctx, CALIB_SHARE, 1.0),
         validate=validate,
     )
+    return _result(res, plan, inp, run, (), warnings, t0)
+
+
+def _result(
+    res: Any, plan: Any, inp: Any, run: Any, layers: tuple, warnings: list[str], t0: float
+) -> CalibratedExport:
+    c = inp.chunks
     return CalibratedExport(
         res,
         plan.method,
         inp.data.name,
-        inp.chunks.n_ctx,
-        inp.chunks.n_chunks,
-        inp.chunks.n_tokens,
+        c.n_ctx,
+        c.n_chunks,
+        c.n_tokens,
         run,
-        (),
+        layers,
         tuple(warnings),
         time.monotonic() - t0,
     )

@@ -128,17 +128,7 @@ class LayerView:
 
     def set_param(self, name: str, value: Any) -> None:
         """Replace the values of the layer's parameter ``name`` (same shape)."""
-        import torch
-
-        p = self.param(name)
-        v = torch.as_tensor(value)
-        if tuple(v.shape) != tuple(p.shape):
-            raise CalibrationError(
-                f"A new value for {self.prefix}{name} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
-            )
-        with torch.no_grad():
-            p.copy_(v.to(device=p.device, dtype=p.dtype))
-        self.changed = True
+        self._assign(self.param(name), value, f"value for {self.prefix}{name}")
 
     def checkpoint_name(self, name: str) -> str:
         """The checkpoint's tensor name of the layer's parameter ``name``."""
@@ -156,13 +146,15 @@ class LayerView:
 
     def set_weight(self, site: LinearSite, value: Any) -> None:
         """Replace the weight of ``site`` (same shape) before the layer's outputs are computed."""
+        self._assign(self._param(site), value, f"weight for {site.name}")
+
+    def _assign(self, p: Any, value: Any, what: str) -> None:
         import torch
 
-        p = self._param(site)
         v = torch.as_tensor(value)
         if tuple(v.shape) != tuple(p.shape):
             raise CalibrationError(
-                f"A new weight for {site.name} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
+                f"A new {what} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
             )
         with torch.no_grad():
             p.copy_(v.to(device=p.device, dtype=p.dtype))
