@@ -87,7 +87,7 @@ def shapes_8b(args: argparse.Namespace) -> None:
         for name, rows, cols, qtype in shapes:
             w = 0.02 * torch.randn(rows, cols, device=dev, generator=g)
             t0 = time.perf_counter()
-            synced(lambda: gptq_quantize(w, hess[cols], qtype), dev)()
+            synced(lambda w=w, h=hess[cols], q=qtype: gptq_quantize(w, h, q), dev)()
             dt = time.perf_counter() - t0
             t_layer += dt
             print(f"layer {layer} {name:5s} {rows}×{cols} {qtype}: {dt:.2f} s", flush=True)

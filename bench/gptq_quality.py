@@ -86,7 +86,9 @@ def llama_baseline(args, calib_file: Path, out: Path) -> dict:
     """llama.cpp's own files: the imatrix from the same text, each preset with and without it."""
     rows: dict = {}
     if not (LLAMA_BIN / "llama-imatrix").is_file() or not args.f32_gguf:
-        print(f"llama.cpp tools not found at {LLAMA_BIN} (or no --f32-gguf): no llama.cpp rows", file=sys.stderr)
+        print(
+            f"llama.cpp tools not found at {LLAMA_BIN} (or no --f32-gguf): no llama.cpp rows", file=sys.stderr
+        )
         return rows
     t = str(args.threads)
     base = out / "base.kld"
@@ -100,7 +102,15 @@ def llama_baseline(args, calib_file: Path, out: Path) -> dict:
     imx = out / "llama-imatrix.gguf"
     if not imx.exists():
         subprocess.run(
-            [str(LLAMA_BIN / "llama-imatrix"), "-m", args.f32_gguf, "-f", str(calib_file), "-c", str(args.ctx)]
+            [
+                str(LLAMA_BIN / "llama-imatrix"),
+                "-m",
+                args.f32_gguf,
+                "-f",
+                str(calib_file),
+                "-c",
+                str(args.ctx),
+            ]
             + ["-t", t, "-o", str(imx), "--no-repack", "--parse-special"],
             capture_output=True,
             check=True,
@@ -124,7 +134,9 @@ def llama_baseline(args, calib_file: Path, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="/work/tools/smollm2-f32")
-    ap.add_argument("--f32-gguf", default="/work/tools/smollm2-f32.gguf", help="F32 GGUF for llama.cpp's rows")
+    ap.add_argument(
+        "--f32-gguf", default="/work/tools/smollm2-f32.gguf", help="F32 GGUF for llama.cpp's rows"
+    )
     ap.add_argument("--out", default="/tmp/gptq-quality")
     ap.add_argument("--presets", default="Q4_K_M,Q3_K_M")
     ap.add_argument("--methods", default="rtn,imatrix,gptq,awq,awq+gptq")
@@ -162,7 +174,14 @@ def main() -> int:
             plan = with_method(plan_from_preset(info, preset, imatrix=method != "rtn"), info, method)
             t0 = time.monotonic()
             r = export_calibrated(
-                model, f, plan, text=args.calib_text, n_ctx=args.ctx, n_chunks=args.chunks, device=args.device, options=opts
+                model,
+                f,
+                plan,
+                text=args.calib_text,
+                n_ctx=args.ctx,
+                n_chunks=args.chunks,
+                device=args.device,
+                options=opts,
             )
             sec = time.monotonic() - t0
             gains = [t.gain for lr in r.layers for t in lr.tensors if t.gain is not None]
@@ -173,7 +192,10 @@ def main() -> int:
                 "mean_gain": round(sum(gains) / len(gains), 4) if gains else None,
                 "warnings": list(r.warnings),
             }
-            print(f"{preset} {method}: {sec:.0f} s, {f.stat().st_size} bytes, peak RSS {peak_mib():.0f} MiB", file=sys.stderr)
+            print(
+                f"{preset} {method}: {sec:.0f} s, {f.stat().st_size} bytes, peak RSS {peak_mib():.0f} MiB",
+                file=sys.stderr,
+            )
     files = [Path(v["file"]) for v in rows.values()]
     rep = evaluate(model, files, text=args.eval, n_ctx=512, device="cpu", dtype="float32")
     by_path = {Path(v.path): v for v in rep.variants}
