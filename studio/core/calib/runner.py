@@ -101,15 +101,41 @@ class LayerView:
 
     ``weight(site)`` is the parameter as the module holds it (nn.Linear: (out, in); GPT-2 Conv1D:
     (in, out); experts: (E, out, in)); ``set_weight`` replaces its values, after which the runner
-    computes the layer's outputs again so the next layer sees the changed layer.
+    computes the layer's outputs again so the next layer sees the changed layer. ``param`` and
+    ``set_param`` do the same for any parameter of the layer by its path inside the layer
+    (``input_layernorm.weight``: AWQ folds its scales there); ``checkpoint_name`` names it as the
+    checkpoint does.
     """
 
-    def __init__(self, index: int, module: Any, sites: tuple[LinearSite, ...], root: Any) -> None:
+    def __init__(
+        self,
+        index: int,
+        module: Any,
+        sites: tuple[LinearSite, ...],
+        root: Any,
+        prefix: str = "",
+        names: dict[str, str] | None = None,
+    ) -> None:
         self.index = index
         self.module = module
         self.sites = sites
+        self.prefix = prefix  # module path of the layer plus "." (``model.layers.3.``)
         self._root = root
+        self._names = names or {}
         self.changed = False
+
+    def param(self, name: str) -> Any:
+        """The parameter at ``name`` inside the layer (do not modify it in place; use ``set_param``)."""
+        return self.module.get_parameter(name)
+
+    def set_param(self, name: str, value: Any) -> None:
+        """Replace the values of the layer's parameter ``name`` (same shape)."""
+        self._assign(self.param(name), value, f"value for {self.prefix}{name}")
+
+    def checkpoint_name(self, name: str) -> str:
+        """The checkpoint's tensor name of the layer's parameter ``name``."""
+        path = self.prefix + name
+        return self._names.get(path, path)
 
     def _param(self, site: LinearSite) -> Any:
         if site.kind == "experts":
@@ -122,13 +148,15 @@ class LayerView:
 
     def set_weight(self, site: LinearSite, value: Any) -> None:
         """Replace the weight of ``site`` (same shape) before the layer's outputs are computed."""
+        self._assign(self._param(site), value, f"weight for {site.name}")
+
+    def _assign(self, p: Any, value: Any, what: str) -> None:
         import torch
 
-        p = self._param(site)
         v = torch.as_tensor(value)
         if tuple(v.shape) != tuple(p.shape):
             raise CalibrationError(
-                f"A new weight for {site.name} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
+                f"A new {what} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
             )
         with torch.no_grad():
             p.copy_(v.to(device=p.device, dtype=p.dtype))
@@ -725,7 +753,7 @@ def _run_layerwise(
                     outs.append(out[0] if isinstance(out, tuple) else out)
                     prog.step(f"layer {i + 1}/{n}: chunk {c + 1}/{chunks.n_chunks}")
                 hooks.remove()
-                view = LayerView(i, layer, lsites, sk.model)
+                view = LayerView(i, layer, lsites, sk.model, f"{sk.layers_path}.{i}.", sk.names)
                 for cons in consumers:
                     cons.layer_collected(view)
                 if view.changed:
