@@ -224,3 +224,32 @@ def test_moe_imatrix_equals_llama_imatrix(arch, tiny_model, exported, tmp_path):
         assert a.n_experts == b.n_experts and a.counts.tolist() == b.counts.tolist(), n
         rel = np.abs(ours[n] - theirs[n]) / np.abs(theirs[n])
         assert np.median(rel) < med_tol and rel.max() < max_tol, f"{n}: {np.median(rel):.2g} {rel.max():.2g}"
+
+
+class _OneTensor:
+    """A calibrated run's spool holding one tensor (enough to ask for the calibrated path)."""
+
+    def __contains__(self, name: object) -> bool:
+        return name == "x"
+
+    def __len__(self) -> int:
+        return 1
+
+    def qtype_of(self, name: str) -> str:
+        return "Q4_K"
+
+    def get(self, name: str) -> np.ndarray:
+        return np.zeros(144, np.uint8)
+
+
+def test_calibrated_tensors_on_a_converter_architecture_are_refused_in_one_sentence(tiny_model, tmp_path):
+    """GPTQ/AWQ tensors (studio.core.calib.quantize) are written by the studio's own layout only; an
+    architecture that goes through llama.cpp's converter says so before anything is written."""
+    from studio.core.errors import ExportError
+    from studio.core.export import export_gguf
+
+    model = new_arch_model(tiny_model, "olmo2")
+    out = tmp_path / "c.gguf"
+    with pytest.raises(ExportError, match="Calibrated methods do not cover .* rtn or imatrix"):
+        export_gguf(model, out, "Q4_K_M", precomputed=_OneTensor())
+    assert not out.exists() and not list(tmp_path.glob("*.partial"))
