@@ -77,6 +77,28 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="importance matrix (llama.cpp's GGUF or legacy .dat format, e.g. from quant-studio-cli calibrate)",
     )
+    p.add_argument(
+        "--method",
+        metavar="M",
+        help=(
+            "how codes and scales are chosen: rtn (llama.cpp's search, the default), imatrix, gptq, awq "
+            "or awq+gptq (calibrated on --calib-text)"
+        ),
+    )
+    p.add_argument(
+        "--calib-text",
+        metavar="FILE",
+        help="calibration text (UTF-8, or a .jsonl of chats) for a calibrated method; default: the built-in text",
+    )
+    p.add_argument(
+        "--calib-ctx", type=int, default=512, metavar="N", help="tokens per calibration chunk (default 512)"
+    )
+    p.add_argument(
+        "--calib-chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
+    )
+    p.add_argument(
+        "--act-order", action="store_true", help="gptq: quantize columns by decreasing activation energy"
+    )
     add_allow_pickle_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
@@ -123,7 +145,57 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
         return plan_first_last(info, n, high, low, overrides)
     if args.uniform:
         return plan_uniform(info, args.uniform, overrides)
-    return plan_from_preset(info, args.preset, overrides, imatrix=bool(getattr(args, "imatrix", None)))
+    calibrated = bool(getattr(args, "imatrix", None)) or getattr(args, "method", None) not in (None, "rtn")
+    return plan_from_preset(info, args.preset, overrides, imatrix=calibrated)
+
+
+def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
+    """The plan with ``--method`` applied, and the calibration arguments checked against it."""
+    from studio.core.quant.methods import check_method
+    from studio.core.quant.plan import with_method
+
+    if args.method:
+        plan = with_method(plan, info, check_method(args.method))
+    elif args.imatrix:
+        plan = with_method(plan, info, "imatrix")  # the file records how its codes were chosen
+    calib_args = args.calib_text is not None or args.calib_chunks is not None or args.act_order
+    if args.imatrix:
+        if any(plan.method_of(n) not in ("rtn", "imatrix") for n in plan.types):
+            raise StudioError(
+                "--imatrix goes with --method imatrix; gptq and awq collect their own statistics from --calib-text."
+            )
+        if calib_args:
+            raise StudioError(
+                "--calib-text and --calib-chunks calibrate; with --imatrix the file is used instead."
+            )
+        return plan
+    if calib_args and not plan.calibrated:
+        raise StudioError(
+            "--calib-text, --calib-chunks and --act-order need a calibrated --method (imatrix, gptq, awq, awq+gptq)."
+        )
+    if plan.calibrated and args.backend != "studio":
+        raise StudioError("Calibrated methods are written by the studio back end; drop --backend llama.cpp.")
+    return plan
+
+
+def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any) -> Any:
+    from studio.core.calib.data import BUILTIN
+    from studio.core.calib.quantize import CalibOptions, export_calibrated
+    from studio.core.quant.gptq import GptqOptions
+
+    opts = CalibOptions(gptq=GptqOptions(act_order=True, scales="float") if args.act_order else GptqOptions())
+    return export_calibrated(
+        info.path,
+        args.output,
+        plan,
+        text=args.calib_text or BUILTIN,
+        n_ctx=args.calib_ctx,
+        n_chunks=args.calib_chunks,
+        device=args.device,
+        options=opts,
+        ctx=ctx,
+        allow_pickle=args.allow_pickle,
+    )
 
 
 def _gguf_source(ck: Any) -> Any:
@@ -158,21 +230,26 @@ def run(args: argparse.Namespace) -> int:
 
         imatrix = read_imatrix(args.imatrix)
         check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
-    plan = build_plan(args, info)
+    plan = _with_method(args, build_plan(args, info), info)
     if args.save_plan:
         write_text(args.save_plan, plan.to_json(), "plan")
+    calibration = None
     with ProgressLine() as line:
-        ctx = JobContext(on_progress=line.fraction, min_interval=0.2)
-        res = export_gguf(
-            info.path,
-            args.output,
-            plan,
-            device=args.device,
-            backend=args.backend,
-            ctx=ctx,
-            allow_pickle=args.allow_pickle,
-            imatrix=imatrix,
-        )
+        ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
+        if plan.calibrated and imatrix is None:
+            calibration = _calibrated(args, info, plan, ctx)
+            res = calibration.export
+        else:
+            res = export_gguf(
+                info.path,
+                args.output,
+                plan,
+                device=args.device,
+                backend=args.backend,
+                ctx=ctx,
+                allow_pickle=args.allow_pickle,
+                imatrix=imatrix,
+            )
     out: dict[str, Any] = {
         "output": str(res.path),
         "backend": res.backend,
@@ -191,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
         out["source"] = source.to_dict()
     if imatrix is not None:
         out["imatrix"] = {"file": args.imatrix, "entries": len(imatrix), "chunks": imatrix.chunk_count}
+    if calibration is not None:
+        out["calibration"] = calibration.to_dict()
     if args.verify:
         from studio.core.verify import verify_gguf
 
@@ -219,6 +298,14 @@ def run(args: argparse.Namespace) -> int:
     print("types: " + ", ".join(f"{k}×{v}" for k, v in sorted(counts.items())))
     for f in res.fallbacks:
         print(f"fallback: {f.tensor}: {f.wanted} → {f.got} ({f.reason})")
+    if calibration is not None:
+        c = calibration
+        print(
+            f"method {c.method}: calibrated on {c.tokens} tokens of {c.dataset} ({c.n_chunks} × {c.n_ctx}), "
+            f"{c.seconds:.1f} s"
+        )
+        for w in c.warnings:
+            print(f"warning: {w}")
     if "verify" in out:
         v = out["verify"]
         if v["top1_agreement"] is not None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,6 +40,18 @@ from studio.core.quant.types import tensor_bytes
 # Rows are converted and quantized in chunks of about this many float32 bytes.
 CHUNK_BYTES = 16 << 20
 BACKENDS = ("studio", "llama.cpp")
+
+
+class Precomputed(Protocol):
+    """Tensors already in their GGUF form, keyed by HF name (``studio.core.calib.spool.TensorSpool``)."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def qtype_of(self, name: str) -> str: ...
+
+    def get(self, name: str) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,10 @@ def _imatrix_for(imatrix: Mapping[str, Any] | None, it: _Item) -> np.ndarray | N
     if v is None:
         return None
     v = np.asarray(v, dtype=np.float32).reshape(-1)
+    n_exp = it.tm.n_experts
+    if n_exp > 1 and v.size in (it.tm.n_per_row, it.tm.n_per_row * n_exp):
+        # merged experts: llama.cpp takes one vector per expert, expert after expert
+        return v if v.size == it.tm.n_per_row * n_exp else np.tile(v, n_exp)
     if v.size != it.tm.n_per_row:
         raise QuantizationError(
             f"The importance matrix for {it.tm.hf_name!r} has {v.size} values; its rows have {it.tm.n_per_row}."
@@ -211,6 +227,7 @@ def export_gguf(
     source_repo: str | None = None,
     validate: Callable[[Path], None] | None = None,
     allow_pickle: bool = False,
+    precomputed: Precomputed | None = None,
 ) -> ExportResult:
     """Export ``checkpoint_path`` to the GGUF file ``out_path`` following ``plan`` (or a preset name).
 
@@ -218,6 +235,8 @@ def export_gguf(
     export, in a child process). ``imatrix`` maps tensor names (HF or GGUF) to one importance value
     per input column. ``validate`` is called on the finished partial file before the rename.
     ``allow_pickle`` opts in to a pickle ``pytorch_model.bin`` (converted in a child, as ``open_model`` does).
+    ``precomputed`` holds tensors already in their GGUF form (a calibrated run's ``TensorSpool``, keyed
+    by HF name): they are written as they are instead of being read and quantized (studio back end).
     """
     from studio.core.model import hub_repo_id, open_model
 
@@ -239,6 +258,19 @@ def export_gguf(
             raise ExportError(f"The output name {out.name} should end in .gguf.")
         plan = _resolve_plan(plan, info)
         lay = layout(info)
+        if precomputed is not None and len(precomputed):
+            if info.format.value == "gguf":
+                raise ExportError(
+                    "Calibrated methods need the Hugging Face model folder; a GGUF original is requantized "
+                    "with rtn or imatrix."
+                )
+            if backend == "llama.cpp":
+                raise ExportError("Calibrated tensors are written by the studio back end, not by llama.cpp.")
+            if lay.converted:
+                raise ExportError(
+                    f"Calibrated methods do not cover {info.architecture} yet (it is "
+                    "written through llama.cpp's converter); use rtn or imatrix."
+                )
         if info.format.value == "gguf":  # a GGUF original: llama-quantize --allow-requantize semantics
             from studio.core.requantize import requantize_gguf
 
@@ -247,8 +279,12 @@ def export_gguf(
             )
         elif backend == "llama.cpp":
             result = _export_llamacpp(ckpt, lay, out, plan, inputs, imatrix, ctx, source_repo, validate)
+        elif lay.converted:
+            result = _export_converted(info, lay, out, plan, device, imatrix, ctx, validate)
         else:
-            result = _export_studio(ckpt, lay, out, plan, inputs, device, imatrix, ctx, source_repo, validate)
+            result = _export_studio(
+                ckpt, lay, out, plan, inputs, device, imatrix, ctx, source_repo, validate, pre=precomputed
+            )
     finally:
         ckpt.close()
     n_weights = sum(math.prod(tm.shape) for tm in lay.tensors)
@@ -333,6 +369,7 @@ def _export_studio(
     validate: Callable[[Path], None] | None,
     *,
     float_only: bool = False,
+    pre: Precomputed | None = None,
 ) -> dict[str, Any]:
     info = ckpt.info
     extras = extra_tensors(info)
@@ -355,6 +392,8 @@ def _export_studio(
             ctx.check_cancelled()
             if it.tm is None:
                 w.write_tensor_chunks(it.gguf_name, [np.asarray(it.data, dtype=np.float32)])
+            elif pre is not None and it.tm.hf_name in pre:
+                w.write_tensor_chunks(it.gguf_name, [_precomputed(pre, it)])
             else:
                 qw = _imatrix_for(imatrix, it)
                 w.write_tensor_chunks(it.gguf_name, _encoded_chunks(ckpt, it, info, device, qw, ctx))
@@ -364,6 +403,40 @@ def _export_studio(
         ctx.report(total, total, "Validating")
         w.commit(validate=validate)
     return {"types": {it.gguf_name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": tok}
+
+
+def _export_converted(
+    info: Any,
+    lay: Layout,
+    out: Path,
+    plan: Plan,
+    device: str,
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext,
+    validate: Callable[[Path], None] | None,
+    *,
+    float_only: bool = False,
+) -> dict[str, Any]:
+    # architectures llama.cpp's converter maps: its metadata, vocabulary and values, our plan,
+    # quantizers and writer (studio.core.gguf.llama_converter)
+    from studio.core.gguf.llama_converter import export_converted
+
+    return export_converted(
+        info, lay, out, plan, device=device, imatrix=imatrix, ctx=ctx, validate=validate,
+        encode=_encode, float_only=float_only,
+    )  # fmt: skip
+
+
+def _precomputed(pre: Precomputed, it: _Item) -> np.ndarray:
+    assert it.tm is not None
+    got = pre.qtype_of(it.tm.hf_name)
+    data = pre.get(it.tm.hf_name)
+    if got != it.qtype or data.nbytes != it.nbytes:
+        raise ExportError(
+            f"The calibrated {it.tm.hf_name} is {got} of {data.nbytes} bytes; the plan says {it.qtype} "
+            f"of {it.nbytes}."
+        )
+    return data
 
 
 def _encoded_chunks(
@@ -407,7 +480,7 @@ def _export_llamacpp(
     from studio.core.llamacpp import LlamaWorker
 
     info = ckpt.info
-    items = _items(plan, lay, extra_tensors(info))
+    items = _items(plan, lay, [] if lay.converted else extra_tensors(info))
     total = sum(it.nbytes for it in items)
     f32_total = sum(4 * math.prod(it.shape) for it in items)
     check_output_path(out, inputs=inputs, need_bytes=total + f32_total)
@@ -420,9 +493,12 @@ def _export_llamacpp(
     sub = _SubContext(ctx, 0.5)
     try:
         # the F32 intermediate carries the imatrix's quantize.imatrix.* keys; llama.cpp copies them over
-        _export_studio(
-            ckpt, lay, tmp_final, plan, inputs, "cpu", imatrix, sub, source_repo, None, float_only=True
-        )
+        if lay.converted:
+            _export_converted(info, lay, tmp_final, plan, "cpu", imatrix, sub, None, float_only=True)
+        else:
+            _export_studio(
+                ckpt, lay, tmp_final, plan, inputs, "cpu", imatrix, sub, source_repo, None, float_only=True
+            )
         lock = _hold_lock(tmp_final)
         ctx.check_cancelled()
         ctx.report(total // 2, total, "Quantizing with llama.cpp")

@@ -248,10 +248,14 @@ class HessianAccumulator:
         self.xtx.addmm_(xf.T, xf)
         self.rows += int(xf.shape[0])
 
+    def tensor(self) -> Any:
+        """``2 XᵀX / n`` as a float32 torch tensor on the accumulator's device (zeros when no row was seen)."""
+        h = self.xtx * (2.0 / self.rows) if self.rows else self.xtx
+        return h.float()
+
     def hessian(self) -> np.ndarray:
         """``2 XᵀX / n`` (zeros when no row was seen)."""
-        h = self.xtx * (2.0 / self.rows) if self.rows else self.xtx
-        return h.float().cpu().numpy()
+        return self.tensor().cpu().numpy()
 
 
 __all__ = [

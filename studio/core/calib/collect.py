@@ -7,7 +7,7 @@ result added to each of them. ``ActivationStats`` is its frozen, picklable resul
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +182,21 @@ class ActivationCollector(Consumer):
     def hessians(self) -> dict[str, Any]:
         """``2XᵀX/n`` (float32 numpy) per site selected by ``hessian_for``."""
         return {k: h.hessian() for k, h in self._hess.items()}
+
+    def take_hessians(self, names: Iterable[str]) -> dict[str, tuple[Any, int]]:
+        """Remove the named sites' sums and return ``(2XᵀX/n, rows)`` per site: a float32 torch tensor
+        on the run's device (one tensor for sites that read the same input). A consumer that uses
+        the Hessians layer by layer takes them, so memory holds one layer's, not the model's."""
+        out: dict[str, tuple[Any, int]] = {}
+        made: dict[int, tuple[Any, int]] = {}
+        for name in names:
+            acc = self._hess.pop(name, None)
+            if acc is None:
+                continue
+            if id(acc) not in made:
+                made[id(acc)] = (acc.tensor(), acc.rows)
+            out[name] = made[id(acc)]
+        return out
 
     def result(self, info: RunInfo | None = None, warnings: tuple[str, ...] = ()) -> ActivationStats:
         """The frozen statistics of the run."""

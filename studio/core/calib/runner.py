@@ -56,7 +56,9 @@ class LinearSite:
     in_features: int
     out_features: int
     n_experts: int = 1
-    kind: str = "linear"  # "linear", "conv1d" (GPT-2, weight stored (in, out)) or "experts"
+    # "linear", "conv1d" (GPT-2, weight stored (in, out)), "experts" or "router" (an MoE router module
+    # that multiplies by its own (experts, hidden) weight; observed like "linear")
+    kind: str = "linear"
 
 
 @dataclass(frozen=True)
@@ -99,15 +101,41 @@ class LayerView:
 
     ``weight(site)`` is the parameter as the module holds it (nn.Linear: (out, in); GPT-2 Conv1D:
     (in, out); experts: (E, out, in)); ``set_weight`` replaces its values, after which the runner
-    computes the layer's outputs again so the next layer sees the changed layer.
+    computes the layer's outputs again so the next layer sees the changed layer. ``param`` and
+    ``set_param`` do the same for any parameter of the layer by its path inside the layer
+    (``input_layernorm.weight``: AWQ folds its scales there); ``checkpoint_name`` names it as the
+    checkpoint does.
     """
 
-    def __init__(self, index: int, module: Any, sites: tuple[LinearSite, ...], root: Any) -> None:
+    def __init__(
+        self,
+        index: int,
+        module: Any,
+        sites: tuple[LinearSite, ...],
+        root: Any,
+        prefix: str = "",
+        names: dict[str, str] | None = None,
+    ) -> None:
         self.index = index
         self.module = module
         self.sites = sites
+        self.prefix = prefix  # module path of the layer plus "." (``model.layers.3.``)
         self._root = root
+        self._names = names or {}
         self.changed = False
+
+    def param(self, name: str) -> Any:
+        """The parameter at ``name`` inside the layer (do not modify it in place; use ``set_param``)."""
+        return self.module.get_parameter(name)
+
+    def set_param(self, name: str, value: Any) -> None:
+        """Replace the values of the layer's parameter ``name`` (same shape)."""
+        self._assign(self.param(name), value, f"value for {self.prefix}{name}")
+
+    def checkpoint_name(self, name: str) -> str:
+        """The checkpoint's tensor name of the layer's parameter ``name``."""
+        path = self.prefix + name
+        return self._names.get(path, path)
 
     def _param(self, site: LinearSite) -> Any:
         if site.kind == "experts":
@@ -120,13 +148,15 @@ class LayerView:
 
     def set_weight(self, site: LinearSite, value: Any) -> None:
         """Replace the weight of ``site`` (same shape) before the layer's outputs are computed."""
+        self._assign(self._param(site), value, f"weight for {site.name}")
+
+    def _assign(self, p: Any, value: Any, what: str) -> None:
         import torch
 
-        p = self._param(site)
         v = torch.as_tensor(value)
         if tuple(v.shape) != tuple(p.shape):
             raise CalibrationError(
-                f"A new weight for {site.name} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
+                f"A new {what} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
             )
         with torch.no_grad():
             p.copy_(v.to(device=p.device, dtype=p.dtype))
@@ -265,6 +295,13 @@ def _sites_in(root: Any, prefix: str, module: Any, layer: int | None) -> list[Li
                             "experts",
                         )
                     )
+            w = getattr(mod, "weight", None)
+            if type(mod).__name__.endswith("Router") and w is not None and w.ndim == 2:
+                # transformers' MoE routers (MixtralTopKRouter...) hold their (experts, hidden)
+                # matrix and call F.linear themselves; llama-imatrix records ffn_gate_inp too
+                out.append(
+                    LinearSite(f"{path}.weight", path, layer, int(w.shape[1]), int(w.shape[0]), kind="router")
+                )
     del root
     return out
 
@@ -561,6 +598,9 @@ def run_model(
     info = checkpoint.info
     dev, dt = _resolve(device, dtype)
     config = AutoConfig.from_pretrained(str(info.path), trust_remote_code=False)
+    # MoE experts must run their per-expert loop, where each expert is one F.linear the expert hooks
+    # see; transformers' default grouped_mm multiplies all experts at once and the hooks saw none
+    config._experts_implementation = "eager"
     n_layers = int(getattr(config, "num_hidden_layers", 0) or info.n_layers or 0)
     head = any(c.wants_head for c in consumers)
     t0 = time.monotonic()
@@ -713,7 +753,7 @@ def _run_layerwise(
                     outs.append(out[0] if isinstance(out, tuple) else out)
                     prog.step(f"layer {i + 1}/{n}: chunk {c + 1}/{chunks.n_chunks}")
                 hooks.remove()
-                view = LayerView(i, layer, lsites, sk.model)
+                view = LayerView(i, layer, lsites, sk.model, f"{sk.layers_path}.{i}.", sk.names)
                 for cons in consumers:
                     cons.layer_collected(view)
                 if view.changed:
@@ -843,7 +883,9 @@ def _run_whole(
     for cls in _model_classes(str(info.model_type)):
         try:
             with no_hf_progress_bars():
-                model = cls.from_pretrained(str(info.path), dtype=dt, trust_remote_code=False)
+                model = cls.from_pretrained(
+                    str(info.path), dtype=dt, trust_remote_code=False, experts_implementation="eager"
+                )
             break
         except Exception as err:  # noqa: BLE001 - transformers raises many kinds; one sentence below
             last = err

@@ -15,6 +15,9 @@ them, so an edit means the same everywhere:
     layers (token embeddings, output), which are as sensitive; every other tensor keeps its qtype.
 ``with_overrides(plan, info, overrides)``
     Regular expressions on HF or GGUF names give matching tensors a qtype; the first match wins.
+``with_method(plan, info, method, tensors=None)``
+    How codes and scales are chosen (``studio.core.quant.methods``: rtn, imatrix, gptq, awq,
+    awq+gptq): the plan-wide default, or for the named tensors only.
 
 Tensors llama.cpp never quantizes (norms, 1-D tensors) stay F32 whatever a verb asks. Each plan
 carries its ``Recipe`` (how it was made), so a saved plan can be remade for another model.
@@ -34,6 +37,7 @@ from typing import Any
 
 from studio.core.errors import QuantizationError
 from studio.core.model.types import ModelInfo
+from studio.core.quant.methods import DEFAULT_METHOD, check_method, method_info
 from studio.core.quant.presets import PRESETS, Fallback, allows_quantization, preset_choice
 from studio.core.quant.types import FLOAT_TYPES, QTYPES, check_type, fallback_type, tensor_bytes
 
@@ -69,6 +73,7 @@ class Recipe:
     keep_first_last: tuple[int, str] | None = None  # (n, qtype)
     overrides: tuple[Override, ...] = ()
     edited: bool = False
+    method: str = DEFAULT_METHOD  # the plan-wide method (``with_method``), applied last
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as saved in plan files (a uniform start with first/last layers is written as
@@ -87,6 +92,8 @@ class Recipe:
                 d["keep_first_last"] = {"n": n, "type": qtype}
         if self.overrides:
             d["overrides"] = [[o.pattern, o.qtype] for o in self.overrides]
+        if self.method != DEFAULT_METHOD:
+            d["method"] = self.method
         if self.edited:
             d["edited"] = True
         return d
@@ -98,6 +105,7 @@ class Recipe:
         try:
             ovs = tuple(Override(str(p), str(t)) for p, t in d.get("overrides") or [])
             edited = bool(d.get("edited"))
+            method = check_method(str(d.get("method", DEFAULT_METHOD)))
             if kind == "preset":
                 keep = d.get("keep_first_last")
                 return Recipe(
@@ -107,13 +115,19 @@ class Recipe:
                     keep_first_last=None if keep is None else (int(keep["n"]), str(keep["type"])),
                     overrides=ovs,
                     edited=edited,
+                    method=method,
                 )
             if kind == "uniform":
-                return Recipe(RecipeKind.UNIFORM, str(d["type"]), overrides=ovs, edited=edited)
+                return Recipe(RecipeKind.UNIFORM, str(d["type"]), overrides=ovs, edited=edited, method=method)
             if kind == "first_last":
                 keep_fl = (int(d["n"]), str(d["high"]))
                 return Recipe(
-                    RecipeKind.UNIFORM, str(d["low"]), keep_first_last=keep_fl, overrides=ovs, edited=edited
+                    RecipeKind.UNIFORM,
+                    str(d["low"]),
+                    keep_first_last=keep_fl,
+                    overrides=ovs,
+                    edited=edited,
+                    method=method,
                 )
         except (KeyError, TypeError, ValueError) as err:
             raise QuantizationError(
@@ -135,7 +149,11 @@ class PlanSummary:
 
 @dataclass(frozen=True)
 class Plan:
-    """Tensor name (HF) → qtype, with how it was made (``recipe``, None when unknown) and the fallbacks."""
+    """Tensor name (HF) → qtype, with how it was made (``recipe``, None when unknown) and the fallbacks.
+
+    ``method`` is how every quantized tensor's codes are chosen unless ``methods`` names another
+    for it (``studio.core.quant.methods``).
+    """
 
     types: Mapping[str, str]
     name: str = "custom"
@@ -143,12 +161,33 @@ class Plan:
     fallbacks: tuple[Fallback, ...] = ()
     notes: tuple[str, ...] = ()
     recipe: Recipe | None = None
+    method: str = DEFAULT_METHOD
+    methods: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # freeze the mapping so a Plan can be shared between threads safely
+        # freeze the mappings so a Plan can be shared between threads safely
         object.__setattr__(self, "types", MappingProxyType(dict(self.types)))
         for name, t in self.types.items():
             check_type(t, f"Plan gives tensor {name!r} the unknown type {t!r}.")
+        object.__setattr__(self, "method", check_method(self.method))
+        methods = {str(k): check_method(v) for k, v in self.methods.items()}
+        for name in methods:
+            if name not in self.types:
+                raise QuantizationError(
+                    f"The plan gives a method to tensor {name!r}, which it does not type."
+                )
+        object.__setattr__(self, "methods", MappingProxyType(methods))
+
+    def method_of(self, name: str) -> str:
+        """The method of tensor ``name`` (``rtn`` for tensors kept in a float type)."""
+        if self.type_of(name) in FLOAT_TYPES:
+            return DEFAULT_METHOD
+        return self.methods.get(name, self.method)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether any tensor's method needs a calibration run."""
+        return any(method_info(self.method_of(n)).calibrated for n in self.types)
 
     def type_of(self, name: str) -> str:
         """The qtype of tensor ``name``; QuantizationError if the plan does not cover it."""
@@ -172,6 +211,8 @@ class Plan:
             "ftype": self.ftype,
             "recipe": self.recipe.to_dict() if self.recipe is not None else {},
             "types": dict(self.types),
+            "method": self.method,
+            "methods": dict(self.methods),
             "fallbacks": [f.to_dict() for f in self.fallbacks],
             "notes": list(self.notes),
         }
@@ -209,6 +250,11 @@ class Plan:
             if info is not None and isinstance(recipe, dict) and recipe:
                 return plan_from_recipe(info, Recipe.from_dict(recipe))
             raise QuantizationError(f"{what} has no 'types' table.")
+        methods = d.get("methods") or {}
+        if not isinstance(methods, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in methods.items()
+        ):
+            raise QuantizationError(f"{what}: its 'methods' table must map tensor names to method names.")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
             raise QuantizationError(f"{what}: its 'types' table must map tensor names to type names.")
         try:
@@ -229,6 +275,8 @@ class Plan:
                 fallbacks=fallbacks,
                 notes=tuple(str(n) for n in d.get("notes") or []),
                 recipe=typed_recipe,
+                method=str(d.get("method", DEFAULT_METHOD)),
+                methods=methods,
             )
         except (KeyError, TypeError, ValueError) as err:
             # a hand-edited file: its 'fallbacks', 'ftype' or 'notes' are not what to_dict writes
@@ -313,6 +361,8 @@ def _finish(
     recipe: Recipe | None,
     overrides: Sequence[Override] = (),
     fallbacks: Iterable[Fallback] = (),
+    method: str = DEFAULT_METHOD,
+    methods: Mapping[str, str] | None = None,
 ) -> Plan:
     """The plan giving each tensor its ``wanted`` qtype, or that of the first override matching it.
 
@@ -348,7 +398,17 @@ def _finish(
             records[tm.hf_name] = Fallback(tm.hf_name, tm.gguf_name, t, got, why)
         types[tm.hf_name] = got
     fbs = tuple(f for f in records.values() if types.get(f.tensor) == f.got)
-    return Plan(types, name=name, ftype=ftype, fallbacks=fbs, notes=tuple(notes), recipe=recipe)
+    kept = {k: v for k, v in (methods or {}).items() if k in types}
+    return Plan(
+        types,
+        name=name,
+        ftype=ftype,
+        fallbacks=fbs,
+        notes=tuple(notes),
+        recipe=recipe,
+        method=method,
+        methods=kept,
+    )
 
 
 def _with_suffix(name: str, suffix: str) -> str:
@@ -404,12 +464,15 @@ def plan_from_recipe(info: ModelInfo, recipe: Recipe | Mapping[str, Any]) -> Pla
     r = recipe if isinstance(recipe, Recipe) else Recipe.from_dict(recipe)
     if r.keep_first_last is None:  # one step, named as when it was made
         if r.kind is RecipeKind.PRESET:
-            return plan_from_preset(info, r.base, r.overrides, imatrix=r.imatrix)
-        return plan_uniform(info, r.base, r.overrides)
-    if r.kind is RecipeKind.UNIFORM:
-        return plan_first_last(info, *r.keep_first_last, r.base, r.overrides)
-    plan = keep_first_last(plan_from_preset(info, r.base, imatrix=r.imatrix), info, *r.keep_first_last)
-    return with_overrides(plan, info, r.overrides) if r.overrides else plan
+            plan = plan_from_preset(info, r.base, r.overrides, imatrix=r.imatrix)
+        else:
+            plan = plan_uniform(info, r.base, r.overrides)
+    elif r.kind is RecipeKind.UNIFORM:
+        plan = plan_first_last(info, *r.keep_first_last, r.base, r.overrides)
+    else:
+        plan = keep_first_last(plan_from_preset(info, r.base, imatrix=r.imatrix), info, *r.keep_first_last)
+        plan = with_overrides(plan, info, r.overrides) if r.overrides else plan
+    return with_method(plan, info, r.method) if r.method != DEFAULT_METHOD else plan
 
 
 # ----------------------------------------------------------------------------------------- verbs
@@ -438,6 +501,8 @@ def with_types(plan: Plan, info: ModelInfo, changes: Mapping[str, str]) -> Plan:
         ftype=plan.ftype,
         recipe=None if plan.recipe is None else dataclasses.replace(plan.recipe, edited=True),
         fallbacks=[f for f in plan.fallbacks if f.tensor not in changes],
+        method=plan.method,
+        methods=plan.methods,
     )
 
 
@@ -479,6 +544,8 @@ def keep_first_last(plan: Plan, info: ModelInfo, n: int, qtype: str) -> Plan:
         ftype=plan.ftype,
         recipe=r,
         fallbacks=[f for f in plan.fallbacks if f.tensor not in names],
+        method=plan.method,
+        methods=plan.methods,
     )
 
 
@@ -511,4 +578,28 @@ def with_overrides(plan: Plan, info: ModelInfo, overrides: Sequence[Override]) -
         recipe=r,
         overrides=overrides,
         fallbacks=plan.fallbacks,
+        method=plan.method,
+        methods=plan.methods,
     )
+
+
+def with_method(plan: Plan, info: ModelInfo, method: str, tensors: Iterable[str] | None = None) -> Plan:
+    """``plan`` with ``method`` as the plan-wide default (``tensors`` None) or for the named tensors.
+
+    A named tensor must be one the plan quantizes: a float tensor has no codes to choose.
+    """
+    method = check_method(method)
+    if tensors is None:
+        r = plan.recipe
+        if r is not None:
+            r = dataclasses.replace(r, method=method)
+        return dataclasses.replace(plan, method=method, recipe=r)
+    names = list(tensors)
+    for name in names:
+        t = plan.type_of(name)
+        if t in FLOAT_TYPES:
+            raise QuantizationError(
+                f"Tensor {name!r} stays {t}; a method chooses the codes of quantized tensors."
+            )
+    r = None if plan.recipe is None else dataclasses.replace(plan.recipe, edited=True)
+    return dataclasses.replace(plan, methods={**plan.methods, **dict.fromkeys(names, method)}, recipe=r)

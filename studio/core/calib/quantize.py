@@ -1,0 +1,607 @@
+"""Calibrate & quantize: a plan's methods run on the layer runner, then the export writes the GGUF file.
+
+``export_calibrated(model, out, plan)`` is the one entry point (the CLI's ``export --method`` and the
+window's Calibrate & Quantize job call it):
+
+* a plan whose methods are all ``rtn`` is a plain export;
+* ``imatrix`` only: one calibration run collects the activation statistics of the float model (what
+  llama-imatrix does) and the export weights llama.cpp's search with them;
+* ``gptq``, ``awq``, ``awq+gptq``: ``MethodConsumer`` rides on the sequential runner. When every
+  chunk went through a decoder layer it takes that layer's Hessians and statistics from the
+  ``ActivationCollector``, rescales the layer with AWQ where asked, quantizes every tensor of the
+  layer with its method, puts the GGUF bytes in a ``TensorSpool`` and gives the layer the dequantized
+  weights, so the next layer is calibrated on what the quantized model really computes. The export
+  then writes the spooled tensors as they are and quantizes the rest (embeddings) itself.
+
+Faults, each one sentence in ``CalibratedExport.warnings``: a Hessian that is not positive definite
+(retried with larger damping, else the tensor falls back to the imatrix search), fewer calibration
+tokens than twice a tensor's columns, a GPU out of memory (smaller lazy batches, then the tensor on the
+CPU). NaN activations stop the run (``CalibrationError``); a cancel stops it at the next column batch
+and leaves no file under the final name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.calib.collect import ActivationCollector
+from studio.core.calib.data import BUILTIN, CalibrationText
+from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunInfo, RunSpec
+from studio.core.jobs import JobContext, null_context
+from studio.core.quant.gptq import GptqOptions
+from studio.core.quant.methods import SiteStats, method_info
+from studio.core.quant.types import FLOAT_TYPES
+
+CALIB_SHARE = 0.9  # of the progress bar; the export takes the rest
+
+
+@dataclass(frozen=True)
+class CalibOptions:
+    """Settings of the calibrated methods."""
+
+    gptq: GptqOptions = field(default_factory=GptqOptions)
+    awq_grid: int = 20  # α steps in [0, 1]
+
+
+@dataclass(frozen=True)
+class TensorReport:
+    """How one tensor was quantized."""
+
+    name: str
+    qtype: str
+    method: str  # the method that really ran (a fallback shows here)
+    seconds: float
+    error: float | None = None  # GPTQ's output error (tr(E H Eᵀ)); None when not measured
+    rtn_error: float | None = None
+
+    @property
+    def gain(self) -> float | None:
+        """Output error relative to llama.cpp's codes (None when not measured)."""
+        if self.error is None or not self.rtn_error:
+            return None
+        return self.error / self.rtn_error
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One decoder layer (None: the output head): the time its methods took and its tensors."""
+
+    layer: int | None
+    seconds: float
+    tensors: tuple[TensorReport, ...]
+    awq_alphas: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class CalibratedExport:
+    """What a calibrated export wrote and how the calibration went."""
+
+    export: Any  # studio.core.export.ExportResult
+    method: str
+    dataset: str
+    n_ctx: int
+    n_chunks: int
+    tokens: int
+    run: RunInfo | None
+    layers: tuple[LayerReport, ...]
+    warnings: tuple[str, ...]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (the CLI's ``--json``)."""
+        return {
+            "method": self.method,
+            "dataset": self.dataset,
+            "ctx": self.n_ctx,
+            "chunks": self.n_chunks,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            "calibration_seconds": round(self.run.seconds, 3) if self.run else None,
+            "device": self.run.device if self.run else None,
+            "layers": [
+                {
+                    "layer": lr.layer,
+                    "seconds": round(lr.seconds, 3),
+                    "awq_alpha": dict(lr.awq_alphas),
+                    "tensors": [
+                        {
+                            "name": t.name,
+                            "type": t.qtype,
+                            "method": t.method,
+                            "gain": None if t.gain is None else round(t.gain, 4),
+                        }
+                        for t in lr.tensors
+                    ],
+                }
+                for lr in self.layers
+            ],
+            "warnings": list(self.warnings),
+        }
+
+
+# ------------------------------------------------------------------------------------------ progress
+
+
+class _Span(JobContext):
+    """Maps a sub-task's progress onto [lo, hi) of the parent's bar; ``say`` re-reports with a new message."""
+
+    def __init__(self, parent: JobContext, lo: float, hi: float) -> None:
+        super().__init__()
+        self._parent = parent
+        self._lo, self._hi = lo, hi
+        self._last = (0, 1)
+
+    def report(self, done: int, total: int, msg: str = "") -> None:  # noqa: D401
+        self._last = (done, total)
+        frac = done / total if total else 0.0
+        self._parent.report(int(1000 * (self._lo + (self._hi - self._lo) * frac)), 1000, msg)
+
+    def say(self, msg: str) -> None:
+        """The last progress, with ``msg``."""
+        self.report(*self._last, msg)
+
+    def log(self, msg: str) -> None:  # noqa: D401
+        self._parent.log(msg)
+
+    def check_cancelled(self) -> None:  # noqa: D401
+        self._parent.check_cancelled()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._parent.cancelled
+
+
+# ------------------------------------------------------------------------------------------ consumer
+
+
+def _free(device: Any) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _too_few(tokens: int, cols: int, name: str) -> str:
+    return (
+        f"The calibration has {tokens} tokens, fewer than twice the {cols} input columns of {name}: its "
+        "Hessian is poorly estimated; use a longer text or more chunks."
+    )
+
+
+class MethodConsumer(Consumer):
+    """Quantizes every tensor of each decoder layer with the plan's method once the layer is collected."""
+
+    needs_layerwise = True
+
+    def __init__(
+        self,
+        plan: Any,
+        layout: Any,
+        config: dict[str, Any],
+        model_type: str,
+        collector: ActivationCollector,
+        spool: Any,
+        options: CalibOptions | None = None,
+        ctx: _Span | JobContext | None = None,
+        read: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.read = read  # checkpoint name -> torch tensor (the output head's weight)
+        self._hess_layers: set[int | None] = set()
+        self.lay = layout
+        self.by_hf = layout.by_hf()
+        self.config = config
+        self.model_type = model_type
+        self.collector = collector
+        self.spool = spool
+        self.options = options or CalibOptions()
+        self.ctx = ctx if isinstance(ctx, _Span) else _Span(ctx or null_context(), 0.0, 1.0)
+        self.warnings: list[str] = []
+        self.layers: list[LayerReport] = []
+        self.spec: RunSpec | None = None
+        head = next((t for t in layout.tensors if t.gguf_name == "output.weight"), None)
+        self.head_name = head.hf_name if head is not None else None
+        self.wants_head = bool(
+            self.head_name
+            and plan.type_of(self.head_name) not in FLOAT_TYPES
+            and method_info(plan.method_of(self.head_name)).calibrated
+        )
+
+    # -- which tensors need what
+    def _method(self, name: str) -> Any:
+        return method_info(self.plan.method_of(name)) if name in self.plan.types else method_info("rtn")
+
+    def needs_hessian(self, site: LinearSite) -> bool:
+        """Sites whose Hessian the collector must sum: every site of a layer with a GPTQ or AWQ tensor."""
+        return site.kind != "experts" and site.layer in self._hess_layers
+
+    def start(self, spec: RunSpec) -> None:
+        """Check that the run covers the plan's tensors; warn about too few tokens."""
+        self.spec = spec
+        self._hess_layers = {
+            s.layer for s in spec.sites if s.name in self.by_hf and self._method(s.name).hessian
+        }
+        tokens = spec.n_chunks * spec.n_ctx
+        warned: set[int] = set()
+        for s in spec.sites:
+            if s.name not in self.by_hf:
+                continue
+            if self._method(s.name).hessian and tokens < 2 * s.in_features and s.in_features not in warned:
+                warned.add(s.in_features)
+                self.warnings.append(_too_few(tokens, s.in_features, s.name))
+
+    def layer_collected(self, view: LayerView) -> None:
+        """AWQ (where asked), then each tensor's method; the layer keeps the dequantized weights."""
+        t0 = time.monotonic()
+        n = self.spec.n_layers if self.spec else 0
+        sites = [s for s in view.sites if s.name in self.by_hf and s.kind != "experts"]
+        for s in view.sites:
+            if s.kind == "experts" and s.name in self.by_hf:
+                self._note(f"{s.name}: fused experts are quantized by the export without calibration.")
+        hess = self.collector.take_hessians([s.name for s in sites])
+        scales, alphas, changed = self._awq(view, sites, hess)
+        reports = []
+        for s in sites:
+            self.ctx.check_cancelled()
+            self.ctx.say(f"layer {view.index + 1}/{n}: {self.plan.method_of(s.name)} {s.name}")
+            w = view.weight(s)
+            touched = s.name[len(view.prefix) :] in changed
+            reports.append(self._site(s, w, hess.get(s.name), scales.get(s.name), touched, view))
+        for rel in changed:  # norms AWQ divided: float tensors of the file
+            name = view.checkpoint_name(rel)
+            if name in self.by_hf and name not in self.spool:
+                self._spool_float(self.by_hf[name], view.param(rel).detach().float().cpu().numpy())
+        self.layers.append(LayerReport(view.index, time.monotonic() - t0, tuple(reports), tuple(alphas)))
+
+    def finish(self) -> None:
+        """The output head (when it has a calibrated method and its own weight)."""
+        if not self.wants_head or self.spec is None or self.head_name is None or self.read is None:
+            return
+        site = next((s for s in self.spec.sites_of(None) if s.name == self.head_name), None)
+        if site is None:
+            return
+        t0 = time.monotonic()
+        hess = self.collector.take_hessians([site.name])
+        h = hess.get(site.name)
+        w = self.read(site.name)
+        if h is not None:
+            w = w.to(h[0].device)
+        rep = self._site(site, w, h, None, False, None)
+        self.layers.append(LayerReport(None, time.monotonic() - t0, (rep,)))
+
+    def _note(self, msg: str) -> None:
+        if msg not in self.warnings:
+            self.warnings.append(msg)
+            self.ctx.log(msg)
+
+    # -- AWQ
+    def _awq(
+        self, view: LayerView, sites: list[LinearSite], hess: dict[str, tuple[Any, int]]
+    ) -> tuple[dict[str, Any], list[tuple[str, float]], set[str]]:
+        """Search and fold the AWQ scales of the layer's groups; (column scales per site, α per group,
+        layer-relative paths of the parameters that changed)."""
+        from studio.core.calib import awq
+
+        if not any(self._method(s.name).awq for s in sites):
+            return {}, [], set()
+        groups, why = awq.layer_groups(view.module, self.model_type, self.config)
+        if why:
+            self._note(f"{why}; layer {view.index} is quantized without AWQ's scales.")
+            return {}, [], set()
+        by_rel = {s.name[len(view.prefix) :].removesuffix(".weight"): s for s in sites}
+        choices = []
+        for g in groups:
+            members = [by_rel.get(lin) for lin in g.linears]
+            if any(m is None for m in members) or not any(self._method(m.name).awq for m in members):
+                continue
+            first = members[0]
+            h = hess.get(first.name)
+            st = self.collector.stats_of(first.name)
+            if h is None or st is None:
+                continue
+            qtypes = [self._qtype(m.name) for m in members]
+            ws = [view.weight(m).detach() for m in members]
+            imx = st.mean_sq[0].astype(np.float32)
+            choice = awq.search_group(
+                g, ws, qtypes, h[0], st.mean_abs, imx, grid=self.options.awq_grid, ctx=self.ctx
+            )
+            choices.append((g, members, choice))
+        scales: dict[str, Any] = {}
+        alphas = []
+        changed: set[str] = set()
+        for g, members, choice in choices:  # every search saw the float layer; fold afterwards
+            changed.update(awq.fold(view, choice))
+            alphas.append((g.prev, choice.alpha))
+            for m in members:
+                scales[m.name] = choice.scales
+        return scales, alphas, changed
+
+    def _spool_float(self, tm: Any, x: np.ndarray) -> None:
+        from studio.core.gguf.arch import apply_transform
+        from studio.core.quant.blocks import quantize
+
+        qtype = self.plan.type_of(tm.hf_name)
+        v = apply_transform(np.ascontiguousarray(x, dtype=np.float32), tm, self.config)
+        data = v if qtype == "F32" else quantize(v.reshape(-1, tm.n_per_row), qtype)
+        self.spool.put(tm.hf_name, data, qtype)
+
+    def _qtype(self, name: str) -> str | None:
+        t = self.plan.type_of(name)
+        return None if t in FLOAT_TYPES else t
+
+    # -- one tensor
+    def _site(
+        self,
+        site: LinearSite,
+        param: Any,
+        h: tuple[Any, int] | None,
+        s: Any,
+        touched: bool,
+        view: LayerView | None,
+    ) -> TensorReport:
+        """Quantize one weight with its method, spool it, and (in a layer) give the layer its dequantized values."""
+        import torch
+
+        from studio.core.gguf.arch import Transform, head_counts, permute_rows
+        from studio.core.quant.blocks import dequantize
+
+        t0 = time.monotonic()
+        tm = self.by_hf[site.name]
+        qtype = self._qtype(site.name)
+        w = param.detach().to(torch.float32)
+        if site.kind == "conv1d":
+            w = w.t()
+        w = w.contiguous()
+        if qtype is None:
+            if touched:  # AWQ changed a tensor kept in a float type: write its new values
+                self._spool_float(tm, w.cpu().numpy())
+            return TensorReport(site.name, self.plan.type_of(site.name), "float", time.monotonic() - t0)
+        method = self._method(site.name)
+        st = self.collector.stats_of(site.name)
+        imx = None if st is None else st.mean_sq[0].astype(np.float32)
+        hess = None if h is None else h[0]
+        if s is not None:  # the layer's input is x / s now
+            sn = s.double().cpu().numpy()
+            imx = None if imx is None else (imx / sn**2).astype(np.float32)
+            if hess is not None:
+                sd = s.to(hess.device, torch.float32)
+                hess = hess / (sd[:, None] * sd[None, :])
+        stats = SiteStats(site.name, st.tokens if st else 0, imx, hess, self.options.gptq)
+        enc, used = self._round(method, w, stats, qtype)
+        if view is not None:
+            new = torch.from_numpy(dequantize(enc.data, qtype, tuple(w.shape)))
+            view.set_weight(site, new.t() if site.kind == "conv1d" else new)
+        data = enc.data
+        if tm.transform in (Transform.PERMUTE_Q, Transform.PERMUTE_K):
+            n_head, n_kv = head_counts(self.config)
+            data = np.ascontiguousarray(
+                permute_rows(data, n_head if tm.transform is Transform.PERMUTE_Q else n_kv)
+            )
+        self.spool.put(site.name, data, qtype)
+        return TensorReport(site.name, qtype, used, time.monotonic() - t0, enc.error, enc.rtn_error)
+
+    def _round(self, method: Any, w: Any, stats: SiteStats, qtype: str) -> tuple[Any, str]:
+        """The method's encoding, with the faults handled: OOM retries, singular Hessians."""
+        import torch
+
+        from studio.core.quant.gptq import HessianError
+        from studio.core.quant.methods import imatrix
+
+        dev = w.device
+        try:
+            try:
+                return method.rounding(w, stats, qtype, self.ctx), method.name
+            except torch.OutOfMemoryError:
+                _free(dev)
+            opts = stats.options or GptqOptions()
+            for bs in (opts.block_size // 2, opts.block_size // 4):
+                if bs < 16:
+                    break
+                try:
+                    smaller = dataclasses.replace(stats, options=dataclasses.replace(opts, block_size=bs))
+                    enc = method.rounding(w, smaller, qtype, self.ctx)
+                    self._note(
+                        f"{stats.name}: {dev} ran out of memory; quantized again with batches of {bs} columns."
+                    )
+                    return enc, method.name
+                except torch.OutOfMemoryError:
+                    _free(dev)
+            self._note(
+                f"{stats.name}: {dev} ran out of memory; this tensor was quantized on the CPU instead."
+            )
+            hcpu = None if stats.hessian is None else stats.hessian.cpu()
+            return method.rounding(
+                w.cpu(), dataclasses.replace(stats, hessian=hcpu), qtype, self.ctx
+            ), method.name
+        except HessianError as err:
+            self._note(f"{stats.name}: {err} It was quantized with the imatrix search instead.")
+            return imatrix(w, stats, qtype, self.ctx), "imatrix"
+
+
+# ------------------------------------------------------------------------------------------ pipeline
+
+
+def _export_device(device: str) -> str:
+    """Where the export quantizes what the run did not: the run's GPU, else the CPU ("auto" too)."""
+    d = (device or "cpu").lower()
+    return d if d.startswith("cuda") or d == "mps" else "cpu"
+
+
+def _imatrix_only(plan: Any) -> bool:
+    return all(method_info(plan.method_of(n)).name in ("rtn", "imatrix") for n in plan.types)
+
+
+def export_calibrated(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    plan: Any,
+    *,
+    text: str | os.PathLike[str] | CalibrationText = BUILTIN,
+    n_ctx: int = 512,
+    n_chunks: int | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    options: CalibOptions | None = None,
+    ctx: JobContext | None = None,
+    validate: Callable[[Path], None] | None = None,
+    allow_pickle: bool = False,
+) -> CalibratedExport:
+    """Calibrate ``model`` on ``text`` for the methods of ``plan`` (a Plan or a preset name) and export it.
+
+    ``device``: where layers run and GPTQ sweeps (auto, cpu, cuda, mps); ``dtype``: the precision of
+    the layer forward passes (float32 by default: the Hessians are as exact as the data allows).
+    """
+    from studio.core.calib.calibrate import _open, prepare_input
+    from studio.core.calib.runner import run_model
+    from studio.core.calib.spool import TensorSpool
+    from studio.core.export import _resolve_plan, check_exportable, export_gguf
+    from studio.core.gguf.arch import layout
+    from studio.core.gguf.writer import check_output_path
+
+    ctx = ctx or null_context()
+    t0 = time.monotonic()
+    out_p = Path(out).expanduser()
+    ckpt = _open(model, allow_pickle)
+    try:
+        info = ckpt.info
+        check_exportable(info)
+        check_output_path(out_p, inputs=tuple({t.file for t in info.tensors}) + (info.path,))
+        plan = _resolve_plan(plan, info)
+        export_device = _export_device(device)
+        if not plan.calibrated:
+            res = export_gguf(info.path, out_p, plan, device=export_device, ctx=ctx, validate=validate)
+            return CalibratedExport(res, plan.method, "", 0, 0, 0, None, (), (), time.monotonic() - t0)
+        calib = _Span(ctx, 0.0, CALIB_SHARE)
+        calib.report(0, 1, "Tokenizing the calibration text")
+        inp = prepare_input(info.path, text, n_ctx=n_ctx, n_chunks=n_chunks, ctx=calib)
+        warnings = list(inp.warnings)
+        lay = layout(info)
+        if _imatrix_only(plan):
+            return _export_with_imatrix(
+                ckpt, out_p, plan, inp, device, dtype, ctx, calib, validate, t0, warnings
+            )
+        with TensorSpool(out_p) as spool:
+            collector = ActivationCollector(histogram=False, dataset=inp.data.name)
+            consumer = MethodConsumer(
+                plan,
+                lay,
+                info.config,
+                str(info.model_type),
+                collector,
+                spool,
+                options,
+                calib,
+                ckpt.read_torch,
+            )
+            collector.hessian_for = consumer.needs_hessian
+            collector.wants_head = consumer.wants_head
+            run = run_model(
+                ckpt,
+                inp.chunks,
+                [collector, consumer],
+                device=device,
+                dtype=dtype,
+                ctx=calib,
+                mode="layerwise",
+            )
+            warnings += consumer.warnings
+            ctx.check_cancelled()
+            res = export_gguf(
+                info.path,
+                out_p,
+                plan,
+                device=export_device,
+                ctx=_Span(ctx, CALIB_SHARE, 1.0),
+                validate=validate,
+                precomputed=spool,
+                allow_pickle=allow_pickle,
+            )
+        return _result(res, plan, inp, run, tuple(consumer.layers), warnings, t0)
+    finally:
+        ckpt.close()
+
+
+def _export_with_imatrix(
+    ckpt: Any,
+    out: Path,
+    plan: Any,
+    inp: Any,
+    device: str,
+    dtype: str,
+    ctx: JobContext,
+    calib: _Span,
+    validate: Callable[[Path], None] | None,
+    t0: float,
+    warnings: list[str],
+) -> CalibratedExport:
+    """``imatrix`` (and ``rtn``) tensors only: the float model's statistics, as llama-imatrix collects them."""
+    from studio.core.calib.imatrix import imatrix_from_stats
+    from studio.core.calib.runner import run_model
+    from studio.core.export import export_gguf
+    from studio.core.gguf.arch import layout
+
+    info = ckpt.info
+    collector = ActivationCollector(histogram=False, dataset=inp.data.name)
+    run = run_model(ckpt, inp.chunks, [collector], device=device, dtype=dtype, ctx=calib)
+    stats = collector.result(run, inp.warnings)
+    im = imatrix_from_stats(stats, info)
+    lay = layout(info)
+    chosen: Any = im
+    if any(
+        plan.method_of(t.hf_name) == "rtn" and plan.type_of(t.hf_name) not in FLOAT_TYPES for t in lay.tensors
+    ):
+        chosen = {
+            t.gguf_name: im[t.gguf_name]
+            for t in lay.tensors
+            if plan.method_of(t.hf_name) == "imatrix" and t.gguf_name in im
+        }
+    export_device = _export_device(device)
+    res = export_gguf(
+        info.path,
+        out,
+        plan,
+        device=export_device,
+        imatrix=chosen,
+        ctx=_Span(ctx, CALIB_SHARE, 1.0),
+        validate=validate,
+    )
+    return _result(res, plan, inp, run, (), warnings, t0)
+
+
+def _result(
+    res: Any, plan: Any, inp: Any, run: Any, layers: tuple, warnings: list[str], t0: float
+) -> CalibratedExport:
+    c = inp.chunks
+    return CalibratedExport(
+        res,
+        plan.method,
+        inp.data.name,
+        c.n_ctx,
+        c.n_chunks,
+        c.n_tokens,
+        run,
+        layers,
+        tuple(warnings),
+        time.monotonic() - t0,
+    )
+
+
+__all__ = [
+    "CalibOptions",
+    "CalibratedExport",
+    "LayerReport",
+    "MethodConsumer",
+    "TensorReport",
+    "export_calibrated",
+]

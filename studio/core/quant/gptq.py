@@ -1,0 +1,418 @@
+"""GPTQ whose rounding is a GGUF block format: codes chosen under llama.cpp's scales, errors sent forward.
+
+``gptq_quantize(w, h, qtype)`` quantizes one linear weight ``w`` (rows = output features × columns =
+input features; blocks run along the columns, as in the GGUF file) given the Hessian ``h = 2XᵀX/n``
+of its inputs, in torch on the tensor's device (CPU, CUDA or MPS), float32:
+
+1. Dead columns (``h_dd = 0``: inputs always zero) get ``h_dd = 1`` and ``w_:d = 0``; ``h`` is damped
+   with ``λ · mean(diag h)`` (``damp``), and when its Cholesky factor does not exist the damping
+   grows tenfold and is tried again (up to ``MAX_DAMP``).
+2. The (super-)block scales and mins are llama.cpp's own search on the weights, imatrix-weighted
+   (``grid.search``, the bit-exact kernels): on the float weights before the sweep (``scales="float"``,
+   the static groups that act-order needs), or on the error-updated weights when the sweep reaches
+   each block (``scales="arrival"``, what GPTQ does with groups).
+3. The sweep walks the columns (in order of decreasing ``h_dd`` with ``act_order``; block membership
+   stays with the original column positions), in lazy batches of ``block_size`` columns: each code is
+   the grid value nearest to the current weight under the fixed scales of its group, and the rounding
+   error flows to the columns not yet quantized through the upper Cholesky factor of ``h⁻¹``.
+4. ``grid.encode`` writes exactly those scales and codes: a standard GGUF tensor.
+
+Memory is the weight, the Hessian and its factor (a few copies of ``rows × n`` and ``n × n`` floats).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from studio.core.errors import QuantizationError
+from studio.core.jobs import JobContext, null_context
+from studio.core.quant import grid as G
+
+MAX_DAMP = 10.0  # relative damping beyond which the Hessian is given up (the caller falls back)
+SCALE_MODES = ("float", "arrival")
+DAMP_MODES = ("mean", "diag")
+
+
+@dataclass(frozen=True)
+class GptqOptions:
+    """How GPTQ runs (the defaults are the measured best on a real model; see bench/gptq_quality.py)."""
+
+    block_size: int = 128  # columns per lazy batch
+    damp: float = 0.01  # λ: added to the diagonal as λ · mean(diag H) ("mean") or λ · H_dd ("diag")
+    damp_mode: str = "mean"  # "diag": the imatrix (diag H) as the Hessian's diagonal prior
+    act_order: bool = False  # columns by decreasing H_dd (static groups: scales from the float weights)
+    scales: str = "arrival"  # "float" (fixed before the sweep) or "arrival" (searched on updated weights)
+    refit: bool = (
+        False  # after the sweep, re-fit each block's fp16 scale to its codes (Q8_0/Q4_0/Q5_0/IQ4_NL)
+    )
+
+    def __post_init__(self) -> None:
+        if self.scales not in SCALE_MODES:
+            raise QuantizationError(
+                f"Unknown GPTQ scale mode {self.scales!r}; use {' or '.join(SCALE_MODES)}."
+            )
+        if self.damp_mode not in DAMP_MODES:
+            raise QuantizationError(
+                f"Unknown GPTQ damping {self.damp_mode!r}; use {' or '.join(DAMP_MODES)}."
+            )
+        if self.block_size < 1 or not (0 < self.damp <= MAX_DAMP):
+            raise QuantizationError("GPTQ needs a block size of at least 1 and a damping in (0, 10].")
+
+
+@dataclass(frozen=True)
+class GptqResult:
+    """One quantized weight: its GGUF bytes and how the sweep went."""
+
+    data: np.ndarray  # uint8 (rows, row bytes) of ``qtype``
+    qtype: str
+    damp: float  # the damping that made the Hessian positive definite
+    dead_columns: int
+    error: float  # tr((W − Ŵ) H (W − Ŵ)ᵀ) of the result
+    rtn_error: float  # the same for llama.cpp's own codes under the float-weight search
+    notes: tuple[str, ...] = ()
+
+    @property
+    def gain(self) -> float:
+        """Output error relative to llama.cpp's rounding (below 1 is better)."""
+        return self.error / self.rtn_error if self.rtn_error > 0 else 1.0
+
+
+class HessianError(QuantizationError):
+    """The Hessian stays singular whatever the damping (the caller quantizes without GPTQ)."""
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+class _TorchGrid:
+    """A grid's scales and offsets on the sweep's device, with the nearest-code rule per column."""
+
+    def __init__(self, g: G.BlockGrid, device: Any) -> None:
+        import torch
+
+        sp = g.spec
+        self.sp = sp
+        self.group = sp.group
+        self.template = np.array(g.template)  # updated block by block in "arrival" mode
+        self.scale = torch.as_tensor(g.scale, device=device).clone()
+        self.offset = None if g.offset is None else torch.as_tensor(g.offset, device=device).clone()
+        self.levels = torch.as_tensor(sp.levels, device=device)
+        self.mids = (self.levels[1:] + self.levels[:-1]) / 2
+        self.lo = 0 if sp.base is None else sp.base
+        self.top = sp.n_levels - 1
+
+    def put(self, c0: int, part: G.BlockGrid) -> None:
+        """Replace the scales of columns [c0, c0 + part's width) with ``part``'s."""
+        import torch
+
+        sp = self.sp
+        g0 = c0 // sp.group
+        gs = part.scale.shape[1]
+        self.scale[:, g0 : g0 + gs] = torch.as_tensor(part.scale, device=self.scale.device)
+        if self.offset is not None and part.offset is not None:
+            self.offset[:, g0 : g0 + gs] = torch.as_tensor(part.offset, device=self.offset.device)
+        b0 = c0 // sp.block * sp.nbytes
+        self.template[:, b0 : b0 + part.template.shape[1]] = part.template
+
+    def nearest(self, w: Any, cols: Any) -> tuple[Any, Any]:
+        """(codes, values) of weights ``w`` (rows × k) of original columns ``cols`` (k,) on the grid."""
+        import torch
+
+        g = cols // self.group
+        s = self.scale[:, g]
+        t = w if self.offset is None else w - self.offset[:, g]
+        t = torch.where(s != 0, t / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(t))
+        if self.sp.base is not None:
+            k = torch.clamp(torch.round(t) - self.lo, 0, self.top).to(torch.long)
+        else:
+            k = torch.searchsorted(self.mids, t.contiguous())
+        q = s * self.levels[k]
+        if self.offset is not None:
+            q = q + self.offset[:, g]
+        return k, q
+
+
+def _use_numba(device: Any, backend: str) -> bool:
+    from studio.core.jit import HAVE_NUMBA
+
+    return backend == "auto" and device.type == "cpu" and HAVE_NUMBA
+
+
+def _columns_torch(
+    W1: Any, E1: Any, Hi1: Any, lo: int, hi: int, cols: Any, tg: _TorchGrid, codes: Any, pool: Any = None
+) -> None:
+    """Columns [lo, hi) of a lazy batch, one after the other, in torch (any device)."""
+    import torch
+
+    for i in range(lo, hi):
+        wc = W1[:, i : i + 1]
+        k, q = tg.nearest(wc, cols[i : i + 1])
+        codes[:, cols[i]] = k[:, 0].to(torch.uint8)
+        err = (wc[:, 0] - q[:, 0]) / Hi1[i, i]
+        W1[:, i:] -= err[:, None] * Hi1[i, i:][None, :]
+        E1[:, i] = err
+
+
+def _columns_numba(
+    W1: Any, E1: Any, Hi1: Any, lo: int, hi: int, cols: Any, tg: _TorchGrid, codes: Any, pool: Any = None
+) -> None:
+    """Columns [lo, hi) of a lazy batch in the compiled kernel; rows are independent, so ``pool``
+    runs two halves of them at once (the kernel releases the GIL)."""
+    from studio.core.quant.gptq_kernel import sweep_columns
+
+    rows = W1.shape[0]
+    off = tg.offset.numpy() if tg.offset is not None else tg.scale.numpy()
+    base = 0 if tg.sp.base is None else tg.sp.base
+    args = (
+        W1.numpy(),
+        E1.numpy(),
+        Hi1.numpy(),
+        lo,
+        hi,
+        cols.numpy(),
+        tg.group,
+        tg.scale.numpy(),
+        off,
+        tg.offset is not None,
+        tg.levels.numpy(),
+        base,
+        tg.sp.base is not None,
+        tg.mids.numpy(),
+        codes.numpy(),
+    )
+    if pool is None or rows < 64:
+        sweep_columns(*args, 0, rows)
+        return
+    for f in [pool.submit(sweep_columns, *args, r0, r1) for r0, r1 in ((0, rows // 2), (rows // 2, rows))]:
+        f.result()
+
+
+def _inverse_factor(h: Any, damp: float, mode: str) -> tuple[Any, float, int]:
+    """Upper Cholesky factor of (H + damping)⁻¹; the damping grows tenfold until H is positive definite."""
+    import torch
+
+    n = h.shape[0]
+    diag = torch.diagonal(h)
+    mean = float(diag.mean())
+    lam = damp
+    tries = 0
+    idx = torch.arange(n, device=h.device)
+    while lam <= MAX_DAMP * (1 + 1e-9):
+        hd = h.clone()
+        if mode == "diag":
+            hd[idx, idx] += lam * diag + 1e-12 * max(mean, 1e-30)
+        else:
+            hd[idx, idx] += lam * max(mean, 1e-30)
+        chol, info = torch.linalg.cholesky_ex(hd)
+        if int(info) == 0:
+            inv = torch.cholesky_inverse(chol)
+            up, info2 = torch.linalg.cholesky_ex(inv, upper=True)
+            if int(info2) == 0 and bool(torch.isfinite(up).all()):
+                return up, lam, tries
+        tries += 1
+        lam *= 10.0
+    raise HessianError(f"The Hessian is not positive definite even with damping {MAX_DAMP:g}.")
+
+
+def output_error(w: Any, q: Any, h: Any) -> float:
+    """tr((W − Q) H (W − Q)ᵀ): the summed squared output error over the calibration rows, ×2/n."""
+    e = (w - q).to(h.dtype)
+    return float(((e @ h) * e).sum())
+
+
+def _search(w: Any, qtype: str, imatrix: np.ndarray | None) -> tuple[G.BlockGrid, np.ndarray]:
+    x = w.detach()
+    if x.device.type == "cpu":
+        x = x.numpy()
+    return G.search(x, qtype, imatrix)
+
+
+# ------------------------------------------------------------------------------------------ GPTQ
+
+
+def _sweep(
+    W: Any,
+    hinv: Any,
+    bs: int,
+    sp: G.GridSpec,
+    arrival: bool,
+    cols: Any,
+    imatrix: np.ndarray | None,
+    tgrid: _TorchGrid,
+    codes: Any,
+    inner: Any,
+    pool: Any,
+    ctx: JobContext,
+) -> None:
+    """The lazy batches: each batch's columns one by one (``inner``), then its errors onto the rest."""
+    import torch
+
+    n = W.shape[1]
+    for i1 in range(0, n, bs):
+        ctx.check_cancelled()
+        i2 = min(i1 + bs, n)
+        W1 = W[:, i1:i2].clone()
+        E1 = torch.zeros_like(W1)
+        Hi1 = hinv[i1:i2, i1:i2].contiguous()
+        cb = cols[i1:i2].contiguous()
+        step = sp.block if arrival else i2 - i1
+        for b0 in range(0, i2 - i1, step):
+            b1 = min(b0 + step, i2 - i1)
+            if arrival:  # llama.cpp's search on this block's current (error-updated) weights
+                c0 = i1 + b0
+                qw = None if imatrix is None else imatrix[c0 : c0 + sp.block]
+                part, _ = _search(W1[:, b0:b1], sp.qtype, qw)
+                tgrid.put(c0, part)
+            inner(W1, E1, Hi1, b0, b1, cb, tgrid, codes, pool)
+        if i2 < n:
+            W[:, i2:] -= E1 @ hinv[i1:i2, i2:]
+
+
+def gptq_quantize(
+    w: Any,
+    h: Any,
+    qtype: str,
+    *,
+    imatrix: np.ndarray | None = None,
+    options: GptqOptions | None = None,
+    ctx: JobContext | None = None,
+    backend: str = "auto",
+) -> GptqResult:
+    """GPTQ of weight ``w`` (torch, rows × n) with Hessian ``h`` (torch, n × n) onto ``qtype``'s grid.
+
+    ``imatrix`` (n,) weights llama.cpp's scale search (None: its unweighted search). Raises
+    ``HessianError`` when no damping up to ``MAX_DAMP`` makes ``h`` positive definite. ``backend``:
+    "auto" sweeps the columns of a CPU tensor in a compiled kernel (rows in parallel, the same
+    arithmetic) and those of a CUDA/MPS tensor in torch; "torch" forces torch everywhere.
+    """
+    import torch
+
+    opt = options or GptqOptions()
+    ctx = ctx or null_context()
+    sp = G.grid_spec(qtype)
+    rows, n = (int(s) for s in w.shape)
+    if n % sp.block:
+        raise QuantizationError(f"{qtype} needs rows of a multiple of {sp.block} weights, not {n}.")
+    if tuple(h.shape) != (n, n):
+        raise QuantizationError(
+            f"A Hessian of shape {tuple(h.shape)} does not fit a weight with {n} columns."
+        )
+    dev = w.device
+    w0 = w.detach().to(torch.float32)
+    h = h.detach().to(device=dev, dtype=torch.float32)
+    if not bool(torch.isfinite(h).all()):
+        raise HessianError("The Hessian holds NaN or infinite values.")
+    grid0, codes0 = _search(w0, qtype, imatrix)
+    tgrid = _TorchGrid(grid0, dev)
+
+    W = w0.clone()
+    H = h.clone()
+    diag = torch.diagonal(H)
+    dead = diag <= 0
+    n_dead = int(dead.sum())
+    if n_dead:
+        idx = torch.nonzero(dead).reshape(-1)
+        H[idx, idx] = 1.0
+        W[:, idx] = 0.0
+    if backend not in ("auto", "torch"):
+        raise QuantizationError(f"Unknown GPTQ back end {backend!r}; use auto or torch.")
+    act = opt.act_order
+    arrival = opt.scales == "arrival" and not act
+    perm = torch.argsort(torch.diagonal(H), descending=True) if act else None
+    if perm is not None:
+        W = W[:, perm]
+        H = H[perm][:, perm]
+    hinv, lam, tries = _inverse_factor(H, opt.damp, opt.damp_mode)
+    del H
+    bs = opt.block_size
+    if arrival and bs % sp.block:
+        bs = max(sp.block, bs // sp.block * sp.block)  # a block's columns must all be current at once
+    cols = perm if perm is not None else torch.arange(n, device=dev)
+    codes = torch.empty((rows, n), dtype=torch.uint8, device=dev)
+    numba = _use_numba(dev, backend)
+    inner = _columns_numba if numba else _columns_torch
+    with ThreadPoolExecutor(max_workers=2) if numba else contextlib.nullcontext() as pool:
+        _sweep(W, hinv, bs, sp, arrival, cols, imatrix, tgrid, codes, inner, pool, ctx)
+    del W, hinv
+
+    final = G.BlockGrid(qtype, tgrid.scale.cpu().numpy(), _np(tgrid.offset), tgrid.template)
+    codes_np = codes.cpu().numpy()
+    if opt.refit and qtype in REFIT_TYPES:
+        final = refit_scales(final, codes_np, w0, h)
+    data = G.encode(final, codes_np)
+    q_gptq = torch.as_tensor(G.values(final, codes_np), device=dev)
+    q_rtn = torch.as_tensor(G.values(grid0, codes0), device=dev)
+    notes: list[str] = []
+    if tries:
+        notes.append(f"the Hessian needed damping {lam:g} (not {opt.damp:g}) to be positive definite")
+    if n_dead:
+        notes.append(f"{n_dead} input column(s) never active: their weights were set to zero")
+    return GptqResult(
+        data,
+        qtype,
+        lam,
+        n_dead,
+        output_error(w0, q_gptq, h),
+        output_error(w0, q_rtn, h),
+        tuple(notes),
+    )
+
+
+REFIT_TYPES = frozenset({"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})
+"""Types with one fp16 scale per 32-weight block and no offset: their scales can be re-fitted exactly."""
+
+
+def refit_scales(g: G.BlockGrid, codes: np.ndarray, w: Any, h: Any) -> G.BlockGrid:
+    """The grid whose block scales minimise each row's output error ``(w − ŵ) H (w − ŵ)ᵀ`` for fixed
+    ``codes`` (one linear least-squares problem per row, its unknowns the row's block scales), stored
+    as fp16; a row keeps its old scales where the rounded new ones are not better."""
+    import torch
+
+    rows, n = g.shape
+    gs = g.group
+    nb = n // gs
+    dev = h.device
+    hh = h.to(torch.float64)
+    lev = torch.as_tensor(g.levels[codes.astype(np.intp)], dtype=torch.float64, device=dev)  # (rows, n)
+    L3 = lev.view(rows, nb, gs)
+    # T[r, i, b] = Σ_{j in block b} H[i, j] L[r, j];  A[r, a, b] = Σ_{i in block a} L[r, i] T[r, i, b]
+    T = torch.einsum("ibj,rbj->rib", hh.view(n, nb, gs), L3)
+    A = torch.einsum("rai,raib->rab", L3, T.view(rows, nb, gs, nb))
+    hw = w.to(device=dev, dtype=torch.float64) @ hh
+    b = (L3 * hw.view(rows, nb, gs)).sum(-1)
+    eye = torch.eye(nb, dtype=torch.float64, device=dev)
+    reg = 1e-9 * torch.diagonal(A, dim1=-2, dim2=-1).mean(-1).clamp(min=1e-30)
+    d = torch.linalg.solve(A + reg[:, None, None] * eye, b)
+    d16 = d.to(torch.float16).to(torch.float64)
+    old = torch.as_tensor(g.scale, dtype=torch.float64, device=dev)
+
+    def loss(x: Any) -> Any:  # the row's error up to a constant: xᵀAx − 2bᵀx
+        return torch.einsum("ra,rab,rb->r", x, A, x) - 2 * (b * x).sum(-1)
+
+    ok = torch.isfinite(d16).all(-1) & (loss(d16) < loss(old))
+    new = torch.where(ok[:, None], d16, old).to(torch.float32).cpu().numpy()
+    tpl = np.array(g.template).reshape(rows, nb, -1)
+    tpl[:, :, 0:2] = np.ascontiguousarray(new.astype("<f2")).view(np.uint8).reshape(rows, nb, 2)
+    return G.BlockGrid(g.qtype, new, None, tpl.reshape(rows, -1))
+
+
+def _np(t: Any) -> np.ndarray | None:
+    return None if t is None else t.cpu().numpy()
+
+
+__all__ = [
+    "REFIT_TYPES",
+    "refit_scales",
+    "DAMP_MODES",
+    "GptqOptions",
+    "GptqResult",
+    "HessianError",
+    "SCALE_MODES",
+    "gptq_quantize",
+    "output_error",
+]
