@@ -41,25 +41,16 @@ def _rss_now_mib() -> float:
 def _warm_imports(model: str) -> None:
     """Import what any mode imports lazily (the model's modeling module, transformers' model code) and
     load the compiled reduction kernels, so no clock below counts a one-time import."""
-    import numpy as np
+    import torch
     import transformers.modeling_utils  # noqa: F401
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from studio.core.calib import _reduce_kernel as k
+    from studio.core.calib.accumulators import HiddenAccumulator, Reduction
 
     _ = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model))]
-    x = np.ones((2, 8), dtype=np.float32)
-    k.reduce_rows(
-        x,
-        x.view(np.uint32),
-        np.zeros(8),
-        np.zeros(8),
-        np.zeros(8, np.float32),
-        np.zeros(k.N_KEYS, np.int64),
-        True,
-    )
-    k.hidden_rows(x, np.zeros(8, np.float32))
+    Reduction.of(torch.ones(2, 8))
+    HiddenAccumulator(0, 8, "cpu").add(torch.ones(1, 2, 8))
 
 
 def child(mode: str, model: str, ctx_len: int, chunks: int, threads: int) -> None:
