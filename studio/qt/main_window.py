@@ -306,6 +306,8 @@ class MainWindow(QMainWindow):
         if key == "hub":
             panel.modelDownloaded.connect(self._open_downloaded)
             panel.statusMessage.connect(self._show_status)
+        elif key == "calibrate":
+            panel.remember_in(self.settings)
 
     # -- pages ------------------------------------------------------------------------------------
 

@@ -447,7 +447,7 @@ def test_the_panels_are_pages_and_a_tensor_chosen_on_the_summary_opens_the_inspe
     _built(qtbot, win)
     titles = [win.tabs.tabText(i) for i in range(win.tabs.count())]
     assert titles[:6] == ["Summary", "Inspector", "Preview", "Overview", "Plan", "Hub"]
-    assert titles[6:] == ["Chat", "Evaluate"]
+    assert titles[6:] == ["Chat", "Evaluate", "Calibrate"]
     assert win.panel("chat") is not None and win.panel("evaluate") is not None
     assert win.tabs.widget(1).widget is win.panel("inspector")
     assert win.dock("JobsDock").widget() is win.jobs_panel
