@@ -1,6 +1,9 @@
-"""Tokens/s of our llama.cpp chat back end against llama-cpp-python called directly, on the same GGUF.
+"""Tokens/s of our llama.cpp chat back end against llama-cpp-python called directly, on the same GGUF;
+and (``--extra-buffers-ab``) of llama.cpp with its extra buffer types (repacked weights) on against off.
 
     python bench/chat_tps.py [--hidden 1024] [--layers 8] [--preset Q8_0] [--tokens 128] [--repeat 3]
+                             [--llama-extra-buffers auto|on|off]
+    python bench/chat_tps.py --extra-buffers-ab [--preset Q8_0,Q4_K_M,Q4_0] [--prompt-tokens 128]
 
 Builds (once, cached under --cache) a factory model bigger than the test ones and exports it. Then,
 alternating A/B for --repeat rounds: ours = ``LlamaCppBackend`` (child process, our sampler, one pipe
@@ -9,6 +12,19 @@ with greedy sampling, both with an F32 KV cache, the same prompt ids and llama.c
 count. Decode speed counts the tokens after the first one over the time after the first one; the
 best round of each side is compared (target: ours/direct ≥ 0.95). Also prints the time from
 ``request_stop`` to the end of a long generation, and peak RSS of this process and of the children.
+Both sides load with the extra-buffer decision of ``LlamaRunner`` for ``--llama-extra-buffers``.
+
+``--extra-buffers-ab``: for every preset, two children (``LlamaRunner``, explicit on and off) run
+alternately, timed inside the child: prompt processing (the prompt as one batch) and generation
+(prompt fed one token per decode, then greedy tokens one by one, so no batched matmul runs). On a
+CPU with AMX the batched decode with extra buffers on dies (llama.cpp #20824): the bench reports
+the crash and still times the generation, which uses only single-token decodes. The ratio on/off
+is what the ``auto`` default is chosen on.
+
+Then the transformers back end against plain ``model.generate`` on the same loaded model in the same
+run (``--hf-model``: a model folder, by default the demo SmolLM2-135M-Instruct; ``none`` skips it):
+``TransformersBackend.stream`` (our loop, sampler and per-token probabilities) and greedy
+``generate`` with a streamer that timestamps each token, alternating; target ours/generate ≥ 0.9.
 """
 
 from __future__ import annotations
@@ -119,6 +135,161 @@ def stop_latency(backend, ids: list[int]) -> tuple[float, int, str]:
     return (done[0] - t0 if done else float("nan")), count[0], (reason[0] if reason else "?")
 
 
+def _ab_round(runner, reload, ids: list[int], n_gen: int) -> tuple[float | str, float | str]:
+    """(prompt tok/s, generation tok/s) of one child timed inside it; a crash is named and the child reloaded."""
+    from studio.core.errors import ChildProcessError_
+
+    out: list[float | str] = []
+    for kw in ({"ids": ids, "n_gen": 0}, {"ids": ids[:8], "n_gen": n_gen, "one_by_one": True}):
+        try:
+            r = runner.request("bench_decode", **kw)
+            out.append(r["n_prompt"] / r["prompt_s"] if kw["n_gen"] == 0 else r["n_gen"] / r["gen_s"])
+        except ChildProcessError_:
+            out.append(f"crashed ({runner.worker.exit_how.removeprefix('signal ')})")
+            reload()
+    return out[0], out[1]
+
+
+def _best(values: list[float | str]) -> float | str:
+    nums = [v for v in values if isinstance(v, float)]
+    return max(nums) if nums else next((v for v in values if isinstance(v, str)), "-")
+
+
+def _fmt(v: float | str) -> str:
+    return f"{v:16.1f}" if isinstance(v, float) else f"{v:>16}"
+
+
+def _ratio(a: float | str, b: float | str) -> str:
+    return f"{a / b:6.3f}" if isinstance(a, float) and isinstance(b, float) else f"{'-':>6}"
+
+
+def extra_buffers_ab(args: argparse.Namespace) -> int:
+    """Extra buffers on against off, per preset; see the module docstring."""
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
+    from studio.core.llamacpp.cpu import cpu_has_amx
+
+    memory = Path(tempfile.mkdtemp(prefix="qs-bench-memory-"))  # never the user's remembered choice
+    threads = args.threads or "llama.cpp's default number of"
+    print(f"CPU with AMX: {cpu_has_amx()}; {os.cpu_count()} CPUs; {threads} threads")
+    print(
+        f"{'preset':<8} {'pp off':>16} {'pp on':>16} {'on/off':>6}   {'tg off':>16} {'tg on':>16} {'on/off':>6}"
+        "   (tokens/s)"
+    )
+    for preset in args.preset.split(","):
+        gguf = build(args.cache, args.hidden, args.layers, preset)
+        rows: dict[str, tuple[list[float | str], list[float | str]]] = {"off": ([], []), "on": ([], [])}
+        runners = {}
+        for eb in ("off", "on"):
+            runners[eb] = LlamaRunner(
+                label=f"llama.cpp ({eb})", extra_ops="_llama_bench_ops", cache_dir=memory
+            )
+            runners[eb].load(gguf, LoadOptions(n_ctx=args.ctx, n_threads=args.threads, extra_buffers=eb))
+        ids = (runners["off"].request("tokenize", text=PROMPT * 20, add_bos=True) * 8)[: args.prompt_tokens]
+        for rnd in range(args.repeat + 1):  # round 0 warms both children up and is not counted
+            for eb in ("off", "on"):  # alternate so drift on a shared machine hits both sides
+                r = runners[eb]
+                pp, tg = _ab_round(
+                    r,
+                    lambda r=r, eb=eb, g=gguf: r.load(
+                        g, LoadOptions(n_ctx=args.ctx, n_threads=args.threads, extra_buffers=eb)
+                    ),
+                    ids,
+                    args.tokens,
+                )
+                if rnd:
+                    rows[eb][0].append(pp)
+                    rows[eb][1].append(tg)
+        for r in runners.values():
+            r.close()
+        pp_off, pp_on = _best(rows["off"][0]), _best(rows["on"][0])
+        tg_off, tg_on = _best(rows["off"][1]), _best(rows["on"][1])
+        print(
+            f"{preset:<8} {_fmt(pp_off)} {_fmt(pp_on)} {_ratio(pp_on, pp_off)}   "
+            f"{_fmt(tg_off)} {_fmt(tg_on)} {_ratio(tg_on, tg_off)}"
+        )
+    print(
+        f"model: llama hidden {args.hidden}, {args.layers} layers; prompt {args.prompt_tokens} tokens, "
+        f"{args.tokens} generated; best of {args.repeat}; peak RSS of the children "
+        f"{peak_mib(resource.RUSAGE_CHILDREN):.0f} MiB"
+    )
+    return 0
+
+
+HF_PROMPT = "Write a long story about a river, a mill and the town that grew up around them."
+
+
+def transformers_vs_generate(model_dir: str, tokens: int, repeat: int) -> float:
+    """Decode tokens/s of ``TransformersBackend.stream`` and of ``model.generate`` (greedy, same weights,
+    same prompt ids, alternating rounds); prints both and returns the best-round ratio ours/generate."""
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    from studio.core.chat import Message, Sampling
+    from studio.core.chat.hf_backend import TransformersBackend
+
+    if model_dir == "demo":
+        from studio.core.demo import demo_model_path
+
+        model_dir = str(demo_model_path())
+    ours = TransformersBackend(model_dir, device="cpu", dtype="float32", n_ctx=2048)
+    ours.load()
+    ids = list(ours.prompt([Message("user", HF_PROMPT)], max_tokens=tokens).ids)
+    model = ours._model  # the very weights our loop uses
+
+    class Stamps(BaseStreamer):
+        def __init__(self) -> None:
+            self.t: list[float] = []
+            self.first = True
+
+        def put(self, value) -> None:
+            if self.first:  # generate() puts the prompt first
+                self.first = False
+                return
+            self.t.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    # CPU seconds of this process per token as well: on a shared machine wall-clock rates swing with
+    # the load, the CPU cost of a token much less
+    def ours_rate(n: int) -> tuple[float, int, float]:
+        c0 = time.process_time()
+        stamps = [time.perf_counter() for _ in ours.stream(ids, Sampling(max_tokens=n, temperature=0.0))]
+        return _rate(stamps), len(stamps), (time.process_time() - c0) / max(len(stamps), 1)
+
+    def generate_rate(n: int) -> tuple[float, int, float]:
+        st = Stamps()
+        c0 = time.process_time()
+        with torch.inference_mode():
+            model.generate(
+                torch.tensor([ids]), max_new_tokens=n, do_sample=False, streamer=st, pad_token_id=0
+            )
+        return _rate(st.t), len(st.t), (time.process_time() - c0) / max(len(st.t), 1)
+
+    ours_rate(8)  # warm both up
+    generate_rate(8)
+    mine, theirs, mine_cpu, theirs_cpu = [], [], [], []
+    for r in range(repeat):
+        (a, na, ca), (b, nb, cb) = ours_rate(tokens), generate_rate(tokens)
+        mine.append(a)
+        theirs.append(b)
+        mine_cpu.append(ca)
+        theirs_cpu.append(cb)
+        print(
+            f"transformers round {r + 1}: ours {a:8.2f} tok/s ({na} tokens, {ca * 1000:.1f} ms CPU/token)   "
+            f"generate {b:8.2f} tok/s ({nb} tokens, {cb * 1000:.1f} ms CPU/token)"
+        )
+    ours.close()
+    ratio = max(mine) / max(theirs)
+    print(
+        f"transformers (TransformersBackend.stream vs model.generate, {Path(model_dir).name}, float32 CPU): "
+        f"best {max(mine):.2f} vs {max(theirs):.2f} tok/s; ratio ours/generate {ratio:.3f} (best), "
+        f"{statistics.median(mine) / statistics.median(theirs):.3f} (median); CPU per token ratio "
+        f"generate/ours {statistics.median(theirs_cpu) / statistics.median(mine_cpu):.3f}; target >= 0.9"
+    )
+    return ratio
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=1024)
@@ -128,18 +299,36 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "quant-studio-bench")
+    ap.add_argument("--llama-extra-buffers", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--extra-buffers-ab", action="store_true", help="time extra buffers on against off")
+    ap.add_argument("--prompt-tokens", type=int, default=128, help="prompt length of --extra-buffers-ab")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="llama.cpp threads of --extra-buffers-ab (default: llama.cpp's)",
+    )
+    ap.add_argument(
+        "--hf-model", default="demo", help="model folder for the transformers ratio ('none': skip)"
+    )
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
+    if args.extra_buffers_ab:
+        return extra_buffers_ab(args)
     gguf = build(args.cache, args.hidden, args.layers, args.preset)
 
     import llama_cpp
 
     from studio.core.chat.llama_backend import LlamaCppBackend
+    from studio.core.llamacpp.worker import model_params
 
-    ours = LlamaCppBackend(gguf, n_ctx=args.ctx)
+    ours = LlamaCppBackend(gguf, n_ctx=args.ctx, extra_buffers=args.llama_extra_buffers)
     ours.load()
     ids = ours.tokenize(PROMPT, True)
-    direct = llama_cpp.Llama(model_path=str(gguf), n_ctx=args.ctx, verbose=False, type_k=0, type_v=0)
+    use_extra = bool(ours.runner.extra_buffers)
+    print(f"extra buffers: {ours.runner.decision.describe()}")
+    with model_params(use_extra):  # the same use_extra_bufts as our child
+        direct = llama_cpp.Llama(model_path=str(gguf), n_ctx=args.ctx, verbose=False, type_k=0, type_v=0)
     assert direct.tokenize(PROMPT.encode(), add_bos=True) == ids, "tokenizations differ"
 
     ours_rates, direct_rates, ours_cpu, direct_cpu = [], [], [], []
@@ -187,6 +376,9 @@ def main() -> int:
     print(
         f"peak RSS: this process {self_mib:.0f} MiB (holds the direct model), llama.cpp child {child_mib:.0f} MiB"
     )
+    if args.hf_model != "none":
+        transformers_vs_generate(args.hf_model, args.tokens, args.repeat)
+        print(f"peak RSS after the transformers rounds: {peak_mib():.0f} MiB")
     return 0
 
 

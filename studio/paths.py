@@ -1,35 +1,45 @@
-"""Where the app's data folders (``resources/``, ``icons/``) are, in every way Quant Studio is run.
+"""Where the app's data (``resources/``, ``icons/``) is, in every way Quant Studio is run.
 
-* Installed wheel or PyInstaller bundle: the build copies them into the package as ``studio/_data/``.
-* Source checkout or editable install: they are the top-level folders next to ``studio/``.
+Both top-level folders of the repository are packages of their own, shipped inside ``studio`` as
+``studio._resources`` and ``studio._icons`` (pyproject.toml maps them with ``package-dir``). So:
 
-Callers get a path whether or not it exists, so they can show a clear error or fall back.
+* installed wheel, editable install, PyInstaller bundle: ``importlib.resources`` finds them;
+* a source checkout run with ``PYTHONPATH`` (tests, development): the checkout's own folders, which
+  also wins over an editable install of *another* checkout in the same virtual environment.
+
+A new file anywhere under ``resources/`` or ``icons/`` ships without further edits. Callers get a
+path whether or not it exists, so they can show a clear error.
 """
 
 from __future__ import annotations
 
+import importlib.resources
+from functools import cache
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-"""The installed ``studio`` package folder."""
-
-BUNDLED_DATA = PACKAGE_DIR / "_data"
-"""Where wheels and the PyInstaller bundle put ``resources/`` and ``icons/``."""
+"""The imported ``studio`` package folder."""
 
 SOURCE_ROOT = PACKAGE_DIR.parent
 """The repository root when running from a checkout (it holds ``pyproject.toml``)."""
 
+DATA_PACKAGES = {"resources": "studio._resources", "icons": "studio._icons"}
+"""Top-level data folder -> the package it is shipped as."""
 
+
+@cache
 def data_dir(kind: str) -> Path:
-    """The folder ``kind`` ("resources" or "icons"): the bundled copy if present, else the checkout's."""
-    bundled = BUNDLED_DATA / kind
-    if bundled.is_dir():
-        return bundled
-    # Only trust the parent folder when it really is our checkout: in site-packages a stray
-    # top-level "resources" from another distribution must not be picked up.
-    if (SOURCE_ROOT / "pyproject.toml").is_file() and (SOURCE_ROOT / kind).is_dir():
-        return SOURCE_ROOT / kind
-    return bundled
+    """The folder ``kind`` ("resources" or "icons") as a real directory."""
+    package = DATA_PACKAGES[kind]
+    checkout = SOURCE_ROOT / kind
+    if (SOURCE_ROOT / "pyproject.toml").is_file() and (checkout / "__init__.py").is_file():
+        return checkout
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError:
+        return PACKAGE_DIR / f"_{kind}"  # absent: callers report the missing file
+    # Wheels and bundles install plain files, so the Traversable is a pathlib.Path already.
+    return Path(str(root))
 
 
 def resource_path(*parts: str) -> Path:
@@ -42,4 +52,4 @@ def icon_path(name: str) -> Path:
     return data_dir("icons") / (name if Path(name).suffix else f"{name}.svg")
 
 
-__all__ = ["BUNDLED_DATA", "PACKAGE_DIR", "SOURCE_ROOT", "data_dir", "icon_path", "resource_path"]
+__all__ = ["DATA_PACKAGES", "PACKAGE_DIR", "SOURCE_ROOT", "data_dir", "icon_path", "resource_path"]

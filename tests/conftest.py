@@ -24,11 +24,13 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         shutil.rmtree(_TEST_CACHE, ignore_errors=True)
 
 
-try:  # TEMPORARY (issue 10 replaces it): the same guard as the llama.cpp child, for in-process loads
-    from studio.core.llamacpp.worker import _no_extra_buffers
+pytest_plugins = ["tests.factory_fixtures", "tests.real_fixtures"]
 
-    _no_extra_buffers()
-except Exception:  # pragma: no cover
-    pass
 
-pytest_plugins = ["tests.factory_fixtures"]
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """What the real-model tier spent preparing the demo and its exports (its fixed cost)."""
+    from tests.real_fixtures import PREPARE_SECONDS
+
+    if PREPARE_SECONDS:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in PREPARE_SECONDS.items())
+        terminalreporter.write_line(f"real-model tier set-up: {parts}")

@@ -1,4 +1,4 @@
-"""PyInstaller entry point of the command line (``quant-studio-cli``); see packaging/quant-studio.spec."""
+"""PyInstaller entry point of the command line (``quant-studio-cli``); see packaging/pyinstaller/quant-studio.spec."""
 
 import multiprocessing
 import sys

@@ -1,4 +1,4 @@
-"""PyInstaller entry point of the window (``quant-studio``); see packaging/quant-studio.spec."""
+"""PyInstaller entry point of the window (``quant-studio``); see packaging/pyinstaller/quant-studio.spec."""
 
 import multiprocessing
 import sys

@@ -14,6 +14,36 @@ from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
 
 
+def add_allow_pickle_option(parser: Any) -> None:
+    """``--allow-pickle``: accept pickle weights, converted in a child process, never unpickled here."""
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
+    )
+
+
+def add_extra_buffers_option(parser: Any, what: str) -> None:
+    """``--llama-extra-buffers {auto,on,off}``: llama.cpp's weight repacking for ``what``."""
+    from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES
+
+    parser.add_argument(
+        "--llama-extra-buffers",
+        choices=EXTRA_BUFFER_CHOICES,
+        default="auto",
+        help=(
+            f"llama.cpp's extra buffer types (repacked weights) for {what}: auto (the default) is off on "
+            "a CPU with AMX or after a crash with them on this machine, on otherwise"
+        ),
+    )
+
+
+def print_notes(notes: Iterable[str]) -> None:
+    """Print each note on stderr as ``note: ...`` (things the user should know, not errors)."""
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+
+
 def print_json(obj: Any, *, indent: int | None = 2) -> None:
     """Print ``obj`` as JSON on stdout (the whole of what ``--json`` prints)."""
     print(json.dumps(obj, indent=indent))

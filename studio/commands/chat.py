@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from studio.commands._common import print_json
+from studio.commands._common import add_allow_pickle_option, add_extra_buffers_option, print_json, print_notes
 
 
 def register(subparsers: Any) -> None:
@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
             "its speed. A GGUF runs in llama.cpp (in a child process), a model folder in transformers."
         ),
     )
-    p.add_argument("--model", required=True, metavar="A", help="a model folder or a GGUF file")
+    p.add_argument("--model", required=True, metavar="A", help="a model folder or a GGUF file (the original)")
     p.add_argument(
         "--compare", action="append", default=[], metavar="B", help="another model to compare (repeatable)"
     )
@@ -40,6 +40,20 @@ def register(subparsers: Any) -> None:
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
     p.add_argument("--truncate", action="store_true", help="keep only the end of a prompt that is too long")
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a .gguf --model in transformers, from the float32 Hugging Face folder the studio "
+        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
+    )
+    add_allow_pickle_option(p)
+    add_extra_buffers_option(p, "GGUF files")
+    p.add_argument(
+        "--kv-type",
+        default=None,
+        choices=("f32", "f16", "q8_0", "q4_0"),
+        help="llama.cpp KV-cache type for GGUF models (default f32); q8_0 and q4_0 use flash attention",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 
@@ -55,9 +69,26 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    paths = [args.model, *args.compare]
+    model = args.model
+    if args.dequantize and str(model).lower().endswith(".gguf"):
+        from studio.commands._common import ProgressLine
+        from studio.core.jobs import JobContext
+        from studio.core.model.gguf_source import hf_folder_for
+
+        with ProgressLine() as line:
+            model = hf_folder_for(model, JobContext(on_progress=line.fraction, min_interval=0.2))
+    paths = [model, *args.compare]
     backends = [
-        open_backend(p, n_ctx=args.ctx, device=args.device, dtype=args.dtype, n_gpu_layers=args.gpu_layers)
+        open_backend(
+            p,
+            n_ctx=args.ctx,
+            device=args.device,
+            dtype=args.dtype,
+            n_gpu_layers=args.gpu_layers,
+            extra_buffers=args.llama_extra_buffers,
+            allow_pickle=args.allow_pickle,
+            kv_type=args.kv_type,
+        )
         for p in paths
     ]
     session = ChatSession(backends, system=args.system)
@@ -69,7 +100,12 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for path, out in zip(paths, outcomes, strict=False):
         r = out.result
-        row: dict[str, Any] = {"path": str(path), "label": out.label, "error": out.error}
+        row: dict[str, Any] = {
+            "path": str(path),
+            "label": out.label,
+            "error": out.error,
+            "notes": list(out.notes),
+        }
         if r is not None:
             div = first_divergence(ref.tokens, r.tokens) if ref is not None else None
             row.update(
@@ -113,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
                 f"first token after {row['ttft_s'] * 1000:.0f} ms, ended: {row['stop_reason']}{same}"
             )
     sys.stdout.flush()
+    print_notes(n for row in rows for n in row["notes"])
     for row in rows:
         if row["error"]:
             print(f"error: {row['error']}", file=sys.stderr)

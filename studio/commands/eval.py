@@ -7,7 +7,12 @@ import math
 import sys
 from typing import Any
 
-from studio.commands._common import ProgressLine, print_json
+from studio.commands._common import (
+    ProgressLine,
+    add_allow_pickle_option,
+    add_extra_buffers_option,
+    print_json,
+)
 from studio.core.jobs import JobContext
 
 
@@ -42,6 +47,22 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
     )
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="run a .gguf --original in transformers, from the float32 Hugging Face folder the studio "
+        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
+    )
+    add_allow_pickle_option(p)
+    add_extra_buffers_option(p, "the GGUF files")
+    p.add_argument(
+        "--kv-type",
+        action="append",
+        default=[],
+        choices=("f32", "f16", "q8_0", "q4_0"),
+        help="llama.cpp KV-cache type for the variants (repeatable: each variant runs once per type; "
+        "default f32, exact); q8_0 and q4_0 run with flash attention",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(handler=run)
 
@@ -55,8 +76,13 @@ def run(args: argparse.Namespace) -> int:
     from studio.core.evaluate import evaluate
 
     with ProgressLine() as line:
+        original = args.original
+        if args.dequantize and str(original).lower().endswith(".gguf"):
+            from studio.core.model.gguf_source import hf_folder_for
+
+            original = hf_folder_for(original, JobContext(on_progress=line.fraction, min_interval=0.2))
         report = evaluate(
-            args.original,
+            original,
             args.variant,
             text=args.text,
             n_ctx=args.ctx,
@@ -64,8 +90,15 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             n_gpu_layers=args.gpu_layers,
-            ctx=JobContext(on_progress=line.fraction, on_log=line.log),
+            extra_buffers=args.llama_extra_buffers,
+            allow_pickle=args.allow_pickle,
+            ctx=JobContext(on_progress=line.fraction, on_log=lambda m: line.log(f"note: {m}")),
+            kv_types=args.kv_type,
         )
+    from studio.core.evaluate.record import save_records
+    from studio.core.lab.verdict import judge
+
+    notes = save_records(report)  # beside each variant, for the model card of an upload
     failed = [v for v in report.variants if v.error]
     if args.json:
         print_json(report.to_dict())
@@ -77,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"{'model':<28} {'PPL':>10} {'ΔPPL':>8} {'KL mean':>10} {'KL p99':>10} {'same top':>9} {'MB':>9} {'BPW':>6}"
+            f" {'KV':>5} {'KV MB':>8}  verdict"
         )
         print(
             f"{o.label[:28]:<28} {_fmt(o.ppl, '10.4f')} {'':>8} {'':>10} {'':>10} {'':>9} {o.file_bytes / 1e6:9.2f} {_fmt(o.bpw, '6.2f')}"
@@ -88,9 +122,12 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"{v.label[:28]:<28} {_fmt(v.ppl, '10.4f')} {_fmt(v.delta_ppl_pct(o.ppl), '+7.2f')}% "
                 f"{_fmt(v.kld_mean, '10.6f')} {_fmt(v.kld_p99, '10.6f')} {_fmt(v.same_top_pct, '8.2f')}% "
-                f"{v.file_bytes / 1e6:9.2f} {_fmt(v.bpw, '6.2f')}"
+                f"{v.file_bytes / 1e6:9.2f} {_fmt(v.bpw, '6.2f')} {v.kv_type:>5} {v.kv_cache_bytes / 1e6:8.2f}  "
+                f"{judge(o.ppl, v.ppl).verdict.value}"
             )
     sys.stdout.flush()
+    for note in notes:
+        print(note, file=sys.stderr)
     for v in failed:
         print(f"error: {v.error}", file=sys.stderr)
     return 2 if failed else 0

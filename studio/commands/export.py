@@ -6,7 +6,15 @@ import argparse
 import sys
 from typing import Any
 
-from studio.commands._common import ProgressLine, print_json, read_text, write_text
+from studio.commands._common import (
+    ProgressLine,
+    add_allow_pickle_option,
+    add_extra_buffers_option,
+    print_json,
+    print_notes,
+    read_text,
+    write_text,
+)
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 
@@ -18,11 +26,15 @@ def register(subparsers: Any) -> None:
         help="export a model to GGUF with a preset or a per-tensor plan",
         description=(
             "Convert a Hugging Face model folder to a GGUF file that llama.cpp runs, quantizing each "
-            "tensor as a preset (Q4_K_M, Q8_0, ...) or a saved plan says. The file is written to "
+            "tensor as a preset (Q4_K_M, Q8_0, ...) or a saved plan says. A GGUF MODEL is requantized "
+            "the way llama-quantize --allow-requantize does it (metadata, tokenizer and chat template "
+            "copied; tensors already of their planned type copied unchanged). The file is written to "
             "OUT.partial and renamed only when complete and validated."
         ),
     )
-    p.add_argument("model", metavar="MODEL", help="model folder (or cached Hub id)")
+    p.add_argument(
+        "model", metavar="MODEL", help="model folder, cached Hub id, or a .gguf file (requantized)"
+    )
     p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF file to write")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -58,17 +70,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--verify", action="store_true", help="compare the result with the original model afterwards"
     )
+    add_extra_buffers_option(p, "--verify")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
     p.add_argument(
         "--imatrix",
         metavar="FILE",
         help="importance matrix (llama.cpp's GGUF or legacy .dat format, e.g. from quant-studio-cli calibrate)",
     )
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
-    )
+    add_allow_pickle_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(handler=run)
 
@@ -117,6 +126,16 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
     return plan_from_preset(info, args.preset, overrides, imatrix=bool(getattr(args, "imatrix", None)))
 
 
+def _gguf_source(ck: Any) -> Any:
+    """The ``SourceSummary`` of a GGUF original (requantization), None for other checkpoints."""
+    g = getattr(ck, "gguf", None)
+    if g is None:
+        return None
+    from studio.core.model.gguf_source import source_summary
+
+    return source_summary(g)
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
     from studio.core.export import check_exportable, export_gguf
@@ -125,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
 
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
+        source = _gguf_source(ck)
     check_exportable(info)
+    if source is not None and source.warning and not args.json:
+        print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
         from studio.core.verify import check_verifiable
 
@@ -165,13 +187,16 @@ def run(args: argparse.Namespace) -> int:
         "fallbacks": [f.to_dict() for f in res.fallbacks],
         "notes": list(res.notes),
     }
+    if source is not None:
+        out["source"] = source.to_dict()
     if imatrix is not None:
         out["imatrix"] = {"file": args.imatrix, "entries": len(imatrix), "chunks": imatrix.chunk_count}
     if args.verify:
         from studio.core.verify import verify_gguf
 
         print("verifying against the original model ...", file=sys.stderr)
-        v = verify_gguf(res.path, info.path, device=args.device)
+        v = verify_gguf(res.path, info.path, device=args.device, extra_buffers=args.llama_extra_buffers)
+        print_notes(v.notes)
         out["verify"] = {
             "tokens": v.n_tokens,
             "top1_agreement": v.top1_agreement,
@@ -179,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
             "max_abs_diff": v.max_abs_diff,
             "relative_max_diff": v.relative_max_diff,
             "mean_cosine": v.mean_cosine,
+            "notes": list(v.notes),
         }
     if args.json:
         print_json(out)

@@ -1,4 +1,4 @@
-"""``quant-studio-cli hub``: search the Hub, show a model, download it (resumable, verified), manage the cache.
+"""``quant-studio-cli hub``: search the Hub, show a model, download it (resumable, verified), upload a GGUF, manage the cache.
 
 The token comes from the OS keyring, ``HF_TOKEN`` or huggingface_hub's login, never from the command
 line (where other users could read it in the process list).
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``hub`` command and its sub-commands."""
     p = subparsers.add_parser(
         "hub",
-        help="search, inspect and download Hugging Face Hub models; manage the cache",
+        help="search, inspect, download and upload Hugging Face Hub models; manage the cache",
         description=(
             "Search the Hugging Face Hub, show a model's files and whether it fits this machine, download "
             "it into the standard cache (resumable, checksum-verified) and manage that cache. The token "
@@ -71,6 +71,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: the Hugging Face cache)")
     d.add_argument("--json", action="store_true", help="print a JSON object with the local path")
     d.set_defaults(handler=_download)
+
+    u = sub.add_parser(
+        "upload",
+        help="upload a GGUF to a Hub model repository, with a generated model card",
+        description=(
+            "Upload a GGUF file to the model repository USER/NAME (created if needed, private with "
+            "--private) in one commit with a README model card written from the file's metadata and its "
+            "last evaluation (quant-studio-cli eval keeps it beside the file). The token needs write "
+            "access; it comes from the OS keyring, HF_TOKEN or `hf auth login`. A failed upload leaves "
+            "the Hub as it was, and the message says so."
+        ),
+    )
+    u.add_argument("file", metavar="FILE.gguf", help="the GGUF file to upload")
+    u.add_argument("--repo", required=True, metavar="USER/NAME", help="the model repository to upload to")
+    u.add_argument("--private", action="store_true", help="create the repository as private")
+    u.add_argument("--json", action="store_true", help="print a JSON object (with the card's text)")
+    u.set_defaults(handler=_upload)
 
     c = sub.add_parser(
         "cache",
@@ -203,6 +220,28 @@ def _download(args: argparse.Namespace) -> int:
         if res.note:
             print(res.note, file=sys.stderr)
         print(res.path)
+    return 0
+
+
+def _upload(args: argparse.Namespace) -> int:
+    from studio.core.hub.upload import upload_gguf
+
+    with ProgressLine(width=120) as line:
+        res = upload_gguf(
+            args.file,
+            args.repo,
+            token=_token(),
+            private=args.private,
+            ctx=JobContext(on_progress=line.fraction, on_log=line.log),
+        )
+    if args.json:
+        print_json(res.to_json())
+        return 0
+    for note in res.notes:
+        print(note, file=sys.stderr)
+    made = "created and uploaded to" if res.created_repo else "uploaded to"
+    card = " with its model card" if res.card_written else ""
+    print(f"{res.file_name} ({format_bytes(res.file_bytes)}) {made} {res.repo_id}{card}: {res.file_url}")
     return 0
 
 

@@ -46,6 +46,7 @@ def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[
         raise StudioError(f"--ctx must be a positive number of tokens, not {ctx_len}.")
     with open_model(model, allow_pickle=allow_pickle) as ck:
         info = ck.info
+        stored = _stored_as(ck)
     hw = detect(probe_torch=False)
     estimates = estimate_presets(info, hw, ctx_len)
     roles = Counter(t.role.value for t in info.tensors)
@@ -72,6 +73,7 @@ def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[
             for t in info.tensors
         ],
         "warnings": list(info.warnings),
+        "stored_as": stored,
         "hardware": {
             "cpu": hw.cpu_name,
             "cpu_cores": hw.cpu_cores,
@@ -108,6 +110,16 @@ def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[
     }
 
 
+def _stored_as(ck: Any) -> dict[str, Any] | None:
+    """For a GGUF: its types and bits per weight, and the requantization warning (None otherwise)."""
+    g = getattr(ck, "gguf", None)
+    if g is None:
+        return None
+    from studio.core.model.gguf_source import source_summary
+
+    return source_summary(g).to_dict()
+
+
 def format_text(r: dict[str, Any]) -> str:
     """The report as readable text."""
     lines = [
@@ -118,6 +130,14 @@ def format_text(r: dict[str, Any]) -> str:
     ]
     for role, n in sorted(r["roles"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {role:<14}{n:>6}")
+    stored = r.get("stored_as")
+    if stored:
+        types = ", ".join(
+            f"{k}×{v}" for k, v in sorted(stored["types"].items(), key=lambda kv: -stored["weights"][kv[0]])
+        )
+        lines.append(f"Stored as:    {types} ({stored['bpw']:.2f} bits per weight)")
+        if stored["warning"]:
+            lines.append(f"  note: {stored['warning']}")
     if r["warnings"]:
         lines.append("Warnings:")
         lines += [f"  - {w}" for w in r["warnings"]]

@@ -239,7 +239,13 @@ def export_gguf(
             raise ExportError(f"The output name {out.name} should end in .gguf.")
         plan = _resolve_plan(plan, info)
         lay = layout(info)
-        if backend == "llama.cpp":
+        if info.format.value == "gguf":  # a GGUF original: llama-quantize --allow-requantize semantics
+            from studio.core.requantize import requantize_gguf
+
+            result = requantize_gguf(
+                ckpt, out, plan, backend=backend, device=device, imatrix=imatrix, ctx=ctx, validate=validate
+            )
+        elif backend == "llama.cpp":
             result = _export_llamacpp(ckpt, lay, out, plan, inputs, imatrix, ctx, source_repo, validate)
         else:
             result = _export_studio(ckpt, lay, out, plan, inputs, device, imatrix, ctx, source_repo, validate)
@@ -266,14 +272,10 @@ def export_gguf(
 
 
 def check_exportable(info: Any) -> None:
-    """Raise an ExportError when ``info`` is not a checkpoint export can convert (a GGUF file)."""
-    from studio.core.model.types import CheckpointFormat
-
-    if info.format == CheckpointFormat.GGUF:
-        raise ExportError(
-            f"{info.path} is already a GGUF file; export converts a Hugging Face model folder "
-            "(config.json, tokenizer and .safetensors weights). Choose the folder of the original model."
-        )
+    """Raise an ExportError when ``info`` cannot be exported at all (every format we open can be:
+    a GGUF original is requantized, see ``studio.core.requantize``)."""
+    if not info.tensors:
+        raise ExportError(f"{info.path} contains no tensors to export.")
 
 
 def _check_device(device: str) -> str:
@@ -301,10 +303,13 @@ def _write_metadata(
     plan: Plan,
     ftype: int,
     source_repo: str | None,
+    n_params: int,
     imatrix: Mapping[str, Any] | None = None,
 ) -> TokenizerSummary:
+    add_general_metadata(
+        w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo, n_params=n_params
+    )
     add_arch_metadata(w.kv, info)
-    add_general_metadata(w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo)
     tok = add_tokenizer(w.kv, info)
     # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix) is recorded as llama-quantize does
     for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
@@ -341,7 +346,8 @@ def _export_studio(
     done = 0
     ctx.report(0, total, "Writing metadata")
     with AtomicGGUFWriter(out, lay.arch) as w:
-        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, imatrix)
+        n_params = sum(math.prod(it.shape) for it in items)
+        tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, n_params, imatrix)
         for it in items:
             w.add_tensor_info(it.gguf_name, it.shape, it.qtype, it.nbytes)
         w.begin()
@@ -496,11 +502,11 @@ def _hold_lock(p: Path) -> int | None:
 def llamacpp_validator(path: Path) -> None:
     """Post-write check: llama.cpp loads the file's vocabulary in a child process
     (test_llamacpp_validation_rejects_unloadable_file in tests/core/export/test_export_faults.py)."""
-    from studio.core.llamacpp import LlamaWorker
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
 
-    with LlamaWorker(label="llama.cpp (validation)") as wk:
+    with LlamaRunner(label="llama.cpp (validation)") as wk:
         try:
-            wk.request("load", path=str(path), vocab_only=True, timeout=120)
+            wk.load(path, LoadOptions(vocab_only=True), timeout=120)
         except Exception as err:
             raise ExportError(f"llama.cpp cannot load the written file {path.name}: {err}") from err
 

@@ -89,6 +89,8 @@ class GGUFFile:
     data_start: int
     file_size: int
     warnings: tuple[str, ...] = field(default=())
+    # key -> (GGUF value type, element type of an array or None): what a faithful copy must write
+    value_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
 def _ggml_types() -> dict[int, tuple[str, int, int]]:
@@ -110,6 +112,7 @@ class _Cursor:
         self.pos = 0
         self.path = path
         self.warnings: list[str] = []
+        self.last_etype: int | None = None  # element type of the last top-level array read
 
     @property
     def remaining(self) -> int:
@@ -163,6 +166,8 @@ class _Cursor:
             if depth >= MAX_ARRAY_DEPTH:
                 raise self.bad(f"{what} nests arrays deeper than {MAX_ARRAY_DEPTH} levels")
             etype = self.u32(f"the element type of {what}")
+            if depth == 0:
+                self.last_etype = etype
             count = self.u64(f"the length of {what}")
             if etype in _SCALARS:
                 dt = _SCALARS[etype][1]
@@ -215,12 +220,15 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFFile:
         )
 
     metadata: dict[str, Any] = {}
+    value_types: dict[str, tuple[int, int | None]] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
         if key in metadata:
             raise cur.bad(f"metadata key {key!r} appears twice")
         vtype = cur.u32(f"the type of metadata {key!r}")
+        cur.last_etype = None
         metadata[key] = cur.value(vtype, f"metadata {key!r}")
+        value_types[key] = (vtype, cur.last_etype if vtype == _ARRAY else None)
 
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in metadata:
@@ -294,4 +302,5 @@ def _parse(buf: Any, size: int, path: Path) -> GGUFFile:
         data_start=data_start,
         file_size=size,
         warnings=tuple(cur.warnings),
+        value_types=value_types,
     )

@@ -1,5 +1,6 @@
 """Check an exported GGUF against the original: same token ids through llama.cpp (in a child
-process, F32 KV cache) and through transformers (float32), then top-1 agreement and mean KL."""
+process through ``LlamaRunner``, F32 KV cache) and through transformers (float32), then top-1
+agreement and mean KL (causal LMs) or the cosine of per-token hidden states (encoders)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class VerifyResult:
     max_abs_diff: float  # largest |logit| (or hidden-state) difference
     value_range: float  # range of the original's logits (or hidden states)
     mean_cosine: float | None = None  # encoders: mean cosine similarity of per-token hidden states
+    notes: tuple[
+        str, ...
+    ] = ()  # how llama.cpp ran, when the user should know (a restart without extra buffers)
 
     @property
     def relative_max_diff(self) -> float:
@@ -56,6 +60,8 @@ def check_verifiable(checkpoint_path: str | Path) -> None:
     unpickle a ``pytorch_model.bin`` in this process, which the studio only does in a child."""
     p = Path(checkpoint_path)
     folder = p if p.is_dir() else p.parent
+    if p.suffix.lower() == ".gguf":  # a GGUF original runs in llama.cpp (requantize.verify_against_gguf)
+        return
     if p.suffix == ".safetensors" or any(folder.glob("*.safetensors")):
         return
     raise EvaluationError(
@@ -73,14 +79,24 @@ def verify_gguf(
     text: str | None = None,
     max_tokens: int = 128,
     ctx: JobContext | None = None,
+    extra_buffers: str = "auto",
 ) -> VerifyResult:
-    """Run the same token ids through the GGUF (llama.cpp, child process) and the original model."""
+    """Run the same token ids through the GGUF (llama.cpp, child process) and the original model.
+
+    ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``.
+    """
     from studio.core.gguf_read import read_gguf
-    from studio.core.llamacpp import LlamaWorker
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
 
     ctx = ctx or null_context()
     text = text or DEFAULT_TEXT
     folder = Path(checkpoint_path)
+    if folder.suffix.lower() == ".gguf":
+        from studio.core.requantize import verify_against_gguf
+
+        return verify_against_gguf(
+            gguf_path, folder, text=text, max_tokens=max_tokens, ctx=ctx, extra_buffers=extra_buffers
+        )
     check_verifiable(folder)
     if not folder.is_dir():  # a single .safetensors file: transformers wants its folder
         folder = folder.parent
@@ -96,10 +112,11 @@ def verify_gguf(
     except (OSError, ValueError) as err:
         raise EvaluationError(f"transformers could not read the config of {folder}: {err}") from None
     is_encoder = cfg.model_type == "bert"
-    with LlamaWorker(label="llama.cpp (verification)") as wk:
+    base = LoadOptions(extra_buffers=extra_buffers)
+    with LlamaRunner(label="llama.cpp (verification)", on_note=ctx.log) as wk:
         ctx.check_cancelled()
         if is_encoder:
-            wk.request("load", path=str(gguf_path), embedding=True, n_ctx=max(64, max_tokens + 8))
+            wk.load(gguf_path, base.replace(embedding=True, n_ctx=max(64, max_tokens + 8)))
             r = wk.request("embed", text=text)
             ids, got = r["ids"][:max_tokens], np.asarray(r["embeddings"], dtype=np.float32)[:max_tokens]
         else:
@@ -112,9 +129,10 @@ def verify_gguf(
             ids = list(tok(text)["input_ids"])[:max_tokens]
             if len(ids) < 2:
                 raise EvaluationError("The verification text is too short after tokenization.")
-            wk.request("load", path=str(gguf_path), logits_all=True, n_ctx=max(64, len(ids) + 8))
+            wk.load(gguf_path, base.replace(logits_all=True, n_ctx=max(64, len(ids) + 8)))
             ctx.report(1, 3, "Running llama.cpp")
             got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
+        notes = wk.notes
     ctx.check_cancelled()
     ctx.report(2, 3, "Running transformers")
     try:
@@ -143,6 +161,7 @@ def verify_gguf(
             float(np.abs(ref - got).max()),
             float(ref.max() - ref.min()),
             float(cos.mean()),
+            notes,
         )
     top1, kl, mx, rng = compare_logits(ref, got)
-    return VerifyResult(len(ids), top1, kl, mx, rng)
+    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)

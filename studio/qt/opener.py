@@ -23,7 +23,7 @@ from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
-DEMO_NAME = "Demo model"
+DEMO_NAME = "SmolLM2-135M-Instruct (demo)"
 STATUS_MS = 8000
 
 
@@ -134,13 +134,13 @@ class ModelOpener(QObject):
 
     @Slot()
     def open_demo(self) -> Job | None:
-        """Build (or reuse) the local demo checkpoint in the background, then open it."""
+        """Prepare (once) or reuse the demo model (SmolLM2-135M-Instruct) in the background, then open it."""
         if self._busy():
             return None
         services = self._services
 
         def task(ctx: JobContext) -> tuple[Path, Any]:
-            ctx.report(0, 1, "Building the demo model")
+            ctx.report(0, 1, "Preparing the demo model")
             path = Path(services.demo_model_path(ctx))
             ctx.check_cancelled()
             ckpt = services.open_model(path, ctx, False)
@@ -153,10 +153,16 @@ class ModelOpener(QObject):
             "Opening the demo model",
             task,
             kind="open",
-            on_success=lambda result: self._opened(*result, DEMO_NAME),
+            on_success=lambda result: self._demo_opened(*result),
             on_error=lambda msg: self._show_error("Cannot open the demo model", msg),
             discard=_close_checkpoint,
         )
+
+    def _demo_opened(self, path: Path, checkpoint: Any) -> None:
+        self._opened(path, checkpoint, DEMO_NAME)
+        from studio.qt.demo_screen import show_first_screen
+
+        show_first_screen(self._window)
 
     def _opened(self, path: Path, checkpoint: Any, name: str = "") -> None:
         # The checkpoint knows where it really is (a Hub id resolves to its cache snapshot).

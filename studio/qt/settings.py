@@ -20,6 +20,8 @@ CALIB_FILE_KEY = "calibrate/file"
 CALIB_CTX_KEY = "calibrate/ctx"
 CALIB_CHUNKS_KEY = "calibrate/chunks"
 CALIB_SOURCES = ("builtin", "text", "chat")
+LLAMA_EXTRA_BUFFERS_KEY = "llama/extra_buffers"
+UPLOAD_NAMESPACE_KEY = "hub/upload_namespace"
 
 MAX_RECENT = 10
 THEMES = ("system", "light", "dark")
@@ -110,6 +112,13 @@ class AppSettings:
     calib_file = _Text(CALIB_FILE_KEY, 'The calibration file last chosen, or "".')
     calib_ctx = _Int(CALIB_CTX_KEY, "Tokens per calibration chunk.", 512, 16, 1 << 20)
     calib_chunks = _Int(CALIB_CHUNKS_KEY, "Calibration chunks to use (0: all).", 0, 0, 1 << 20)
+    llama_extra_buffers = _Text(
+        LLAMA_EXTRA_BUFFERS_KEY,
+        'Whether llama.cpp loads use its extra buffer types: "auto", "on" or "off".',
+        "auto",
+        ("auto", "on", "off"),
+    )
+    upload_namespace = _Text(UPLOAD_NAMESPACE_KEY, 'The user or organisation of the last Hub upload, or "".')
 
     def __init__(self, qsettings: QSettings | None = None) -> None:
         self.qsettings = qsettings if qsettings is not None else QSettings()

@@ -116,6 +116,11 @@ def error_color(widget: QWidget) -> str:
     return ERROR_COLOR[is_dark(widget.palette())]
 
 
+def note_colour(widget: QWidget) -> QColor:
+    """The muted colour for side notes in a transcript: the palette's placeholder text colour."""
+    return widget.palette().color(QPalette.ColorRole.PlaceholderText)
+
+
 def set_status(label: QLabel, text: str, *, error: bool = False) -> None:
     """Show ``text`` in a panel's status line, in the theme's error colour when ``error``."""
     label.setText(text)

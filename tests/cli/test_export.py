@@ -90,16 +90,6 @@ def test_malformed_plan_file_is_one_error_line_naming_it(llama_model, tmp_path, 
     assert "edited.json" in line and "malformed" in line
 
 
-def test_gguf_input_is_refused_clearly(llama_model, tmp_path, capsys):
-    # regression: a .gguf MODEL failed half-way through writing with "out has neither tokenizer.model ..."
-    first = tmp_path / "m.gguf"
-    assert main(["export", str(llama_model), "-o", str(first), "--preset", "Q8_0"]) == 0
-    capsys.readouterr()
-    assert main(["export", str(first), "-o", str(tmp_path / "again.gguf"), "--preset", "Q8_0"]) == 2
-    assert "already a GGUF file" in _one_error_line(capsys)
-    assert not (tmp_path / "again.gguf").exists()
-
-
 def test_llamacpp_backend_keeps_llamacpp_warnings_off_stderr(llama_model, tmp_path, capfd):
     # regression: llama-cpp-python maps ggml's log levels off by one, so with verbose=False every
     # per-tensor "llama_tensor_get_type: ... applying manual override" warning reached the terminal

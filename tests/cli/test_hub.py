@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from studio.cli import main
+from studio.core.hub.auth import get_token as _REAL_GET_TOKEN
+from tests.core.chat import fixtures as _fixtures
 from tests.core.hub.fakehub import FakeHub, prepare_env
+
+# shared session fixtures (exports are cached in that module)
+chat_model = _fixtures.chat_model
+gguf_of = _fixtures.gguf_of
 
 
 @pytest.fixture
@@ -98,3 +104,42 @@ def test_info_shows_fit_badges(hub, capsys, monkeypatch):
     code, out, _ = _run(capsys, "info", "tiny-org/tiny-llama-GGUF")
     assert code == 0 and "Q4_K_M: fits on the GPU" in out
     assert "tiny-llama-IQ4_XS.gguf" in out and "IQ4_XS: fits on the GPU" in out
+
+
+def test_upload_after_eval_carries_the_measured_numbers_into_the_card(
+    hub, monkeypatch, capsys, tmp_path, chat_model, gguf_of
+):
+    from studio.core.hub import auth
+
+    # The token comes from HF_TOKEN (no keyring, no login file under the test's HF_HOME).
+    monkeypatch.setattr(auth, "get_token", _REAL_GET_TOKEN)
+    monkeypatch.setattr(auth, "_keyring", lambda: None)
+    monkeypatch.setenv("HF_TOKEN", "hf_write_token")
+    monkeypatch.setattr("huggingface_hub.utils._http.time.sleep", lambda s: None)
+    q4 = tmp_path / "tiny-Q4_K_M.gguf"
+    q4.write_bytes(gguf_of(chat_model, "Q4_K_M").read_bytes())
+    code = main(["eval", "--original", str(chat_model), "--variant", str(q4), "--ctx", "64", "--chunks", "2",
+                 "--device", "cpu", "--json"])  # fmt: skip
+    assert code == 0
+    (ev,) = json.loads(capsys.readouterr().out)["variants"]
+    code, out, err = _run(capsys, "upload", str(q4), "--repo", "alice/tiny-GGUF", "--private", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    repo = hub.repos["alice/tiny-GGUF"]
+    assert repo.private and repo.files[q4.name] == q4.read_bytes() and res["sha256"] == repo.sha256(q4.name)
+    card = repo.files["README.md"].decode()
+    assert card == res["card"] and "**Q4_K_M**" in card
+    row = f"| Q4_K_M | {ev['ppl']:.4f} |"
+    assert row in card and f"{ev['kld_mean']:.6f}" in card and f"{ev['same_top_pct']:.2f} %" in card
+    assert "hf_write_token" not in out + err
+
+
+def test_upload_errors_are_one_line_exit_2(hub, monkeypatch, capsys, tmp_path, chat_model, gguf_of):
+    monkeypatch.setattr("studio.commands.hub._token", lambda: "hf_write_token")
+    q4 = gguf_of(chat_model, "Q4_K_M")
+    code, out, err = _run(capsys, "upload", str(q4), "--repo", "bob/theirs")
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]  # above it: progress lines
+    assert code == 2 and out == "" and err.strip().splitlines()[-1] == errors[0] and len(errors) == 1
+    assert "HTTP 403" in errors[0] and "nothing was created on the Hub" in errors[0]
+    code, out, err = _run(capsys, "upload", str(q4), "--repo", "no-namespace")
+    assert code == 2 and "USER/NAME" in err

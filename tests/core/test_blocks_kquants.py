@@ -67,6 +67,21 @@ def test_bytes_equal_llama_cpp_random_scales(qtype: str) -> None:
         )
 
 
+@pytest.mark.parametrize("im", IMATRIX, ids=lambda v: v or "no_imatrix")
+@pytest.mark.parametrize("dist", blocks_data.EXTREME)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_extreme_values_equal_llama_cpp_on_numpy_and_torch(qtype: str, dist: str, im: str | None) -> None:
+    """Ties, signed zeros, subnormals and values beyond fp16 (inf/NaN inside the search), as legacy types."""
+    x = make(dist)
+    qw = imatrix_for(im)
+    theirs = ref.ggml_quantize(x, qtype, qw)
+    assert block_mismatches(kquants.quantize_rows(x, qtype, qw), theirs, qtype) == 0
+    got = kquants_torch.quantize_rows_torch(
+        torch.from_numpy(x), qtype, None if qw is None else torch.from_numpy(qw)
+    ).numpy()
+    assert block_mismatches(got, theirs, qtype) == 0
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_dequantize_equals_gguf_and_ggml(qtype: str) -> None:
     x = mixed()
@@ -92,6 +107,7 @@ def test_torch_cpu_equals_numpy(qtype: str, im: str | None) -> None:
         torch.from_numpy(x), qtype, None if qw is None else torch.from_numpy(qw)
     )
     assert got.dtype == torch.uint8 and got.device.type == "cpu"
+    assert block_mismatches(got.numpy(), ref.ggml_quantize(x, qtype, qw), qtype) == 0  # ggml's own bytes
     assert block_mismatches(got.numpy(), want, qtype) == 0
     back = kquants_torch.dequantize_rows_torch(got, qtype, x.shape[1]).numpy()
     np.testing.assert_array_equal(

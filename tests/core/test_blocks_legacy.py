@@ -85,12 +85,13 @@ def test_roundtrip_error_is_small_for_gaussian(qtype: str) -> None:
 @pytest.mark.parametrize("imatrix", IM, ids=["plain", "imatrix"])
 @pytest.mark.parametrize("dist", ["gauss", "student_t3", "zeros", "constant", "outlier", "tiny", *EXTREME])
 @pytest.mark.parametrize("qtype", TYPES)
-def test_torch_cpu_equals_numpy(qtype: str, dist: str, imatrix: str | None) -> None:
+def test_torch_cpu_equals_llama_cpp_and_numpy(qtype: str, dist: str, imatrix: str | None) -> None:
     torch = pytest.importorskip("torch")
     x = make(dist, seed=3)
     qw = imatrix_for(imatrix)
     a = blocks.quantize(x, qtype, qw)
     b = blocks.quantize(torch.from_numpy(x), qtype, qw, backend="torch")
+    assert np.array_equal(b, ref.ggml_quantize(x, qtype, qw))  # ggml's bytes, not only through numpy
     assert np.array_equal(a, b)
 
 

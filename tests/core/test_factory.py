@@ -10,7 +10,6 @@ import pytest
 from studio.core.errors import StudioError
 from studio.core.factory import (
     ARCHITECTURES,
-    FACTORY_INFO_NAME,
     FactoryError,
     build_tokenizer,
     make_tiny_model,
@@ -300,25 +299,6 @@ def test_tokenizers_are_cached_and_deterministic() -> None:
     assert factory._train_bpe.__wrapped__("bpe-qwen", 1024) == factory._train_bpe("bpe-qwen", 1024)
     tok, spm_bytes, template = build_tokenizer("llama")
     assert spm_bytes == a and template and len(tok) == 1024
-
-
-def test_demo_builds_once_and_is_reused(tmp_path: Path) -> None:
-    from studio.core.demo import DEMO_HIDDEN, demo_model_path
-
-    msgs: list[str] = []
-    ctx = JobContext(on_progress=lambda d, t, m: msgs.append(m), min_interval=0.0)
-    first = demo_model_path(cache_dir=tmp_path, ctx=ctx)
-    assert first.parent == tmp_path and (first / FACTORY_INFO_NAME).is_file()
-    assert any("Saving weights" in m for m in msgs)
-    info = read_factory_info(first)
-    assert info.arch == "llama" and info.hidden == DEMO_HIDDEN and info.outlier_channels
-    stamp = (first / "model.safetensors").stat().st_mtime_ns
-    msgs.clear()
-    again = demo_model_path(cache_dir=tmp_path, ctx=ctx)
-    assert again == first
-    assert msgs == ["Demo model ready"]
-    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary folders left
 
 
 def test_vocab_size_sets_the_tokenizer_and_config(tmp_path: Path) -> None:

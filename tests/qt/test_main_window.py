@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QTableWidget
 
 from studio.qt.fmt import human_bytes
 from studio.qt.main_window import APP_TITLE
+from studio.qt.opener import DEMO_NAME
 from studio.qt.panels.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_ROLE
 from studio.qt.settings import RECENT_KEY
 from studio.qt.theme import verdict_colour
@@ -224,7 +225,7 @@ def test_open_demo_model_builds_and_opens(qtbot, make_window, real_services, tin
     qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
     assert built == [True]
     assert win.state.info.model_type == "qwen2"
-    assert win.windowTitle() == f"Demo model — {APP_TITLE}"
+    assert win.windowTitle() == f"{DEMO_NAME} — {APP_TITLE}"
 
 
 def test_layout_and_geometry_are_remembered(qtbot, make_window, settings_path):
@@ -357,16 +358,20 @@ def test_the_theme_flag_follows_the_palette(qtbot, make_window):
     from PySide6.QtGui import QColor, QPalette
 
     win = make_window()
-    seen = []
-    win.state.themeChanged.connect(seen.append)
+    light = QPalette(win.palette())
+    light.setColor(QPalette.ColorRole.Window, QColor(240, 240, 240))
+    light.setColor(QPalette.ColorRole.WindowText, QColor(20, 20, 20))
     dark = QPalette(win.palette())
     dark.setColor(QPalette.ColorRole.Window, QColor(30, 30, 30))
     dark.setColor(QPalette.ColorRole.WindowText, QColor(230, 230, 230))
-    light_before = win.state.dark
+    win.setPalette(light)  # start light whatever the platform's theme, so each flip is seen
+    assert win.state.dark is False
+    seen = []
+    win.state.themeChanged.connect(seen.append)
     win.setPalette(dark)
-    assert win.state.dark is True
-    if not light_before:
-        assert seen == [True]
+    assert win.state.dark is True and seen == [True]
+    win.setPalette(light)
+    assert win.state.dark is False and seen == [True, False]
 
 
 def _write_tiny_gguf(path: Path) -> list[str]:

@@ -143,8 +143,10 @@ class TransformersBackend(BaseBackend):
         dtype: str = "auto",
         n_ctx: int = 2048,
         label: str | None = None,
+        allow_pickle: bool = False,
     ) -> None:
         super().__init__(path, n_ctx=n_ctx, label=label)
+        self.allow_pickle = allow_pickle  # a pickle-only folder: refused, or converted in a child process
         self.device_request = device
         self.dtype_request = dtype
         self.device = ""
@@ -180,6 +182,10 @@ class TransformersBackend(BaseBackend):
                 f"{folder} needs custom Python code from its repository, which Quant Studio does not run.",
                 hint="Use a model supported by transformers itself.",
             )
+        from studio.core.model.hf_folder import transformers_folder
+
+        # never from_pretrained on pickle weights here: refused, or their safetensors conversion
+        weights = transformers_folder(folder, allow_pickle=self.allow_pickle, ctx=ctx)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -188,11 +194,11 @@ class TransformersBackend(BaseBackend):
         if ctx is not None:
             ctx.check_cancelled()
         try:
-            tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(str(weights), trust_remote_code=False)
             kw: dict[str, Any] = {"attn_implementation": "eager"} if cfg.get("model_type") == "gemma2" else {}
             with no_hf_progress_bars():  # its "Loading weights" bar garbled the CLI's progress line
                 model = AutoModelForCausalLM.from_pretrained(
-                    str(folder), dtype=dtype, trust_remote_code=False, **kw
+                    str(weights), dtype=dtype, trust_remote_code=False, **kw
                 )
         except Exception as err:  # noqa: BLE001 - one sentence for the user, whatever transformers raised
             raise ModelOpenError(f"transformers could not load {folder}: {_first_line(err)}") from err
@@ -318,6 +324,16 @@ class TransformersBackend(BaseBackend):
                 input_ids=torch.tensor([[int(i) for i in ids]], device=self.device), use_cache=False
             )
         return out.logits[0].float().cpu().numpy()
+
+    @property
+    def torch_model(self) -> Any:
+        """The loaded ``transformers`` model (for the lab's fine-tuning); None until loaded."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded ``transformers`` tokenizer; None until loaded."""
+        return self._tok
 
     @property
     def param_count(self) -> int:

@@ -1,9 +1,10 @@
 """Any GGUF through llama-cpp-python in a child process (``LlamaWorker``), streaming tokens back.
 
 The file's header is read here first with our bounded reader (template, special tokens, non-UTF-8
-warnings); llama.cpp then loads it in the child. A GPU load that fails is retried with fewer GPU
-layers and then a smaller context; a child that dies (crash, abort, out of memory) becomes a
-``ChildProcessError_`` of this back end only.
+warnings); llama.cpp then loads it in the child through ``LlamaRunner`` (the one way, which decides
+extra buffers and restarts a first-decode crash once without them). A GPU load that fails is
+retried with fewer GPU layers and then a smaller context; a child that dies (crash, abort, out of
+memory) becomes a ``ChildProcessError_`` of this back end only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from studio.core.chat.backend import BaseBackend, StopCheck
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
 from studio.core.jobs import JobContext
+from studio.core.llamacpp.options import ExtraBuffers, LoadOptions
+from studio.core.llamacpp.runner import LlamaRunner
 
 CHAT_OPS = "studio.core.chat.llama_ops"
 MIN_CTX = 256
@@ -25,8 +28,11 @@ MIN_CTX = 256
 
 def _gguf_header(path: Path) -> Any:
     from studio.core.gguf_read import read_gguf
+    from studio.core.model.gguf_source import check_tokenizer
 
-    return read_gguf(path)
+    header = read_gguf(path)
+    check_tokenizer(header)  # no vocabulary: one sentence, instead of llama.cpp's "failed to load"
+    return header
 
 
 def gpu_attempts(n_gpu_layers: int, n_layers: int, n_ctx: int) -> list[tuple[int, int]]:
@@ -64,20 +70,41 @@ class LlamaCppBackend(BaseBackend):
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         f32_kv: bool = True,
+        kv_type: str | None = None,
         logits_all: bool = False,
         label: str | None = None,
         extra_ops: str = CHAT_OPS,
         worker_factory: Callable[..., Any] | None = None,
+        extra_buffers: ExtraBuffers | str = ExtraBuffers.AUTO,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(path, n_ctx=n_ctx, label=label)
         self.n_gpu_layers_request = int(n_gpu_layers)
         self.n_gpu_layers = 0
         self.n_threads = n_threads
         self.f32_kv = f32_kv
+        if kv_type:
+            from studio.core.lab.kvcache import kv_type as check_kv_type
+
+            kv_type = check_kv_type(kv_type).name  # an unknown name fails here, before a child starts
+        self.kv_type = kv_type  # a ``studio.core.lab.kvcache`` type; None keeps ``f32_kv``
         self.logits_all = logits_all
         self.extra_ops = extra_ops
-        self._factory = worker_factory
-        self._worker: Any = None
+        self.options = LoadOptions(
+            n_ctx=self.n_ctx,
+            n_threads=n_threads,
+            f32_kv=f32_kv,
+            logits_all=logits_all,
+            kv_type=kv_type,
+            extra_buffers=extra_buffers,
+        )
+        self._on_note = on_note
+        self._runner = LlamaRunner(
+            label=f"llama.cpp ({self.path.name})",
+            extra_ops=extra_ops,
+            worker_factory=worker_factory,
+            on_note=self._note,
+        )
         self._shm: Any = None
         self.n_vocab = 0
         self.header_warnings: tuple[str, ...] = ()
@@ -88,14 +115,17 @@ class LlamaCppBackend(BaseBackend):
     @property
     def worker(self) -> Any:
         """The ``LlamaWorker`` running this model (None until loaded)."""
-        return self._worker
+        return self._runner.worker
 
-    def _new_worker(self) -> Any:
-        if self._factory is not None:
-            return self._factory(label=f"llama.cpp ({self.path.name})", extra_ops=self.extra_ops)
-        from studio.core.llamacpp import LlamaWorker
+    @property
+    def runner(self) -> LlamaRunner:
+        """The ``LlamaRunner`` that loads this model."""
+        return self._runner
 
-        return LlamaWorker(label=f"llama.cpp ({self.path.name})", extra_ops=self.extra_ops)
+    def _note(self, text: str) -> None:
+        self._notes.append(text)
+        if self._on_note is not None:
+            self._on_note(text)
 
     def load(self, ctx: JobContext | None = None) -> None:
         """Validate the header, start the child and load; retry smaller on a GPU failure."""
@@ -124,22 +154,14 @@ class LlamaCppBackend(BaseBackend):
         for i, (layers, n_ctx) in enumerate(attempts):
             if ctx is not None:
                 ctx.check_cancelled()
-            if self._worker is None or not self._worker.alive:
-                self._worker = self._new_worker()
             try:
-                info = self._worker.request(
-                    "chat_load",
-                    path=str(self.path),
-                    n_ctx=n_ctx,
-                    n_gpu_layers=layers,
-                    n_threads=self.n_threads,
-                    f32_kv=self.f32_kv,
-                    logits_all=self.logits_all,
+                info = self._runner.load(
+                    self.path, self.options.replace(n_ctx=n_ctx, n_gpu_layers=layers), op="chat_load"
                 )
             except StudioError as err:
-                crashed = not self._worker.alive
+                crashed = not self._runner.alive
                 if crashed and layers == 0:
-                    how = _exit_how(self._worker)
+                    how = _exit_how(self.worker)
                     self._kill()
                     raise ChildProcessError_(
                         f"{self.path.name} crashed the llama.cpp loader ({how}); the model may be damaged or malicious.",
@@ -196,16 +218,16 @@ class LlamaCppBackend(BaseBackend):
     def _call(self, op: str, **args: Any) -> Any:
         self._require_loaded()
         try:
-            return self._worker.request(op, **args)
+            return self._runner.request(op, **args)
         except ChildProcessError_:
-            if not self._worker.alive:
+            if not self._runner.alive:
                 self._loaded = False
                 raise self._died(op) from None
             raise
 
     def _died(self, what: str) -> ChildProcessError_:
         return ChildProcessError_(
-            f"The llama.cpp process of {self.label} stopped unexpectedly ({_exit_how(self._worker)}) while {what}.",
+            f"The llama.cpp process of {self.label} stopped unexpectedly ({_exit_how(self.worker)}) while {what}.",
             hint="Load the model again to continue; the other models are not affected.",
         )
 
@@ -227,7 +249,7 @@ class LlamaCppBackend(BaseBackend):
             flag.buf[0] = 0
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
-            it = self._worker.stream(
+            it = self._runner.stream(
                 "chat_generate",
                 ids=[int(i) for i in ids],
                 stop_name=flag.name if flag is not None else None,
@@ -259,7 +281,7 @@ class LlamaCppBackend(BaseBackend):
                     self._set_flag()
         except ChildProcessError_ as err:
             finished = True
-            if not self._worker.alive:
+            if not self._runner.alive:
                 self._loaded = False
                 raise self._died("generating") from None
             raise ChatError(f"llama.cpp failed while generating with {self.label}: {_detail(err)}") from None
@@ -301,10 +323,8 @@ class LlamaCppBackend(BaseBackend):
     # -- teardown -----------------------------------------------------------------------------------
 
     def _kill(self) -> None:
-        if self._worker is not None:
-            with contextlib.suppress(Exception):
-                self._worker.close(timeout=2.0)
-            self._worker = None
+        with contextlib.suppress(Exception):
+            self._runner.close()
 
     def close(self) -> None:
         """Stop the child and free the stop flag."""

@@ -93,9 +93,10 @@ def _op_chat_generate(
     """Stream ``{"id", "b", "p"}`` per token, then one ``{"end": reason}``."""
     import llama_cpp
 
-    from studio.core.llamacpp.worker import _need
+    from studio.core.llamacpp.worker import _need, before_decode
 
     llm = _need(state)
+    before_decode(state)
     flag = _flag(state, stop_name)
     stopped = (lambda: flag.buf[0] != 0) if flag is not None else (lambda: False)
     vocab = llm._model.vocab

@@ -32,16 +32,33 @@ def open_backend(
     dtype: str = "auto",
     n_gpu_layers: int = 0,
     label: str | None = None,
+    extra_buffers: str = "auto",
+    allow_pickle: bool = False,
+    kv_type: str | None = None,
 ) -> ChatBackend:
-    """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder."""
+    """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder.
+
+    ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``;
+    ``allow_pickle`` lets a pickle-only folder be converted (in a child process) instead of refused;
+    ``kv_type`` (``f32``, ``f16``, ``q8_0``, ``q4_0``) is llama.cpp's KV-cache type; transformers ignores it.
+    """
     p = Path(path).expanduser()
     if p.suffix.lower() == ".gguf":
         from studio.core.chat.llama_backend import LlamaCppBackend
 
-        return LlamaCppBackend(p, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, label=label)
+        return LlamaCppBackend(
+            p,
+            n_ctx=n_ctx,
+            n_gpu_layers=n_gpu_layers,
+            label=label,
+            extra_buffers=extra_buffers,
+            kv_type=kv_type,
+        )
     from studio.core.chat.hf_backend import TransformersBackend
 
-    return TransformersBackend(p, n_ctx=n_ctx, device=device, dtype=dtype, label=label)
+    return TransformersBackend(
+        p, n_ctx=n_ctx, device=device, dtype=dtype, label=label, allow_pickle=allow_pickle
+    )
 
 
 def generate(
@@ -157,6 +174,7 @@ class ColumnOutcome:
     label: str
     result: GenerationResult | None = None
     error: str | None = None
+    notes: tuple[str, ...] = ()  # what the column's back end told since the last turn (retries, fallbacks)
 
 
 class ChatSession:
@@ -167,6 +185,7 @@ class ChatSession:
         self.system = system
         self.user_turns: list[str] = []
         self.replies: list[list[str]] = [[] for _ in self.backends]
+        self._notes_told = [0] * len(self.backends)  # notes of each back end already in an outcome
 
     def messages(self, column: int, next_user: str | None = None) -> list[Message]:
         """The conversation as column ``column`` sees it (plus an upcoming user turn)."""
@@ -267,9 +286,17 @@ class ChatSession:
             reply = out.result.text if out is not None and out.result is not None else ""
             self.replies[i].append(reply)
         return [
-            o if o is not None else ColumnOutcome(i, self.backends[i].label, error="No result.")
+            self._with_notes(
+                o if o is not None else ColumnOutcome(i, self.backends[i].label, error="No result.")
+            )
             for i, o in enumerate(outcomes)
         ]
+
+    def _with_notes(self, out: ColumnOutcome) -> ColumnOutcome:
+        notes = tuple(getattr(self.backends[out.column], "notes", ()))
+        new = notes[self._notes_told[out.column] :]
+        self._notes_told[out.column] = len(notes)
+        return dataclasses.replace(out, notes=new) if new else out
 
     def request_stop(self) -> None:
         """Ask every column to stop before its next token."""

@@ -66,6 +66,8 @@ class VariantScore:
     bpw: float
     n_scored: int
     error: str | None = None
+    kv_type: str = "f32"  # the variant's KV-cache type in llama.cpp (``studio.core.lab.kvcache``)
+    kv_cache_bytes: int = 0  # what that cache takes at the evaluation's context
 
     def delta_ppl_pct(self, original_ppl: float) -> float:
         """Perplexity change relative to the original, in percent."""
@@ -98,18 +100,30 @@ class EvalReport:
     n_chunks: int
     n_tokens: int
     seconds: float
+    notes: tuple[str, ...] = ()  # what the user should know about how models ran (llama.cpp restarts)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form (NaN becomes None)."""
+        """Plain JSON-able form (NaN becomes None); each variant has its ``verdict`` in plain words."""
+        from studio.core.lab.verdict import judge
+
+        def variant(v: VariantScore) -> dict[str, Any]:
+            j = None if v.error else judge(self.original.ppl, v.ppl)
+            return {
+                **asdict(v),
+                "verdict": j.verdict.value if j else None,
+                "verdict_detail": j.to_dict() if j else None,
+            }
+
         return _clean(
             {
                 "original": asdict(self.original),
-                "variants": [asdict(v) for v in self.variants],
+                "variants": [variant(v) for v in self.variants],
                 "text": self.text_name,
                 "ctx": self.n_ctx,
                 "chunks": self.n_chunks,
                 "tokens": self.n_tokens,
                 "seconds": self.seconds,
+                "notes": list(self.notes),
             }
         )
 
@@ -217,14 +231,42 @@ class _Identity:
 # ------------------------------------------------------------------------------------------ scorers
 
 
-def _open_scorer(path: Path, n_ctx: int, device: str, dtype: str, n_gpu_layers: int) -> Any:
-    if path.suffix.lower() == ".gguf":
-        from studio.core.chat.llama_backend import LlamaCppBackend
+def _llama_scorer(
+    path: Path,
+    n_ctx: int,
+    n_gpu_layers: int,
+    extra_buffers: str,
+    on_note: Callable[[str], None],
+    kv_type: str | None = None,
+) -> Any:
+    from studio.core.chat.llama_backend import LlamaCppBackend
 
-        return LlamaCppBackend(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, logits_all=True)
+    return LlamaCppBackend(
+        path,
+        n_ctx=n_ctx,
+        n_gpu_layers=n_gpu_layers,
+        logits_all=True,
+        extra_buffers=extra_buffers,
+        on_note=on_note,
+        kv_type=kv_type,
+    )
+
+
+def _open_scorer(
+    path: Path,
+    n_ctx: int,
+    device: str,
+    dtype: str,
+    n_gpu_layers: int,
+    extra_buffers: str,
+    on_note: Callable[[str], None],
+    allow_pickle: bool,
+) -> Any:
+    if path.suffix.lower() == ".gguf":
+        return _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note)
     from studio.core.chat.hf_backend import TransformersBackend
 
-    return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype)
+    return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
 
 ScorerFactory = Callable[[Path, int], Any]
@@ -240,22 +282,43 @@ def evaluate(
     device: str = "auto",
     dtype: str = "auto",
     n_gpu_layers: int = 0,
+    extra_buffers: str = "auto",
+    allow_pickle: bool = False,
     ctx: JobContext | None = None,
+    kv_types: Sequence[str] = (),
 ) -> EvalReport:
-    """Score ``original`` and every variant on ``text``; see the module docstring for the method."""
+    """Score ``original`` and every variant on ``text``; see the module docstring for the method.
+
+    ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking for the GGUFs, see ``studio.core.llamacpp``.
+    ``allow_pickle``: an original holding only ``pytorch_model.bin`` is converted in a child process
+    (``open_model``'s cached safetensors) instead of refused; it is never unpickled in this process.
+    ``kv_types``: score every variant once per llama.cpp KV-cache type (``f32``, ``f16``, ``q8_0``,
+    ``q4_0``), labelled ``name [KV q8_0]``; empty keeps the exact F32 cache, labelled by name.
+    """
     ctx = ctx or null_context()
     t0 = time.monotonic()
     if n_ctx < 8:
         raise EvaluationError(f"A context of {n_ctx} tokens is too small to evaluate; use at least 8.")
     if max_chunks is not None and max_chunks < 1:
         raise EvaluationError(f"At least one chunk must be evaluated, not {max_chunks}.")
+    if kv_types:
+        from studio.core.lab.kvcache import kv_type
+
+        kv_types = tuple(dict.fromkeys(kv_type(t).name for t in kv_types))  # unknown names fail here
     et = text if isinstance(text, EvalText) else load_text(text)
     orig_path = Path(original).expanduser()
     sl = scored_positions(n_ctx)
     n_rows = sl.stop - sl.start
 
     ctx.report(0, 1, f"Loading {orig_path.name}")
-    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers)
+    notes: list[str] = []
+
+    def note(text: str) -> None:
+        # a restart without extra buffers: in the report and the job's log (the CLI prints it)
+        notes.append(text)
+        ctx.log(text)
+
+    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note, allow_pickle)
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
     try:
         scorer.load(ctx)
@@ -271,7 +334,8 @@ def evaluate(
                 f"The text {et.name} has {len(tokens)} tokens, fewer than one chunk of {n_ctx}.",
                 hint="Use a longer text or a smaller --ctx.",
             )
-        total = len(starts) * (1 + len(variants))
+        runs = [(v, t) for v in variants for t in kv_types] if kv_types else [(v, None) for v in variants]
+        total = len(starts) * (1 + len(runs))
         base: np.ndarray | None = None
         nll_o: list[np.ndarray] = []
         for ci, start in enumerate(starts):
@@ -307,7 +371,7 @@ def evaluate(
         scorer.close()
 
         scores: list[VariantScore] = []
-        for vi, vpath in enumerate(variants):
+        for vi, (vpath, kv) in enumerate(runs):
             done = len(starts) * (1 + vi)
             scores.append(
                 _score_variant(
@@ -322,10 +386,20 @@ def evaluate(
                     done,
                     total,
                     identity,
+                    extra_buffers,
+                    note,
+                    kv,
                 )
             )
         return EvalReport(
-            orig_score, tuple(scores), et.name, n_ctx, len(starts), len(tokens), time.monotonic() - t0
+            orig_score,
+            tuple(scores),
+            et.name,
+            n_ctx,
+            len(starts),
+            len(tokens),
+            time.monotonic() - t0,
+            tuple(notes),
         )
     finally:
         scorer.close()
@@ -346,12 +420,16 @@ def _score_variant(
     done: int,
     total: int,
     identity: _Identity | None = None,
+    extra_buffers: str = "auto",
+    on_note: Callable[[str], None] | None = None,
+    kv_type: str | None = None,
 ) -> VariantScore:
-    from studio.core.chat.llama_backend import LlamaCppBackend
     from studio.core.jobs import JobCancelled
 
     sl = scored_positions(n_ctx)
     nan = float("nan")
+    label = path.name if kv_type is None else f"{path.name} [KV {kv_type}]"
+    kv = {"kv_type": kv_type or "f32", "kv_cache_bytes": 0}
     try:
         if path.is_dir():
             raise EvaluationError(
@@ -361,10 +439,13 @@ def _score_variant(
         file_bytes, bpw = gguf_size(path)
         if identity is not None:
             identity.check_dims(path)
+        from studio.core.lab.memory import gguf_kv_cache_bytes
+
+        kv["kv_cache_bytes"] = gguf_kv_cache_bytes(path, n_ctx, kv_type or "f32")
     except StudioError as err:
-        return VariantScore(str(path), path.name, nan, nan, nan, nan, nan, nan, nan, 0, nan, 0, str(err))
-    ctx.report(done, total, f"Loading {path.name}")
-    var = LlamaCppBackend(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, logits_all=True)
+        return VariantScore(str(path), label, nan, nan, nan, nan, nan, nan, nan, 0, nan, 0, str(err), **kv)
+    ctx.report(done, total, f"Loading {label}")
+    var = _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note or ctx.log, kv_type)
     try:
         var.load(ctx)
         if var.n_vocab != base.shape[-1]:
@@ -383,12 +464,12 @@ def _score_variant(
             nll.append(token_nll(rows, tokens[start + sl.start + 1 : start + sl.stop + 1]))
             kl.append(kl_rows(ref, rows))
             same.append(ref.argmax(-1) == rows.argmax(-1))
-            ctx.report(done + ci + 1, total, f"{path.name}: chunk {ci + 1}/{len(starts)}")
+            ctx.report(done + ci + 1, total, f"{label}: chunk {ci + 1}/{len(starts)}")
     except JobCancelled:
         raise
     except StudioError as err:
         return VariantScore(
-            str(path), path.name, nan, nan, nan, nan, nan, nan, nan, file_bytes, bpw, 0, str(err)
+            str(path), label, nan, nan, nan, nan, nan, nan, nan, file_bytes, bpw, 0, str(err), **kv
         )
     finally:
         var.close()
@@ -397,7 +478,7 @@ def _score_variant(
     st = kl_stats(np.concatenate(kl), np.concatenate(same))
     return VariantScore(
         str(path),
-        path.name,
+        label,
         ppl,
         err,
         st.mean,
@@ -408,4 +489,5 @@ def _score_variant(
         file_bytes,
         bpw,
         st.n,
+        **kv,
     )

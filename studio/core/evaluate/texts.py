@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import EvaluationError
+from studio.paths import resource_path
 
-SAMPLE_PATH = Path(__file__).resolve().parents[3] / "resources" / "eval" / "sample_en.txt"
+SAMPLE_PATH = resource_path("eval", "sample_en.txt")
 """About 3,000 words of plain English prose written for this project."""
 
 MAX_TEXT_BYTES = 64 << 20  # a larger file is almost certainly not meant as evaluation text

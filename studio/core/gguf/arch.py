@@ -122,6 +122,10 @@ def _normalize(model_type: str, name: str) -> str:
 
 def layout(info: ModelInfo) -> Layout:
     """Map every tensor of ``info`` to its GGUF name, shape and transform."""
+    if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original keeps its own names
+        from studio.core.requantize import gguf_layout
+
+        return gguf_layout(info)
     arch = gguf_arch(info)
     mt = str(info.model_type).lower()
     cfg = info.config

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,11 +70,10 @@ def add_arch_metadata(w: Any, info: ModelInfo) -> None:
         return
     w.add_head_count_kv(n_kv)
     w.add_layer_norm_rms_eps(float(hparam(cfg, "rms_norm_eps", default=1e-6)))
-    head_dim = hparam(cfg, "head_dim", default=None)
-    if head_dim is None:
-        head_dim = n_embd // n_head
-    head_dim = int(head_dim)
-    if arch in ("gemma", "gemma2", "qwen3") or head_dim != n_embd // n_head:
+    given_head_dim = hparam(cfg, "head_dim", default=None)
+    head_dim = int(given_head_dim) if given_head_dim is not None else n_embd // n_head
+    # the converter writes them whenever config.json names head_dim (TextModel), and always for Gemma
+    if arch in ("gemma", "gemma2", "qwen3") or given_head_dim is not None or head_dim != n_embd // n_head:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if arch == "llama":
@@ -160,6 +161,51 @@ def extra_tensors(info: ModelInfo) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+MAX_MODEL_CARD = 1 << 20  # a README.md larger than this is not parsed for authorship metadata
+_NAME_FIELDS = ("name", "organization", "basename", "finetune", "version", "size_label")
+
+
+def hub_revision(path: str | Path) -> str | None:
+    """The commit of a Hugging Face cache snapshot folder (``.../snapshots/<40 hex>/...``), else None."""
+    parts = Path(path).expanduser().resolve().parts
+    for prev, part in zip(parts, parts[1:], strict=False):
+        if prev == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", part):
+            return part
+    return None
+
+
+def converter_metadata(info: ModelInfo, n_params: int, source_repo: str | None = None) -> Any:
+    """The authorship metadata llama.cpp's ``convert_hf_to_gguf.py`` derives for this model.
+
+    gguf-py's ``Metadata.load`` is the converter's own code: model card (README.md front matter:
+    license, base models, tags...), config.json's ``_name_or_path``, generation_config.json's sampling
+    settings and the folder name (basename, size label, finetune, version). A model from the Hub cache
+    is named after its repository instead of its snapshot folder, as if cloned under the repo's name.
+    """
+    import gguf
+
+    folder = info.path if info.path.is_dir() else info.path.parent
+    card = folder / "README.md"
+    try:
+        if card.is_file() and card.stat().st_size > MAX_MODEL_CARD:
+            raise ValueError("model card too large")
+        meta = gguf.Metadata.load(None, folder, None, n_params)
+    except Exception:  # noqa: BLE001 - a broken model card or config only costs its metadata
+        meta = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), None, info.config, folder, n_params)
+    if source_repo:
+        # undo what the snapshot folder's hash gave, then read the names off the repository's
+        from_hash = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), None, None, folder, n_params)
+        for field in _NAME_FIELDS:
+            if getattr(from_hash, field) is not None and getattr(meta, field) == getattr(from_hash, field):
+                setattr(meta, field, None)
+        gguf.Metadata.apply_metadata_heuristic(meta, None, None, Path(source_repo.split("/")[-1]), n_params)
+    if meta.name is None:
+        meta.name = folder.name  # the converter's fallback: the folder's name, never its path
+    if meta.size_label is None and n_params > 0:
+        meta.size_label = gguf.size_label(n_params, n_params, 0, 0)
+    return meta
+
+
 def add_general_metadata(
     w: Any,
     info: ModelInfo,
@@ -167,16 +213,25 @@ def add_general_metadata(
     ftype: int,
     plan_json: str | None,
     source_repo: str | None = None,
+    n_params: int = 0,
 ) -> None:
-    """general.* keys plus the studio's own (version and the plan used)."""
-    cfg = info.config
-    name = cfg.get("_name_or_path") or info.path.name
-    w.add_name(str(name).rstrip("/").split("/")[-1] or info.path.name)
+    """general.* keys as llama.cpp's converter writes them, plus the studio's own (version, plan).
+
+    Nothing path-like: a model from the Hub cache records its repo id and revision as URLs
+    (``general.source.repo_url``, ``general.source.url``), a local folder only its name.
+    ``n_params`` counts the weights of every tensor written (the size label is made from it).
+    """
+    import gguf
+
+    w.add_type(gguf.GGUFType.MODEL)
+    meta = converter_metadata(info, n_params, source_repo)
+    if source_repo:
+        meta.source_repo_url = f"https://huggingface.co/{source_repo}"
+        rev = hub_revision(info.path)
+        meta.source_url = f"https://huggingface.co/{source_repo}/tree/{rev}" if rev else meta.source_repo_url
+    meta.set_gguf_meta_model(w)
     w.add_file_type(int(ftype))
     w.add_quantization_version(GGML_QUANT_VERSION)
-    if source_repo:
-        w.add_source_repo_url(f"https://huggingface.co/{source_repo}")
-    w.add_string("general.source.path", str(info.path))
     w.add_string("quant_studio.version", _studio_version())
     if plan_json is not None:
         w.add_string("quant_studio.plan", plan_json)

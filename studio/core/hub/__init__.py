@@ -27,6 +27,7 @@ from studio.core.hub.errors import (
     OfflineError,
     RateLimited,
     RepoNotFound,
+    UploadError,
 )
 from studio.core.hub.gguf_quant import quant_type, quant_type_from_header, quant_type_from_name
 
@@ -45,6 +46,7 @@ __all__ = [
     "RateLimited",
     "RepoFileInfo",
     "RepoNotFound",
+    "UploadError",
     "cached_snapshot",
     "download",
     "download_snapshot",

@@ -48,3 +48,14 @@ class IncompleteSnapshot(OfflineError):
     def __init__(self, message: str, *, missing: tuple[str, ...], hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.missing = missing
+
+
+class UploadError(HubError):
+    """An upload failed: ``kind`` says why (auth, forbidden, rate-limited, network, disk, ...) and
+    ``state`` what is left on the Hub (see ``studio.core.hub.upload``)."""
+
+    def __init__(self, message: str, *, kind: str, state: str, repo_id: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.kind = kind
+        self.state = state
+        self.repo_id = repo_id

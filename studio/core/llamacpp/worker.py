@@ -51,6 +51,7 @@ class LlamaWorker:
         self._proc.start()
         child.close()
         self._busy = False
+        self._killed = False  # set when the parent stopped the child (a timeout, close)
         self.request("ping", timeout=start_timeout)
 
     @property
@@ -62,6 +63,22 @@ class LlamaWorker:
     def alive(self) -> bool:
         """Whether the child is still running."""
         return self._proc.is_alive()
+
+    @property
+    def exit_signal(self) -> int | None:
+        """The signal that ended the child on its own (a crash), or None (alive, exited, or killed by us)."""
+        if self._killed or self._proc.is_alive():
+            return None
+        self._proc.join(timeout=1.0)
+        code = self._proc.exitcode
+        return -code if isinstance(code, int) and code < 0 else None
+
+    @property
+    def exit_how(self) -> str:
+        """``signal SIGSEGV`` / ``exit code 1`` / ``no exit code`` of the child."""
+        if not self._proc.is_alive():
+            self._proc.join(timeout=1.0)
+        return _signal_name(self._proc.exitcode)
 
     def __enter__(self) -> LlamaWorker:
         return self
@@ -126,6 +143,7 @@ class LlamaWorker:
 
     def kill(self) -> None:
         """Stop the child at once."""
+        self._killed = True
         with contextlib.suppress(Exception):
             self._proc.kill()
         self._proc.join(timeout=5.0)
@@ -160,6 +178,8 @@ class _State:
     def __init__(self) -> None:
         self.llm: Any = None
         self.path: str | None = None
+        self.extra_buffers = False  # what the loaded model was loaded with
+        self.decoded = False  # whether it has decoded since it was loaded
 
 
 def _serve(conn: Any, extra_ops: str | None) -> None:
@@ -170,7 +190,6 @@ def _serve(conn: Any, extra_ops: str | None) -> None:
 
         ops.update(importlib.import_module(extra_ops).OPS)
     state = _State()
-    _no_extra_buffers()  # TEMPORARY (issue 10 replaces it): AMX repacked buffers crash the first decode
     log_callback = _quiet_llamacpp()  # noqa: F841 - ctypes needs it alive while the child runs
     while True:
         try:
@@ -237,29 +256,64 @@ def _quiet_llamacpp() -> Any:
         return None
 
 
-def _no_extra_buffers() -> None:
-    """TEMPORARY: load every model with ``use_extra_bufts = False`` (llama.cpp #20824)."""
-    try:
-        import llama_cpp.llama_cpp as low
-    except Exception:  # pragma: no cover
-        return
+TEST_CRASH_ENV = "QUANT_STUDIO_TEST_REPACK_CRASH"
+"""Test hook: ``decode`` (or ``load``) makes this child die by SIGSEGV in its first decode (or while
+loading) whenever extra buffers are on, the way llama.cpp #20824 does on AMX CPUs."""
+
+
+@contextlib.contextmanager
+def model_params(extra_buffers: bool) -> Iterator[None]:
+    """Make llama-cpp-python's ``Llama(...)`` load with ``use_extra_bufts = extra_buffers``.
+
+    ``Llama`` takes no such argument in 0.3.36; it builds its parameters from
+    ``llama_model_default_params()``, so that one call is wrapped for the duration of the load.
+    """
+    import llama_cpp.llama_cpp as low
+
     original = low.llama_model_default_params
 
     def params() -> Any:
         p = original()
-        p.use_extra_bufts = False
+        p.use_extra_bufts = bool(extra_buffers)
         return p
 
     low.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = original
+
+
+def _test_crash(state: _State, when: str) -> None:
+    import os
+
+    if state.extra_buffers and os.environ.get(TEST_CRASH_ENV) == when:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def before_decode(state: _State) -> None:
+    """Every op that decodes calls this first (the test hook for a crash in the first decode)."""
+    if not state.decoded:
+        _test_crash(state, "decode")
+        state.decoded = True
 
 
 def _op_ping(state: _State) -> str:
     return "pong"
 
 
+def _op_system_info(state: _State) -> str:
+    """llama.cpp's line of CPU features in use (``... | AMX_INT8 = 1 | ...``)."""
+    import llama_cpp
+
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+
+
 def _op_load(
     state: _State,
     path: str,
+    *,
+    extra_buffers: bool,
     n_ctx: int = 512,
     f32_kv: bool = True,
     logits_all: bool = False,
@@ -269,6 +323,7 @@ def _op_load(
     seed: int = 0,
     chat_format: str | None = None,
     n_gpu_layers: int = 0,
+    kv_type: str | None = None,
 ) -> dict[str, Any]:
     import llama_cpp
 
@@ -285,16 +340,26 @@ def _op_load(
     if n_threads:
         kwargs["n_threads"] = n_threads
         kwargs["n_threads_batch"] = n_threads
-    if f32_kv:
+    if kv_type:  # the lab's KV-cache precision (f32, f16, q8_0, q4_0); a quantized V needs flash attention
+        from studio.core.lab.kvcache import llama_kwargs
+
+        kwargs.update(llama_kwargs(kv_type))
+    elif f32_kv:
         kwargs["type_k"] = 0  # GGML_TYPE_F32: the default F16 cache alone moves logits by ~1e-2
         kwargs["type_v"] = 0
     if embedding:
         kwargs["pooling_type"] = llama_cpp.LLAMA_POOLING_TYPE_NONE
     if chat_format:
         kwargs["chat_format"] = chat_format
+    # extra_buffers has no default: every load is decided by studio.core.llamacpp.runner, the one way
     state.llm = None
+    state.path = None
+    state.extra_buffers = bool(extra_buffers)
+    state.decoded = False
+    _test_crash(state, "load")
     try:
-        state.llm = llama_cpp.Llama(**kwargs)
+        with model_params(state.extra_buffers):
+            state.llm = llama_cpp.Llama(**kwargs)
     except ValueError as err:
         raise RuntimeError(f"llama.cpp could not load {path}: {err}") from None
     state.path = path
@@ -303,7 +368,12 @@ def _op_load(
     # llama.cpp pads small contexts (to 256) but llama-cpp-python sizes its buffers as asked:
     # report the smaller, usable size.
     usable = min(llm.n_ctx(), n_ctx) if n_ctx else llm.n_ctx()
-    return {"n_vocab": llm.n_vocab(), "n_ctx": usable, "metadata": meta}
+    return {
+        "n_vocab": llm.n_vocab(),
+        "n_ctx": usable,
+        "metadata": meta,
+        "extra_buffers": bool(llm.model_params.use_extra_bufts),
+    }
 
 
 def _need(state: _State) -> Any:
@@ -315,6 +385,7 @@ def _need(state: _State) -> Any:
 def _op_unload(state: _State) -> None:
     state.llm = None
     state.path = None
+    state.decoded = False
 
 
 def _op_tokenize(state: _State, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -329,6 +400,7 @@ def _op_eval_logits(state: _State, ids: list[int]) -> Any:
     import numpy as np
 
     llm = _need(state)
+    before_decode(state)
     llm.reset()
     llm.eval(list(ids))
     return np.array(llm.scores[: len(ids)], dtype=np.float32)
@@ -338,6 +410,7 @@ def _op_embed(state: _State, text: str) -> dict[str, Any]:
     import numpy as np
 
     llm = _need(state)
+    before_decode(state)
     ids = list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
     emb = llm.embed(text, normalize=False)
     return {"ids": ids, "embeddings": np.asarray(emb, dtype=np.float32)}
@@ -350,7 +423,9 @@ def _op_chat(
     temperature: float = 0.8,
     seed: int = 0,
 ) -> Any:
-    return _need(state).create_chat_completion(
+    llm = _need(state)
+    before_decode(state)
+    return llm.create_chat_completion(
         messages=messages, max_tokens=max_tokens, temperature=temperature, seed=seed
     )
 
@@ -379,7 +454,9 @@ def _op_chat_stream(
     temperature: float = 0.8,
     seed: int = 0,
 ) -> Iterator[Any]:
-    yield from _need(state).create_chat_completion(
+    llm = _need(state)
+    before_decode(state)
+    yield from llm.create_chat_completion(
         messages=messages, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=True
     )
 
@@ -387,7 +464,9 @@ def _op_chat_stream(
 def _op_generate_stream(
     state: _State, prompt: str, max_tokens: int = 64, temperature: float = 0.8, seed: int = 0
 ) -> Iterator[Any]:
-    for chunk in _need(state).create_completion(
+    llm = _need(state)
+    before_decode(state)
+    for chunk in llm.create_completion(
         prompt=prompt, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=True
     ):
         yield chunk["choices"][0]["text"]
@@ -403,8 +482,10 @@ def _op_quantize(
     nthread: int = 0,
     file_type: int | None = None,
     pure: bool = False,
+    allow_requantize: bool = False,
 ) -> int:
-    """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type."""
+    """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type;
+    ``allow_requantize``: accept an already quantized source (llama-quantize --allow-requantize)."""
     import ctypes
 
     import gguf
@@ -415,6 +496,7 @@ def _op_quantize(
     params.nthread = int(nthread)
     params.ftype = int(ftype)
     params.pure = bool(pure)
+    params.allow_requantize = bool(allow_requantize)
     keep: list[Any] = []  # keep ctypes buffers alive during the call
     if overrides:
         arr = (llama_cpp.llama_model_tensor_override * (len(overrides) + 1))()
@@ -461,6 +543,7 @@ def _op_crash(state: _State, how: str = "segv") -> None:
 
 _OPS = {
     "ping": _op_ping,
+    "system_info": _op_system_info,
     "load": _op_load,
     "unload": _op_unload,
     "tokenize": _op_tokenize,

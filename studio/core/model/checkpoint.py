@@ -276,21 +276,10 @@ class GGUFCheckpoint(Checkpoint):
         return raw.reshape(rows, -1) if rows else raw
 
     def _read_f32(self, t: TensorInfo) -> np.ndarray:
-        g = self._t[t.name]
-        raw = self._read_raw(t)
-        if g.type_name in ("F32", "F16"):
-            return raw.astype(np.float32)
-        if g.type_name == "BF16":
-            return bf16_to_f32(raw)
-        import gguf
+        from studio.core.model.gguf_source import dequantize_tensor  # our decoders or gguf-py's
 
-        try:
-            out = gguf.quants.dequantize(np.asarray(raw), gguf.GGMLQuantizationType(g.type_id))
-        except NotImplementedError as err:
-            raise ModelOpenError(
-                f"Tensor {t.name!r} in {t.file.name} uses {g.type_name}, which gguf-py cannot dequantize."
-            ) from err
-        return np.asarray(out, dtype=np.float32).reshape(t.shape)
+        g = self._t[t.name]
+        return dequantize_tensor(self._read_raw(t), g.type_name, t.shape, tensor=t.name, file=t.file.name)
 
     def _read_torch(self, t: TensorInfo) -> Any:
         import torch

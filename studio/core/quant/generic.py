@@ -96,11 +96,12 @@ def quantize_int(
 ) -> GenericResult:
     """Round-to-nearest INT quantization with float32 scales (and integer zero points if asymmetric).
 
-    Symmetric: levels -2^(b-1)..2^(b-1)-1, scale = max|w| / (2^(b-1)-1). Asymmetric: levels 0..2^b-1
-    over [min(w, 0), max(w, 0)], zero point = round(-min/scale). A group of zeros gets scale 1.
+    ``bits`` is 2 to 16. Symmetric: levels -2^(b-1)..2^(b-1)-1, scale = max|w| / (2^(b-1)-1).
+    Asymmetric: levels 0..2^b-1 over [min(w, 0), max(w, 0)], zero point = round(-min/scale). A group
+    of zeros gets scale 1.
     """
-    if bits not in (2, 3, 4, 8):
-        raise QuantizationError(f"INT{bits} is not supported; use INT8, INT4, INT3 or INT2.")
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 16:
+        raise QuantizationError(f"INT{bits} is not supported; use 2 to 16 bits.")
     a = _as_numpy(w)
     if a.size == 0:
         empty = np.zeros((0, 1), np.float32)

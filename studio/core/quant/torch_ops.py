@@ -34,7 +34,13 @@ def div(a, b):
 
 def nearest_int(v: torch.Tensor) -> torch.Tensor:
     """ggml's nearest_int, bit for bit: the low 23 bits of v + 1.5*2^23 as float32, minus 2^22
-    (round half to even for |v| < 2^22; the same value as C for inf/NaN from overflowing input)."""
+    (round half to even for |v| < 2^22; the same value as C for inf from overflowing input).
+
+    A NaN gives its payload bits there. C's NaNs here are x86's default quiet NaN (payload 0, so 0),
+    but torch's CPU kernels may return another one (0x7fffffff from a division): every NaN is read
+    as the default one (test_extreme_values_equal_llama_cpp_on_numpy_and_torch).
+    """
+    v = torch.where(torch.isnan(v), torch.zeros_like(v), v)
     return ((v + 12582912.0).contiguous().view(torch.int32) & 0x7FFFFF) - 0x400000
 
 

@@ -144,6 +144,7 @@ class ChatColumn(QFrame):
         self.label = label
         self.tokens: list[TokenEvent] = []
         self.error: str | None = None
+        self.notes: list[str] = []
         self.divergence: int | None = None
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.title = QLabel(f"<b>{html.escape(label)}</b>", self)
@@ -200,7 +201,9 @@ class ChatColumn(QFrame):
         self.stats.setText(f"{len(self.tokens)} tokens…")
 
     def finish(self, outcome: ColumnOutcome, stopped: bool = False) -> None:
-        """Show the final speed, or the column's error."""
+        """Show the final speed, or the column's error, and what the back end told (a llama.cpp restart)."""
+        for note in outcome.notes:
+            self.show_note(note)
         if outcome.error is not None:
             self.fail(outcome.error)
             return
@@ -217,6 +220,16 @@ class ChatColumn(QFrame):
         )
         if warn:
             self.stats.setToolTip(r.prompt.warning)
+
+    def show_note(self, message: str) -> None:
+        """Add a grey note line to the transcript (kept in ``notes``)."""
+        self.notes.append(message)
+        cur = QTextCursor(self.view.document())
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        fmt = QTextCharFormat()
+        fmt.setForeground(theme.note_colour(self.view))
+        cur.insertBlock()
+        cur.insertText(f"[{message}]", fmt)
 
     def fail(self, message: str) -> None:
         """Show an error in this column only."""

@@ -243,7 +243,12 @@ class EvalPanel(JobPanel, QWidget):
         chunks = self.chunks_spin.value() or None
 
         def work(ctx: Any) -> Any:
-            return evaluate(original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx)
+            from studio.core.evaluate.record import save_records
+
+            report = evaluate(original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx)
+            for note in save_records(report):  # beside each variant, for the model card of an upload
+                ctx.log(note)
+            return report
 
         self.status.setText("")
         self.progress.setRange(0, 0)

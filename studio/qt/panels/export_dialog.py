@@ -78,8 +78,19 @@ class ExportOutcome:
 
 
 def _exportable(info: Any) -> bool:
-    """Whether ``info`` (a ModelInfo) is a checkpoint the exporter reads (not a GGUF file)."""
-    return str(getattr(info.format, "value", info.format)) != "gguf"
+    """Whether ``info`` (a ModelInfo) can be exported (a GGUF original is requantized)."""
+    return bool(getattr(info, "tensors", ()))
+
+
+def _requantize_warning(checkpoint: Any) -> str:
+    """The warning for an already quantized GGUF original ("" for any other model)."""
+    g = getattr(checkpoint, "gguf", None)
+    if g is None:
+        return ""
+    from studio.core.model.gguf_source import source_summary
+
+    s = source_summary(g)
+    return f"Stored as {s.describe()}." + (f"\n⚠ {s.warning}" if s.warning else "")
 
 
 class _Share(JobContext):
@@ -301,7 +312,10 @@ class ExportDialog(JobPanel, QDialog):
         self.cancel_button.clicked.connect(self.cancel)
         self.close_button = QPushButton("Close", self)
         self.close_button.clicked.connect(self.hide)
+        self.upload_button = QPushButton("Upload to the Hub…", self)  # the next step, once a file exists
+        self.upload_button.clicked.connect(self._upload)
         buttons = QHBoxLayout()
+        buttons.addWidget(self.upload_button)
         buttons.addStretch(1)
         buttons.addWidget(self.export_button)
         buttons.addWidget(self.cancel_button)
@@ -406,9 +420,7 @@ class ExportDialog(JobPanel, QDialog):
         if info is None:
             return self._refuse("Open a model before exporting.")
         if not _exportable(info):
-            return self._refuse(
-                f"{Path(info.path).name} is a GGUF file; open the Hugging Face model folder to export."
-            )
+            return self._refuse(f"{Path(info.path).name} has no tensors to export.")
         plan = self.chosen_plan()
         if plan is None:
             return self._refuse("Choose a preset, or make a plan on the Plan page first.")
@@ -510,14 +522,13 @@ class ExportDialog(JobPanel, QDialog):
             return f"The file was written but could not be verified: {outcome.verify_error}"
         if v is None:
             return "Not verified."
+        notes = "".join(f" {n}" for n in getattr(v, "notes", ()))  # e.g. a llama.cpp restart
         if v.top1_agreement is not None:
             return (
                 f"Verified on {v.n_tokens} tokens: top-1 agreement {100 * v.top1_agreement:.1f} %, "
-                f"mean KL divergence {v.mean_kl:.3g} nats (max logit difference {v.max_abs_diff:.3g})."
+                f"mean KL divergence {v.mean_kl:.3g} nats (max logit difference {v.max_abs_diff:.3g}).{notes}"
             )
-        return (
-            f"Verified on {v.n_tokens} tokens: mean cosine similarity of hidden states {v.mean_cosine:.5f}."
-        )
+        return f"Verified on {v.n_tokens} tokens: mean cosine similarity of hidden states {v.mean_cosine:.5f}.{notes}"
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -536,6 +547,12 @@ class ExportDialog(JobPanel, QDialog):
         for w in (self.plan_combo, self.path_edit, self.browse_button, self.device_combo, self.backend_combo):
             w.setEnabled(not running)
         self.verify_check.setEnabled(not running)
+        self.upload_button.setEnabled(self.outcome is not None and not running)
+
+    def _upload(self) -> None:
+        from studio.qt.upload_dialog import open_upload_dialog
+
+        self.upload_dialog = open_upload_dialog(self, self.outcome, self.jobs)
 
     def _fill_devices(self, wanted: str) -> None:
         from studio.qt.panels.device_selector import device_choices
@@ -584,6 +601,8 @@ class ExportDialog(JobPanel, QDialog):
                     text += f"; {len(plan.fallbacks)} tensor(s) use a fallback type"
             except StudioError as err:
                 text = str(err)
+        warning = _requantize_warning(self.state.checkpoint)
+        text = f"{text}\n{warning}".strip() if warning else text
         self.plan_info.setText(text)
         self.plan_info.setVisible(bool(text))
         if not self._path_edited:

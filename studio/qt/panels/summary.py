@@ -132,8 +132,8 @@ class SummaryPanel(QWidget):
         title.setAlignment(Qt.AlignmentFlag.AlignCenter)
         text = QLabel(
             "Open a Hugging Face model folder or a GGUF file to see its tensors, their roles and which "
-            "quantization presets fit this machine.\nNo model at hand? The demo model is built locally, "
-            "without network.",
+            "quantization presets fit this machine.\nNo model at hand? Open the demo model, SmolLM2-135M-Instruct, a real "
+            "chat model that works offline once installed.",
             page,
         )
         text.setWordWrap(True)

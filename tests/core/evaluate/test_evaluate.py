@@ -60,24 +60,28 @@ def test_report_shape_and_json(report):
 
 
 def test_kl_matches_transformers_and_llama_cpp_python_computed_directly(report, chat_model):
-    """Recompute PPL and KL for Q4_K_M with transformers, llama_cpp.Llama and torch's own kl_div."""
-    import llama_cpp
+    """Recompute PPL and KL for Q4_K_M with transformers, llama_cpp.Llama's scores and torch's own kl_div.
+
+    llama.cpp runs in a child through ``LlamaRunner`` (the one way to load a GGUF), outside the
+    chat back end that ``evaluate`` uses, and with transformers' tokenizer instead of the GGUF's.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
 
     v = _by(report)["Q4_K_M"]
     tok = AutoTokenizer.from_pretrained(chat_model, trust_remote_code=False)
     ids = tok(load_text("sample").text)["input_ids"]
     hf = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32, trust_remote_code=False)
-    llm = llama_cpp.Llama(model_path=v.path, n_ctx=CTX, logits_all=True, verbose=False, type_k=0, type_v=0)
+    llm = LlamaRunner(label="llama.cpp (direct check)")
+    llm.load(v.path, LoadOptions(n_ctx=CTX, logits_all=True, f32_kv=True))
     kls, nlls, same = [], [], []
     for c in range(CHUNKS):
         chunk = [tok.bos_token_id] + ids[c * CTX + 1 : (c + 1) * CTX]
         with torch.no_grad():
             ref = hf(torch.tensor([chunk])).logits[0]
-        llm.reset()
-        llm.eval(chunk)
-        got = torch.from_numpy(np.array(llm.scores[:CTX], dtype=np.float32))
+        got = torch.from_numpy(np.asarray(llm.request("eval_logits", ids=chunk), dtype=np.float32))
         rows = slice(CTX // 2, CTX - 1)
         lp = torch.log_softmax(ref[rows].double(), -1)
         lq = torch.log_softmax(got[rows].double(), -1)
@@ -85,6 +89,7 @@ def test_kl_matches_transformers_and_llama_cpp_python_computed_directly(report, 
         targets = torch.tensor(ids[c * CTX + CTX // 2 + 1 : (c + 1) * CTX])
         nlls.append(torch.nn.functional.cross_entropy(got[rows].double(), targets, reduction="none"))
         same.append(ref[rows].argmax(-1) == got[rows].argmax(-1))
+    llm.close()
     kl = torch.cat(kls).numpy()
     assert v.kld_mean == pytest.approx(float(kl.mean()), rel=1e-6)
     assert v.kld_p99 == pytest.approx(float(np.percentile(kl, 99)), rel=1e-6)

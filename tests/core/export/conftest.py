@@ -1,4 +1,4 @@
-"""Fixtures shared by the export tests: tiny models, one llama.cpp worker, cached exports."""
+"""Fixtures shared by the export tests: tiny models, one llama.cpp runner, cached exports."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def llama_worker() -> Iterator[Any]:
-    """One llama.cpp child process for the whole session (models are loaded per test)."""
-    from studio.core.llamacpp import LlamaWorker
+    """One llama.cpp runner (child process) for the whole session; tests load models with ``.load``."""
+    from studio.core.llamacpp import LlamaRunner
 
-    w = LlamaWorker(label="llama.cpp (tests)")
+    w = LlamaRunner(label="llama.cpp (tests)")
     yield w
     w.close()
 

@@ -21,6 +21,7 @@ from studio.core.export import export_gguf, llamacpp_validator
 from studio.core.gguf.writer import AtomicGGUFWriter, remove_stale_partials, stale_partials
 from studio.core.gguf_read import read_gguf
 from studio.core.jobs import JobCancelled, JobContext
+from studio.core.llamacpp import LoadOptions
 from studio.core.model import open_model
 from studio.core.quant.nonfinite import scan_nonfinite
 
@@ -293,7 +294,7 @@ def test_empty_and_scalar_tensors_are_skipped_with_a_note(llama_model, tmp_path,
     assert any("model.layers.0.extra_empty" in n for n in res.notes)
     names = {t.name for t in read_gguf(res.path).tensors}
     assert not any("extra" in n for n in names)
-    llama_worker.request("load", path=str(res.path), vocab_only=True)
+    llama_worker.load(res.path, LoadOptions(vocab_only=True))
 
 
 def test_rows_not_divisible_fall_back_visibly(odd_hidden_model, tmp_path):
@@ -320,10 +321,16 @@ def test_crashing_llamacpp_child_is_an_error_not_a_crash(llama_model, tmp_path):
     with LlamaWorker() as wk:
         with pytest.raises(ChildProcessError_, match="SIGABRT"):
             wk.request("crash", how="abort")
-    # a damaged GGUF reaching verification: llama.cpp refuses it in the child, the parent goes on
+    # a damaged GGUF reaching verification: our bounded reader accepts its header (an architecture
+    # name llama.cpp does not know), so it is llama.cpp in the child that refuses it; the parent goes on
+    good = export_gguf(llama_model, tmp_path / "good.gguf", "F32").path
+    raw = good.read_bytes()
+    key = b"general.architecture"
+    at = raw.index(key) + len(key) + 4 + 8  # after the key, its value type (u32) and length (u64)
     bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (10**6).to_bytes(8, "little") + bytes(8))
-    with pytest.raises(StudioError, match="bad.gguf"):
+    bad.write_bytes(raw[:at] + b"zzzzz" + raw[at + 5 :])
+    assert read_gguf(bad).metadata["general.architecture"] == "zzzzz"
+    with pytest.raises(StudioError, match=r"llama\.cpp could not load \S*bad\.gguf: Failed to load model"):
         verify_gguf(bad, llama_model)
     # the parent is alive and a fresh worker serves requests again
     with LlamaWorker() as wk:

@@ -10,6 +10,7 @@ import pytest
 from studio.core.export import export_gguf
 from studio.core.gguf.arch import layout
 from studio.core.gguf_read import read_gguf
+from studio.core.llamacpp import LoadOptions
 from studio.core.model import open_model
 from studio.core.quant.plan import Override, plan_first_last
 
@@ -92,7 +93,7 @@ def test_export_chats_with_its_template(arch, request, exported, llama_worker):
     want = AutoTokenizer.from_pretrained(model, trust_remote_code=False).apply_chat_template(
         messages, add_generation_prompt=True, tokenize=False
     )
-    llama_worker.request("load", path=str(path), n_ctx=256, f32_kv=False)
+    llama_worker.load(path, LoadOptions(n_ctx=256, f32_kv=False))
     assert llama_worker.request("chat_prompt", messages=messages) == want
     # temperature > 0: llama-cpp-python 0.3.36's greedy path fails to decode after a token that is
     # an incomplete UTF-8 sequence (which random tiny models emit)

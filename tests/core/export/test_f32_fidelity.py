@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from studio.core.llamacpp import LoadOptions
+
 TEXT = "Hello, world! Grüße aus Köln. Привет, мир! 你好，世界。 こんにちは 🌍🚀👍🏽 naïve café 12345"
 
 CAUSAL = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2"]
@@ -29,7 +31,7 @@ def test_f32_logits_match_transformers(arch, request, exported, llama_worker):
     model = _model(request, arch)
     gguf_path = exported(model, "F32", "F32")
     ids = AutoTokenizer.from_pretrained(model, trust_remote_code=False)(TEXT)["input_ids"]
-    llama_worker.request("load", path=str(gguf_path), logits_all=True, n_ctx=256, f32_kv=True)
+    llama_worker.load(gguf_path, LoadOptions(logits_all=True, n_ctx=256, f32_kv=True))
     got = llama_worker.request("eval_logits", ids=ids)
     kw = {"attn_implementation": "eager"} if arch == "gemma2" else {}
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, trust_remote_code=False, **kw)
@@ -50,7 +52,7 @@ def test_f32_bert_hidden_states_match_transformers(bert_model, exported, llama_w
     from transformers import AutoModel
 
     gguf_path = exported(bert_model, "F32", "F32")
-    llama_worker.request("load", path=str(gguf_path), embedding=True, n_ctx=256)
+    llama_worker.load(gguf_path, LoadOptions(embedding=True, n_ctx=256))
     r = llama_worker.request("embed", text=TEXT)
     hf = AutoModel.from_pretrained(bert_model, dtype=torch.float32, trust_remote_code=False)
     with torch.no_grad():
@@ -67,7 +69,7 @@ def test_gguf_tokenizer_matches_hf(arch, request, exported, llama_worker):
     model = _model(request, arch)
     gguf_path = exported(model, "F32", "F32")
     want = AutoTokenizer.from_pretrained(model, trust_remote_code=False)(TEXT)["input_ids"]
-    llama_worker.request("load", path=str(gguf_path), vocab_only=True)
+    llama_worker.load(gguf_path, LoadOptions(vocab_only=True))
     # add_bos=True asks llama.cpp to add what the file's add_bos/add_eos flags say it should
     got = llama_worker.request("tokenize", text=TEXT, add_bos=True, special=False)
     assert got == want
@@ -90,5 +92,5 @@ def test_spm_tokenizer_from_tokenizer_json_only(llama_model, tmp_path, llama_wor
     res = export_gguf(model, tmp_path / "m.gguf", "Q8_0")
     assert res.tokenizer is not None and res.tokenizer.model == "llama"
     want = AutoTokenizer.from_pretrained(model, trust_remote_code=False)(TEXT)["input_ids"]
-    llama_worker.request("load", path=str(res.path), vocab_only=True)
+    llama_worker.load(res.path, LoadOptions(vocab_only=True))
     assert llama_worker.request("tokenize", text=TEXT, add_bos=True, special=False) == want

@@ -12,6 +12,18 @@ times: ``drop`` (close after N body bytes, optionally with a TCP reset), ``ignor
 the whole body), ``short`` (declare and send k bytes fewer), ``flip`` (one byte inverted), ``status``
 (429/5xx with headers such as Retry-After), ``slow`` (a pause per chunk), ``stall`` (a pause before
 the body) and ``huge`` (a huge declared size). Every request is recorded in ``hub.requests``.
+
+Uploads go through the endpoints huggingface_hub's ``HfApi`` calls (checked against its 2.x sources):
+``POST /api/repos/create``, ``DELETE /api/repos/delete``, ``POST /api/validate-yaml``,
+``POST /api/models/{repo}/preupload/{rev}``, the Git LFS batch API
+``POST /{repo}.git/info/lfs/objects/batch`` (basic or multipart transfer), ``PUT`` of the bytes to a
+separate storage host (``localhost``, as S3 is elsewhere; one ``PUT`` per part and a completion
+``POST`` for multipart), ``POST /{repo}.git/info/lfs/objects/verify`` and the ndjson
+``POST /api/models/{repo}/commit/{rev}``, which applies every operation at once or none. Writes need
+a token from ``hub.write_tokens`` whose namespaces include the repository's (401 without a valid
+token, 403 for another namespace). The ``drop_request`` fault closes the connection after reading
+``after_bytes`` of a request body, without an answer; ``drop_response`` does the work and then
+loses the answer (a commit that landed although the client saw the connection drop).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import fnmatch
 import hashlib
 import json
 import random
+import re
 import socket
 import struct
 import threading
@@ -120,9 +133,12 @@ class FakeRepo:
     safetensors_params: int | None = None  # shown in model_info (None: clients must read headers)
     gguf_total: int | None = None
 
+    n_commits: int = 0  # commits made through the fake's commit endpoint
+
     @property
     def commit(self) -> str:
-        return hashlib.sha1(("commit:" + self.repo_id).encode()).hexdigest()
+        seed = "commit:" + self.repo_id + (f":{self.n_commits}" if self.n_commits else "")
+        return hashlib.sha1(seed.encode()).hexdigest()
 
     def sha256(self, name: str) -> str:
         return hashlib.sha256(self.files[name]).hexdigest()
@@ -198,7 +214,7 @@ def default_repos() -> dict[str, FakeRepo]:
 class Fault:
     """A misbehaviour applied to matching requests, ``times`` times (None: always)."""
 
-    kind: str  # drop | ignore_range | short | flip | status | slow | stall | huge
+    kind: str  # drop | ignore_range | short | flip | status | slow | stall | huge | drop_request | drop_response
     path: str = "*"  # fnmatch glob over the decoded request path
     times: int | None = 1
     methods: tuple[str, ...] = ("GET",)
@@ -246,6 +262,14 @@ class FakeHub:
         self.server_errors: list[str] = []
         self.list_blobs = True  # False: model_info lists names only, so clients must HEAD each file
         self.unreachable = False  # True: every request is answered by closing the connection
+        # Uploads: token -> namespaces it may write to; LFS objects by sha256; multipart above a size.
+        self.write_tokens: dict[str, set[str]] = {"hf_write_token": {"alice", "alice-org"}}
+        self.lfs_objects: dict[str, bytes] = {}
+        self.multipart_threshold: int | None = None
+        self.part_size = 64 * 1024
+        self._parts: dict[tuple[str, int], bytes] = {}
+        self.commits: list[dict[str, Any]] = []  # every applied commit: repo, summary, operations
+        self.deleted_repos: list[str] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -338,7 +362,301 @@ class FakeHub:
         return out
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _WriteMixin:
+    """The upload side of the fake Hub (see the module docstring)."""
+
+    # -- request bodies --
+    def _read_body(self, limit: int | None = None) -> bytes:
+        """The request body (Content-Length or chunked), or its first ``limit`` bytes."""
+        if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            out = bytearray()
+            while limit is None or len(out) < limit:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                out += self.rfile.read(size)
+                self.rfile.readline()
+            return bytes(out if limit is None else out[:limit])
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n if limit is None else min(n, limit))
+
+    def _hang_up(self, reset: bool = False) -> None:
+        """Close the connection without (the rest of) an answer: FIN, or RST with ``reset``."""
+        self.close_connection = True
+        if reset:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _drop(self, fault: Fault) -> None:
+        self._read_body(fault.after_bytes)
+        self._hang_up(fault.reset)
+
+    def _write_token(self) -> str | None:
+        """The bearer token if it is valid; answers 401 itself (and returns None) when not."""
+        token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        if token and (token in self.fake.write_tokens or token in self.fake.tokens):
+            return token
+        if token:
+            self._error(401, "", "Invalid credentials in Authorization header")
+        else:
+            self._error(401, "", "Invalid username or password.")
+        return None
+
+    def _may_write(self, namespace: str) -> bool:
+        token = self._write_token()
+        if token is None:
+            return False
+        if namespace in self.fake.write_tokens.get(token, set()):
+            return True
+        self._error(
+            403, "", f'You don\'t have the rights to create a model under the namespace "{namespace}"'
+        )
+        return False
+
+    def _json_body(self, raw: bytes) -> Any:
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError:
+            self._error(400, "", "invalid JSON body")
+            return None
+
+    # -- dispatch --
+    def _write_dispatch(self, path: str, query: dict[str, list[str]]) -> None:
+        fake = self.fake
+        drop = fake.take_fault("drop_request", self.command, path)
+        if drop is not None:
+            return self._drop(drop)
+        self._mute = fake.take_fault("drop_response", self.command, path) is not None
+        if path.startswith("/lfs-storage/"):  # the storage host streams its own bodies
+            return self._storage(path)
+        raw = self._read_body()
+        if self._status_fault(path):
+            return
+        if path == "/api/repos/create" and self.command == "POST":
+            return self._create_repo(raw)
+        if path == "/api/repos/delete" and self.command == "DELETE":
+            return self._delete_repo(raw)
+        if path == "/api/validate-yaml" and self.command == "POST":
+            return self._validate_yaml(raw)
+        if path.startswith("/api/complete-multipart/") and self.command == "POST":
+            return self._complete_multipart(path.rsplit("/", 1)[-1], raw)
+        if path.startswith("/api/models/") and self.command == "POST":
+            rest = path[len("/api/models/") :].split("/")
+            repo_id, verb = "/".join(rest[:2]), (rest[2] if len(rest) > 2 else "")
+            if verb == "preupload":
+                return self._preupload(repo_id, raw)
+            if verb == "commit":
+                return self._commit(repo_id, raw)
+        if ".git/info/lfs/objects/" in path and self.command == "POST":
+            repo_id, _, action = path.strip("/").partition(".git/info/lfs/objects/")
+            if action == "batch":
+                return self._lfs_batch(repo_id, raw)
+            if action == "verify":
+                return self._lfs_verify(raw)
+        self._error(404, "", f"no such endpoint: {self.command} {path}")
+
+    def _repo_for_write(self, repo_id: str) -> FakeRepo | None:
+        repo = self.fake.repos.get(repo_id)
+        if repo is None:
+            self._error(404, "RepoNotFound", "Repository not found")
+            return None
+        if not self._may_write(repo_id.split("/")[0]):
+            return None
+        return repo
+
+    # -- repositories --
+    def _create_repo(self, raw: bytes) -> None:
+        body = self._json_body(raw)
+        if body is None:
+            return
+        name, org = body.get("name"), body.get("organization")
+        repo_id = f"{org}/{name}" if org else str(name)
+        if not self._may_write(repo_id.split("/")[0]):
+            return
+        if repo_id in self.fake.repos:
+            return self._send(
+                409,
+                json.dumps(
+                    {"error": "You already created this model repo", "url": f"{self.fake.url}/{repo_id}"}
+                ).encode(),
+            )
+        private = body.get("private") or body.get("visibility") == "private"
+        self.fake.repos[repo_id] = FakeRepo(repo_id, files={}, private=bool(private), tags=[])
+        self._json({"url": f"{self.fake.url}/{repo_id}", "name": repo_id, "id": repo_id})
+
+    def _delete_repo(self, raw: bytes) -> None:
+        body = self._json_body(raw)
+        if body is None:
+            return
+        repo_id = (
+            f"{body['organization']}/{body['name']}" if body.get("organization") else str(body.get("name"))
+        )
+        if self._repo_for_write(repo_id) is None:
+            return
+        del self.fake.repos[repo_id]
+        self.fake.deleted_repos.append(repo_id)
+        self._json({})
+
+    def _validate_yaml(self, raw: bytes) -> None:
+        import yaml
+
+        body = self._json_body(raw)
+        if body is None:
+            return
+        content = str(body.get("content") or "")
+        m = re.match(r"---\n(.*?)\n---\n", content, re.S)
+        errors = []
+        if m:
+            try:
+                meta = yaml.safe_load(m.group(1))
+                if not isinstance(meta, dict):
+                    errors.append({"message": "metadata must be a mapping"})
+            except yaml.YAMLError as err:
+                errors.append({"message": f"invalid YAML: {err}"})
+        if errors:
+            return self._send(400, json.dumps({"errors": errors, "warnings": []}).encode())
+        self._json({"errors": [], "warnings": []})
+
+    # -- upload --
+    def _preupload(self, repo_id: str, raw: bytes) -> None:
+        repo = self._repo_for_write(repo_id)
+        body = self._json_body(raw) if repo is not None else None
+        if body is None:
+            return
+        files = []
+        for f in body.get("files", []):
+            p = f["path"]
+            lfs = p.endswith((".gguf", ".safetensors", ".bin")) or int(f["size"]) > 10 * 1024 * 1024
+            oid = repo.etag(p) if p in repo.files else None
+            files.append(
+                {"path": p, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid}
+            )
+        self._json({"files": files, "commitOid": repo.commit})
+
+    def _lfs_batch(self, repo_id: str, raw: bytes) -> None:
+        repo = self._repo_for_write(repo_id)
+        body = self._json_body(raw) if repo is not None else None
+        if body is None:
+            return
+        storage = f"http://localhost:{self.fake.port}/lfs-storage"
+        objects = []
+        for o in body.get("objects", []):
+            oid, size = o["oid"], int(o["size"])
+            entry: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
+            if oid not in self.fake.lfs_objects:
+                verify = {"href": f"{self.fake.url}/{repo_id}.git/info/lfs/objects/verify", "header": {}}
+                th = self.fake.multipart_threshold
+                if th is not None and size > th:
+                    n = -(-size // self.fake.part_size)
+                    header = {str(i + 1): f"{storage}/{oid}/part/{i + 1}" for i in range(n)}
+                    header["chunk_size"] = str(self.fake.part_size)
+                    upload = {"href": f"{self.fake.url}/api/complete-multipart/{oid}", "header": header}
+                else:
+                    upload = {"href": f"{storage}/{oid}", "header": {}}
+                entry["actions"] = {"upload": upload, "verify": verify}
+            objects.append(entry)
+        self._json({"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
+
+    def _storage(self, path: str) -> None:
+        # Like S3 behind a presigned URL: no Hub token is needed, and none should arrive here.
+        if self.command != "PUT":
+            return self._error(405, "", "storage accepts PUT only")
+        body = self._read_body()
+        if self._status_fault(path):
+            return
+        rest = path[len("/lfs-storage/") :].split("/")
+        oid = rest[0]
+        if len(rest) == 3 and rest[1] == "part":
+            self.fake._parts[(oid, int(rest[2]))] = body
+            etag = hashlib.md5(body).hexdigest()
+            return self._send(200, b"", {"ETag": f'"{etag}"'})
+        if hashlib.sha256(body).hexdigest() != oid:
+            return self._error(400, "BadDigest", "the uploaded bytes do not match the oid")
+        self.fake.lfs_objects[oid] = body
+        self._send(200, b"")
+
+    def _complete_multipart(self, oid: str, raw: bytes) -> None:
+        body = self._json_body(raw)
+        if body is None:
+            return
+        parts = sorted(body.get("parts", []), key=lambda x: x["partNumber"])
+        data = bytearray()
+        for part in parts:
+            chunk = self.fake._parts.get((oid, part["partNumber"]))
+            if chunk is None or f'"{hashlib.md5(chunk).hexdigest()}"' != part["etag"]:
+                return self._error(
+                    400, "InvalidPart", f"part {part['partNumber']} is missing or its etag differs"
+                )
+            data += chunk
+        if hashlib.sha256(data).hexdigest() != oid:
+            return self._error(400, "BadDigest", "the assembled parts do not match the oid")
+        self.fake.lfs_objects[oid] = bytes(data)
+        self._json({"oid": oid})
+
+    def _lfs_verify(self, raw: bytes) -> None:
+        if self._write_token() is None:
+            return
+        body = self._json_body(raw)
+        if body is None:
+            return
+        data = self.fake.lfs_objects.get(body.get("oid"))
+        if data is None or len(data) != int(body.get("size", -1)):
+            return self._error(404, "", "object not found or of another size")
+        self._json({"oid": body["oid"], "size": len(data)})
+
+    def _commit(self, repo_id: str, raw: bytes) -> None:
+        import base64
+
+        repo = self._repo_for_write(repo_id)
+        if repo is None:
+            return
+        files = dict(repo.files)
+        lfs = set(repo.lfs)
+        summary, ops = "", []
+        for line in raw.splitlines():
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            key, value = item["key"], item["value"]
+            if key == "header":
+                summary = value.get("summary", "")
+            elif key == "file":
+                files[value["path"]] = base64.b64decode(value["content"])
+                lfs.discard(value["path"])
+                ops.append(("file", value["path"]))
+            elif key == "lfsFile":
+                data = self.fake.lfs_objects.get(value["oid"])
+                if data is None or ("size" in value and len(data) != int(value["size"])):
+                    return self._error(
+                        422, "", f"LFS object {value['oid']} for {value['path']} was never uploaded"
+                    )
+                files[value["path"]] = data
+                lfs.add(value["path"])
+                ops.append(("lfsFile", value["path"]))
+            elif key == "deletedFile":
+                files.pop(value["path"], None)
+                lfs.discard(value["path"])
+                ops.append(("deletedFile", value["path"]))
+            else:
+                return self._error(400, "", f"unknown commit operation {key!r}")
+        repo.files, repo.lfs = files, lfs  # all at once: a commit that failed above changed nothing
+        repo.n_commits += 1
+        self.fake.commits.append({"repo": repo_id, "summary": summary, "operations": ops})
+        self._json(
+            {
+                "commitUrl": f"{self.fake.url}/{repo_id}/commit/{repo.commit}",
+                "commitOid": repo.commit,
+                "success": True,
+            }
+        )
+
+
+class _Handler(_WriteMixin, BaseHTTPRequestHandler):
     fake: FakeHub
     protocol_version = "HTTP/1.1"
 
@@ -363,6 +681,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers: dict[str, str] | None = None,
         ctype: str = "application/json",
     ) -> None:
+        if getattr(self, "_mute", False):  # drop_response: the work is done, the answer is lost
+            return self._hang_up()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -393,7 +713,7 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         auth = self.headers.get("Authorization") or ""
         token = auth.removeprefix("Bearer ").strip()
-        if token in self.fake.tokens:
+        if token in self.fake.tokens or token in self.fake.write_tokens:
             return True
         if repo.private:
             if token:
@@ -419,16 +739,25 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self._dispatch()
 
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch()
+
     def _dispatch(self) -> None:
         path, query = self._record()
         if self.fake.unreachable:
             # Like a dead network: the connection goes away without an answer (kept-alive ones too).
-            self.close_connection = True
+            return self._hang_up()
+        if self.command in ("POST", "PUT", "DELETE"):
             try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            return
+                return self._write_dispatch(path, query)
+            except (BrokenPipeError, ConnectionResetError):
+                return
         try:
             if self._status_fault(path):
                 return
@@ -660,14 +989,7 @@ class _Handler(BaseHTTPRequestHandler):
         if drop is not None:
             self.wfile.write(bytes(body[: drop.after_bytes]))
             self.wfile.flush()
-            self.close_connection = True
-            if drop.reset:
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            else:
-                try:
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._hang_up(drop.reset)
             return
         slow = fake.take_fault("slow", self.command, path)
         if slow is not None:

@@ -242,6 +242,10 @@ def test_search_does_not_retry_around_huggingface_hubs_own_retries(hub, waits, m
     with pytest.raises(HubError, match="503|Hub"):
         search("tiny")
     n = sum(1 for r in hub.requests if r.path == "/api/models")
-    assert 1 <= n <= 6  # huggingface_hub's 1 + 5 retries, nothing on top
+    # exactly huggingface_hub's own tries (1 + its default max_retries), nothing on top
+    import inspect
+
+    tries = 1 + inspect.signature(hf_http.http_backoff).parameters["max_retries"].default
+    assert tries == 6 and n == tries
     err = capfd.readouterr().err
     assert "thrown while requesting" not in err and "Retrying in" not in err

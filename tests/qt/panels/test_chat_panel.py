@@ -185,4 +185,14 @@ def test_truncation_keeps_the_end_of_a_long_prompt(qtbot, make_panel, f32_gguf):
     (out,) = outcomes
     assert out.error is None
     assert out.result.prompt.truncated_from > 256 and len(out.result.prompt.ids) <= 256
-    assert len(panel.columns[0].tokens) > 0 or out.result.stop_reason.value == "eos"
+    # the column shows the reply to the kept end of the prompt: what the model says to those ids
+    from studio.core.chat import Sampling, generate
+
+    ref = open_backend(f32_gguf, n_ctx=256, device="cpu")
+    ref.load()
+    try:
+        want = generate(ref, [], Sampling(max_tokens=4), prompt=out.result.prompt)
+    finally:
+        ref.close()
+    assert [t.token_id for t in panel.columns[0].tokens] == list(want.token_ids)
+    assert len(want.tokens) > 0 and out.result.stop_reason is want.stop_reason

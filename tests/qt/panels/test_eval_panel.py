@@ -68,7 +68,9 @@ def test_errors_and_cancel_are_shown(qtbot, panel, chat_model, tmp_path):
     with qtbot.waitSignal(panel.errorShown, timeout=60_000) as blocker:
         assert panel.start()
     assert "no-such-model" in blocker.args[0] and "no-such-model" in panel.status.text()
-    assert panel.start() is True or panel.running  # can run again after a failure
+    # the failed run is over and a new one can start at once
+    assert not panel.running and panel.run_button.isEnabled() and not panel.progress.isVisible()
+    assert panel.start() is True and panel.running
     panel.cancel()
     qtbot.waitUntil(lambda: not panel.running, timeout=60_000)
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
 
+from studio.core.hardware import Backend, GpuInfo
 from studio.qt.jobs import JobState
+from studio.qt.panels.device_selector import device_choices
 from studio.qt.panels.export_dialog import CURRENT_PLAN, ExportDialog
 from studio.qt.settings import OUTPUT_DIR_KEY
 
@@ -45,12 +48,26 @@ def test_export_is_in_the_file_menu_with_ctrl_e_and_needs_a_checkpoint(qtbot, ma
     dlg = win._export_dialog
     assert isinstance(dlg, ExportDialog) and dlg.isVisible()
     assert dlg.verify_check.isChecked()  # verification is on by default
-    assert dlg.device == "cpu" or dlg.device.startswith(("cuda", "mps"))
+    # the dialog offers the window's devices and starts on the one chosen there
+    offered = [dlg.device_combo.itemData(i) for i in range(dlg.device_combo.count())]
+    assert (
+        offered == [d for d, _ in device_choices(win.state.hardware)]
+        and dlg.device == win.device_selector.device
+    )
     assert dlg.backend == "studio"
     # The plan edited on the Plan page is offered first and chosen.
     assert dlg.plan_combo.currentData() == CURRENT_PLAN
     assert dlg.chosen_plan() is win.state.plan
     assert dlg.output_path is not None and dlg.output_path.suffix == ".gguf"
+    dlg.close()
+    # with a GPU in the window's device list, choosing it there is what the dialog starts on
+    qtbot.waitUntil(lambda: win.state.hardware is not None, timeout=OPEN_TIMEOUT_MS)  # detected off-thread
+    hw = win.state.hardware
+    gpu = GpuInfo(0, "Test GPU", Backend.CUDA, 8 << 30, 6 << 30)
+    win.state.set_hardware(dataclasses.replace(hw, gpus=(gpu,)))
+    assert win.device_selector.set_device("cuda:0")
+    assert win.show_export_dialog().device == "cuda:0"
+    win.state.set_hardware(hw)
 
 
 def test_cancel_leaves_no_file_and_the_window_still_answers(qtbot, make_window, llama_model, tmp_path):
@@ -95,6 +112,9 @@ def test_cancel_leaves_no_file_and_the_window_still_answers(qtbot, make_window, 
 
 def test_a_q8_0_export_writes_the_file_and_shows_the_verification(qtbot, make_window, llama_model, tmp_path):
     win = make_window()
+    # the chat and evaluation pages are built lazily: build them now, so the result must reach them
+    chat, ev = win.panel("chat"), win.panel("evaluate")
+    assert chat is not None and ev is not None
     _open(qtbot, win, llama_model)
     dlg = win.show_export_dialog()
     out = tmp_path / "tiny-Q8_0.gguf"
@@ -129,10 +149,8 @@ def test_a_q8_0_export_writes_the_file_and_shows_the_verification(qtbot, make_wi
     assert "top-1 agreement" in win.statusBar().currentMessage()
     assert Path(win.settings.export_folder) == tmp_path
     # The new file joins the chat (next to the original) and the evaluation as a variant.
-    if win.panel("chat") is not None:
-        assert [c.path for c in win.panel("chat").columns] == [llama_model, out]
-    if win.panel("evaluate") is not None:
-        assert str(out) in [str(v) for v in win.panel("evaluate").variants()]
+    assert [c.path for c in chat.columns] == [llama_model, out]
+    assert [str(v) for v in ev.variants()] == [str(out)]
 
 
 def test_the_current_plan_from_the_plan_editor_is_exported_tensor_by_tensor(
@@ -254,3 +272,28 @@ def test_cancel_during_verification_stops_the_child_and_leaves_no_file(
     qtbot.waitUntil(
         lambda: not any(p.name == "studio-verify" for p in multiprocessing.active_children()), timeout=10_000
     )
+
+
+def test_a_quantized_gguf_opens_for_export_with_its_warning_and_is_requantized_and_verified(
+    qtbot, make_window, llama_model, tmp_path
+):
+    from studio.core.export import export_gguf
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    src = export_gguf(llama_model, folder / "tiny-Q8_0.gguf", "Q8_0").path
+    win = make_window()
+    _open(qtbot, win, src)
+    assert win.act_export.isEnabled()  # a GGUF original is requantized
+    dlg = win.show_export_dialog()
+    dlg.set_plan_choice("Q4_K_M")
+    assert "Stored as Q8_0" in dlg.plan_info.text() and "already quantized" in dlg.plan_info.text()
+    out = folder / "requantized.gguf"
+    dlg.set_output_path(out)
+    with qtbot.waitSignal(dlg.exportFinished, timeout=EXPORT_TIMEOUT_MS) as finished:
+        assert dlg.start() is not None
+    outcome = finished.args[0]
+    assert _gguf_types(out)["blk.0.attn_q.weight"] == "Q4_K"
+    v = outcome.verification  # both files run in llama.cpp: the original is a GGUF
+    assert outcome.verify_error == "" and v is not None and 0.5 <= v.top1_agreement <= 1.0
+    assert _leftovers(folder) == ["requantized.gguf", "tiny-Q8_0.gguf"]  # no partial files left

@@ -1,0 +1,319 @@
+"""Export a GGUF original to another plan: ``llama-quantize --allow-requantize`` semantics.
+
+What llama.cpp's quantizer does with a GGUF input, the studio back end does too: every metadata key
+is copied in file order with its stored type (tokenizer and chat template included), then
+``general.quantization_version`` and ``general.file_type`` are set and moved last, and the split keys
+dropped; tensors keep llama.cpp's order (block number, then name); a tensor whose planned type is its
+stored type is copied byte for byte; any other is decoded to float32 (``gguf_source``) and quantized
+with ``quant.blocks``, so from an F32/F16/BF16 source the tensors equal ``llama_model_quantize``'s.
+The "llama.cpp" back end runs ``llama_model_quantize`` itself (``allow_requantize``) in the child
+process with one override per tensor. Plans for a GGUF are keyed by its own tensor names.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.errors import EvaluationError, ExportError
+from studio.core.jobs import JobContext, null_context
+
+# llama-quantize drops these (one output file, whatever the input's splits were).
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+_SET_LAST = ("general.quantization_version", "general.file_type")
+GGML_QNT_VERSION = 2
+FLOAT_TARGETS = ("F32", "F16", "BF16")
+
+
+def gguf_layout(info: Any) -> Any:
+    """The identity ``Layout`` of a GGUF file: every tensor keeps its name and stored shape."""
+    from studio.core.gguf.arch import Layout, TensorMap, Transform
+
+    maps = []
+    for t in info.tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        maps.append(TensorMap(t.name, t.name, tuple(t.shape), Transform.NONE, int(m.group(1)) if m else None))
+    arch = str(info.config.get("model_type") or info.model_type)
+    names = {t.name for t in info.tensors}
+    return Layout(arch, tuple(maps), (), "output.weight" not in names)
+
+
+def _llama_order(name: str) -> tuple[int, str]:
+    m = re.match(r"blk\.(\d+)\.", name)
+    return (int(m.group(1)) if m else -1, name)
+
+
+def _source_notes(ckpt: Any) -> list[str]:
+    from studio.core.model.gguf_source import source_summary
+
+    s = source_summary(ckpt.gguf)
+    notes = [f"Source {ckpt.info.path.name}: {s.describe()}."]
+    if s.warning:
+        notes.append(s.warning)
+    return notes
+
+
+def requantize_gguf(
+    ckpt: Any,
+    out: Path,
+    plan: Any,
+    *,
+    backend: str = "studio",
+    device: str = "cpu",
+    imatrix: Mapping[str, Any] | None = None,
+    ctx: JobContext | None = None,
+    validate: Callable[[Path], None] | None = None,
+) -> dict[str, Any]:
+    """Write ``out`` from the opened GGUF checkpoint ``ckpt`` following ``plan``.
+
+    Returns what ``export.export_gguf`` reports: ``types`` (name → type written), ``tensor_bytes``,
+    ``tokenizer`` (None: the source's is copied as is) and ``notes`` (source type, requantization
+    warning, metadata that could not be copied).
+    """
+    ctx = ctx or null_context()
+    if backend == "llama.cpp":
+        return _requantize_llamacpp(ckpt, out, plan, imatrix, ctx, validate)
+    return _requantize_studio(ckpt, out, plan, device, imatrix, ctx, validate)
+
+
+def _target(plan: Any, t: Any) -> str:
+    return plan.types.get(t.name, t.type_name)
+
+
+def _bytes_of(qtype: str, t: Any) -> int:
+    from studio.core.quant.types import tensor_bytes
+
+    return t.nbytes if qtype == t.type_name else tensor_bytes(qtype, tuple(t.shape))
+
+
+def _requantize_studio(
+    ckpt: Any,
+    out: Path,
+    plan: Any,
+    device: str,
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext,
+    validate: Callable[[Path], None] | None,
+) -> dict[str, Any]:
+    from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
+    from studio.core.model.gguf_source import check_decodable, copy_metadata
+
+    g = ckpt.gguf
+    src = Path(g.path)
+    tensors = sorted(g.tensors, key=lambda t: _llama_order(t.name))
+    targets = {t.name: _target(plan, t) for t in tensors}
+    check_decodable([t for t in tensors if targets[t.name] != t.type_name], src)
+    sizes = {t.name: _bytes_of(targets[t.name], t) for t in tensors}
+    total = sum(sizes.values())
+    check_output_path(out, inputs=(src,), need_bytes=total)
+    notes = _source_notes(ckpt)
+    arch = str(g.metadata.get("general.architecture", ckpt.info.model_type))
+    done = 0
+    ctx.report(0, total, "Writing metadata")
+    with AtomicGGUFWriter(out, arch) as w:
+        # the studio's own keys of an earlier export are replaced by this export's, not copied
+        own = tuple(k for k in g.metadata if k.startswith("quant_studio."))
+        lost = copy_metadata(w.kv, g, skip=_SPLIT_KEYS + _SET_LAST + own)
+        if lost:
+            notes.append(f"{len(lost)} metadata keys could not be copied (e.g. {lost[0]}).")
+        w.kv.add_uint32("general.quantization_version", GGML_QNT_VERSION)
+        w.kv.add_uint32("general.file_type", int(plan.ftype))
+        _add_studio_keys(w.kv, plan)
+        align = g.metadata.get("general.alignment")
+        if isinstance(align, int) and align > 0:
+            w.kv.data_alignment = align
+        for t in tensors:
+            w.add_tensor_info(t.name, tuple(t.shape), targets[t.name], sizes[t.name])
+        w.begin()
+        for t in tensors:
+            ctx.check_cancelled()
+            qtype = targets[t.name]
+            if qtype == t.type_name:  # llama.cpp: "nothing to do", the stored bytes are copied
+                w.write_tensor_chunks(t.name, _copy_chunks(src, t))
+            else:
+                w.write_tensor_chunks(t.name, [_convert(ckpt, t, qtype, device, imatrix)])
+            done += sizes[t.name]
+            ctx.report(done, total, f"Wrote {t.name} ({qtype})")
+        ctx.check_cancelled()
+        ctx.report(total, total, "Validating")
+        w.commit(validate=validate)
+    kept = sum(1 for t in tensors if targets[t.name] == t.type_name and t.type_name not in FLOAT_TARGETS)
+    if kept:
+        notes.append(f"{kept} quantized tensor(s) already had their planned type and were copied unchanged.")
+    return {"types": targets, "tensor_bytes": total, "tokenizer": None, "notes": notes}
+
+
+def _add_studio_keys(kv: Any, plan: Any) -> None:
+    from studio.core.gguf.metadata import _studio_version
+
+    kv.add_string("quant_studio.version", _studio_version())
+    kv.add_string("quant_studio.plan", plan.to_json())
+
+
+def _copy_chunks(src: Path, t: Any, chunk: int = 16 << 20):
+    with open(src, "rb") as f:
+        f.seek(t.offset)
+        left = t.nbytes
+        while left > 0:
+            b = f.read(min(chunk, left))
+            if not b:
+                raise ExportError(f"{src.name} ends inside tensor {t.name!r}; the file is incomplete.")
+            left -= len(b)
+            yield np.frombuffer(b, dtype=np.uint8)
+
+
+def _convert(ckpt: Any, t: Any, qtype: str, device: str, imatrix: Mapping[str, Any] | None) -> np.ndarray:
+    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+
+    x = ckpt.read(t.name)  # float32, decoded from the stored type
+    nan, inf = count_nonfinite(x)
+    if nan or inf:
+        raise nonfinite_error(t.name, nan, inf, ckpt.info.path)
+    n = int(t.ne[0]) if t.ne else 1
+    x2 = x.reshape(-1, n)
+    if qtype == "F32":
+        return np.ascontiguousarray(x2, dtype=np.float32)
+    if qtype == "F16":
+        return x2.astype(np.float16)
+    from studio.core.quant import blocks
+
+    qw = None
+    if imatrix:
+        v = imatrix.get(t.name)
+        if v is not None:
+            qw = np.asarray(v, dtype=np.float32).reshape(-1)
+            if qw.size != n:
+                raise ExportError(
+                    f"The importance matrix for {t.name!r} has {qw.size} values; its rows have {n}."
+                )
+    if device != "cpu":
+        import torch
+
+        return blocks.quantize(torch.from_numpy(np.ascontiguousarray(x2)).to(device), qtype, qw)
+    return blocks.quantize(x2, qtype, qw)
+
+
+def _requantize_llamacpp(
+    ckpt: Any,
+    out: Path,
+    plan: Any,
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext,
+    validate: Callable[[Path], None] | None,
+) -> dict[str, Any]:
+    from studio.core.gguf.writer import (
+        PARTIAL_SUFFIX,
+        PlannedTensor,
+        check_output_path,
+        disk_full_error,
+        validate_written,
+    )
+    from studio.core.gguf_read import read_gguf
+    from studio.core.llamacpp import LlamaWorker
+    from studio.core.quant.presets import allows_quantization
+
+    g = ckpt.gguf
+    src = Path(g.path)
+    tensors = sorted(g.tensors, key=lambda t: _llama_order(t.name))
+    targets = {t.name: _target(plan, t) for t in tensors}
+    total = sum(_bytes_of(targets[t.name], t) for t in tensors)
+    check_output_path(out, inputs=(src,), need_bytes=total)
+    overrides = [
+        ("^" + re.escape(t.name) + "$", targets[t.name])
+        for t in tensors
+        if allows_quantization(t.name, len(t.ne))
+    ]
+    imx = {k: np.asarray(v, dtype=np.float32).reshape(-1) for k, v in (imatrix or {}).items()} or None
+    partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    ctx.report(0, total, "Quantizing with llama.cpp")
+    try:
+        with LlamaWorker(label="llama.cpp quantize") as wk:
+            wk.request(
+                "quantize",
+                src=str(src),
+                dst=str(partial),
+                ftype=7,  # any quantized base type makes llama.cpp apply the overrides
+                overrides=overrides,
+                imatrix=imx,
+                nthread=os.cpu_count() or 1,
+                file_type=int(plan.ftype),
+                allow_requantize=True,
+            )
+        ctx.check_cancelled()
+        written = read_gguf(partial)
+        got = {t.name: t.type_name for t in written.tensors}
+        for name, want in targets.items():
+            if got.get(name) != want:
+                raise ExportError(f"llama.cpp wrote tensor {name} as {got.get(name)}, the plan says {want}.")
+        planned = [PlannedTensor(t.name, tuple(t.shape), t.type_name, t.nbytes) for t in written.tensors]
+        validate_written(partial, planned, None)
+        if validate is not None:
+            validate(partial)
+        os.replace(partial, out)
+        ctx.report(total, total, f"Wrote {out.name}")
+    except OSError as err:
+        import errno
+
+        if err.errno == errno.ENOSPC:
+            raise disk_full_error(out, total) from err
+        raise ExportError(f"Exporting {out} failed: {err.strerror or err}.") from err
+    finally:
+        if partial.exists():
+            try:
+                partial.unlink()
+            except OSError:
+                pass
+    return {"types": targets, "tensor_bytes": total, "tokenizer": None, "notes": _source_notes(ckpt)}
+
+
+# ------------------------------------------------------------------------------------------ verify
+
+
+def verify_against_gguf(
+    gguf_path: str | Path,
+    source: str | Path,
+    *,
+    text: str,
+    max_tokens: int = 128,
+    ctx: JobContext | None = None,
+    extra_buffers: str = "auto",
+) -> Any:
+    """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
+    F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
+    from studio.core.gguf_read import read_gguf
+    from studio.core.llamacpp import LlamaRunner, LoadOptions
+    from studio.core.verify import VerifyResult, compare_logits
+
+    ctx = ctx or null_context()
+    read_gguf(gguf_path)
+    read_gguf(source)
+    ctx.report(0, 3, "Running the GGUF original in llama.cpp")
+    opts = LoadOptions(extra_buffers=extra_buffers, logits_all=True, n_ctx=max(64, max_tokens + 8))
+    with LlamaRunner(label="llama.cpp (verification)", on_note=ctx.log) as wk:
+        wk.load(source, opts)
+        ids = list(wk.request("tokenize", text=text, add_bos=True))[:max_tokens]
+        if len(ids) < 2:
+            raise EvaluationError("The verification text is too short after tokenization.")
+        ref = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
+        ctx.check_cancelled()
+        ctx.report(1, 3, "Running the export in llama.cpp")
+        wk.load(gguf_path, opts)
+        got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
+        notes = wk.notes
+    ctx.report(3, 3, "Compared")
+    top1, kl, mx, rng = compare_logits(ref, got)
+    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
+
+
+def n_weights(info: Any) -> int:
+    """Weights of every tensor of a GGUF original (what bits per weight are counted over)."""
+    return sum(math.prod(t.shape) for t in info.tensors)
+
+
+__all__ = ["gguf_layout", "n_weights", "requantize_gguf", "verify_against_gguf"]
