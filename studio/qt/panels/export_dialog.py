@@ -189,6 +189,7 @@ def run_export(
     backend: str = "studio",
     verify: bool = True,
     allow_pickle: bool = False,
+    imatrix: Any = None,
 ) -> ExportOutcome:
     """Export ``source`` to ``out`` and (optionally) verify it before it is renamed into place."""
     from studio.core.export import export_gguf
@@ -219,6 +220,7 @@ def run_export(
         ctx=_Share(ctx, 0.0, share),
         validate=check if verify else None,
         allow_pickle=allow_pickle,
+        imatrix=imatrix,
     )
     return ExportOutcome(result, verified.get("result"), verified.get("error", ""))
 
@@ -244,6 +246,7 @@ class ExportDialog(JobPanel, QDialog):
         state.modelOpened.connect(lambda _c: self.reset())
         state.modelClosed.connect(self.reset)
         state.hardwareChanged.connect(lambda _hw: self._fill_devices(self.device))
+        state.imatrixChanged.connect(lambda _im: self.update_controls())
         self.reset(device="cpu")
 
     def remember_in(self, settings: AppSettings) -> None:
@@ -282,6 +285,11 @@ class ExportDialog(JobPanel, QDialog):
             "Verify the file against the original model (llama.cpp vs transformers)", self
         )
         self.verify_check.setChecked(True)
+        self.imatrix_check = QCheckBox("Quantize with the importance matrix", self)
+        self.imatrix_check.setChecked(True)
+        self.imatrix_check.setToolTip(
+            "The imatrix computed or loaded on the Calibrate page, used as llama-quantize --imatrix uses it"
+        )
 
         form = QFormLayout()
         form.addRow("Model:", self.model_label)
@@ -291,6 +299,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Device:", self.device_combo)
         form.addRow("Back end:", self.backend_combo)
         form.addRow("", self.verify_check)
+        form.addRow("", self.imatrix_check)
 
         self.progress = QProgressBar(self)
         self.progress.setRange(0, PROGRESS_STEPS)
@@ -353,6 +362,11 @@ class ExportDialog(JobPanel, QDialog):
         """The output file typed or chosen, or None when the field is empty."""
         text = self.path_edit.text().strip()
         return Path(text).expanduser() if text else None
+
+    @property
+    def imatrix(self) -> Any:
+        """The state's importance matrix when "Quantize with the importance matrix" is on, else None."""
+        return self.state.imatrix if self.imatrix_check.isChecked() else None
 
     def chosen_plan(self) -> Plan | str | None:
         """The current ``Plan`` or a preset name, as chosen in the combo."""
@@ -449,6 +463,7 @@ class ExportDialog(JobPanel, QDialog):
 
         source = Path(info.path)
         device, backend, verify = self.device, self.backend, self.verify_check.isChecked()
+        imatrix = self.imatrix
         # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
         allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
         self.outcome = None
@@ -466,6 +481,7 @@ class ExportDialog(JobPanel, QDialog):
                 backend=backend,
                 verify=verify,
                 allow_pickle=allow_pickle,
+                imatrix=imatrix,
             )
 
         plan_name = plan if isinstance(plan, str) else plan.name
@@ -547,6 +563,11 @@ class ExportDialog(JobPanel, QDialog):
         for w in (self.plan_combo, self.path_edit, self.browse_button, self.device_combo, self.backend_combo):
             w.setEnabled(not running)
         self.verify_check.setEnabled(not running)
+        has_im = self.state.imatrix is not None
+        self.imatrix_check.setEnabled(has_im and not running)
+        self.imatrix_check.setText(
+            "Quantize with the importance matrix" + ("" if has_im else " (none: Calibrate page)")
+        )
         self.upload_button.setEnabled(self.outcome is not None and not running)
 
     def _upload(self) -> None:
