@@ -38,16 +38,29 @@ def core_stats(tiny_models, calib_file):
 
 
 @pytest.fixture
-def page(qtbot, tiny_models):
-    state, jobs = StudioState(), JobManager()
-    ckpt = open_model(tiny_models("llama"))
-    panel = CalibratePanel(state, jobs)
-    qtbot.addWidget(panel)
-    panel.show()
-    state.set_checkpoint(ckpt)
-    yield state, jobs, panel, ckpt
-    jobs.shutdown(10_000)
-    ckpt.close()
+def open_panel(qtbot, tiny_models):
+    """``open_panel(Cls)`` -> (state, jobs, panel, ckpt): the panel, shown, over the tiny llama."""
+    opened = []
+
+    def make(cls):
+        state, jobs = StudioState(), JobManager()
+        ckpt = open_model(tiny_models("llama"))
+        panel = cls(state, jobs)
+        qtbot.addWidget(panel)
+        panel.show()
+        state.set_checkpoint(ckpt)
+        opened.append((jobs, ckpt))
+        return state, jobs, panel, ckpt
+
+    yield make
+    for jobs, ckpt in opened:
+        jobs.shutdown(10_000)
+        ckpt.close()
+
+
+@pytest.fixture
+def page(open_panel):
+    return open_panel(CalibratePanel)
 
 
 def _matrix(ckpt, suffix: str) -> str:
@@ -210,104 +223,81 @@ def test_saliency_and_smoothquant_views_draw_numpy_over_weight_and_activations(q
     assert panel.saliency.saliency is None and _empty(panel.smooth.act_after)
 
 
-def test_inspector_draws_the_activation_absmax_on_the_weights_channel_axis(qtbot, tiny_models, core_stats):
-    state, jobs = StudioState(), JobManager()
-    ckpt = open_model(tiny_models("llama"))
-    panel = InspectorPanel(state, jobs)
-    qtbot.addWidget(panel)
-    try:
-        state.set_checkpoint(ckpt)
-        name = _matrix(ckpt, "layers.1.mlp.down_proj.weight")
-        with qtbot.waitSignal(panel.statsShown, timeout=20_000):
-            state.select_tensor(name)
-        assert _empty(panel.act_curve)
-        assert "run Calibrate" in panel.act_plot.getPlotItem().titleLabel.text
-        state.set_activation_stats(core_stats)
-        am = np.asarray(core_stats.inputs[name].absmax).max(axis=0)
-        np.testing.assert_array_equal(panel.act_curve.yData, am.astype(np.float64))
-        assert panel.act_curve.yData.size == ckpt.info.tensor(name).shape[1]
-        t = float(np.quantile(am, 0.9))
-        panel.act_abs_spin.setValue(round(t, 2))
-        thr = panel.act_abs_spin.value()
-        sx, _ = panel.act_out_abs.getData()
-        np.testing.assert_array_equal(sx.astype(int), np.flatnonzero(am >= thr))
-        panel.act_k_spin.setValue(2.0)
-        mx, _ = panel.act_out_med.getData()
-        np.testing.assert_array_equal(mx.astype(int), np.flatnonzero(am > 2.0 * np.median(am)))
-        assert panel.table_value(f"activation outliers (|x| ≥ {thr:g})").startswith(
-            f"{int((am >= thr).sum())} of {am.size}"
-        )
-        # Its histogram counts every value the run saw entering this weight.
-        h = core_stats.inputs[name].hist
-        assert int(h.sum()) == core_stats.inputs[name].tokens * am.size
-        state.set_activation_stats(None)
-        assert _empty(panel.act_curve)
-    finally:
-        jobs.shutdown(5000)
-        ckpt.close()
+def test_inspector_draws_the_activation_absmax_on_the_weights_channel_axis(qtbot, open_panel, core_stats):
+    state, _jobs, panel, ckpt = open_panel(InspectorPanel)
+    name = _matrix(ckpt, "layers.1.mlp.down_proj.weight")
+    with qtbot.waitSignal(panel.statsShown, timeout=20_000):
+        state.select_tensor(name)
+    assert _empty(panel.act_curve)
+    assert "run Calibrate" in panel.act_plot.getPlotItem().titleLabel.text
+    state.set_activation_stats(core_stats)
+    am = np.asarray(core_stats.inputs[name].absmax).max(axis=0)
+    np.testing.assert_array_equal(panel.act_curve.yData, am.astype(np.float64))
+    assert panel.act_curve.yData.size == ckpt.info.tensor(name).shape[1]
+    t = float(np.quantile(am, 0.9))
+    panel.act_abs_spin.setValue(round(t, 2))
+    thr = panel.act_abs_spin.value()
+    sx, _ = panel.act_out_abs.getData()
+    np.testing.assert_array_equal(sx.astype(int), np.flatnonzero(am >= thr))
+    panel.act_k_spin.setValue(2.0)
+    mx, _ = panel.act_out_med.getData()
+    np.testing.assert_array_equal(mx.astype(int), np.flatnonzero(am > 2.0 * np.median(am)))
+    assert panel.table_value(f"activation outliers (|x| ≥ {thr:g})").startswith(
+        f"{int((am >= thr).sum())} of {am.size}"
+    )
+    # Its histogram counts every value the run saw entering this weight.
+    h = np.asarray(core_stats.inputs[name].hist)
+    assert int(h.sum()) == core_stats.inputs[name].tokens * am.size
+    nz = np.flatnonzero(h[1:-1]) + 1
+    np.testing.assert_allclose(panel.act_hist_item.yData, np.log10(1.0 + h[nz[0] : nz[-1] + 1]), rtol=1e-12)
+    state.set_activation_stats(None)
+    assert _empty(panel.act_curve)
 
 
-def test_overview_counts_outlier_features_per_layer(qtbot, tiny_models, core_stats):
-    state, jobs = StudioState(), JobManager()
-    ckpt = open_model(tiny_models("llama"))
-    panel = OverviewPanel(state, jobs)
-    qtbot.addWidget(panel)
-    panel.show()
-    try:
-        state.set_checkpoint(ckpt)
-        assert not panel.act_plot.isVisible()
-        state.set_activation_stats(core_stats)
-        assert panel.act_plot.isVisible()
-        panel.rule_combo.setCurrentIndex(1)  # |x| > t
-        panel.rule_spin.setValue(3.0)
-        hidden = core_stats.hidden[0].absmax.size
-        want = []
-        for layer in sorted({s.layer for s in core_stats.sites if s.layer is not None}):
-            chans: set[int] = set()
-            for s in core_stats.layer_sites(layer):
-                am = np.asarray(core_stats.inputs[s.name].absmax).max(axis=0)
-                if am.size == hidden:
-                    chans.update(np.flatnonzero(am >= 3.0).tolist())
-            want.append(len(chans))
-        heights = list(panel.act_bars.opts["height"])
-        assert heights == want and sum(want) > 0
-        assert f"{sum(want)} outlier features over {len(want)} layers" in panel.act_label.text()
-        panel.rule_spin.setValue(1e5)
-        assert list(panel.act_bars.opts["height"]) == [0] * len(want)
-    finally:
-        jobs.shutdown(5000)
-        ckpt.close()
+def test_overview_counts_outlier_features_per_layer(qtbot, open_panel, core_stats):
+    state, _jobs, panel, ckpt = open_panel(OverviewPanel)
+    assert not panel.act_plot.isVisible()
+    state.set_activation_stats(core_stats)
+    assert panel.act_plot.isVisible()
+    panel.rule_combo.setCurrentIndex(1)  # |x| > t
+    panel.rule_spin.setValue(3.0)
+    hidden = core_stats.hidden[0].absmax.size
+    want = []
+    for layer in sorted({s.layer for s in core_stats.sites if s.layer is not None}):
+        chans: set[int] = set()
+        for s in core_stats.layer_sites(layer):
+            am = np.asarray(core_stats.inputs[s.name].absmax).max(axis=0)
+            if am.size == hidden:
+                chans.update(np.flatnonzero(am >= 3.0).tolist())
+        want.append(len(chans))
+    heights = list(panel.act_bars.opts["height"])
+    assert heights == want and sum(want) > 0
+    assert f"{sum(want)} outlier features over {len(want)} layers" in panel.act_label.text()
+    panel.rule_spin.setValue(1e5)
+    assert list(panel.act_bars.opts["height"]) == [0] * len(want)
 
 
-def test_preview_with_the_imatrix_is_the_cores_and_differs_without(qtbot, tiny_models, core_stats):
+def test_preview_with_the_imatrix_is_the_cores_and_differs_without(qtbot, open_panel, core_stats):
     from studio.core.calib.imatrix import imatrix_from_stats
     from studio.core.preview import preview_tensor
 
-    state, jobs = StudioState(), JobManager()
-    ckpt = open_model(tiny_models("llama"))
-    panel = PreviewPanel(state, jobs)
-    qtbot.addWidget(panel)
-    try:
-        state.set_checkpoint(ckpt)
-        name = _matrix(ckpt, "layers.0.mlp.down_proj.weight")
-        state.select_tensor(name)
-        assert not panel.imatrix_check.isEnabled()
-        im = imatrix_from_stats(core_stats, ckpt.info)
-        state.set_imatrix(im)
-        assert panel.imatrix_check.isEnabled() and panel.imatrix_check.isChecked()
-        panel.set_qtype("Q3_K")
-        with qtbot.waitSignal(panel.previewShown, timeout=60_000):
-            panel.start()
-        core = preview_tensor(ckpt, name, "Q3_K", imatrix=im)
-        assert panel.result.imatrix_used and panel.result.snr_db == core.snr_db
-        assert panel.wmse_label.text() == f"{core.weighted_mse:.4g}"
-        assert "with the imatrix" in panel.status.text()
-        panel.imatrix_check.setChecked(False)
-        with qtbot.waitSignal(panel.previewShown, timeout=60_000):
-            panel.start()
-        plain = preview_tensor(ckpt, name, "Q3_K")
-        assert not panel.result.imatrix_used and panel.result.snr_db == plain.snr_db != core.snr_db
-        assert panel.wmse_label.text() == "–"
-    finally:
-        jobs.shutdown(5000)
-        ckpt.close()
+    state, _jobs, panel, ckpt = open_panel(PreviewPanel)
+    name = _matrix(ckpt, "layers.0.mlp.down_proj.weight")
+    state.select_tensor(name)
+    assert not panel.imatrix_check.isEnabled()
+    im = imatrix_from_stats(core_stats, ckpt.info)
+    state.set_imatrix(im)
+    assert panel.imatrix_check.isEnabled() and panel.imatrix_check.isChecked()
+    panel.set_qtype("Q3_K")
+    with qtbot.waitSignal(panel.previewShown, timeout=60_000):
+        panel.start()
+    core = preview_tensor(ckpt, name, "Q3_K", imatrix=im)
+    assert panel.result.imatrix_used and panel.result.snr_db == core.snr_db
+    assert panel.wmse_label.text() == f"{core.weighted_mse:.4g}"
+    assert "with the imatrix" in panel.status.text()
+    panel.imatrix_check.setChecked(False)
+    with qtbot.waitSignal(panel.previewShown, timeout=60_000):
+        panel.start()
+    plain = preview_tensor(ckpt, name, "Q3_K")
+    assert not panel.result.imatrix_used and panel.result.snr_db == plain.snr_db != core.snr_db
+    assert panel.wmse_label.text() == "–"
