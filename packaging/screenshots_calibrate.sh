@@ -62,8 +62,9 @@ cal = win.panel("calibrate")
 win.show_page("calibrate")
 cal.set_text("builtin")
 cal.set_run(ctx=int(os.environ.get("CTX", 256)), chunks=int(os.environ.get("CHUNKS", 4)), device="cpu")
-done = []
+done, views = [], []
 cal.calibrated.connect(done.append)
+cal.viewsShown.connect(views.append)  # before the run: its end draws the views of the selected weight
 cal.start()
 wait(lambda: done, "the calibration")
 stats = done[0]
@@ -77,8 +78,6 @@ shot("calibrate-outliers")
 
 names = {t.name for t in win.state.info.tensors}
 target = os.environ.get("SELECT") or (DEMO_TENSOR if DEMO_TENSOR in names else stats.sites[0].name)
-views = []
-cal.viewsShown.connect(views.append)
 win.state.select_tensor(target)
 wait(lambda: target in views, "the AWQ and SmoothQuant views")
 cal.views.setCurrentWidget(cal.saliency)

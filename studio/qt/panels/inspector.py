@@ -240,7 +240,7 @@ class InspectorPanel(JobPanel, QWidget):
         self.act_line_med = pg.InfiniteLine(angle=0, movable=False)
         pi.addItem(self.act_line_abs)
         pi.addItem(self.act_line_med)
-        self._set_activation_titles("Activations: run Calibrate to see what enters this weight.")
+        self._set_activation_titles("Activations: run Calibrate to see them")
 
         grid = QGridLayout()
         grid.addWidget(self.hist_plot, 0, 0)
@@ -416,9 +416,9 @@ class InspectorPanel(JobPanel, QWidget):
             self.act_out_abs.setData(x=[], y=[])
             self.act_out_med.setData(x=[], y=[])
             if acts is None:
-                why = "Activations: run Calibrate to see what enters this weight."
+                why = "Activations: run Calibrate to see them"
             else:
-                why = "Activations: this tensor is not the weight of a linear layer the run observed."
+                why = "Activations: no linear layer the run observed reads this tensor"
             self._set_activation_titles(why)
             return
         w_in = stats.absmax_in if stats.absmax_in.size == st.n_cols else None
@@ -441,13 +441,12 @@ class InspectorPanel(JobPanel, QWidget):
         self.act_out_med.setData(x=prof.outliers_kmedian.astype(np.float64), y=y[prof.outliers_kmedian])
         self.act_line_abs.setValue(prof.abs_threshold)
         self.act_line_med.setValue(prof.kmedian_threshold)
+        # short titles (a quarter of the window wide); the table lists the channels
         self.act_plot.getPlotItem().setTitle(
-            f"Activation absmax per input channel: {prof.outliers_abs.size} with |x| ≥ {prof.abs_threshold:g}, "
-            f"{prof.outliers_kmedian.size} above {self.act_k_spin.value():g} × median"
+            f"Activation absmax per input channel ({prof.outliers_abs.size} + {prof.outliers_kmedian.size} marked)"
         )
         self.act_hist_plot.getPlotItem().setTitle(
-            f"Activation |x| histogram ({h.total:,} values, {100 * h.share_above(prof.abs_threshold):.3g} % ≥ "
-            f"{prof.abs_threshold:g})"
+            f"Activation |x|: {100 * h.share_above(prof.abs_threshold):.3g} % ≥ {prof.abs_threshold:g}"
         )
         if self.stats is not None and self.table.rowCount():
             self._fill_table(self.stats, self.rule)

@@ -242,6 +242,8 @@ def test_inspector_draws_the_activation_absmax_on_the_weights_channel_axis(qtbot
     panel.act_k_spin.setValue(2.0)
     mx, _ = panel.act_out_med.getData()
     np.testing.assert_array_equal(mx.astype(int), np.flatnonzero(am > 2.0 * np.median(am)))
+    n_abs, n_med = int((am >= thr).sum()), int((am > 2.0 * np.median(am)).sum())
+    assert f"({n_abs} + {n_med} marked)" in panel.act_plot.getPlotItem().titleLabel.text
     assert panel.table_value(f"activation outliers (|x| ≥ {thr:g})").startswith(
         f"{int((am >= thr).sum())} of {am.size}"
     )
