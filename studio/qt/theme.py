@@ -24,6 +24,7 @@ _PLOT_DARK = {"bg": "#1e1e1e", "fg": "#d0d0d0", "main": "#4ea3ff", "second": "#f
 _PLOT_LIGHT = {"bg": "#ffffff", "fg": "#303030", "main": "#1f6fd0", "second": "#e07b00", "outlier": "#d00000"}
 MAIN_FILL_ALPHA = 80  # a histogram's area under its line
 ERROR_FILL_ALPHA = 70  # the error histogram's area
+SECOND_FILL_ALPHA = 60  # a second histogram (activations) under its line
 
 
 def plot_colors(dark: bool) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The studio window's panels: summary, model tree, tensor details, inspector, preview, overview, plan
-editor, Hub, chat, evaluation, jobs, device selector, and the Export dialog.
+editor, Hub, chat, evaluation, calibration, jobs, device selector, and the Export dialog.
 
 Each panel is a self-contained widget built the same way, ``Panel(state, jobs, parent)``, from the
 shared ``StudioState`` and the window's ``JobManager``; what tests and scripts swap in (a shared
@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QCoreApplication, QThread
 
 _LAZY = {
+    "CalibratePanel": "studio.qt.panels.calibrate_panel",
     "ChatPanel": "studio.qt.panels.chat_panel",
     "DeviceSelector": "studio.qt.panels.device_selector",
     "EvalPanel": "studio.qt.panels.eval_panel",

@@ -199,6 +199,7 @@ def run_export(
     allow_pickle: bool = False,
     calib_text: str | Path | None = None,
     calib_chunks: int | None = None,
+    imatrix: Any = None,
 ) -> ExportOutcome:
     """Export ``source`` to ``out`` and (optionally) verify it before it is renamed into place.
 
@@ -249,6 +250,7 @@ def run_export(
         ctx=_Share(ctx, 0.0, share),
         validate=check if verify else None,
         allow_pickle=allow_pickle,
+        imatrix=imatrix,
     )
     return ExportOutcome(result, verified.get("result"), verified.get("error", ""))
 
@@ -274,6 +276,7 @@ class ExportDialog(JobPanel, QDialog):
         state.modelOpened.connect(lambda _c: self.reset())
         state.modelClosed.connect(self.reset)
         state.hardwareChanged.connect(lambda _hw: self._fill_devices(self.device))
+        state.imatrixChanged.connect(lambda _im: self.update_controls())
         self.reset(device="cpu")
 
     def remember_in(self, settings: AppSettings) -> None:
@@ -330,6 +333,11 @@ class ExportDialog(JobPanel, QDialog):
         self.chunks_spin.setSpecialValueText("all")
         self.chunks_spin.setSuffix(" × 512 tokens")
         self.chunks_spin.setToolTip("How much of the calibration text to use (all: every whole chunk)")
+        self.imatrix_check = QCheckBox("Quantize with the importance matrix", self)
+        self.imatrix_check.setChecked(True)
+        self.imatrix_check.setToolTip(
+            "The imatrix computed or loaded on the Calibrate page, used as llama-quantize --imatrix uses it"
+        )
 
         form = QFormLayout()
         form.addRow("Model:", self.model_label)
@@ -342,6 +350,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Device:", self.device_combo)
         form.addRow("Back end:", self.backend_combo)
         form.addRow("", self.verify_check)
+        form.addRow("", self.imatrix_check)
 
         self.progress = QProgressBar(self)
         self.progress.setRange(0, PROGRESS_STEPS)
@@ -405,6 +414,11 @@ class ExportDialog(JobPanel, QDialog):
         """The output file typed or chosen, or None when the field is empty."""
         text = self.path_edit.text().strip()
         return Path(text).expanduser() if text else None
+
+    @property
+    def imatrix(self) -> Any:
+        """The state's importance matrix when "Quantize with the importance matrix" is on, else None."""
+        return self.state.imatrix if self.imatrix_check.isChecked() else None
 
     def chosen_plan(self) -> Plan | str | None:
         """The current ``Plan`` or a preset name, as chosen in the combo."""
@@ -555,6 +569,7 @@ class ExportDialog(JobPanel, QDialog):
         if calibrated:
             backend = "studio"  # calibrated codes are written by the studio's exporter
         chunks = self.chunks_spin.value() or None
+        imatrix = self.imatrix
         # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
         allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
         self.outcome = None
@@ -574,6 +589,7 @@ class ExportDialog(JobPanel, QDialog):
                 allow_pickle=allow_pickle,
                 calib_text=calib,
                 calib_chunks=chunks,
+                imatrix=imatrix,
             )
 
         plan_name = plan if isinstance(plan, str) else plan.name
@@ -669,6 +685,17 @@ class ExportDialog(JobPanel, QDialog):
             w.setEnabled(calibrated and not running)
         # calibrated codes are the studio's own: llama.cpp's quantizer cannot write them
         self.backend_combo.setEnabled(not calibrated and not running)
+        has_im = self.state.imatrix is not None
+        # a calibrated method computes its own statistics; the Calibrate page's imatrix serves rtn
+        self.imatrix_check.setEnabled(has_im and not calibrated and not running)
+        note = (
+            " (none: Calibrate page)"
+            if not has_im
+            else " (the method calibrates itself)"
+            if calibrated
+            else ""
+        )
+        self.imatrix_check.setText("Quantize with the importance matrix" + note)
         self.upload_button.setEnabled(self.outcome is not None and not running)
 
     def _upload(self) -> None:
