@@ -8,6 +8,12 @@ needs little memory either), then in separate processes:
 3. runs llama.cpp's own ``llama_model_quantize`` (Q4_K_M) on that F32 file: the reference time.
 
 Usage: ``python bench/export_memory.py [--dir DIR] [--layers 8] [--hidden 2048] [--keep]``
+
+``--moe``: a Qwen3-MoE-shaped checkpoint instead (64 experts per layer by default), exported through
+llama.cpp's converter. Printed: the peak RSS growth of the studio's export over the same process
+just before it (converter loaded, layout known) against the size of one merged expert tensor
+(experts x rows x columns in float32): the streaming must stay within that plus a constant; and,
+as the reference, the converter's own F32 conversion of the same checkpoint (its own writer).
 """
 
 from __future__ import annotations
@@ -28,21 +34,46 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _tokenizer_and_config(folder: Path, arch: str) -> tuple[dict, int]:
+    """Copy a small trained tokenizer of ``arch`` into ``folder``; its config and vocabulary size."""
+    from studio.core.factory import make_tiny_model
+
+    tiny = Path(tempfile.mkdtemp(prefix="tok-")) / "m"
+    make_tiny_model(tiny, arch, hidden=256, layers=1, outliers=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in tiny.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("generation_config.json", "added_tokens.json"):
+            shutil.copy(f, folder / f.name)
+    cfg = json.loads((tiny / "config.json").read_text())
+    shutil.rmtree(tiny.parent, ignore_errors=True)
+    return cfg, int(cfg["vocab_size"])
+
+
+def _attention(
+    p: str, hidden: int, heads: int, kv_heads: int, head_dim: int
+) -> list[tuple[str, tuple[int, ...]]]:
+    return [
+        (p + "input_layernorm.weight", (hidden,)),
+        (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+        (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+        (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+        (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+        (p + "post_attention_layernorm.weight", (hidden,)),
+    ]
+
+
+def _save(folder: Path, cfg: dict, shapes: list[tuple[str, tuple[int, ...]]], vocab: int, hidden: int) -> int:
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    shapes = [("model.embed_tokens.weight", (vocab, hidden)), *shapes]
+    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    return _write_safetensors(folder, shapes)
+
+
 def write_big_llama(
     folder: Path, *, hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int
 ) -> int:
     """A random float32 Llama checkpoint with a real tokenizer; returns the weight bytes."""
-    from studio.core.factory import make_tiny_model
-
-    tiny = Path(tempfile.mkdtemp(prefix="tok-")) / "m"
-    make_tiny_model(tiny, "llama", hidden=256, layers=1, outliers=False)
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "generation_config.json"):
-        if (tiny / f).exists():
-            shutil.copy(tiny / f, folder / f)
-    cfg = json.loads((tiny / "config.json").read_text())
-    vocab = int(cfg["vocab_size"])
-    shutil.rmtree(tiny.parent, ignore_errors=True)
+    cfg, vocab = _tokenizer_and_config(folder, "llama")
     head_dim = hidden // heads
     cfg.update(
         hidden_size=hidden,
@@ -53,22 +84,51 @@ def write_big_llama(
         head_dim=head_dim,
         dtype="float32",
     )
-    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
+    shapes: list[tuple[str, tuple[int, ...]]] = []
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes += [
-            (p + "input_layernorm.weight", (hidden,)),
-            (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
-            (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
-            (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
-            (p + "post_attention_layernorm.weight", (hidden,)),
+        shapes += _attention(p, hidden, heads, kv_heads, head_dim) + [
             (p + "mlp.gate_proj.weight", (intermediate, hidden)),
             (p + "mlp.up_proj.weight", (intermediate, hidden)),
             (p + "mlp.down_proj.weight", (hidden, intermediate)),
         ]
-    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    return _save(folder, cfg, shapes, vocab, hidden)
+
+
+def write_big_moe(folder: Path, *, hidden: int, layers: int, experts: int, expert_ff: int) -> tuple[int, int]:
+    """A random float32 Qwen3-MoE checkpoint with a real tokenizer; returns (weight bytes, bytes of
+    one merged expert tensor in float32)."""
+    cfg, vocab = _tokenizer_and_config(folder, "qwen3_moe")
+    heads, kv_heads, head_dim = 8, 4, hidden // 8
+    cfg.update(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        num_local_experts=experts,
+        moe_intermediate_size=expert_ff,
+        dtype="float32",
+    )
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes += _attention(p, hidden, heads, kv_heads, head_dim) + [
+            (p + "self_attn.q_norm.weight", (head_dim,)),
+            (p + "self_attn.k_norm.weight", (head_dim,)),
+            (p + "mlp.gate.weight", (experts, hidden)),
+        ]
+        for e in range(experts):
+            q = f"{p}mlp.experts.{e}."
+            shapes += [
+                (q + "gate_proj.weight", (expert_ff, hidden)),
+                (q + "up_proj.weight", (expert_ff, hidden)),
+                (q + "down_proj.weight", (hidden, expert_ff)),
+            ]
+    return _save(folder, cfg, shapes, vocab, hidden), 4 * experts * expert_ff * hidden
+
+
+def _write_safetensors(folder: Path, shapes: list[tuple[str, tuple[int, ...]]]) -> int:
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     off = 0
     for name, shape in shapes:
@@ -105,6 +165,11 @@ def _peak_mb():
         pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def _rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
 """
 
 _EXPORT = (
@@ -135,6 +200,46 @@ print(json.dumps({"rc": rc, "seconds": time.perf_counter() - t, "peak_rss_mb": _
 )
 
 
+_EXPORT_MOE = (
+    _PEAK
+    + """
+import sys, time, json
+from studio.core.export import export_gguf
+from studio.core.gguf.arch import layout
+from studio.core.model import open_model
+with open_model(sys.argv[1]) as ck:
+    layout(ck.info)  # loads torch, transformers and the converter: the constant part
+import numpy as np
+from studio.core.quant.blocks import quantize
+for q in ("Q4_K", "Q6_K", "Q8_0", "Q5_0"):  # and the quantizer kernels (numba)
+    quantize(np.ones((4, 256), np.float32), q)
+base = _rss_mb()
+t = time.perf_counter()
+r = export_gguf(sys.argv[1], sys.argv[2], sys.argv[3])
+print(json.dumps({"seconds": time.perf_counter() - t, "baseline_mb": base, "peak_rss_mb": _peak_mb(),
+                  "file_bytes": r.file_bytes}))
+"""
+)
+
+_CONVERTER_OWN = (
+    _PEAK
+    + """
+import sys, time, json
+from pathlib import Path
+from studio.core.gguf.arch import layout
+from studio.core.gguf.llama_converter import reference_convert
+from studio.core.model import open_model
+with open_model(sys.argv[1]) as ck:
+    info = ck.info
+layout(info)
+base = _rss_mb()
+t = time.perf_counter()
+reference_convert(info, Path(sys.argv[2]))
+print(json.dumps({"seconds": time.perf_counter() - t, "baseline_mb": base, "peak_rss_mb": _peak_mb()}))
+"""
+)
+
+
 def _run(code: str, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(
@@ -154,10 +259,20 @@ def main() -> None:
     ap.add_argument("--preset", default="Q4_K_M")
     ap.add_argument("--skip-reference", action="store_true", help="do not run llama.cpp's quantizer")
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
+    ap.add_argument("--moe", action="store_true", help="a mixture-of-experts checkpoint (see the docstring)")
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--expert-ff", type=int, default=512)
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="qs-export-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     model = work / "model"
+    if args.moe:
+        try:
+            _bench_moe(args, work, model)
+        finally:
+            if not args.keep and args.dir is None:
+                shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         t = time.perf_counter()
         if not (model / "model.safetensors").exists():
@@ -196,6 +311,38 @@ def main() -> None:
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench_moe(args: argparse.Namespace, work: Path, model: Path) -> None:
+    t = time.perf_counter()
+    hidden = args.hidden if args.hidden != 2048 else 1024
+    layers = args.layers if args.layers != 8 else 4
+    wbytes, merged = write_big_moe(
+        model, hidden=hidden, layers=layers, experts=args.experts, expert_ff=args.expert_ff
+    )
+    print(
+        f"MoE model: {wbytes / 1e9:.2f} GB of float32 weights, {layers} layers x {args.experts} experts; "
+        f"one merged expert tensor {merged / 2**20:.0f} MiB ({time.perf_counter() - t:.0f} s to generate)"
+    )
+    ours = _run(_EXPORT_MOE, str(model), str(work / "ours.gguf"), args.preset)
+    grow = ours["peak_rss_mb"] - ours["baseline_mb"]
+    print(
+        f"studio export {args.preset} through llama.cpp's converter: {ours['seconds']:.1f} s, "
+        f"RSS {ours['baseline_mb']:.0f} MB before, peak {ours['peak_rss_mb']:.0f} MB: growth {grow:.0f} MB = "
+        f"{grow * 2**20 / merged:.2f} x one merged expert tensor"
+    )
+    print(
+        "PASS" if grow * 2**20 <= merged + (64 << 20) else "FAIL",
+        "growth <= one merged expert tensor + 64 MiB",
+    )
+    if not args.skip_reference:
+        ref = _run(_CONVERTER_OWN, str(model), str(work / "converter-f32.gguf"))
+        rgrow = ref["peak_rss_mb"] - ref["baseline_mb"]
+        print(
+            f"llama.cpp's converter, its own F32 writer: {ref['seconds']:.1f} s, growth {rgrow:.0f} MB = "
+            f"{rgrow * 2**20 / merged:.2f} x one merged expert tensor"
+        )
+        print(f"ratio studio/converter: peak growth {grow / rgrow:.2f}x")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ imatrix by ``llama-imatrix`` from the same calibration text (``--parse-special``
 chats are rendered through the chat template), quantized by ``llama-quantize``. The table's ratio
 column is KL / llama.cpp's KL with an imatrix (the issue's target: ≤ 0.85 at Q4_K_M, ≤ 0.80 at Q3_K_M).
 
-    python bench/gptq_quality.py --model /work/tools/smollm2-f32 --f32-gguf /work/tools/smollm2-f32.gguf \\
+    QS_LLAMA_BIN=DIR python bench/gptq_quality.py [--model HF_FOLDER] --f32-gguf MODEL-F32.gguf \\
         --out /tmp/quality [--presets Q4_K_M,Q3_K_M] [--methods rtn,imatrix,gptq,awq,awq+gptq]
 
 Not part of the test suite: it runs minutes per file on a CPU.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import peak_mib  # noqa: E402
 
 LLAMA_BIN = Path(
-    os.environ.get("QS_LLAMA_BIN", "/work/tools/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
+    os.environ.get("QS_LLAMA_BIN", "llama.cpp/build/bin")  # where DESIGN.md says to build the tools
 )
 
 
@@ -86,7 +86,9 @@ def llama_baseline(args, calib_file: Path, out: Path) -> dict:
     """llama.cpp's own files: the imatrix from the same text, each preset with and without it."""
     rows: dict = {}
     if not (LLAMA_BIN / "llama-imatrix").is_file() or not args.f32_gguf:
-        print(f"llama.cpp tools not found at {LLAMA_BIN} (or no --f32-gguf): no llama.cpp rows", file=sys.stderr)
+        print(
+            f"llama.cpp tools not found at {LLAMA_BIN} (or no --f32-gguf): no llama.cpp rows", file=sys.stderr
+        )
         return rows
     t = str(args.threads)
     base = out / "base.kld"
@@ -100,7 +102,15 @@ def llama_baseline(args, calib_file: Path, out: Path) -> dict:
     imx = out / "llama-imatrix.gguf"
     if not imx.exists():
         subprocess.run(
-            [str(LLAMA_BIN / "llama-imatrix"), "-m", args.f32_gguf, "-f", str(calib_file), "-c", str(args.ctx)]
+            [
+                str(LLAMA_BIN / "llama-imatrix"),
+                "-m",
+                args.f32_gguf,
+                "-f",
+                str(calib_file),
+                "-c",
+                str(args.ctx),
+            ]
             + ["-t", t, "-o", str(imx), "--no-repack", "--parse-special"],
             capture_output=True,
             check=True,
@@ -123,8 +133,10 @@ def llama_baseline(args, calib_file: Path, out: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="/work/tools/smollm2-f32")
-    ap.add_argument("--f32-gguf", default="/work/tools/smollm2-f32.gguf", help="F32 GGUF for llama.cpp's rows")
+    ap.add_argument("--model", default=None, help="HF folder (default: the demo, SmolLM2-135M-Instruct)")
+    ap.add_argument(
+        "--f32-gguf", default=None, help="F32 GGUF for llama.cpp's rows (none: no llama.cpp rows)"
+    )
     ap.add_argument("--out", default="/tmp/gptq-quality")
     ap.add_argument("--presets", default="Q4_K_M,Q3_K_M")
     ap.add_argument("--methods", default="rtn,imatrix,gptq,awq,awq+gptq")
@@ -143,6 +155,10 @@ def main() -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.model is None:
+        from studio.core.demo import demo_model_path
+
+        args.model = demo_model_path()
     model = Path(args.model)
 
     from studio.core.calib.quantize import CalibOptions, export_calibrated
@@ -162,7 +178,14 @@ def main() -> int:
             plan = with_method(plan_from_preset(info, preset, imatrix=method != "rtn"), info, method)
             t0 = time.monotonic()
             r = export_calibrated(
-                model, f, plan, text=args.calib_text, n_ctx=args.ctx, n_chunks=args.chunks, device=args.device, options=opts
+                model,
+                f,
+                plan,
+                text=args.calib_text,
+                n_ctx=args.ctx,
+                n_chunks=args.chunks,
+                device=args.device,
+                options=opts,
             )
             sec = time.monotonic() - t0
             gains = [t.gain for lr in r.layers for t in lr.tensors if t.gain is not None]
@@ -173,7 +196,10 @@ def main() -> int:
                 "mean_gain": round(sum(gains) / len(gains), 4) if gains else None,
                 "warnings": list(r.warnings),
             }
-            print(f"{preset} {method}: {sec:.0f} s, {f.stat().st_size} bytes, peak RSS {peak_mib():.0f} MiB", file=sys.stderr)
+            print(
+                f"{preset} {method}: {sec:.0f} s, {f.stat().st_size} bytes, peak RSS {peak_mib():.0f} MiB",
+                file=sys.stderr,
+            )
     files = [Path(v["file"]) for v in rows.values()]
     rep = evaluate(model, files, text=args.eval, n_ctx=512, device="cpu", dtype="float32")
     by_path = {Path(v.path): v for v in rep.variants}

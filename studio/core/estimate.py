@@ -6,12 +6,18 @@ fallbacks for rows that are not a multiple of the block size), plus a header all
 
 Run-time memory (llama.cpp), stated model:
     weights (the tensor bytes above)
-  + KV cache = layers x 2 (K and V) x kv_heads x head_dim x context x 2 bytes (F16 cache);
-    zero for encoder-only models (BERT), which keep no cache
+  + KV cache = layers x 2 (K and V) x kv_heads x head_dim x cells x 2 bytes (F16 cache), where
+    cells = context, except on sliding-window layers (Gemma 2/3's local layers, as config
+    ``layer_types`` or llama.cpp's default pattern says) where llama.cpp's iSWA cache keeps
+    pad256(min(context, window + 512)) cells; zero for encoder-only models (BERT), which keep no cache
   + overhead = 5 % of the weights + 64 MiB fixed + vocab x 512 x 4 bytes
     (compute buffers; the last term is the logits scratch of one 512-token batch, which dominates
     for large vocabularies; encoder-only models have no LM head and skip it).
 The verdict compares that with the free memory ``studio.core.hardware`` reports now.
+
+Mixture-of-experts models: every expert is in the file and in memory (total parameters); a token
+runs through ``experts_used`` of the ``experts`` per layer, so the active parameters are the
+non-expert weights plus that share of the expert weights. Both counts are part of an estimate.
 """
 
 from __future__ import annotations
@@ -73,6 +79,10 @@ class Estimate:
     n_fallbacks: int = 0  # tensors whose rows forced a different type than the preset's own
     exact: bool = True  # False: generic per-type estimate (architecture the exporter cannot map)
     types: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    n_params: int = 0  # weights in the exported tensors (every expert counted)
+    n_active_params: int = 0  # weights one token runs through (= n_params for dense models)
+    n_experts: int = 0  # experts per layer (0: dense)
+    n_experts_used: int = 0  # experts each token is routed to
 
 
 # ----------------------------------------------------------------------------------- type sizes
@@ -142,6 +152,33 @@ def _cfg_int(cfg: dict[str, Any], *keys: str) -> int | None:
     return None
 
 
+# llama.cpp's default sliding-window patterns when a config does not list its layer types: a layer
+# i is local unless (i + 1) % pattern == 0 (llama-model.cpp's set_swa_pattern / load_swa_pattern).
+_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+SWA_UBATCH = 512  # llama.cpp's default micro-batch, added to the window in the iSWA cache
+
+
+def sliding_layers(config: dict[str, Any], n_layers: int) -> tuple[bool, ...]:
+    """Per layer: whether llama.cpp keeps a sliding-window (local) KV cache for it."""
+    window = _cfg_int(config, "sliding_window")
+    types = config.get("layer_types")
+    if not window:
+        return (False,) * n_layers
+    if isinstance(types, list) and len(types) >= n_layers:
+        return tuple(str(t) == "sliding_attention" for t in types[:n_layers])
+    pattern = _SWA_PATTERN.get(str(config.get("model_type")))
+    if pattern is None:
+        return (False,) * n_layers
+    return tuple((i + 1) % pattern != 0 for i in range(n_layers))
+
+
+def kv_cells(config: dict[str, Any], n_layers: int, ctx_len: int) -> tuple[int, ...]:
+    """KV cache cells per layer for ``ctx_len`` tokens (smaller on sliding-window layers)."""
+    window = _cfg_int(config, "sliding_window") or 0
+    swa = -(-min(ctx_len, window + SWA_UBATCH) // 256) * 256  # llama-kv-cache-iswa.cpp: padded to 256
+    return tuple(swa if local else ctx_len for local in sliding_layers(config, n_layers))
+
+
 def kv_cache_bytes(config: dict[str, Any], n_layers: int, ctx_len: int) -> int:
     """F16 KV cache bytes for ``ctx_len`` tokens; 0 for encoder-only models."""
     if config.get("model_type") in _ENCODER_ONLY:
@@ -152,7 +189,29 @@ def kv_cache_bytes(config: dict[str, Any], n_layers: int, ctx_len: int) -> int:
     head_dim = _cfg_int(config, "head_dim") or (hidden // heads if hidden and heads else None)
     if not (kv_heads and head_dim and n_layers):
         return 0
-    return n_layers * 2 * kv_heads * head_dim * ctx_len * KV_BYTES_PER_ELEMENT
+    return sum(kv_cells(config, n_layers, ctx_len)) * 2 * kv_heads * head_dim * KV_BYTES_PER_ELEMENT
+
+
+def experts_of(config: dict[str, Any], params: Any = None) -> tuple[int, int]:
+    """(experts per layer, experts used per token) of a mixture-of-experts model; (0, 0) if dense."""
+    params = params or {}
+    n = params.get("expert_count") or _cfg_int(config, "num_local_experts", "num_experts", "n_routed_experts")
+    used = params.get("expert_used_count") or _cfg_int(
+        config, "num_experts_per_tok", "num_experts_per_token", "top_k_experts"
+    )
+    return (int(n), int(used or 0)) if n and int(n) > 1 else (0, 0)
+
+
+def active_parameters(shapes: dict[str, tuple[int, ...]], n_experts: int, n_used: int) -> int:
+    """Weights one token runs through: merged expert tensors (3-D, first axis = expert) count for
+    ``n_used`` of their ``n_experts`` experts, everything else fully."""
+    total = 0
+    for shape in shapes.values():
+        n = math.prod(shape)
+        if n_experts and len(shape) == 3 and shape[0] == n_experts:
+            n = n * n_used // n_experts
+        total += n
+    return total
 
 
 def _overhead(weights: int, config: dict[str, Any]) -> int:
@@ -213,23 +272,29 @@ def _estimate_types(
     exact: bool,
 ) -> Estimate:
     """File size, run-time memory and verdict of ``info`` exported with ``types`` (tensor -> type)."""
-    by_name = {t.name: t for t in info.tensors}
+    shapes = _gguf_shapes(info, exact)
     tensor_bytes = 0
     n_el = 0
     per_layer: dict[int, int] = {}
     n_fallbacks = 0
+    counted: dict[str, tuple[int, ...]] = {}
     for name, typ in types.items():
-        t = by_name.get(name)
-        if t is None:
+        found = shapes.get(name)
+        if found is None:
             continue  # a plan made for another revision of the model; its extra names cost nothing
-        b = type_bytes(t.n_elements, gguf_row(t), typ)
+        shape, layer = found
+        n = math.prod(shape)
+        row = shape[-1] if shape else 1
+        b = type_bytes(n, row, typ)
         tensor_bytes += b
-        n_el += t.n_elements
-        if t.layer is not None:
-            per_layer[t.layer] = per_layer.get(t.layer, 0) + b
+        n_el += n
+        counted[name] = shape
+        if layer is not None:
+            per_layer[layer] = per_layer.get(layer, 0) + b
         # Rows the preset's own block size cannot tile get another type (llama.cpp's fallback).
-        if base is not None and len(t.shape) >= 2 and typ != "F32" and gguf_row(t) % QTYPES[base].block_size:
+        if base is not None and len(shape) >= 2 and typ != "F32" and row % QTYPES[base].block_size:
             n_fallbacks += 1
+    n_exp, n_used = experts_of(info.config, shapes.params)
     vocab = _cfg_int(info.config, "vocab_size") or 0
     header = (
         HEADER_FIXED_BYTES
@@ -251,7 +316,43 @@ def _estimate_types(
         n_fallbacks=n_fallbacks,
         exact=exact,
         types=dict(types),
+        n_params=n_el,
+        n_active_params=active_parameters(counted, n_exp, n_used),
+        n_experts=n_exp,
+        n_experts_used=n_used,
     )
+
+
+class _Shapes(dict[str, tuple[tuple[int, ...], int | None]]):
+    """Plan key → (GGUF numpy shape, layer), plus the layout's converter hyper-parameters."""
+
+    params: dict[str, Any]
+
+
+def _gguf_shapes(info: ModelInfo, exact: bool) -> _Shapes:
+    """The shapes a plan's keys stand for: from the export layout when there is one (merged expert
+    tensors exist only there), else from the checkpoint's tensors in GGUF orientation."""
+    out = _Shapes()
+    out.params = {}
+    if exact and info.format is not CheckpointFormat.GGUF:
+        from studio.core.errors import StudioError
+        from studio.core.gguf.arch import layout
+
+        try:
+            lay = layout(info)
+        except StudioError:
+            lay = None
+        if lay is not None:
+            for tm in lay.tensors:
+                out[tm.hf_name] = (tuple(tm.shape), tm.layer)
+            out.params = dict(lay.params)
+            return out
+    for t in info.tensors:
+        shape = tuple(t.shape)
+        if t.transposed and len(shape) == 2:
+            shape = shape[::-1]
+        out[t.name] = (shape, t.layer)
+    return out
 
 
 def _make_estimate(
@@ -311,6 +412,8 @@ def synthetic_info(config: dict[str, Any]) -> ModelInfo | None:
     """A ModelInfo with the tensors of a standard Llama-layout decoder of this config's sizes (no files).
 
     It is named as Llama so the exporter's preset rules apply; None when the config lacks the sizes.
+    A mixture-of-experts config gets a router and its experts merged into 3-D tensors per layer, as
+    llama.cpp stores them (plus a dense shared expert when the config has one).
     """
     h = _cfg_int(config, "hidden_size", "n_embd", "d_model")
     n_layers = _cfg_int(config, "num_hidden_layers", "n_layer", "num_layers")
@@ -329,6 +432,10 @@ def synthetic_info(config: dict[str, Any]) -> ModelInfo | None:
     def t(name: str, shape: tuple[int, ...], role: Role, layer: int | None = None) -> TensorInfo:
         return TensorInfo(name, shape, "F16", 2 * math.prod(shape), nowhere, role, layer)
 
+    n_exp, _ = experts_of(config)
+    eff = _cfg_int(config, "moe_intermediate_size", "expert_intermediate_size") or ffn
+    shared = _cfg_int(config, "shared_expert_intermediate_size") or 0
+
     tensors = [t("model.embed_tokens.weight", (vocab, h), Role.TOKEN_EMBD)]
     for i in range(n_layers):
         p = f"model.layers.{i}."
@@ -339,11 +446,23 @@ def synthetic_info(config: dict[str, Any]) -> ModelInfo | None:
             t(p + "self_attn.v_proj.weight", (kv * hd, h), Role.ATTN_V, i),
             t(p + "self_attn.o_proj.weight", (h, heads * hd), Role.ATTN_OUT, i),
             t(p + "post_attention_layernorm.weight", (h,), Role.NORM, i),
-            t(p + "mlp.up_proj.weight", (ffn, h), Role.FFN_UP, i),
-            t(p + "mlp.down_proj.weight", (h, ffn), Role.FFN_DOWN, i),
         ]
-        if gated:
-            tensors.append(t(p + "mlp.gate_proj.weight", (ffn, h), Role.FFN_GATE, i))
+        if n_exp:
+            # a mixture of experts: the router and each projection's experts merged, as in GGUF
+            tensors += [
+                t(p + "mlp.gate.weight", (n_exp, h), Role.FFN_ROUTER, i),
+                t(p + "mlp.experts.gate_proj.weight", (n_exp, eff, h), Role.FFN_GATE_EXPS, i),
+                t(p + "mlp.experts.up_proj.weight", (n_exp, eff, h), Role.FFN_UP_EXPS, i),
+                t(p + "mlp.experts.down_proj.weight", (n_exp, h, eff), Role.FFN_DOWN_EXPS, i),
+            ]
+            ffn = shared  # a shared expert, when the config has one, is a dense MLP beside them
+        if ffn:
+            tensors += [
+                t(p + "mlp.up_proj.weight", (ffn, h), Role.FFN_UP, i),
+                t(p + "mlp.down_proj.weight", (h, ffn), Role.FFN_DOWN, i),
+            ]
+            if gated:
+                tensors.append(t(p + "mlp.gate_proj.weight", (ffn, h), Role.FFN_GATE, i))
     tensors.append(t("model.norm.weight", (h,), Role.NORM))
     if not tied:
         tensors.append(t("lm_head.weight", (vocab, h), Role.OUTPUT))

@@ -124,6 +124,10 @@ def _imatrix_for(imatrix: Mapping[str, Any] | None, it: _Item) -> np.ndarray | N
     if v is None:
         return None
     v = np.asarray(v, dtype=np.float32).reshape(-1)
+    n_exp = it.tm.n_experts
+    if n_exp > 1 and v.size in (it.tm.n_per_row, it.tm.n_per_row * n_exp):
+        # merged experts: llama.cpp takes one vector per expert, expert after expert
+        return v if v.size == it.tm.n_per_row * n_exp else np.tile(v, n_exp)
     if v.size != it.tm.n_per_row:
         raise QuantizationError(
             f"The importance matrix for {it.tm.hf_name!r} has {v.size} values; its rows have {it.tm.n_per_row}."
@@ -254,18 +258,29 @@ def export_gguf(
             raise ExportError(f"The output name {out.name} should end in .gguf.")
         plan = _resolve_plan(plan, info)
         lay = layout(info)
+        if precomputed is not None and len(precomputed):
+            if info.format.value == "gguf":
+                raise ExportError(
+                    "Calibrated methods need the Hugging Face model folder; a GGUF original is requantized "
+                    "with rtn or imatrix."
+                )
+            if backend == "llama.cpp":
+                raise ExportError("Calibrated tensors are written by the studio back end, not by llama.cpp.")
+            if lay.converted:
+                raise ExportError(
+                    f"Calibrated methods do not cover {info.architecture} yet (it is "
+                    "written through llama.cpp's converter); use rtn or imatrix."
+                )
         if info.format.value == "gguf":  # a GGUF original: llama-quantize --allow-requantize semantics
             from studio.core.requantize import requantize_gguf
 
-            if precomputed is not None and len(precomputed):
-                raise ExportError("Calibrated tensors of a GGUF original are not supported yet.")
             result = requantize_gguf(
                 ckpt, out, plan, backend=backend, device=device, imatrix=imatrix, ctx=ctx, validate=validate
             )
         elif backend == "llama.cpp":
-            if precomputed is not None and len(precomputed):
-                raise ExportError("Calibrated tensors are written by the studio back end, not by llama.cpp.")
             result = _export_llamacpp(ckpt, lay, out, plan, inputs, imatrix, ctx, source_repo, validate)
+        elif lay.converted:
+            result = _export_converted(info, lay, out, plan, device, imatrix, ctx, validate)
         else:
             result = _export_studio(
                 ckpt, lay, out, plan, inputs, device, imatrix, ctx, source_repo, validate, pre=precomputed
@@ -421,6 +436,28 @@ def _export_studio(
     return {"types": {it.gguf_name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": tok}
 
 
+def _export_converted(
+    info: Any,
+    lay: Layout,
+    out: Path,
+    plan: Plan,
+    device: str,
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext,
+    validate: Callable[[Path], None] | None,
+    *,
+    float_only: bool = False,
+) -> dict[str, Any]:
+    # architectures llama.cpp's converter maps: its metadata, vocabulary and values, our plan,
+    # quantizers and writer (studio.core.gguf.llama_converter)
+    from studio.core.gguf.llama_converter import export_converted
+
+    return export_converted(
+        info, lay, out, plan, device=device, imatrix=imatrix, ctx=ctx, validate=validate,
+        encode=_encode, float_only=float_only,
+    )  # fmt: skip
+
+
 def _precomputed(pre: Precomputed, it: _Item) -> np.ndarray:
     assert it.tm is not None
     got = pre.qtype_of(it.tm.hf_name)
@@ -474,7 +511,7 @@ def _export_llamacpp(
     from studio.core.llamacpp import LlamaWorker
 
     info = ckpt.info
-    items = _items(plan, lay, extra_tensors(info))
+    items = _items(plan, lay, [] if lay.converted else extra_tensors(info))
     total = sum(it.nbytes for it in items)
     f32_total = sum(4 * math.prod(it.shape) for it in items)
     check_output_path(out, inputs=inputs, need_bytes=total + f32_total)
@@ -487,9 +524,12 @@ def _export_llamacpp(
     sub = _SubContext(ctx, 0.5)
     try:
         # the F32 intermediate carries the imatrix's quantize.imatrix.* keys; llama.cpp copies them over
-        _export_studio(
-            ckpt, lay, tmp_final, plan, inputs, "cpu", imatrix, sub, source_repo, None, float_only=True
-        )
+        if lay.converted:
+            _export_converted(info, lay, tmp_final, plan, "cpu", imatrix, sub, None, float_only=True)
+        else:
+            _export_studio(
+                ckpt, lay, tmp_final, plan, inputs, "cpu", imatrix, sub, source_repo, None, float_only=True
+            )
         lock = _hold_lock(tmp_final)
         ctx.check_cancelled()
         ctx.report(total // 2, total, "Quantizing with llama.cpp")

@@ -40,6 +40,13 @@ ARCHITECTURES: tuple[str, ...] = (
     "phi3",
     "gpt2",
     "bert",
+    # exported through llama.cpp's converter (studio.core.gguf.llama_converter)
+    "gemma3_text",
+    "qwen3_moe",
+    "mixtral",
+    "olmo2",
+    "granite",
+    "smollm3",
 )
 """Architectures ``make_tiny_model`` can build."""
 
@@ -127,6 +134,8 @@ class _ArchSpec:
     gqa: bool
     offset_norm: bool  # Gemma's RMSNorm multiplies by (1 + weight)
     causal: bool = True
+    experts: int = 0  # mixture of experts: experts per layer (0: a dense MLP)
+    pre_norm: bool = True  # False: norms follow the attention/MLP (OLMo 2), so no outliers are planted
 
 
 _SPECS: dict[str, _ArchSpec] = {
@@ -139,7 +148,27 @@ _SPECS: dict[str, _ArchSpec] = {
     "phi3": _ArchSpec("phi3", "spm-phi3", gated=True, tie=False, gqa=True, offset_norm=False),
     "gpt2": _ArchSpec("gpt2", "bpe-gpt2", gated=False, tie=True, gqa=False, offset_norm=False),
     "bert": _ArchSpec("bert", "wordpiece", gated=False, tie=True, gqa=False, offset_norm=False, causal=False),
+    "gemma3_text": _ArchSpec("gemma3_text", "spm-gemma", gated=True, tie=True, gqa=True, offset_norm=True),
+    "qwen3_moe": _ArchSpec(
+        "qwen3_moe", "bpe-qwen", gated=True, tie=False, gqa=True, offset_norm=False, experts=4
+    ),
+    # eight experts, as Mixtral has: llama.cpp's presets treat 8-expert models specially
+    "mixtral": _ArchSpec("mixtral", "spm", gated=True, tie=False, gqa=True, offset_norm=False, experts=8),
+    "olmo2": _ArchSpec(
+        "olmo2", "bpe-gpt2", gated=True, tie=False, gqa=True, offset_norm=False, pre_norm=False
+    ),
+    "granite": _ArchSpec("granite", "bpe-gpt2", gated=True, tie=True, gqa=True, offset_norm=False),
+    "smollm3": _ArchSpec("smollm3", "bpe-qwen", gated=True, tie=True, gqa=True, offset_norm=False),
 }
+
+# Hyper-parameters the newer architectures need beyond the common ones (tiny, but not trivial:
+# Granite's multipliers and Gemma 3's sliding window are far from their neutral values, so a
+# conversion that dropped them would change the logits).
+_GRANITE_MULTIPLIERS = dict(
+    embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0
+)
+GEMMA3_SLIDING_WINDOW = 32
+"""Sliding window of the tiny Gemma 3 models (short, so test prompts reach past it)."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -351,7 +380,7 @@ def build_tokenizer(arch: str, vocab_size: int | None = None) -> tuple[Any, byte
         tok = LlamaTokenizer(
             vocab=vocab, merges=merges, add_bos_token=True, legacy=False, add_prefix_space=True
         )
-        return tok, model_bytes, (MISTRAL_TEMPLATE if arch == "mistral" else ZEPHYR_TEMPLATE)
+        return tok, model_bytes, (MISTRAL_TEMPLATE if arch in ("mistral", "mixtral") else ZEPHYR_TEMPLATE)
 
     if kind.startswith("bpe"):
         size = vocab_size or 1024
@@ -459,8 +488,23 @@ def _config_kwargs(
         tie_word_embeddings=tie,
         **special,
     )
-    if spec.model_type in ("qwen3", "gemma", "gemma2"):
+    if spec.model_type in ("qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe"):
         kw["head_dim"] = head_dim
+    if spec.experts:
+        # the MLP of every layer is a mixture: `intermediate` is each expert's width
+        key = "num_experts" if spec.model_type == "qwen3_moe" else "num_local_experts"
+        kw[key] = spec.experts
+        kw["num_experts_per_tok"] = 2
+        if spec.model_type == "qwen3_moe":
+            kw.update(moe_intermediate_size=intermediate, decoder_sparse_step=1, mlp_only_layers=[])
+            kw["norm_topk_prob"] = True
+        else:
+            kw["sliding_window"] = None
+    if spec.model_type == "gemma3_text":
+        kw["query_pre_attn_scalar"] = head_dim
+        kw["sliding_window"] = min(GEMMA3_SLIDING_WINDOW, positions)
+    if spec.model_type == "granite":
+        kw.update(_GRANITE_MULTIPLIERS)
     if spec.model_type == "mistral":
         kw["sliding_window"] = None
     if spec.model_type == "gemma2":
@@ -499,9 +543,15 @@ def _norm_for_inputs(arch: str, names: set[str], layer: int) -> list[tuple[str, 
         else:
             attn = [f"{p}.self_attn.{x}_proj.weight" for x in ("q", "k", "v")]
             mlp = [f"{p}.mlp.{x}_proj.weight" for x in ("gate", "up")]
+        if arch == "olmo2":
+            return []  # post-norm: no norm scales the inputs of a projection
+        if arch in ("qwen3_moe", "mixtral"):
+            # in memory transformers fuses each layer's experts into one (experts, 2 x width, hidden)
+            # parameter; the router reads the same normed inputs
+            mlp = [f"{p}.mlp.gate.weight", f"{p}.mlp.experts.gate_up_proj"]
         mlp_norm = (
             f"{p}.pre_feedforward_layernorm.weight"
-            if arch == "gemma2"
+            if arch in ("gemma2", "gemma3_text")
             else f"{p}.post_attention_layernorm.weight"
         )
         out = [(f"{p}.input_layernorm.weight", attn, 1), (mlp_norm, mlp, 1)]
@@ -526,7 +576,10 @@ def _init_weights(
 
     hidden = model.config.hidden_size
     emb_std = 0.3 / hidden if spec.offset_norm else 2.0 / math.sqrt(hidden)
-    final_gain = 3.0 / (emb_std * math.sqrt(hidden)) if tie else 1.0
+    tied_std = emb_std * _granite_compensation(model.config, "embed_tokens")  # the head's weights
+    final_gain = 3.0 / (tied_std * math.sqrt(hidden)) if tie else 1.0
+    # Granite divides its logits by logits_scaling; the final norm gives that factor back
+    final_gain *= float(getattr(model.config, "logits_scaling", 1.0) or 1.0)
     final_norm = {"gpt2": "transformer.ln_f.weight", "bert": ""}.get(arch, "model.norm.weight")
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -539,8 +592,10 @@ def _init_weights(
                 elif "embed" in name or name.endswith("wte.weight"):
                     std = 1.0 if arch == "bert" else emb_std  # BERT normalizes its embeddings at once
                 else:
-                    fan_in = shape[0] if arch == "gpt2" else shape[1]  # GPT-2's Conv1D stores (in, out)
+                    # GPT-2's Conv1D stores (in, out); Linear (out, in), fused experts (experts, out, in)
+                    fan_in = shape[0] if arch == "gpt2" else shape[-1]
                     std = 1.0 / math.sqrt(fan_in)
+                std *= _granite_compensation(model.config, name)
                 values = torch.randn(shape, generator=gen) * std
             elif name.endswith("bias"):
                 values = torch.randn(shape, generator=gen) * 0.02
@@ -585,18 +640,48 @@ def _plant_outliers(
                     w = params[wname]
                     before = _expected_out_energy(w, old_gain, axis)
                     if axis == 1:
-                        w[:, idx] *= fac
+                        w[..., idx] *= fac  # the last axis holds the inputs (also for fused experts)
                     else:
                         w[idx, :] *= fac[:, None]
                     after = _expected_out_energy(w, gain, axis)
                     w.mul_(torch.sqrt(before / after))
-                    planted_w.append(wname)
+                    planted_w.extend(_saved_names(arch, wname, spec.experts))
     return tuple(channels), tuple(factors), tuple(planted_w), tuple(planted_n)
+
+
+def _granite_compensation(config: Any, name: str) -> float:
+    """Granite scales embeddings by embedding_multiplier and every block's output by
+    residual_multiplier; undoing that in the initial weights keeps the tiny model in the same regime
+    as the others, while the multipliers still matter to any conversion that dropped them."""
+    emb = float(getattr(config, "embedding_multiplier", 1.0) or 1.0)
+    res = float(getattr(config, "residual_multiplier", 1.0) or 1.0)
+    if "embed_tokens" in name:
+        return 1.0 / emb
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return 1.0 / res
+    return 1.0
+
+
+def _saved_names(arch: str, name: str, experts: int) -> list[str]:
+    """The checkpoint tensors a parameter is saved as: transformers keeps a layer's experts fused
+    in memory (``mlp.experts.gate_up_proj``) but saves one gate and one up tensor per expert, and
+    Mixtral's modules under their original ``block_sparse_moe`` name."""
+    if arch == "mixtral" and name.endswith(".mlp.gate.weight"):
+        return [name.replace(".mlp.gate.", ".block_sparse_moe.gate.")]  # Mixtral's saved router name
+    if not name.endswith(".experts.gate_up_proj"):
+        return [name]
+    base = name[: -len("mlp.experts.gate_up_proj")]
+    if arch == "mixtral":
+        return [
+            f"{base}block_sparse_moe.experts.{e}.{w}.weight" for e in range(experts) for w in ("w1", "w3")
+        ]
+    return [f"{base}mlp.experts.{e}.{w}_proj.weight" for e in range(experts) for w in ("gate", "up")]
 
 
 def _expected_out_energy(w: torch.Tensor, gain: torch.Tensor, axis: int) -> torch.Tensor:
     # E|Wx|^2 for x_j with variance gain_j^2: sum_j |column j|^2 gain_j^2.
-    col = (w.float() ** 2).sum(dim=0 if axis == 1 else 1)
+    w2 = w.float() ** 2
+    col = w2.reshape(-1, w.shape[-1]).sum(dim=0) if axis == 1 else w2.sum(dim=1)
     return (col * gain.float() ** 2).sum()
 
 
@@ -698,10 +783,10 @@ def make_tiny_model(
         kv_heads = heads // 2 if spec.gqa and heads % 2 == 0 else heads
     if heads % kv_heads or (not spec.gqa and kv_heads != heads):
         raise FactoryError(f"{kv_heads} key/value heads do not fit {heads} attention heads for {arch}.")
-    intermediate = intermediate or (3 * hidden if spec.gated else 4 * hidden)
+    intermediate = intermediate or (hidden if spec.experts else 3 * hidden if spec.gated else 4 * hidden)
     positions = max_positions or (512 if arch == "bert" else 1024)
     tie = spec.tie if tie_embeddings is None else tie_embeddings
-    if arch in ("gemma", "gemma2") and not tie:
+    if arch in ("gemma", "gemma2", "gemma3_text") and not tie:
         raise FactoryError(f"{arch} always ties its output head to the token embedding.")
 
     out = Path(out_dir)
@@ -744,7 +829,7 @@ def make_tiny_model(
     if tie and hasattr(model, "tie_weights"):
         model.tie_weights()
     planted: tuple[tuple[int, ...], tuple[float, ...], tuple[str, ...], tuple[str, ...]] = ((), (), (), ())
-    if outliers:
+    if outliers and spec.pre_norm:
         planted = _plant_outliers(model, arch, spec, layers, hidden, gen)
     ctx.check_cancelled()
     model = model.to(getattr(torch, dtype))

@@ -5,12 +5,18 @@ A scheme is what a preview applies: a qtype (``"Q4_K"``, ``"Q8_0"``, ...), throu
 (rows = output channels); or a generic INT/FP8 scheme, through ``studio.core.quant.generic``
 (named like ``"INT4 sym g128"`` or ``"FP8 E4M3 channel"``). Error numbers come from
 ``studio.core.stats.metrics``.
+
+With an importance matrix (mean x² per input column, ``studio.core.calib.imatrix``) the block types
+are quantized with it as llama-quantize does (Q8_0 and the generic schemes ignore it), and the result
+also gives the activation-weighted MSE: each column's squared error weighted by its importance, which
+is what the layer's output sees (E[(ΔW x)²] under independent inputs), not what the weights see.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +39,7 @@ __all__ = [
     "PreviewResult",
     "block_schemes",
     "generic_schemes",
+    "imatrix_entry",
     "preview_array",
     "preview_schemes",
     "preview_tensor",
@@ -66,6 +73,8 @@ class PreviewResult:
     dequantized_hist: Histogram
     error_hist: Histogram  # of dequantized - original
     worst_channels: tuple[ChannelError, ...]
+    imatrix_used: bool = False  # the quantizer was given the importance matrix
+    weighted_mse: float | None = None  # activation-weighted MSE, when an importance matrix was given
 
     @property
     def snr_db(self) -> float:
@@ -113,20 +122,59 @@ def preview_schemes() -> list[str]:
     return block_schemes() + generic_schemes()
 
 
-def _roundtrip_block(x: np.ndarray, qtype: str, ctx: JobContext) -> tuple[np.ndarray, float]:
+def _row_weights(imatrix: np.ndarray | None, rows: int, cols: int, name: str) -> np.ndarray | None:
+    """The importance matrix as (groups, cols): one row of weights for all rows, or one per expert."""
+    if imatrix is None:
+        return None
+    w = np.ascontiguousarray(np.asarray(imatrix, dtype=np.float32).reshape(-1))
+    groups = w.size // cols if cols and w.size % cols == 0 else 0
+    if groups < 1 or rows % groups:
+        raise QuantizationError(
+            f"The importance matrix of {name or 'the tensor'} has {w.size} values; its {rows} rows of "
+            f"{cols} need {cols} (or {cols} per expert)."
+        )
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise QuantizationError(
+            f"The importance matrix of {name or 'the tensor'} holds negative or NaN values."
+        )
+    return w.reshape(groups, cols)
+
+
+def _roundtrip_block(
+    x: np.ndarray, qtype: str, weights: np.ndarray | None, ctx: JobContext
+) -> tuple[np.ndarray, float]:
     from studio.core.quant.blocks import dequantize, quantize
     from studio.core.quant.types import row_bytes
 
     rows, cols = x.shape
     y = np.empty_like(x)
-    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
-    for r0 in range(0, rows, step):
-        ctx.check_cancelled()
-        r1 = min(rows, r0 + step)
-        q = quantize(x[r0:r1], qtype)
-        y[r0:r1] = dequantize(q, qtype, (r1 - r0, cols))
-        ctx.report(r1, rows, f"quantizing to {qtype}")
+    per_group = max(1, rows // (1 if weights is None else weights.shape[0]))  # experts' rows are contiguous
+    step = max(1, min(per_group, _CHUNK_ELEMENTS // max(cols, 1)))
+    for g0 in range(0, rows, per_group):
+        qw = None if weights is None else weights[g0 // per_group]
+        for r0 in range(g0, g0 + per_group, step):
+            ctx.check_cancelled()
+            r1 = min(g0 + per_group, r0 + step)
+            q = quantize(x[r0:r1], qtype, qw)
+            y[r0:r1] = dequantize(q, qtype, (r1 - r0, cols))
+            ctx.report(r1, rows, f"quantizing to {qtype}")
     return y, row_bytes(qtype, cols) * 8.0 / cols
+
+
+def _weighted_mse(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> float:
+    """Mean over rows of Σ_j w_j (y−x)²_j / Σ_j w_j (the plain MSE when every w_j is equal)."""
+    rows, cols = x.shape
+    per_group = max(1, rows // weights.shape[0])
+    total = 0.0
+    step = max(1, min(per_group, _CHUNK_ELEMENTS // max(cols, 1)))
+    for g0 in range(0, rows, per_group):
+        w = weights[g0 // per_group].astype(np.float64)
+        norm = float(w.sum()) or 1.0
+        for r0 in range(g0, g0 + per_group, step):
+            r1 = min(g0 + per_group, r0 + step)
+            e = (y[r0:r1] - x[r0:r1]).astype(np.float64)
+            total += float(((e * e) @ w).sum()) / norm
+    return total / rows if rows else 0.0
 
 
 def _roundtrip_generic(x: np.ndarray, scheme: str, ctx: JobContext) -> tuple[np.ndarray, float]:
@@ -172,9 +220,14 @@ def preview_array(
     name: str = "",
     bins: int = DEFAULT_BINS,
     worst: int = 10,
+    imatrix: Any = None,
     ctx: JobContext | None = None,
 ) -> PreviewResult:
-    """Quantize ``x`` (rows = output channels) with ``scheme`` and describe the error."""
+    """Quantize ``x`` (rows = output channels) with ``scheme`` and describe the error.
+
+    ``imatrix``: the importance of each column (``cols`` values, or ``cols`` per expert when the rows
+    are experts' stacked matrices); see the module docstring.
+    """
     ctx = ctx or null_context()
     arr = np.asarray(x, dtype=np.float32)
     rows, cols = as_matrix_shape(arr.shape)
@@ -187,6 +240,7 @@ def preview_array(
         )
     from studio.core.quant.types import QTYPES, fallback_type
 
+    weights = _row_weights(imatrix, rows, cols, name)
     upper = scheme.upper()
     reason = None
     if upper in QTYPES:
@@ -196,7 +250,7 @@ def preview_array(
                 f"rows of {cols} values are not a multiple of the {QTYPES[upper].block_size}-value "
                 f"{upper} block, so llama.cpp uses {applied}"
             )
-        y, bpw = _roundtrip_block(x2, applied, ctx)
+        y, bpw = _roundtrip_block(x2, applied, weights, ctx)
     else:
         applied = scheme
         y, bpw = _roundtrip_generic(x2, scheme, ctx)
@@ -233,7 +287,24 @@ def preview_array(
         dequantized_hist=deq,
         error_hist=err,
         worst_channels=channels,
+        imatrix_used=weights is not None and upper in QTYPES,
+        weighted_mse=None if weights is None else _weighted_mse(x2, y, weights),
     )
+
+
+def imatrix_entry(imatrix: Mapping[str, Any], info: Any, name: str) -> np.ndarray:
+    """The importance values of tensor ``name`` (HF name) in ``imatrix``, keyed by GGUF or HF names."""
+    if name in imatrix:
+        return np.asarray(imatrix[name], dtype=np.float32)
+    from studio.core.gguf.arch import layout
+
+    tm = layout(info).by_hf().get(name)
+    if tm is None or tm.gguf_name not in imatrix:
+        raise QuantizationError(
+            f"The importance matrix has no entry for {name}.",
+            hint="llama-imatrix collects the matrices inside the blocks (blk.*), not the embeddings or output.",
+        )
+    return np.asarray(imatrix[tm.gguf_name], dtype=np.float32)
 
 
 def _snr(power: float, mse: float) -> float:
@@ -251,14 +322,21 @@ def preview_tensor(
     *,
     bins: int = DEFAULT_BINS,
     worst: int = 10,
+    imatrix: Any = None,
     ctx: JobContext | None = None,
 ) -> PreviewResult:
-    """Preview ``scheme`` on tensor ``name`` of an opened checkpoint, laid out as llama.cpp quantizes it."""
+    """Preview ``scheme`` on tensor ``name`` of an opened checkpoint, laid out as llama.cpp quantizes it.
+
+    ``imatrix``: an ``Imatrix`` (or any mapping of GGUF or HF names to values; the tensor's entry is
+    used, QuantizationError when it has none) or the tensor's own values.
+    """
     ctx = ctx or null_context()
+    if isinstance(imatrix, Mapping):
+        imatrix = imatrix_entry(imatrix, checkpoint.info, name)
     x = checkpoint.read(name)
     rows, cols = as_matrix_shape(x.shape)
     x = x.reshape(rows, cols)
     if is_transposed(checkpoint, name):
         # GPT-2 Conv1D stores [in, out]; GGUF rows are output channels.
         x = np.ascontiguousarray(x.T)
-    return preview_array(x, scheme, name=name, bins=bins, worst=worst, ctx=ctx)
+    return preview_array(x, scheme, name=name, bins=bins, worst=worst, imatrix=imatrix, ctx=ctx)

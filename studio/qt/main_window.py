@@ -298,12 +298,12 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.hardware_status)
 
     def _build_page_actions(self) -> None:
-        # Ctrl+1 … Ctrl+9 show the pages in tab order (listed in Help → Keyboard shortcuts).
+        # Ctrl+1 … Ctrl+9, Ctrl+0 show the pages in tab order (listed in Help → Keyboard shortcuts).
         self.page_actions: list[QAction] = []
-        for i in range(min(self.tabs.count(), 9)):
-            title = self.tabs.tabText(i)
+        for i in range(min(self.tabs.count(), 10)):
+            title, key = self.tabs.tabText(i), (i + 1) % 10
             act = self._action(
-                f"&{i + 1} {title}", lambda _c=False, i=i: self.show_page(i), shortcut=f"Ctrl+{i + 1}"
+                f"&{key} {title}", lambda _c=False, i=i: self.show_page(i), shortcut=f"Ctrl+{key}"
             )
             act.setProperty("shortcutLabel", f"Go to the {title} page")
             self.pages_menu.addAction(act)
@@ -316,6 +316,8 @@ class MainWindow(QMainWindow):
         if key == "hub":
             panel.modelDownloaded.connect(self._open_downloaded)
             panel.statusMessage.connect(self._show_status)
+        elif key == "calibrate":
+            panel.remember_in(self.settings)
 
     # -- pages ------------------------------------------------------------------------------------
 

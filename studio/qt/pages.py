@@ -45,6 +45,8 @@ PAGES = (
     PageSpec("hub", "Hub", "studio.qt.panels.hub_panel", "HubPanel"),
     PageSpec("chat", "Chat", "studio.qt.panels.chat_panel", "ChatPanel"),
     PageSpec("evaluate", "Evaluate", "studio.qt.panels.eval_panel", "EvalPanel"),
+    PageSpec("calibrate", "Calibrate", "studio.qt.panels.calibrate_panel", "CalibratePanel"),
+    PageSpec("lab", "Lab", "studio.qt.panels.lab_panel", "LabPanel"),
 )
 
 

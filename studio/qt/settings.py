@@ -15,6 +15,11 @@ OUTPUT_DIR_KEY = "export/output_folder"
 PRESET_KEY = "export/preset"
 BACKEND_KEY = "export/backend"
 DEVICE_KEY = "quantize/device"
+CALIB_SOURCE_KEY = "calibrate/source"
+CALIB_FILE_KEY = "calibrate/file"
+CALIB_CTX_KEY = "calibrate/ctx"
+CALIB_CHUNKS_KEY = "calibrate/chunks"
+CALIB_SOURCES = ("builtin", "text", "chat")
 LLAMA_EXTRA_BUFFERS_KEY = "llama/extra_buffers"
 UPLOAD_NAMESPACE_KEY = "hub/upload_namespace"
 
@@ -55,6 +60,19 @@ class _Text(_Setting[str]):
         return text if not self.choices or text in self.choices else self.default
 
 
+class _Int(_Setting[int]):
+    def __init__(self, key: str, doc: str, default: int, lo: int, hi: int) -> None:
+        super().__init__(key, doc)
+        self.default, self.lo, self.hi = default, lo, hi
+
+    def decode(self, raw: Any) -> int:
+        try:
+            v = int(raw)
+        except (TypeError, ValueError):
+            return self.default
+        return v if self.lo <= v <= self.hi else self.default
+
+
 class _Bytes(_Setting["QByteArray | None"]):
     def decode(self, raw: Any) -> QByteArray | None:
         return raw if isinstance(raw, QByteArray) and not raw.isEmpty() else None
@@ -85,6 +103,15 @@ class AppSettings:
     export_preset = _Text(PRESET_KEY, 'The preset of the last export, or "".')
     export_backend = _Text(BACKEND_KEY, 'The back end of the last export: "studio" or "llama.cpp".', "studio")
     device = _Text(DEVICE_KEY, 'The device last chosen for quantization ("cuda:0", "mps", "cpu"), or "".')
+    calib_source = _Text(
+        CALIB_SOURCE_KEY,
+        'Calibration text: "builtin", "text" (a file) or "chat" (JSONL).',
+        "builtin",
+        CALIB_SOURCES,
+    )
+    calib_file = _Text(CALIB_FILE_KEY, 'The calibration file last chosen, or "".')
+    calib_ctx = _Int(CALIB_CTX_KEY, "Tokens per calibration chunk.", 512, 16, 1 << 20)
+    calib_chunks = _Int(CALIB_CHUNKS_KEY, "Calibration chunks to use (0: all).", 0, 0, 1 << 20)
     llama_extra_buffers = _Text(
         LLAMA_EXTRA_BUFFERS_KEY,
         'Whether llama.cpp loads use its extra buffer types: "auto", "on" or "off".',

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal
 
 if TYPE_CHECKING:
+    from studio.core.calib.collect import ActivationStats
+    from studio.core.calib.imatrix import Imatrix
     from studio.core.evaluate import EvalReport
     from studio.qt.panels.export_dialog import ExportOutcome
 
@@ -31,6 +33,8 @@ class StudioState(QObject):
     estimatesChanged = Signal(object)  # tuple[Estimate, ...] for the open model, hardware and context length
     contextLengthChanged = Signal(int)
     themeChanged = Signal(bool)  # True when the palette is dark
+    activationsChanged = Signal(object)  # ActivationStats of the open model (a Calibrate run), or None
+    imatrixChanged = Signal(object)  # Imatrix for the open model (computed or loaded), or None
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -42,6 +46,8 @@ class StudioState(QObject):
         self._plan: Any = None
         self._ctx_len = DEFAULT_CONTEXT_LENGTH
         self._dark = False
+        self._activations: ActivationStats | None = None
+        self._imatrix: Imatrix | None = None
 
     # -- model ------------------------------------------------------------------------------------
 
@@ -67,6 +73,9 @@ class StudioState(QObject):
         self._model_name = ""
         self._selected = ""
         self._estimates = ()
+        # calibration results belong to the model they were made for
+        self.set_activation_stats(None)
+        self.set_imatrix(None)
         if old is not None:
             _close_quietly(old)
             self.modelClosed.emit()
@@ -109,6 +118,30 @@ class StudioState(QObject):
     def publish_evaluation(self, report: EvalReport) -> None:
         """Announce a finished evaluation."""
         self.evaluated.emit(report)
+
+    # -- calibration -------------------------------------------------------------------------------
+
+    @property
+    def activation_stats(self) -> ActivationStats | None:
+        """What the last Calibrate run of the open model saw, or None."""
+        return self._activations
+
+    def set_activation_stats(self, stats: ActivationStats | None) -> None:
+        """Share a calibration run's statistics (the inspector, views and overview draw them)."""
+        if stats is not self._activations:
+            self._activations = stats
+            self.activationsChanged.emit(stats)
+
+    @property
+    def imatrix(self) -> Imatrix | None:
+        """The importance matrix preview and export use for the open model, or None."""
+        return self._imatrix
+
+    def set_imatrix(self, imatrix: Imatrix | None) -> None:
+        """Use ``imatrix`` (already checked against the open model) from now on; None: none."""
+        if imatrix is not self._imatrix:
+            self._imatrix = imatrix
+            self.imatrixChanged.emit(imatrix)
 
     # -- machine and estimates ---------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ _PLOT_DARK = {"bg": "#1e1e1e", "fg": "#d0d0d0", "main": "#4ea3ff", "second": "#f
 _PLOT_LIGHT = {"bg": "#ffffff", "fg": "#303030", "main": "#1f6fd0", "second": "#e07b00", "outlier": "#d00000"}
 MAIN_FILL_ALPHA = 80  # a histogram's area under its line
 ERROR_FILL_ALPHA = 70  # the error histogram's area
+SECOND_FILL_ALPHA = 60  # a second histogram (activations) under its line
 
 
 def plot_colors(dark: bool) -> dict[str, Any]:
@@ -130,6 +131,43 @@ def verdict_colour(verdict: Any) -> QColor:
     """A translucent background for a fit verdict that reads on light and dark palettes alike."""
     rgb = _VERDICT_RGB.get(getattr(verdict, "name", str(verdict)), _UNKNOWN_RGB)
     return QColor(*rgb, 90)
+
+
+# The lab's perplexity verdicts (studio.core.lab.verdict.Verdict values), by their text.
+_QUALITY_RGB = {
+    "excellent": (40, 170, 70),
+    "good": (120, 175, 40),
+    "acceptable": WARNING_RGB,
+    "something went wrong": (220, 50, 47),
+}
+# Lines of one chart told apart by colour (tab10), and the parts of a memory bar.
+_SERIES = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+_MEMORY_PARTS = {"weights": "#1f77b4", "kv": "#ff7f0e", "overhead": "#9a9a9a"}
+
+
+def quality_colour(verdict: Any) -> QColor:
+    """A translucent badge background for a ΔPPL verdict (a ``Verdict`` or its text)."""
+    rgb = _QUALITY_RGB.get(str(getattr(verdict, "value", verdict)), _UNKNOWN_RGB)
+    return QColor(*rgb, 110)
+
+
+def set_badge(label: QLabel, verdict: Any, text: str | None = None) -> None:
+    """Draw ``label`` as a verdict badge: the verdict's words on its translucent colour."""
+    c = quality_colour(verdict)
+    label.setText(text if text is not None else str(getattr(verdict, "value", verdict)))
+    label.setStyleSheet(
+        f"background: rgba({c.red()},{c.green()},{c.blue()},{c.alpha()}); border-radius: 4px; padding: 2px 6px;"
+    )
+
+
+def series_color(i: int) -> str:
+    """The colour of the ``i``-th line of a chart with several."""
+    return _SERIES[i % len(_SERIES)]
+
+
+def memory_part_color(part: str) -> str:
+    """The colour of one part of a memory bar: ``weights``, ``kv`` or ``overhead``."""
+    return _MEMORY_PARTS[part]
 
 
 def warning_box_style(object_name: str) -> str:

@@ -180,7 +180,8 @@ def _column_ratio(w: torch.Tensor, axis: int) -> tuple[float, torch.Tensor]:
     return float(col.max() / col.median()), col
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+# OLMo 2 normalizes after attention and MLP: no norm scales a projection's inputs, nothing is planted
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "olmo2"])
 def test_planted_outliers_are_visible(tiny_model, arch: str) -> None:
     folder = tiny_model(arch)
     info = read_factory_info(folder)

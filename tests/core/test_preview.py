@@ -86,3 +86,63 @@ def test_gpt2_conv1d_is_previewed_in_gguf_row_order(gpt2_model):
         assert r.shape == (x.shape[1], x.shape[0])
         xt = np.ascontiguousarray(x.T)
         assert r.snr_db == error_metrics(xt, dequantize(quantize(xt, "Q8_0"), "Q8_0", xt.shape)).snr_db
+
+
+def _importance(cols=512, seed=1):
+    """Skewed column importance, as real activations give: a few channels carry most of it."""
+    rng = np.random.default_rng(seed)
+    w = rng.exponential(1.0, cols).astype(np.float32)
+    w[rng.choice(cols, 8, replace=False)] *= 200
+    return w
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q3_K", "Q4_0"])
+def test_preview_with_an_imatrix_quantizes_with_it_and_weights_the_error(qtype):
+    x, w = _w(), _importance()
+    r = preview_array(x, qtype, imatrix=w)
+    y = dequantize(quantize(x, qtype, w), qtype, x.shape)
+    assert r.imatrix_used and r.snr_db == error_metrics(x, y).snr_db  # the quantizer got the imatrix
+    e = (y - x).astype(np.float64) ** 2
+    w64 = w.astype(np.float64)
+    assert r.weighted_mse == pytest.approx(float((e @ w64).mean() / w64.sum()), rel=1e-9)
+    plain = preview_array(x, qtype)
+    assert plain.weighted_mse is None and not plain.imatrix_used
+    # what the imatrix is for: the error the layer's output sees is lower with it
+    y0 = dequantize(quantize(x, qtype), qtype, x.shape)
+    without = float((((y0 - x).astype(np.float64) ** 2) @ w.astype(np.float64)).mean() / w.sum())
+    assert r.weighted_mse < without
+
+
+def test_preview_imatrix_per_expert_and_bad_sizes():
+    x = _w(32, 256)
+    w = np.stack([_importance(256, 1), _importance(256, 2)])  # two experts of 16 rows each
+    r = preview_array(x, "Q4_K", imatrix=w)
+    y = np.concatenate(
+        [dequantize(quantize(x[e * 16 : (e + 1) * 16], "Q4_K", w[e]), "Q4_K", (16, 256)) for e in range(2)]
+    )
+    assert r.snr_db == error_metrics(x, y).snr_db
+    with pytest.raises(QuantizationError, match="importance matrix"):
+        preview_array(x, "Q4_K", imatrix=np.ones(100, np.float32))
+
+
+def test_preview_of_a_checkpoint_tensor_with_its_imatrix_entry(llama_model):
+    from studio.core.calib.imatrix import Imatrix, ImatrixEntry
+    from studio.core.model import open_model
+
+    with open_model(llama_model) as ckpt:
+        name = next(t.name for t in ckpt.info.tensors if t.name.endswith("layers.1.mlp.down_proj.weight"))
+        x = ckpt.read(name)
+        sums = _importance(x.shape[1])[None] * 64
+        im = Imatrix(
+            {
+                "blk.1.ffn_down.weight": ImatrixEntry(
+                    "blk.1.ffn_down.weight", sums, np.array([64.0], np.float32)
+                )
+            }
+        )
+        r = preview_tensor(ckpt, name, "Q4_K", imatrix=im)  # looked up under its GGUF name
+        y = dequantize(quantize(x, "Q4_K", im["blk.1.ffn_down.weight"]), "Q4_K", x.shape)
+        assert r.imatrix_used and r.snr_db == error_metrics(x, y).snr_db
+        emb = next(t.name for t in ckpt.info.tensors if t.name.endswith("embed_tokens.weight"))
+        with pytest.raises(QuantizationError, match="no entry"):
+            preview_tensor(ckpt, emb, "Q4_K", imatrix=im)

@@ -452,8 +452,10 @@ def test_the_panels_are_pages_and_a_tensor_chosen_on_the_summary_opens_the_inspe
     _built(qtbot, win)
     titles = [win.tabs.tabText(i) for i in range(win.tabs.count())]
     assert titles[:6] == ["Summary", "Inspector", "Preview", "Overview", "Plan", "Hub"]
-    assert titles[6:] == ["Chat", "Evaluate"]
+    assert titles[6:] == ["Chat", "Evaluate", "Calibrate", "Lab"]
     assert win.panel("chat") is not None and win.panel("evaluate") is not None
+    lab = win.panel("lab")
+    assert [lab.tabs.tabText(i) for i in range(lab.tabs.count())] == ["Sweep", "Memory", "QAT"]
     assert win.tabs.widget(1).widget is win.panel("inspector")
     assert win.dock("JobsDock").widget() is win.jobs_panel
     assert win.device_selector.parent() is win.toolbar
@@ -498,6 +500,10 @@ def test_pages_have_ctrl_number_shortcuts_and_the_page_is_remembered(qtbot, make
     assert win.page_actions[4].shortcut() == QKeySequence("Ctrl+5")
     win.page_actions[4].trigger()
     assert win.tabs.tabText(win.tabs.currentIndex()) == "Plan"
+    assert win.page_actions[9].shortcut() == QKeySequence("Ctrl+0")  # the tenth page
+    win.page_actions[9].trigger()
+    assert win.tabs.tabText(win.tabs.currentIndex()) == "Lab"
+    win.page_actions[4].trigger()
     win.close()
     again = make_window()
     assert again.tabs.tabText(again.tabs.currentIndex()) == "Plan"

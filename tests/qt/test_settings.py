@@ -53,3 +53,20 @@ def test_defaults_and_odd_values(tmp_path):
     s = AppSettings.from_file(path)
     assert s.theme == "system"
     assert s.recent_models == ["/only/one"]
+
+
+def test_calibration_choices_round_trip_and_odd_values_fall_back(tmp_path):
+    path = str(tmp_path / "s.ini")
+    s = AppSettings.from_file(path)
+    assert (s.calib_source, s.calib_file, s.calib_ctx, s.calib_chunks) == ("builtin", "", 512, 0)
+    s.calib_source, s.calib_file, s.calib_ctx, s.calib_chunks = "chat", "/t/c.jsonl", 256, 8
+    s.sync()
+    s = AppSettings.from_file(path)
+    assert (s.calib_source, s.calib_file, s.calib_ctx, s.calib_chunks) == ("chat", "/t/c.jsonl", 256, 8)
+    raw = QSettings(path, QSettings.Format.IniFormat)
+    raw.setValue("calibrate/ctx", "many")
+    raw.setValue("calibrate/chunks", -3)
+    raw.setValue("calibrate/source", "web")
+    raw.sync()
+    s = AppSettings.from_file(path)
+    assert (s.calib_source, s.calib_ctx, s.calib_chunks) == ("builtin", 512, 0)

@@ -39,36 +39,72 @@ def _acc_dtype(device: Any) -> Any:
     return torch.float32 if str(device).startswith("mps") else torch.float64
 
 
+def _fold(keys: np.ndarray) -> np.ndarray:
+    """Counts per raw key (the top 12 bits of |x|, ``_reduce_kernel.N_KEYS`` of them) → ``HIST_BINS``."""
+    out = np.zeros(HIST_BINS, dtype=np.int64)
+    np.add.at(out, _FOLD, keys.astype(np.int64))
+    return out
+
+
+_FOLD = np.clip(np.arange(2048) - _KEY_LO, -1, _KEY_SPAN) + 1  # raw key → histogram bin
+
+
+def _compiled(x: Any) -> bool:
+    """True when ``x`` is reduced by the numba kernel (a CPU tensor, numba present)."""
+    from studio.core.jit import HAVE_NUMBA
+
+    return HAVE_NUMBA and x.device.type == "cpu"
+
+
 @dataclass(frozen=True, eq=False)
 class Reduction:
     """Per-channel reductions of one batch of rows ``x`` (2-D, rows × channels), computed once and shared.
 
-    Several linears read the same tensor (q, k and v; gate and up): the hook reduces it once.
+    Several linears read the same tensor (q, k and v; gate and up): the hook reduces it once. On a CPU
+    a compiled kernel reads ``x`` once (float64 sums); elsewhere torch reduces it on its device
+    (float32 sums), without a transfer. ``hist`` counts raw keys (top 12 bits of |x|, 2048 of them);
+    ``InputAccumulator.result`` folds them into ``HIST_BINS``.
     """
 
     rows: int
-    sum_sq: Any  # torch float32 (channels,)
-    absmax: Any
+    sum_sq: Any  # torch (channels,)
+    absmax: Any  # torch float32 (channels,)
     sum_abs: Any
-    hist: Any | None  # torch int64 (HIST_BINS,)
+    hist: Any | None  # torch int64 (2048,) raw key counts
     finite: bool
 
     @classmethod
     def of(cls, x: Any, *, histogram: bool = True) -> Reduction:
-        """Reduce ``x`` (any float dtype, rows × channels) in float32."""
+        """Reduce ``x`` (any float dtype, rows × channels)."""
         import torch
 
-        xf = x.float()
-        sq = (xf * xf).sum(0)
+        xf = x.detach().float()
+        rows, cols = (int(v) for v in xf.shape)
+        if _compiled(xf):
+            from studio.core.calib import _reduce_kernel as k
+
+            xn = xf.contiguous().numpy()
+            sq, sa = np.zeros(cols), np.zeros(cols)
+            am = np.zeros(cols, dtype=np.float32)
+            keys = np.zeros(k.N_KEYS, dtype=np.int64)
+            k.reduce_rows(xn, xn.view(np.uint32), sq, sa, am, keys, histogram)
+            finite = bool(np.isfinite(sq).all())  # NaN and Inf reach Σx²; float64 does not overflow
+            return cls(
+                rows,
+                torch.from_numpy(sq),
+                torch.from_numpy(am),
+                torch.from_numpy(sa),
+                torch.from_numpy(keys) if histogram else None,
+                finite,
+            )
         a = xf.abs()
-        amax = a.amax(0) if a.shape[0] else torch.zeros(a.shape[1], device=a.device)
+        sq = (a * a).sum(0)
+        amax = a.amax(0) if rows else torch.zeros(cols, device=a.device)
         finite = bool(torch.isfinite(sq).all()) and bool(torch.isfinite(amax).all())
         hist = None
         if histogram and finite:
-            keys = (a.view(torch.int32) >> _KEY_SHIFT) - _KEY_LO
-            keys = keys.clamp_(-1, _KEY_SPAN).add_(1).reshape(-1)
-            hist = torch.bincount(keys, minlength=HIST_BINS)
-        return cls(int(x.shape[0]), sq, amax, a.sum(0), hist, finite)
+            hist = torch.bincount((a.view(torch.int32) >> _KEY_SHIFT).reshape(-1), minlength=2048)
+        return cls(rows, sq, amax, a.sum(0), hist, finite)
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,17 +186,18 @@ class InputAccumulator:
         self.sum_sq = torch.zeros((n_experts, n_cols), dtype=dt, device=device)
         self.sum_abs = torch.zeros((n_experts, n_cols), dtype=dt, device=device)
         self.absmax = torch.zeros((n_experts, n_cols), dtype=torch.float32, device=device)
-        self.hist = torch.zeros(HIST_BINS, dtype=torch.int64, device=device)
+        self.hist = torch.zeros(2048, dtype=torch.int64, device=device)  # raw keys, folded in result()
         self.last: Any = None  # the last Reduction added (sites sharing this accumulator add it once)
 
     def add(self, r: Reduction, expert: int = 0) -> None:
         """Add one batch of rows (for ``expert``)."""
+        dev = self.sum_sq.device
         self.count[expert] += r.rows
-        self.sum_sq[expert] += r.sum_sq.to(self.sum_sq.dtype)
-        self.sum_abs[expert] += r.sum_abs.to(self.sum_abs.dtype)
-        self.absmax[expert] = self.absmax[expert].maximum(r.absmax)
+        self.sum_sq[expert] += r.sum_sq.to(dev, self.sum_sq.dtype)
+        self.sum_abs[expert] += r.sum_abs.to(dev, self.sum_abs.dtype)
+        self.absmax[expert] = self.absmax[expert].maximum(r.absmax.to(dev))
         if r.hist is not None:
-            self.hist += r.hist
+            self.hist += r.hist.to(dev)
 
     def result(self) -> InputStats:
         """The frozen statistics (numpy)."""
@@ -170,7 +207,7 @@ class InputAccumulator:
             self.sum_sq.double().cpu().numpy(),
             self.absmax.cpu().numpy().astype(np.float32),
             self.sum_abs.double().cpu().numpy(),
-            self.hist.cpu().numpy().astype(np.int64),
+            _fold(self.hist.cpu().numpy()),
         )
 
 
@@ -195,38 +232,50 @@ class HiddenStats:
 
 
 class HiddenAccumulator:
-    """Running sums for the hidden states after one layer."""
+    """Running sums for the hidden states after one layer (kept on the device until ``result``)."""
 
     def __init__(self, layer: int, hidden: int, device: Any) -> None:
         import torch
 
         self.layer = layer
         self.tokens = 0
-        self.sum_norm = 0.0
-        self.max_norm = 0.0
-        self.sum_sq = 0.0
+        self.sums: Any = torch.zeros(3, dtype=_acc_dtype(device), device=device)  # Σ norms, max norm, Σ h²
         self.absmax = torch.zeros(hidden, dtype=torch.float32, device=device)
 
     def add(self, h: Any) -> None:
         """Add a batch of hidden states (…, hidden)."""
-        hf = h.reshape(-1, h.shape[-1]).float()
-        norms = hf.norm(dim=-1)
+        import torch
+
+        hf = h.detach().reshape(-1, h.shape[-1]).float()
+        if not hf.shape[0]:
+            return
         self.tokens += int(hf.shape[0])
-        self.sum_norm += float(norms.sum())
-        self.max_norm = max(self.max_norm, float(norms.max())) if hf.shape[0] else self.max_norm
-        self.sum_sq += float((norms.double() ** 2).sum())
+        if _compiled(hf) and self.absmax.device.type == "cpu":
+            from studio.core.calib._reduce_kernel import hidden_rows
+
+            s_norm, m_norm, s_sq = hidden_rows(hf.contiguous().numpy(), self.absmax.numpy())
+            self.sums[0] += s_norm
+            self.sums[1] = max(float(self.sums[1]), m_norm)
+            self.sums[2] += s_sq
+            return
+        sq = hf.square().sum(-1).to(self.sums.dtype)
+        norms = sq.sqrt()
+        self.sums[0] += norms.sum()
+        self.sums[1] = torch.maximum(self.sums[1], norms.max())
+        self.sums[2] += sq.sum()
         self.absmax = self.absmax.maximum(hf.abs().amax(0))
 
     def result(self) -> HiddenStats:
         """The frozen statistics."""
         n = max(self.tokens, 1)
         width = int(self.absmax.shape[0]) or 1
+        s_norm, m_norm, s_sq = (float(v) for v in self.sums.cpu())
         return HiddenStats(
             self.layer,
             self.tokens,
-            self.sum_norm / n,
-            self.max_norm,
-            math.sqrt(self.sum_sq / (n * width)),
+            s_norm / n,
+            m_norm,
+            math.sqrt(s_sq / (n * width)),
             self.absmax.cpu().numpy().astype(np.float32),
         )
 

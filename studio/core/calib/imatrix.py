@@ -186,6 +186,9 @@ def gguf_names(stats: Any, info: Any) -> dict[str, list[str]]:
             out[s.name] = _expert_gguf_names(s.name, s.layer)
         else:
             g = by_hf.get(s.name)
+            if g is None and s.kind == "router" and s.layer is not None:
+                # the module path (mlp.gate) may differ from the checkpoint's (block_sparse_moe.gate)
+                g = f"blk.{s.layer}.ffn_gate_inp.weight"
             out[s.name] = [g] if g else []
     return out
 

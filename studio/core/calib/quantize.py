@@ -432,6 +432,12 @@ class MethodConsumer(Consumer):
 # ------------------------------------------------------------------------------------------ pipeline
 
 
+def _export_device(device: str) -> str:
+    """Where the export quantizes what the run did not: the run's GPU, else the CPU ("auto" too)."""
+    d = (device or "cpu").lower()
+    return d if d.startswith("cuda") or d == "mps" else "cpu"
+
+
 def _imatrix_only(plan: Any) -> bool:
     return all(method_info(plan.method_of(n)).name in ("rtn", "imatrix") for n in plan.types)
 
@@ -472,7 +478,7 @@ def export_calibrated(
         check_exportable(info)
         check_output_path(out_p, inputs=tuple({t.file for t in info.tensors}) + (info.path,))
         plan = _resolve_plan(plan, info)
-        export_device = device if device in ("cuda", "mps") else "cpu"
+        export_device = _export_device(device)
         if not plan.calibrated:
             res = export_gguf(info.path, out_p, plan, device=export_device, ctx=ctx, validate=validate)
             return CalibratedExport(res, plan.method, "", 0, 0, 0, None, (), (), time.monotonic() - t0)
@@ -521,18 +527,7 @@ def export_calibrated(
                 precomputed=spool,
                 allow_pickle=allow_pickle,
             )
-        return CalibratedExport(
-            res,
-            plan.method,
-            inp.data.name,
-            inp.chunks.n_ctx,
-            inp.chunks.n_chunks,
-            inp.chunks.n_tokens,
-            run,
-            tuple(consumer.layers),
-            tuple(warnings),
-            time.monotonic() - t0,
-        )
+        return _result(res, plan, inp, run, tuple(consumer.layers), warnings, t0)
     finally:
         ckpt.close()
 
@@ -571,7 +566,7 @@ def _export_with_imatrix(
             for t in lay.tensors
             if plan.method_of(t.hf_name) == "imatrix" and t.gguf_name in im
         }
-    export_device = device if device in ("cuda", "mps") else "cpu"
+    export_device = _export_device(device)
     res = export_gguf(
         info.path,
         out,
@@ -581,15 +576,22 @@ def _export_with_imatrix(
         ctx=_Span(ctx, CALIB_SHARE, 1.0),
         validate=validate,
     )
+    return _result(res, plan, inp, run, (), warnings, t0)
+
+
+def _result(
+    res: Any, plan: Any, inp: Any, run: Any, layers: tuple, warnings: list[str], t0: float
+) -> CalibratedExport:
+    c = inp.chunks
     return CalibratedExport(
         res,
         plan.method,
         inp.data.name,
-        inp.chunks.n_ctx,
-        inp.chunks.n_chunks,
-        inp.chunks.n_tokens,
+        c.n_ctx,
+        c.n_chunks,
+        c.n_tokens,
         run,
-        (),
+        layers,
         tuple(warnings),
         time.monotonic() - t0,
     )

@@ -56,7 +56,9 @@ class LinearSite:
     in_features: int
     out_features: int
     n_experts: int = 1
-    kind: str = "linear"  # "linear", "conv1d" (GPT-2, weight stored (in, out)) or "experts"
+    # "linear", "conv1d" (GPT-2, weight stored (in, out)), "experts" or "router" (an MoE router module
+    # that multiplies by its own (experts, hidden) weight; observed like "linear")
+    kind: str = "linear"
 
 
 @dataclass(frozen=True)
@@ -150,17 +152,7 @@ class LayerView:
 
     def set_param(self, name: str, value: Any) -> None:
         """Replace the values of the layer's parameter ``name`` (same shape)."""
-        import torch
-
-        p = self.param(name)
-        v = torch.as_tensor(value)
-        if tuple(v.shape) != tuple(p.shape):
-            raise CalibrationError(
-                f"A new value for {self.prefix}{name} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
-            )
-        with torch.no_grad():
-            p.copy_(v.to(device=p.device, dtype=p.dtype))
-        self.changed = True
+        self._assign(self.param(name), value, f"value for {self.prefix}{name}")
 
     def checkpoint_name(self, name: str) -> str:
         """The checkpoint's tensor name of the layer's parameter ``name``."""
@@ -182,13 +174,15 @@ class LayerView:
 
     def set_weight(self, site: LinearSite, value: Any) -> None:
         """Replace the weight of ``site`` (same shape) before the layer's outputs are computed."""
+        self._assign(self._param(site), value, f"weight for {site.name}")
+
+    def _assign(self, p: Any, value: Any, what: str) -> None:
         import torch
 
-        p = self._param(site)
         v = torch.as_tensor(value)
         if tuple(v.shape) != tuple(p.shape):
             raise CalibrationError(
-                f"A new weight for {site.name} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
+                f"A new {what} has shape {tuple(v.shape)}, the layer needs {tuple(p.shape)}."
             )
         with torch.no_grad():
             p.copy_(v.to(device=p.device, dtype=p.dtype))
@@ -482,6 +476,13 @@ def _sites_in(root: Any, prefix: str, module: Any, layer: int | None) -> list[Li
                             "experts",
                         )
                     )
+            w = getattr(mod, "weight", None)
+            if type(mod).__name__.endswith("Router") and w is not None and w.ndim == 2:
+                # transformers' MoE routers (MixtralTopKRouter...) hold their (experts, hidden)
+                # matrix and call F.linear themselves; llama-imatrix records ffn_gate_inp too
+                out.append(
+                    LinearSite(f"{path}.weight", path, layer, int(w.shape[1]), int(w.shape[0]), kind="router")
+                )
     del root
     return out
 
@@ -581,7 +582,8 @@ class _Hooks:
 def _check_finite(t: Any, what: str) -> None:
     import torch
 
-    if not bool(torch.isfinite(t).all()):
+    # one reduction, no mask: NaN and Inf reach the sum (a float32 sum of hidden states never overflows)
+    if not bool(torch.isfinite(torch.sum(t, dtype=torch.float32))):
         raise CalibrationError(
             f"{what} contains NaN or Inf values; the weights or the chosen precision overflow there.",
             hint="Try --dtype float32, or check the checkpoint for NaN/Inf weights.",
@@ -778,6 +780,9 @@ def run_model(
     info = checkpoint.info
     dev, dt = _resolve(device, dtype)
     config = AutoConfig.from_pretrained(str(info.path), trust_remote_code=False)
+    # MoE experts must run their per-expert loop, where each expert is one F.linear the expert hooks
+    # see; transformers' default grouped_mm multiplies all experts at once and the hooks saw none
+    config._experts_implementation = "eager"
     n_layers = int(getattr(config, "num_hidden_layers", 0) or info.n_layers or 0)
     head = any(c.wants_head for c in consumers)
     t0 = time.monotonic()
@@ -1070,7 +1075,9 @@ def _run_whole(
     for cls in _model_classes(str(info.model_type)):
         try:
             with no_hf_progress_bars():
-                model = cls.from_pretrained(str(info.path), dtype=dt, trust_remote_code=False)
+                model = cls.from_pretrained(
+                    str(info.path), dtype=dt, trust_remote_code=False, experts_implementation="eager"
+                )
             break
         except Exception as err:  # noqa: BLE001 - transformers raises many kinds; one sentence below
             last = err

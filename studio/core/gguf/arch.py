@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import numpy as np
 
 from studio.core.errors import ExportError
-from studio.core.model.types import ModelInfo
+from studio.core.model.types import ModelInfo, Role
 
 # config.json model_type → GGUF architecture name (llama.cpp's LLM_ARCH names).
 _ARCHES: dict[str, str] = {
@@ -42,6 +43,7 @@ class Transform(str, Enum):
     PERMUTE_K = "permute_k"
     TRANSPOSE = "transpose"  # GPT-2 Conv1D stores (in, out)
     PLUS_ONE = "plus_one"  # Gemma RMSNorm multiplies by (1 + w); llama.cpp by w
+    CONVERTER = "converter"  # computed by llama.cpp's converter (studio.core.gguf.llama_converter)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,16 @@ class TensorMap:
     shape: tuple[int, ...]  # numpy shape of the GGUF tensor (ggml ne reversed)
     transform: Transform
     layer: int | None
+    # set by llama.cpp's converter layouts: the role from the GGUF name, and the checkpoint tensors
+    # the values come from (several for merged experts, in expert order). ``hf_name`` is then the
+    # plan key: the checkpoint name when one tensor maps to one, else the GGUF name.
+    role: Role | None = None
+    sources: tuple[str, ...] = ()
+
+    @property
+    def n_experts(self) -> int:
+        """Experts merged in this tensor (its first dimension when 3-D), 0 for ordinary tensors."""
+        return self.shape[0] if len(self.shape) == 3 else 0
 
     @property
     def n_per_row(self) -> int:
@@ -68,6 +80,14 @@ class Layout:
     tensors: tuple[TensorMap, ...]
     skipped: tuple[str, ...]  # HF tensors not written (buffers, unused heads, tied lm_head)
     tied_embeddings: bool  # True when there is no output.weight (llama.cpp reuses token_embd)
+    source: str = "studio"  # "studio" (our mapping) or "llama.cpp" (llama.cpp's converter)
+    # the converter's ``{arch}.*`` hyper-parameters (expert_count, attention.sliding_window, ...)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def converted(self) -> bool:
+        """Whether llama.cpp's converter makes this layout's tensors."""
+        return self.source == "llama.cpp"
 
     def by_hf(self) -> dict[str, TensorMap]:
         """Mapping from HF name to its TensorMap."""
@@ -120,12 +140,33 @@ def _normalize(model_type: str, name: str) -> str:
     return name
 
 
+def studio_converts(info: ModelInfo) -> bool:
+    """Whether the studio's own mapping covers this checkpoint's model type."""
+    return str(info.model_type).lower() in _ARCHES
+
+
+def export_route(info: ModelInfo) -> tuple[str | None, str | None]:
+    """Who converts ``info`` to GGUF: ("studio", None), ("llama.cpp", None) for llama.cpp's
+    converter, or (None, the one sentence saying why neither can). A GGUF original is the studio's
+    (requantized with its own names)."""
+    try:
+        return layout(info).source, None
+    except ExportError as err:
+        return None, err.message
+
+
 def layout(info: ModelInfo) -> Layout:
-    """Map every tensor of ``info`` to its GGUF name, shape and transform."""
+    """Map every tensor of ``info`` to its GGUF name, shape and transform: a GGUF original keeps its
+    own names; the studio's own mapping covers its families, llama.cpp's converter every other
+    architecture; ExportError (one sentence naming the architecture) when neither converts it."""
     if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original keeps its own names
         from studio.core.requantize import gguf_layout
 
         return gguf_layout(info)
+    if not studio_converts(info):
+        from studio.core.gguf import llama_converter
+
+        return llama_converter.converter_layout(info)
     arch = gguf_arch(info)
     mt = str(info.model_type).lower()
     cfg = info.config

@@ -81,6 +81,43 @@ def pre_tokenizer_name(tokenizer_json: dict[str, Any]) -> str:
 
 def add_tokenizer(w: Any, info: ModelInfo) -> TokenizerSummary:
     """Write the tokenizer of the model folder ``info.path`` into GGUF writer ``w``."""
+    summary = _add_tokenizer(w, info)
+    folder = info.path if info.path.is_dir() else info.path.parent
+    add_normalizer_flags(w, folder / "tokenizer.json")
+    return summary
+
+
+def add_normalizer_flags(w: Any, tokenizer_json: Path) -> None:
+    """``tokenizer.ggml.normalizer.{lowercase,strip_accents}`` from tokenizer.json's normalizer, as the
+    gguf-py of llama.cpp's converter writes them (llama.cpp's WordPiece tokenizer reads them; the
+    installed gguf-py predates them)."""
+    if not tokenizer_json.is_file():
+        return
+    flags: dict[str, bool] = {}
+
+    def walk(n: Any) -> None:
+        if not isinstance(n, dict):
+            return
+        kind = n.get("type")
+        if kind == "Lowercase":
+            flags["lowercase"] = True
+        elif kind == "StripAccents":
+            flags["strip_accents"] = True
+        elif kind == "BertNormalizer":
+            for k in ("lowercase", "strip_accents"):
+                if isinstance(n.get(k), bool):
+                    flags[k] = n[k]
+        elif kind == "Sequence":
+            for m in n.get("normalizers") or []:
+                walk(m)
+
+    walk(_read_json(tokenizer_json).get("normalizer"))
+    for k in ("lowercase", "strip_accents"):
+        if k in flags:
+            w.add_bool(f"tokenizer.ggml.normalizer.{k}", flags[k])
+
+
+def _add_tokenizer(w: Any, info: ModelInfo) -> TokenizerSummary:
     folder = info.path if info.path.is_dir() else info.path.parent
     arch = gguf_arch(info)
     n_vocab = int(hparam(info.config, "vocab_size", default=0) or 0)

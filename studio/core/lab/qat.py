@@ -38,7 +38,7 @@ from studio.core.errors import QuantizationError, StudioError
 from studio.core.evaluate.texts import EvalText, load_text
 from studio.core.jobs import JobContext, null_context
 
-__all__ = ["QatResult", "fake_quantize", "quantized_linears", "run_qat"]
+__all__ = ["QatResult", "fake_quantize", "qat_in_child", "quantized_linears", "run_qat"]
 
 QAT_INFO_NAME = "quant_studio_qat.json"
 """Side file written next to exported QAT weights: the settings and the losses."""
@@ -338,6 +338,11 @@ def run_qat(
         return result
     finally:
         backend.close()
+
+
+def qat_in_child(ctx: JobContext, emit: Callable[[Any], None], **kwargs: Any) -> QatResult:
+    """``run_qat`` as a ``studio.core.childjob.call_in_child`` target: each step emits ``(step, loss)``."""
+    return run_qat(ctx=ctx, on_step=lambda step, loss: emit((step, loss)), **kwargs)
 
 
 def _save(net: Any, tok: Any, src: Path, out_dir: Path, result: QatResult) -> None:

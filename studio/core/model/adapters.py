@@ -10,6 +10,7 @@ rest stay ``UNKNOWN``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from studio.core.model.types import Role
@@ -41,6 +42,17 @@ _DECODER_RULES = _rules(
     (r"self_attn\.v_proj\.", Role.ATTN_V),
     (r"self_attn\.o_proj\.", Role.ATTN_OUT),
     (r"self_attn\.[qk]_norm\.", Role.NORM),
+    # mixture of experts (Qwen-MoE `mlp.experts.N.*_proj`, Mixtral `block_sparse_moe.experts.N.w1..3`,
+    # or experts already fused per layer into 3-D `experts.gate_up_proj`/`experts.down_proj`)
+    (r"(?:mlp|block_sparse_moe)\.gate\.(?:weight|bias)$|shared_expert_gate\.", Role.FFN_ROUTER),
+    (r"\.experts\.\d+\.(?:gate_proj|w1)\.", Role.FFN_GATE_EXPS),
+    (r"\.experts\.\d+\.(?:up_proj|w3)\.", Role.FFN_UP_EXPS),
+    (r"\.experts\.\d+\.(?:down_proj|w2)\.", Role.FFN_DOWN_EXPS),
+    (r"\.experts\.gate_up_proj", Role.FFN_GATE_UP_EXPS),
+    (r"\.experts\.down_proj", Role.FFN_DOWN_EXPS),
+    (r"shared_experts?\.gate_proj\.", Role.FFN_GATE),
+    (r"shared_experts?\.up_proj\.", Role.FFN_UP),
+    (r"shared_experts?\.down_proj\.", Role.FFN_DOWN),
     (r"mlp\.gate_up_proj\.", Role.FFN_GATE_UP),
     (r"mlp\.gate_proj\.", Role.FFN_GATE),
     (r"mlp\.up_proj\.", Role.FFN_UP),
@@ -90,6 +102,11 @@ _GGUF_RULES = _rules(
     (r"\.attn_k\.", Role.ATTN_K),
     (r"\.attn_v\.", Role.ATTN_V),
     (r"\.attn_output\.", Role.ATTN_OUT),
+    (r"\.ffn_gate_inp(?:_shexp)?\.", Role.FFN_ROUTER),
+    (r"\.ffn_gate_up_exps\.", Role.FFN_GATE_UP_EXPS),
+    (r"\.ffn_gate_exps\.", Role.FFN_GATE_EXPS),
+    (r"\.ffn_up_exps\.", Role.FFN_UP_EXPS),
+    (r"\.ffn_down_exps\.", Role.FFN_DOWN_EXPS),
     (r"\.ffn_gate_up\.", Role.FFN_GATE_UP),
     (r"\.ffn_gate\.", Role.FFN_GATE),
     (r"\.ffn_up\.", Role.FFN_UP),
@@ -133,6 +150,26 @@ class Adapter:
         return bool(self.conv1d and self.conv1d.search(name))
 
 
+@dataclass(frozen=True)
+class MappedAdapter(Adapter):
+    """Roles looked up in a table of layer-free names (``model.layers.0.x.weight`` → role), as built
+    from llama.cpp's converter's tensor map for architectures without rules of their own."""
+
+    table: Mapping[str, Role] = field(default_factory=dict)
+
+    def role(self, name: str) -> Role:
+        """The role of the tensor called ``name``; a name the table does not list gets the obvious
+        roles (embeddings, norms, head) or ``UNKNOWN``."""
+        key = _EXPERT_RE.sub(".experts.", _DIGITS_RE.sub(".0.", name))
+        for k in (key, key.rsplit(".", 1)[0]):
+            if k in self.table:
+                return self.table[k]
+        return next((r for pattern, r in _OBVIOUS_RULES if pattern.search(key)), Role.UNKNOWN)
+
+
+# `.experts.0.` → `.experts.`: the converter's map names the merged expert tensor, not each expert
+_EXPERT_RE = re.compile(r"\.experts\.0\.")
+
 DECODER = Adapter("decoder", _DECODER_RULES)
 GPT2 = Adapter("gpt2", _GPT2_RULES, conv1d=_GPT2_CONV1D)
 BERT = Adapter("bert", _BERT_RULES)
@@ -154,7 +191,14 @@ _BY_MODEL_TYPE: dict[str, Adapter] = {
             "granite",
             "olmo",
             "olmo2",
+            "olmo3",
             "smollm3",
+            "qwen2_moe",
+            "qwen3_moe",
+            "mixtral",
+            "olmoe",
+            "granitemoe",
+            "phimoe",
         ),
         DECODER,
     ),
@@ -179,12 +223,19 @@ KNOWN_MODEL_TYPES = frozenset(_BY_MODEL_TYPE) - {"gguf"}
 
 
 def adapter_for(model_type: str, architecture: str = "") -> Adapter:
-    """The adapter for a config's ``model_type`` (or architecture class name); GENERIC if unknown."""
+    """The adapter for a config's ``model_type`` (or architecture class name); for an architecture
+    only llama.cpp's converter knows, one from its tensor map; GENERIC if neither knows it."""
     if model_type in _BY_MODEL_TYPE:
         return _BY_MODEL_TYPE[model_type]
     for prefix, adapter in _BY_ARCH_PREFIX:
         if architecture.startswith(prefix):
             return adapter
+    if architecture and architecture != "unknown":
+        from studio.core.gguf.llama_converter import converter_adapter
+
+        mapped = converter_adapter(architecture)
+        if mapped is not None:
+            return mapped
     return GENERIC
 
 

@@ -24,6 +24,13 @@ class Role(str, Enum):
     FFN_UP = "ffn_up"
     FFN_GATE_UP = "ffn_gate_up"
     FFN_DOWN = "ffn_down"
+    # mixture of experts: the router, and the expert weights (one 3-D tensor per layer in GGUF,
+    # one 2-D tensor per expert in most checkpoints)
+    FFN_ROUTER = "ffn_gate_inp"
+    FFN_GATE_EXPS = "ffn_gate_exps"
+    FFN_UP_EXPS = "ffn_up_exps"
+    FFN_GATE_UP_EXPS = "ffn_gate_up_exps"
+    FFN_DOWN_EXPS = "ffn_down_exps"
     NORM = "norm"
     OUTPUT = "output"
     OTHER = "other"

@@ -90,7 +90,9 @@ def allows_quantization(gguf_name: str, ndim: int) -> bool:
     not position/token-type embeddings)."""
     if ndim < 2 or not gguf_name.endswith("weight"):
         return False
-    if "_norm.weight" in gguf_name or "ffn_gate_inp.weight" in gguf_name:
+    # routers stay F32: ffn_gate_inp by name, and the (1, n) shared-expert gate ffn_gate_inp_shexp,
+    # which llama.cpp counts as 1-D (ggml_n_dims ignores the trailing 1)
+    if "_norm.weight" in gguf_name or "ffn_gate_inp" in gguf_name:
         return False
     return gguf_name not in ("position_embd.weight", "token_types.weight")
 
@@ -140,6 +142,7 @@ class _Ctx:
     tied: bool
     n_attention_wv: int
     has_imatrix: bool = False
+    n_expert: int = 0  # experts per layer (llama.cpp's hparams.n_expert); 0 for dense models
 
 
 def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counters: dict[str, int]) -> str:
@@ -166,10 +169,22 @@ def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counter
             new_type = "Q5_K"
         if ctx.is_70b and new_type in ("Q3_K", "Q4_K"):
             new_type = "Q5_K"
+        if ctx.n_expert == 8:
+            new_type = "Q8_0"  # llama.cpp: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
         counters["attn_v"] = i + 1
         return new_type
+    if cat == "attn_k":
+        return "Q8_0" if ctx.n_expert == 8 else new_type
     if cat == "ffn_down":
         i, n = counters["ffn_down"], ctx.n_layer
+        if ctx.n_expert > 1:
+            # experts are not consecutive tensors: llama.cpp reads the layer from the name
+            m = re.match(r"blk\.(\d+)\.", name)
+            if m is None:
+                raise QuantizationError(
+                    f"Cannot tell the layer of tensor {name} of a mixture-of-experts model."
+                )
+            i = int(m.group(1))
         if ft == "Q2_K":
             new_type = "Q3_K"
         elif ft == "Q3_K_M":
@@ -189,6 +204,8 @@ def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counter
         counters["ffn_down"] = i + 1
         return new_type
     if cat == "attn_output":
+        if ctx.n_expert == 8:
+            return "Q5_K" if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else new_type
         if ft == "Q2_K":
             return "Q3_K"
         if ft == "Q3_K_M":
@@ -223,6 +240,7 @@ def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> Pre
         tied=lay.tied_embeddings,
         has_imatrix=imatrix,
         n_attention_wv=sum(1 for t in maps if _category(t.gguf_name) in ("attn_v", "attn_qkv", "attn_kv_b")),
+        n_expert=n_experts(info, lay),
     )
     counters = {"attn_v": 0, "ffn_down": 0, "ffn_gate": 0, "ffn_up": 0}
     types: dict[str, str] = {}
@@ -255,6 +273,20 @@ def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> Pre
     order = {t.name: i for i, t in enumerate(info.tensors)}
     types = dict(sorted(types.items(), key=lambda kv: order.get(kv[0], 0)))
     return PresetChoice(p.name, types, tuple(fallbacks))
+
+
+def n_experts(info: ModelInfo, lay: object | None = None) -> int:
+    """Experts per layer of a mixture-of-experts model (llama.cpp's ``expert_count``), 0 if dense."""
+    params = getattr(lay, "params", None) or {}
+    n = params.get("expert_count")
+    if n is None:
+        from studio.core.gguf.arch import hparam
+
+        n = hparam(info.config, "num_local_experts", "num_experts", "n_routed_experts", default=0)
+    try:
+        return int(n or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def preset_types(info: ModelInfo, preset: str, *, imatrix: bool = False) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """The studio window's panels: summary, model tree, tensor details, inspector, preview, overview, plan
-editor, Hub, chat, evaluation, jobs, device selector, and the Export dialog.
+editor, Hub, chat, evaluation, calibration, jobs, device selector, and the Export dialog.
 
 Each panel is a self-contained widget built the same way, ``Panel(state, jobs, parent)``, from the
 shared ``StudioState`` and the window's ``JobManager``; what tests and scripts swap in (a shared
@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QCoreApplication, QThread
 
 _LAZY = {
+    "CalibratePanel": "studio.qt.panels.calibrate_panel",
     "ChatPanel": "studio.qt.panels.chat_panel",
     "DeviceSelector": "studio.qt.panels.device_selector",
     "EvalPanel": "studio.qt.panels.eval_panel",
@@ -26,15 +27,28 @@ _LAZY = {
     "HubPanel": "studio.qt.panels.hub_panel",
     "InspectorPanel": "studio.qt.panels.inspector",
     "JobsPanel": "studio.qt.panels.jobs_panel",
+    "LabPanel": "studio.qt.panels.lab_panel",
+    "MemoryPanel": "studio.qt.panels.memory_panel",
     "ModelTreePanel": "studio.qt.panels.model_tree",
     "OverviewPanel": "studio.qt.panels.overview",
     "PlanEditorPanel": "studio.qt.panels.plan_editor",
     "PreviewPanel": "studio.qt.panels.preview",
+    "QatPanel": "studio.qt.panels.qat_panel",
     "SummaryPanel": "studio.qt.panels.summary",
+    "SweepPanel": "studio.qt.panels.sweep_panel",
     "TensorPanel": "studio.qt.panels.tensor_panel",
 }
 
-__all__ = [*_LAZY, "assert_gui_thread", "choose", "make_array_feed", "page_layout"]
+__all__ = [
+    *_LAZY,
+    "assert_gui_thread",
+    "choose",
+    "labelled_row",
+    "make_array_feed",
+    "page_layout",
+    "run_controls",
+    "show_job_progress",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -60,6 +74,44 @@ def choose(combo: Any, value: str, *, by_text: bool = False) -> bool:
     if i >= 0:
         combo.setCurrentIndex(i)
     return i >= 0
+
+
+def labelled_row(parent: Any, pairs: Any, *, stretch: bool = True) -> Any:
+    """A row of (label text, widget) pairs, each widget after its label, ending in a stretch."""
+    from PySide6.QtWidgets import QHBoxLayout, QLabel
+
+    row = QHBoxLayout()
+    for text, widget in pairs:
+        row.addWidget(QLabel(text, parent))
+        row.addWidget(widget)
+    if stretch:
+        row.addStretch(1)
+    return row
+
+
+def run_controls(panel: Any, run_text: str) -> tuple[Any, Any, Any, Any]:
+    """A job panel's Run and Cancel buttons (wired to ``panel.start`` / ``panel.cancel``), its hidden
+    progress bar and its status line."""
+    from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton
+
+    run = QPushButton(run_text, panel)
+    run.clicked.connect(panel.start)
+    cancel = QPushButton("Cancel", panel)
+    cancel.clicked.connect(panel.cancel)
+    progress = QProgressBar(panel)
+    progress.setTextVisible(True)
+    progress.hide()
+    status = QLabel("", panel)
+    status.setWordWrap(True)
+    return run, cancel, progress, status
+
+
+def show_job_progress(bar: Any, job: Any) -> None:
+    """Show a job's progress (``done`` of ``total``, its message) in ``bar``; a job without a total is ignored."""
+    if job.total > 0:
+        bar.setRange(0, job.total)
+        bar.setValue(job.done)
+        bar.setFormat(f"%p% · {job.message}")
 
 
 def page_layout(panel: Any, top: Any, status: Any, main: Any, side: Any, stretch: int) -> None:

@@ -18,6 +18,7 @@ from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDoubleSpinBox,
     QFileDialog,
     QFrame,
@@ -252,11 +253,11 @@ class ChatColumn(QFrame):
 BackendFactory = Callable[[Path], Any]
 
 
-def _default_factory(n_ctx: int) -> BackendFactory:
+def _default_factory(n_ctx: int, kv_type: Callable[[], str | None] = lambda: None) -> BackendFactory:
     def make(path: Path) -> Any:
         from studio.core.chat.session import open_backend
 
-        return open_backend(path, n_ctx=n_ctx)
+        return open_backend(path, n_ctx=n_ctx, kv_type=kv_type())
 
     return make
 
@@ -276,7 +277,7 @@ class ChatPanel(JobPanel, QWidget):
         super().__init__(parent)
         # A stopped turn still delivers its partial replies (to on_done, then on_cancel).
         self.init_task(state, jobs, "chat", keep_partial=True)
-        self.backend_factory: BackendFactory = _default_factory(self.n_ctx)  # path -> ChatBackend
+        self.backend_factory: BackendFactory = _default_factory(self.n_ctx, lambda: self.kv_type)
         self.columns: list[ChatColumn] = []
         self._backends: dict[str, Any] = {}
         self._session: ChatSession | None = None
@@ -310,6 +311,15 @@ class ChatPanel(JobPanel, QWidget):
         self.seed = QSpinBox(self)
         self.seed.setRange(0, 2**31 - 1)
         self.seed.setToolTip("Random seed, the same for every column")
+        self.kv_combo = QComboBox(self)
+        self.kv_combo.addItem("F32 (exact)", None)
+        for name in ("f16", "q8_0", "q4_0"):
+            self.kv_combo.addItem(name.upper(), name)
+        self.kv_combo.setToolTip(
+            "llama.cpp's K/V cache type for the GGUF columns (flash attention when quantized); "
+            "changing it reloads them and starts a new conversation"
+        )
+        self.kv_combo.currentIndexChanged.connect(self._on_kv_changed)
         self.truncate = QCheckBox("Truncate long prompts", self)
         self.truncate.setToolTip("Keep only the end of a prompt that does not fit in the context")
         bar = QHBoxLayout()
@@ -320,6 +330,7 @@ class ChatPanel(JobPanel, QWidget):
             ("Max tokens", self.max_tokens),
             ("Temperature", self.temperature),
             ("Seed", self.seed),
+            ("KV cache", self.kv_combo),
         ):
             bar.addWidget(QLabel(label, self))
             bar.addWidget(w)
@@ -538,8 +549,20 @@ class ChatPanel(JobPanel, QWidget):
             col.tokens = []
             col.stats.setText("")
 
+    @property
+    def kv_type(self) -> str | None:
+        """The KV-cache type the GGUF columns load with (None: llama.cpp's exact F32 default)."""
+        return self.kv_combo.currentData()
+
+    @Slot()
+    def _on_kv_changed(self, *_args: Any) -> None:
+        # The cache type is fixed when llama.cpp creates its context: reload the GGUF columns.
+        self._close_backends(gguf_only=True)
+        self.new_conversation()
+
     def update_controls(self) -> None:
         busy = self.running
+        self.kv_combo.setEnabled(not busy)
         self.send_button.setEnabled(not busy and bool(self.columns))
         self.stop_button.setEnabled(busy)
         for w in (self.add_gguf_button, self.add_folder_button, self.new_button):
@@ -550,10 +573,12 @@ class ChatPanel(JobPanel, QWidget):
     def shutdown(self) -> None:
         """Stop a running turn and close every model (call when the window closes)."""
         self.stop()
-        for b in self._backends.values():
+        self._close_backends()
+
+    def _close_backends(self, *, gguf_only: bool = False) -> None:
+        for key in [k for k in self._backends if not gguf_only or k.lower().endswith(".gguf")]:
             try:
-                b.close()
+                self._backends.pop(key).close()
             except Exception:  # noqa: BLE001 - closing goes on for the others
                 pass
-        self._backends.clear()
         self._session = None

@@ -33,16 +33,25 @@ from PySide6.QtWidgets import (
 
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, show_job_progress
 from studio.qt.state import StudioState
-from studio.qt.theme import follow_theme, plot_colors, set_status, style_plot
+from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
 if TYPE_CHECKING:
     from studio.qt.panels.export_dialog import ExportOutcome
 
 __all__ = ["COLUMNS", "EvalPanel"]
 
-COLUMNS = ("Model", "PPL", "ΔPPL", "KL mean", "KL p99", "Same top", "Size", "BPW")
+COLUMNS = ("Model", "PPL", "ΔPPL", "KL mean", "KL p99", "Same top", "Size", "BPW", "KV cache", "Verdict")
+VERDICT_COLUMN = COLUMNS.index("Verdict")
+# The KV-cache choices: llama.cpp's types to score every variant with (empty: the exact F32 cache).
+KV_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("F32 (exact)", ()),
+    ("F16", ("f16",)),
+    ("Q8_0", ("q8_0",)),
+    ("Q4_0", ("q4_0",)),
+    ("Compare F16, Q8_0 and Q4_0", ("f16", "q8_0", "q4_0")),
+)
 KL_FLOOR = 1e-12  # the plot's y axis is logarithmic; a lossless F32 export sits on the floor
 
 
@@ -112,6 +121,13 @@ class EvalPanel(JobPanel, QWidget):
         self.chunks_spin.setValue(16)
         self.chunks_spin.setSpecialValueText("all")
         self.chunks_spin.setToolTip("Evaluate at most this many chunks (0: the whole text)")
+        self.kv_combo = QComboBox(self)
+        for label, kinds in KV_CHOICES:
+            self.kv_combo.addItem(label, kinds)
+        self.kv_combo.setToolTip(
+            "llama.cpp's K/V cache type for the GGUF variants (flash attention when quantized); "
+            "comparing scores each variant once per type"
+        )
         self.run_button = QPushButton("Evaluate", self)
         self.run_button.clicked.connect(self.start)
         self.cancel_button = QPushButton("Cancel", self)
@@ -121,6 +137,12 @@ class EvalPanel(JobPanel, QWidget):
         self.progress.hide()
         self.status = QLabel("", self)
         self.status.setWordWrap(True)
+        self.hierarchy_label = QLabel("", self)
+        self.hierarchy_label.setWordWrap(True)
+        self.hierarchy_label.setToolTip(
+            "The seed's hierarchy: weights < activations < KV cache < attention in sensitivity. Evaluate "
+            "a ~4-bit GGUF and an 8-bit one, comparing KV caches, to measure it on this model."
+        )
 
         form = QFormLayout()
         form.addRow("Original:", orig_row)
@@ -131,6 +153,8 @@ class EvalPanel(JobPanel, QWidget):
         opts.addWidget(self.ctx_spin)
         opts.addWidget(QLabel("Chunks:", self))
         opts.addWidget(self.chunks_spin)
+        opts.addWidget(QLabel("KV cache:", self))
+        opts.addWidget(self.kv_combo)
         opts.addStretch(1)
         opts.addWidget(self.run_button)
         opts.addWidget(self.cancel_button)
@@ -159,6 +183,7 @@ class EvalPanel(JobPanel, QWidget):
         lay.addLayout(form)
         lay.addWidget(self.progress)
         lay.addWidget(self.status)
+        lay.addWidget(self.hierarchy_label)
         lay.addWidget(split, 1)
 
     # -- inputs -----------------------------------------------------------------------------------
@@ -241,11 +266,14 @@ class EvalPanel(JobPanel, QWidget):
         text = self.text_source()
         n_ctx = self.ctx_spin.value()
         chunks = self.chunks_spin.value() or None
+        kv_types = tuple(self.kv_combo.currentData() or ())
 
         def work(ctx: Any) -> Any:
             from studio.core.evaluate.record import save_records
 
-            report = evaluate(original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx)
+            report = evaluate(
+                original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx, kv_types=kv_types
+            )
             for note in save_records(report):  # beside each variant, for the model card of an upload
                 ctx.log(note)
             return report
@@ -263,11 +291,7 @@ class EvalPanel(JobPanel, QWidget):
         self.task.cancel()
 
     def on_progress(self, job: Job) -> None:
-        if job.total <= 0:
-            return
-        self.progress.setRange(0, max(job.total, 1))
-        self.progress.setValue(job.done)
-        self.progress.setFormat(f"%p% · {job.message}")
+        show_job_progress(self.progress, job)
 
     def on_done(self, result: Any) -> None:
         self.update_controls()
@@ -281,7 +305,10 @@ class EvalPanel(JobPanel, QWidget):
     # -- results ----------------------------------------------------------------------------------
 
     def show_report(self, report: Any) -> None:
-        """Fill the table and the plot from an ``EvalReport``."""
+        """Fill the table (with each variant's verdict badge), the hierarchy line and the plot from an ``EvalReport``."""
+        from studio.core.lab.hierarchy import hierarchy
+        from studio.core.lab.verdict import judge
+
         assert_gui_thread("EvalPanel.show_report")
         self.report = report
         o = report.original
@@ -298,9 +325,22 @@ class EvalPanel(JobPanel, QWidget):
                     "",
                     _mb(o.file_bytes),
                     _fmt(o.bpw, ".2f"),
+                    "",
+                    "",
                 ]
             elif v.error:
-                cells = [v.label, "error", "", "", "", "", _mb(v.file_bytes) if v.file_bytes else "—", ""]
+                cells = [
+                    v.label,
+                    "error",
+                    "",
+                    "",
+                    "",
+                    "",
+                    _mb(v.file_bytes) if v.file_bytes else "—",
+                    "",
+                    "",
+                    "",
+                ]
             else:
                 cells = [
                     v.label,
@@ -311,6 +351,10 @@ class EvalPanel(JobPanel, QWidget):
                     _fmt(v.same_top_pct, ".2f", " %"),
                     _mb(v.file_bytes),
                     _fmt(v.bpw, ".2f"),
+                    f"{v.kv_type.upper()} · {_mb(v.kv_cache_bytes)}"
+                    if v.kv_cache_bytes
+                    else v.kv_type.upper(),
+                    judge(o.ppl, v.ppl).verdict.value,
                 ]
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -318,6 +362,11 @@ class EvalPanel(JobPanel, QWidget):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 if v is not None and v.error:
                     item.setToolTip(v.error)
+                elif v is not None and c == VERDICT_COLUMN:  # the badge: the rule of thumb's colour
+                    j = judge(o.ppl, v.ppl)
+                    item.setBackground(quality_colour(j.verdict))
+                    item.setToolTip(j.text)
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
                 self.table.setItem(r, c, item)
         errors = [v for v in report.variants if v.error]
         set_status(
@@ -326,6 +375,8 @@ class EvalPanel(JobPanel, QWidget):
             or f"{report.text_name}: {report.n_chunks} chunks of {report.n_ctx} tokens, {report.seconds:.1f} s.",
             error=bool(errors),
         )
+        h = hierarchy(report.variants)
+        self.hierarchy_label.setText(h.text if h is not None else "")
         self._draw(report)
         self.reportShown.emit(report)
 

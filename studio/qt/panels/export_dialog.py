@@ -2,7 +2,10 @@
 
 The export runs as one background job (``studio.core.export.export_gguf``); with "Verify" on, the
 finished file is checked by ``studio.core.verify.verify_gguf`` (in a child process) *before* it gets
-its final name, so Cancel at any point leaves no output file. A verification that cannot run (e.g.
+its final name, so Cancel at any point leaves no output file. With a calibrated method (imatrix,
+gptq, awq, awq+gptq) the job is Calibrate & Quantize (``studio.core.calib.quantize.export_calibrated``):
+the calibration text runs through the model layer by layer, the progress line names the layer, the
+chunk and the ETA, and Cancel stops it at the next column batch. A verification that cannot run (e.g.
 transformers does not know the architecture) is reported next to the result but does not throw the
 export away.
 """
@@ -28,12 +31,14 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
 from studio.core.errors import EvaluationError, StudioError
 from studio.core.jobs import JobCancelled, JobContext
+from studio.core.quant.methods import METHODS
 from studio.core.quant.plan import Plan
 from studio.core.quant.presets import PRESETS
 from studio.qt.fmt import human_bytes, model_display_name
@@ -62,11 +67,14 @@ class ExportOutcome:
     result: Any  # studio.core.export.ExportResult
     verification: Any = None  # studio.core.verify.VerifyResult, or None when not verified
     verify_error: str = ""  # why verification could not run ("" when it ran or was not asked for)
+    calibration: Any = None  # studio.core.calib.quantize.CalibratedExport of a calibrated method
 
     def summary(self) -> str:
         """One line for the status bar."""
         r = self.result
         text = f"Exported {r.path.name}: {human_bytes(r.file_bytes)}, {r.bpw:.2f} bits per weight"
+        if self.calibration is not None:
+            text += f", {self.calibration.method}"
         v = self.verification
         if v is not None and v.top1_agreement is not None:
             text += f"; top-1 agreement {100 * v.top1_agreement:.1f} %, mean KL {v.mean_kl:.2e}"
@@ -189,8 +197,15 @@ def run_export(
     backend: str = "studio",
     verify: bool = True,
     allow_pickle: bool = False,
+    calib_text: str | Path | None = None,
+    calib_chunks: int | None = None,
+    imatrix: Any = None,
 ) -> ExportOutcome:
-    """Export ``source`` to ``out`` and (optionally) verify it before it is renamed into place."""
+    """Export ``source`` to ``out`` and (optionally) verify it before it is renamed into place.
+
+    A ``plan`` with calibrated methods is calibrated on ``calib_text`` (None: the built-in text; the
+    first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first.
+    """
     from studio.core.export import export_gguf
 
     verified: dict[str, Any] = {}
@@ -210,6 +225,22 @@ def run_export(
             verified["error"] = unexpected_error_sentence("Verification", err)
         ctx.check_cancelled()
 
+    if isinstance(plan, Plan) and plan.calibrated:
+        from studio.core.calib.data import BUILTIN
+        from studio.core.calib.quantize import export_calibrated
+
+        cal = export_calibrated(
+            source,
+            out,
+            plan,
+            text=calib_text or BUILTIN,
+            n_chunks=calib_chunks,
+            device=device,
+            ctx=_Share(ctx, 0.0, share),
+            validate=check if verify else None,
+            allow_pickle=allow_pickle,
+        )
+        return ExportOutcome(cal.export, verified.get("result"), verified.get("error", ""), cal)
     result = export_gguf(
         source,
         out,
@@ -219,6 +250,7 @@ def run_export(
         ctx=_Share(ctx, 0.0, share),
         validate=check if verify else None,
         allow_pickle=allow_pickle,
+        imatrix=imatrix,
     )
     return ExportOutcome(result, verified.get("result"), verified.get("error", ""))
 
@@ -244,6 +276,7 @@ class ExportDialog(JobPanel, QDialog):
         state.modelOpened.connect(lambda _c: self.reset())
         state.modelClosed.connect(self.reset)
         state.hardwareChanged.connect(lambda _hw: self._fill_devices(self.device))
+        state.imatrixChanged.connect(lambda _im: self.update_controls())
         self.reset(device="cpu")
 
     def remember_in(self, settings: AppSettings) -> None:
@@ -282,15 +315,42 @@ class ExportDialog(JobPanel, QDialog):
             "Verify the file against the original model (llama.cpp vs transformers)", self
         )
         self.verify_check.setChecked(True)
+        self.method_combo = QComboBox(self)
+        for name, m in METHODS.items():
+            self.method_combo.addItem(f"{name} — {m.description}", name)
+        self.method_combo.setToolTip(
+            "How codes and scales are chosen; the file keeps the plan's types (and size) whatever the method"
+        )
+        self.calib_edit = QLineEdit(self)
+        self.calib_edit.setPlaceholderText("Built-in calibration text (prose, chats, code, languages)")
+        self.calib_browse = QPushButton("Browse…", self)
+        self.calib_browse.clicked.connect(self.browse_calibration)
+        calib_row = QHBoxLayout()
+        calib_row.addWidget(self.calib_edit, 1)
+        calib_row.addWidget(self.calib_browse)
+        self.chunks_spin = QSpinBox(self)
+        self.chunks_spin.setRange(0, 100_000)
+        self.chunks_spin.setSpecialValueText("all")
+        self.chunks_spin.setSuffix(" × 512 tokens")
+        self.chunks_spin.setToolTip("How much of the calibration text to use (all: every whole chunk)")
+        self.imatrix_check = QCheckBox("Quantize with the importance matrix", self)
+        self.imatrix_check.setChecked(True)
+        self.imatrix_check.setToolTip(
+            "The imatrix computed or loaded on the Calibrate page, used as llama-quantize --imatrix uses it"
+        )
 
         form = QFormLayout()
         form.addRow("Model:", self.model_label)
         form.addRow("Plan:", self.plan_combo)
         form.addRow("", self.plan_info)
         form.addRow("Output file:", path_row)
+        form.addRow("Method:", self.method_combo)
+        form.addRow("Calibration:", calib_row)
+        form.addRow("Chunks:", self.chunks_spin)
         form.addRow("Device:", self.device_combo)
         form.addRow("Back end:", self.backend_combo)
         form.addRow("", self.verify_check)
+        form.addRow("", self.imatrix_check)
 
         self.progress = QProgressBar(self)
         self.progress.setRange(0, PROGRESS_STEPS)
@@ -330,6 +390,7 @@ class ExportDialog(JobPanel, QDialog):
         lay.addStretch(1)
         lay.addLayout(buttons)
         self.setMinimumWidth(620)
+        self.method_combo.currentIndexChanged.connect(self._on_method_changed)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -354,12 +415,61 @@ class ExportDialog(JobPanel, QDialog):
         text = self.path_edit.text().strip()
         return Path(text).expanduser() if text else None
 
+    @property
+    def imatrix(self) -> Any:
+        """The state's importance matrix when "Quantize with the importance matrix" is on, else None."""
+        return self.state.imatrix if self.imatrix_check.isChecked() else None
+
     def chosen_plan(self) -> Plan | str | None:
         """The current ``Plan`` or a preset name, as chosen in the combo."""
         key = self.plan_combo.currentData()
         if key == CURRENT_PLAN:
             return self.state.plan if isinstance(self.state.plan, Plan) else None
         return str(key) if key else None
+
+    @property
+    def method(self) -> str:
+        """The chosen method ("rtn", "imatrix", "gptq", "awq", "awq+gptq")."""
+        return str(self.method_combo.currentData() or "rtn")
+
+    def set_method(self, method: str) -> None:
+        """Choose a method by name (ValueError if unknown)."""
+        if not choose(self.method_combo, method):
+            raise ValueError(f"unknown method {method!r}")
+
+    @property
+    def calibration_text(self) -> Path | None:
+        """The calibration file typed or chosen, or None for the built-in text."""
+        text = self.calib_edit.text().strip()
+        return Path(text).expanduser() if text else None
+
+    def set_calibration(self, path: str | Path | None, chunks: int = 0) -> None:
+        """Calibrate on ``path`` (None: the built-in text), its first ``chunks`` chunks (0: all)."""
+        self.calib_edit.setText("" if path is None else str(path))
+        self.chunks_spin.setValue(chunks)
+
+    def final_plan(self) -> Plan | str | None:
+        """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
+        from studio.core.quant.plan import plan_from_preset, with_method
+
+        plan, info, method = self.chosen_plan(), self.state.info, self.method
+        if plan is None or info is None:
+            return plan
+        if isinstance(plan, str):
+            if method == "rtn":
+                return plan
+            plan = plan_from_preset(info, plan, imatrix=True)
+        return plan if plan.method == method else with_method(plan, info, method)
+
+    @Slot()
+    def browse_calibration(self) -> None:
+        """Ask for a calibration text (UTF-8 .txt, or .jsonl of chats)."""
+        start = str(self.calibration_text or Path.home())
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Calibration text", start, "Text or chats (*.txt *.jsonl);;All files (*)"
+        )
+        if path:
+            self.calib_edit.setText(path)
 
     def set_plan_choice(self, key: str) -> None:
         """Choose a preset by name, or the current plan with ``CURRENT_PLAN`` (ValueError if not offered)."""
@@ -421,9 +531,16 @@ class ExportDialog(JobPanel, QDialog):
             return self._refuse("Open a model before exporting.")
         if not _exportable(info):
             return self._refuse(f"{Path(info.path).name} has no tensors to export.")
-        plan = self.chosen_plan()
+        try:
+            plan = self.final_plan()
+        except StudioError as err:
+            return self._refuse(str(err))
         if plan is None:
             return self._refuse("Choose a preset, or make a plan on the Plan page first.")
+        calibrated = isinstance(plan, Plan) and plan.calibrated
+        calib = self.calibration_text
+        if calibrated and calib is not None and not calib.is_file():
+            return self._refuse(f"The calibration text {calib} does not exist; choose another file.")
         out = self.output_path
         if out is None:
             return self._refuse("Choose where to write the GGUF file.")
@@ -449,12 +566,16 @@ class ExportDialog(JobPanel, QDialog):
 
         source = Path(info.path)
         device, backend, verify = self.device, self.backend, self.verify_check.isChecked()
+        if calibrated:
+            backend = "studio"  # calibrated codes are written by the studio's exporter
+        chunks = self.chunks_spin.value() or None
+        imatrix = self.imatrix
         # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
         allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
         self.outcome = None
         self.progress.setValue(0)
         self.result_label.setText("")
-        self._set_status(f"Exporting to {out.name}…")
+        self._set_status(f"{'Calibrating and quantizing' if calibrated else 'Exporting'} to {out.name}…")
 
         def task(ctx: JobContext) -> ExportOutcome:
             return run_export(
@@ -466,12 +587,17 @@ class ExportDialog(JobPanel, QDialog):
                 backend=backend,
                 verify=verify,
                 allow_pickle=allow_pickle,
+                calib_text=calib,
+                calib_chunks=chunks,
+                imatrix=imatrix,
             )
 
         plan_name = plan if isinstance(plan, str) else plan.name
-        job = self.task.start(
-            f"Exporting {model_display_name(source)} ({plan_name})", task, confirm_on_quit=True
-        )
+        if calibrated:
+            title = f"Calibrate & Quantize {model_display_name(source)} ({plan_name}, {self.method})"
+        else:
+            title = f"Exporting {model_display_name(source)} ({plan_name})"
+        job = self.task.start(title, task, confirm_on_quit=True)
         self.update_controls()
         self.exportStarted.emit(job)
         return job
@@ -501,7 +627,14 @@ class ExportDialog(JobPanel, QDialog):
             f"Wrote {r.path} ({human_bytes(r.file_bytes)}, {r.n_tensors} tensors, {r.bpw:.2f} bits per weight) "
             f"in {r.seconds:.1f} s."
         )
-        set_status(self.result_label, self._verification_text(outcome), error=bool(outcome.verify_error))
+        text = self._verification_text(outcome)
+        c = outcome.calibration
+        if c is not None:
+            text = (
+                f"{c.method}: calibrated on {c.tokens:,} tokens ({c.n_chunks} × {c.n_ctx}) of {c.dataset} "
+                f"in {c.seconds:.0f} s. " + " ".join(c.warnings) + ("\n" if c.warnings else " ") + text
+            )
+        set_status(self.result_label, text, error=bool(outcome.verify_error))
         self.exportFinished.emit(outcome)
 
     def on_error(self, message: str) -> None:
@@ -544,9 +677,25 @@ class ExportDialog(JobPanel, QDialog):
         has_model = self.state.info is not None and _exportable(self.state.info)
         self.export_button.setEnabled(has_model and not running)
         self.cancel_button.setEnabled(running)
-        for w in (self.plan_combo, self.path_edit, self.browse_button, self.device_combo, self.backend_combo):
+        for w in (self.plan_combo, self.path_edit, self.browse_button, self.device_combo, self.method_combo):
             w.setEnabled(not running)
         self.verify_check.setEnabled(not running)
+        calibrated = self.method != "rtn"
+        for w in (self.calib_edit, self.calib_browse, self.chunks_spin):
+            w.setEnabled(calibrated and not running)
+        # calibrated codes are the studio's own: llama.cpp's quantizer cannot write them
+        self.backend_combo.setEnabled(not calibrated and not running)
+        has_im = self.state.imatrix is not None
+        # a calibrated method computes its own statistics; the Calibrate page's imatrix serves rtn
+        self.imatrix_check.setEnabled(has_im and not calibrated and not running)
+        note = (
+            " (none: Calibrate page)"
+            if not has_im
+            else " (the method calibrates itself)"
+            if calibrated
+            else ""
+        )
+        self.imatrix_check.setText("Quantize with the importance matrix" + note)
         self.upload_button.setEnabled(self.outcome is not None and not running)
 
     def _upload(self) -> None:
@@ -605,9 +754,17 @@ class ExportDialog(JobPanel, QDialog):
         text = f"{text}\n{warning}".strip() if warning else text
         self.plan_info.setText(text)
         self.plan_info.setVisible(bool(text))
+        if isinstance(plan, Plan) and not self.running:
+            choose(self.method_combo, plan.method)  # the plan's own method until another is chosen
         if not self._path_edited:
             default = self._default_path()
             self.path_edit.setText(str(default) if default else "")
+
+    @Slot()
+    def _on_method_changed(self, *_args: Any) -> None:
+        if self.method != "rtn":
+            choose(self.backend_combo, "studio")
+        self.update_controls()
 
     def _on_path_edited(self, _text: str) -> None:
         self._path_edited = True

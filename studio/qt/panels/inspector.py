@@ -1,7 +1,11 @@
 """Weight inspector: histogram, per-channel absmax with outliers, |W| heat map and a statistics table.
 
 Statistics are computed by ``studio.core.stats.tensor_stats`` in a job (streamed from the memory-mapped
-file, cached per tensor); this widget only draws what comes back.
+file, cached per tensor); this widget only draws what comes back. After a calibration run (the
+Calibrate page shares its ``ActivationStats`` through the state) a third row shows what entered the
+selected linear: the |x| histogram, and the activation absmax per input channel on the same channel
+axis as the weight's, outlier features marked by |x| ≥ 6 (LLM.int8()) and by k × median
+(``studio.core.calib.analysis.channel_profile``).
 """
 
 from __future__ import annotations
@@ -25,13 +29,21 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.calib.analysis import ChannelProfile, activation_histogram, channel_profile
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, page_layout
 from studio.qt.state import StudioState
-from studio.qt.theme import MAIN_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
+from studio.qt.theme import (
+    MAIN_FILL_ALPHA,
+    SECOND_FILL_ALPHA,
+    fill_color,
+    follow_theme,
+    plot_colors,
+    style_plot,
+)
 
 __all__ = ["InspectorPanel", "rule_from_widgets"]
 
@@ -139,7 +151,9 @@ class InspectorPanel(JobPanel, QWidget):
         self.stats: TensorStats | None = None
         self._draw_token = 0
         self._job_name = ""  # the tensor of the newest statistics job
+        self.profile: ChannelProfile | None = None  # the activations of the shown tensor's input
         self._build()
+        state.activationsChanged.connect(lambda _s: self._draw_activations())
         state.tensorSelected.connect(self._on_tensor_selected)
         state.modelOpened.connect(self._on_model_opened)
         state.modelClosed.connect(self.clear)
@@ -163,6 +177,24 @@ class InspectorPanel(JobPanel, QWidget):
         top.addWidget(QLabel("Outliers:", self))
         top.addWidget(self.rule_combo)
         top.addWidget(self.rule_spin)
+        self.act_abs_spin = QDoubleSpinBox(self)
+        self.act_abs_spin.setRange(0.01, 1e6)
+        self.act_abs_spin.setValue(6.0)
+        self.act_abs_spin.setPrefix("|x| ≥ ")
+        self.act_abs_spin.setToolTip("Activation outlier features by magnitude (LLM.int8() uses 6)")
+        self.act_k_spin = QDoubleSpinBox(self)
+        self.act_k_spin.setRange(1.0, 1e4)
+        self.act_k_spin.setValue(5.0)
+        self.act_k_spin.setPrefix("> ")
+        self.act_k_spin.setSuffix(" × median")
+        self.act_k_spin.setToolTip(
+            "Activation outlier features: channel absmax above k × the median channel's"
+        )
+        for spin in (self.act_abs_spin, self.act_k_spin):
+            spin.valueChanged.connect(self._draw_activations)
+        top.addWidget(QLabel("Activations:", self))
+        top.addWidget(self.act_abs_spin)
+        top.addWidget(self.act_k_spin)
 
         self.hist_plot = pg.PlotWidget(self)
         hp = self.hist_plot.getPlotItem()
@@ -183,11 +215,40 @@ class InspectorPanel(JobPanel, QWidget):
         self.heat_item.setColorMap(pg.colormap.get("viridis"))
         self.heat_plot.addItem(self.heat_item)
 
+        self.act_hist_plot = pg.PlotWidget(self)
+        ap = self.act_hist_plot.getPlotItem()
+        ap.setLabel("left", "log10(1 + count)")
+        ap.setLabel("bottom", "|x| entering this weight")
+        ap.setLogMode(x=True)  # eight bins per octave
+        self.act_hist_item = ap.plot([1.0, 2.0], [0.0], stepMode="center", fillLevel=0)
+        self.act_hist_abs = pg.InfiniteLine(angle=90, movable=False)
+        ap.addItem(self.act_hist_abs)
+        self.act_plot = pg.PlotWidget(self)
+        self.act_plot.setXLink(self.in_plot)  # one input-channel axis for the weight and its activations
+        pi = self.act_plot.getPlotItem()
+        pi.setLabel("bottom", "input channel")
+        pi.setLabel("left", "activation absmax")
+        pi.setDownsampling(auto=True, mode="peak")
+        pi.setClipToView(True)
+        pi.addLegend(offset=(-10, 10))
+        self.act_curve = pi.plot([], [], name="max |x|")
+        self.act_out_abs = pg.ScatterPlotItem(size=8, pen=None, name="|x| ≥ t")
+        self.act_out_med = pg.ScatterPlotItem(size=11, symbol="t", brush=None, name="k × median")
+        pi.addItem(self.act_out_med)
+        pi.addItem(self.act_out_abs)
+        self.act_line_abs = pg.InfiniteLine(angle=0, movable=False)
+        self.act_line_med = pg.InfiniteLine(angle=0, movable=False)
+        pi.addItem(self.act_line_abs)
+        pi.addItem(self.act_line_med)
+        self._set_activation_titles("Activations: run Calibrate to see them")
+
         grid = QGridLayout()
         grid.addWidget(self.hist_plot, 0, 0)
         grid.addWidget(self.heat_plot, 0, 1)
         grid.addWidget(self.out_plot, 1, 0)
         grid.addWidget(self.in_plot, 1, 1)
+        grid.addWidget(self.act_hist_plot, 2, 0)
+        grid.addWidget(self.act_plot, 2, 1)
         plots = QWidget(self)
         plots.setLayout(grid)
 
@@ -218,6 +279,7 @@ class InspectorPanel(JobPanel, QWidget):
         self.out_channels.clear()
         self.in_channels.clear()
         self.heat_item.clear()
+        self._draw_activations()
         self.table.setRowCount(0)
         self.title.setText("Select a tensor in the model tree to see its statistics.")
         self.status.setText("")
@@ -255,6 +317,7 @@ class InspectorPanel(JobPanel, QWidget):
             lambda: self.out_channels.show(stats.absmax_out, rule),
             lambda: self.in_channels.show(stats.absmax_in, rule),
             draw_heat,
+            self._draw_activations,
             lambda: self._fill_table(stats, rule),
         ]
 
@@ -324,6 +387,69 @@ class InspectorPanel(JobPanel, QWidget):
         self.hist_item.setBrush(fill_color(c["main"], MAIN_FILL_ALPHA))
         self.out_channels.recolor(dark)
         self.in_channels.recolor(dark)
+        style_plot(self.act_hist_plot, dark)
+        style_plot(self.act_plot, dark)
+        self.act_hist_item.setPen(pg.mkPen(c["second"]))
+        self.act_hist_item.setBrush(fill_color(c["second"], SECOND_FILL_ALPHA))
+        self.act_hist_abs.setPen(pg.mkPen(c["outlier"], style=Qt.PenStyle.DashLine))
+        self.act_curve.setPen(pg.mkPen(c["second"]))
+        self.act_out_abs.setBrush(pg.mkBrush(c["outlier"]))
+        self.act_out_med.setPen(pg.mkPen(c["main"], width=2))
+        self.act_line_abs.setPen(pg.mkPen(c["outlier"], style=Qt.PenStyle.DashLine))
+        self.act_line_med.setPen(pg.mkPen(c["main"], style=Qt.PenStyle.DotLine))
+
+    # -- activations ------------------------------------------------------------------------------
+
+    def _set_activation_titles(self, text: str) -> None:
+        self.act_plot.getPlotItem().setTitle(text)
+        self.act_hist_plot.getPlotItem().setTitle("Activation |x| histogram")
+
+    @Slot()
+    def _draw_activations(self, *_: Any) -> None:
+        """Draw what entered the shown weight in the last calibration run (or say why nothing can be)."""
+        acts, stats = self.state.activation_stats, self.stats
+        st = acts.inputs.get(stats.name) if acts is not None and stats is not None else None
+        self.profile = None
+        if st is None:
+            self.act_hist_item.setData([1.0, 2.0], [0.0], stepMode="center")
+            self.act_curve.setData([], [])
+            self.act_out_abs.setData(x=[], y=[])
+            self.act_out_med.setData(x=[], y=[])
+            if acts is None:
+                why = "Activations: run Calibrate to see them"
+            else:
+                why = "Activations: no linear layer the run observed reads this tensor"
+            self._set_activation_titles(why)
+            return
+        w_in = stats.absmax_in if stats.absmax_in.size == st.n_cols else None
+        prof = channel_profile(
+            st, w_in, name=stats.name, abs_threshold=self.act_abs_spin.value(), k=self.act_k_spin.value()
+        )
+        self.profile = prof
+        h = activation_histogram(st)
+        nz = np.flatnonzero(h.counts[1:-1]) + 1  # inner bins with elements (the log axis cannot show 0)
+        if nz.size:
+            a, b = int(nz[0]), int(nz[-1]) + 1
+            self.act_hist_item.setData(
+                h.edges[a : b + 1], h.log_counts()[a:b], stepMode="center", fillLevel=0
+            )
+        self.act_hist_abs.setValue(math.log10(prof.abs_threshold))
+        x = np.arange(prof.act_absmax.size, dtype=np.float64)
+        y = prof.act_absmax.astype(np.float64)
+        self.act_curve.setData(x, y)
+        self.act_out_abs.setData(x=prof.outliers_abs.astype(np.float64), y=y[prof.outliers_abs])
+        self.act_out_med.setData(x=prof.outliers_kmedian.astype(np.float64), y=y[prof.outliers_kmedian])
+        self.act_line_abs.setValue(prof.abs_threshold)
+        self.act_line_med.setValue(prof.kmedian_threshold)
+        # short titles (a quarter of the window wide); the table lists the channels
+        self.act_plot.getPlotItem().setTitle(
+            f"Activation absmax per input channel ({prof.outliers_abs.size} + {prof.outliers_kmedian.size} marked)"
+        )
+        self.act_hist_plot.getPlotItem().setTitle(
+            f"Activation |x|: {100 * h.share_above(prof.abs_threshold):.3g} % ≥ {prof.abs_threshold:g}"
+        )
+        if self.stats is not None and self.table.rowCount():
+            self._fill_table(self.stats, self.rule)
 
     # -- table ------------------------------------------------------------------------------------
 
@@ -346,6 +472,24 @@ class InspectorPanel(JobPanel, QWidget):
             ("max / median scale (in)", _fmt(s.scale_ratio("in"))),
             ("NaN / inf", f"{s.n_nonfinite:,}"),
         ]
+        p = self.profile
+        if p is not None:
+
+            def chans(idx: np.ndarray) -> str:
+                head = ", ".join(str(int(i)) for i in idx[:12])
+                return f"{idx.size} of {p.act_absmax.size}" + (
+                    f": {head}{'…' if idx.size > 12 else ''}" if idx.size else ""
+                )
+
+            peak = int(np.argmax(p.act_absmax)) if p.act_absmax.size else 0
+            rows += [
+                (
+                    "activation absmax",
+                    f"{_fmt(float(p.act_absmax.max()))} (channel {peak})" if p.act_absmax.size else "–",
+                ),
+                (f"activation outliers (|x| ≥ {p.abs_threshold:g})", chans(p.outliers_abs)),
+                (f"activation outliers (> {self.act_k_spin.value():g} × median)", chans(p.outliers_kmedian)),
+            ]
         self.table.setRowCount(len(rows))
         for i, (k, v) in enumerate(rows):
             self.table.setItem(i, 0, QTableWidgetItem(k))

@@ -1,7 +1,9 @@
 """Model overview: one per-tensor statistic over all layers and roles; clicking a point selects that tensor.
 
 The summaries come from ``studio.core.stats.overview.model_overview`` run in a job (statistics are
-shared with the inspector through the same cache).
+shared with the inspector through the same cache). After a calibration run (``StudioState``'s
+activation statistics) a bar chart below counts each layer's activation outlier features
+(``studio.core.calib.analysis.layer_outlier_counts``) by the same outlier rule.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Signal, Slot
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from studio.core.calib.analysis import FeatureRule, FeatureRuleKind, LayerOutliers, layer_outlier_counts
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
+from studio.core.stats.tensor_stats import OutlierKind
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
@@ -41,7 +45,9 @@ class OverviewPanel(JobPanel, QWidget):
         state.modelOpened.connect(lambda _c: self.clear())
         state.modelClosed.connect(self.clear)
         state.tensorSelected.connect(self._mark_selected)
+        state.activationsChanged.connect(self._draw_activation_outliers)
         follow_theme(state, self._apply_theme)
+        self._draw_activation_outliers(state.activation_stats)
         self.update_controls()
 
     def _build(self) -> None:
@@ -74,10 +80,26 @@ class OverviewPanel(JobPanel, QWidget):
         self.selected_marker = pg.ScatterPlotItem(size=16, brush=None)  # its pen follows the theme
         pi.addItem(self.selected_marker)
 
+        self.layer_outliers: tuple[LayerOutliers, ...] = ()
+        self.act_plot = pg.PlotWidget(self)
+        ap = self.act_plot.getPlotItem()
+        ap.setLabel("bottom", "layer")
+        ap.setLabel("left", "outlier features")
+        ap.showGrid(x=False, y=True, alpha=0.3)
+        self.act_bars = pg.BarGraphItem(x=[], height=[], width=0.8)
+        ap.addItem(self.act_bars)
+        self.act_label = QLabel("", self)
+        self.act_label.setWordWrap(True)
+        for w in (self.rule_combo, self.rule_spin):
+            sig = w.currentIndexChanged if w is self.rule_combo else w.valueChanged
+            sig.connect(lambda *_: self._draw_activation_outliers(self.state.activation_stats))
+
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(self.status)
-        lay.addWidget(self.plot, 1)
+        lay.addWidget(self.plot, 3)
+        lay.addWidget(self.act_plot, 1)
+        lay.addWidget(self.act_label)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -194,10 +216,51 @@ class OverviewPanel(JobPanel, QWidget):
         else:
             self.selected_marker.setData([])
 
+    def feature_rule(self) -> FeatureRule:
+        """The outlier rule of the controls, for activation features (|x| ≥ t or k × median)."""
+        rule = rule_from_widgets(self.rule_combo, self.rule_spin)
+        if rule.kind is OutlierKind.ABS:
+            return FeatureRule(FeatureRuleKind.ABS, rule.value)
+        return FeatureRule.k_median(rule.value)
+
+    @Slot(object)
+    def _draw_activation_outliers(self, stats: Any) -> None:
+        """Bars of outlier features per layer of the last calibration run (hidden without one)."""
+        has = stats is not None
+        self.act_plot.setVisible(has)
+        self.act_label.setVisible(has)
+        if not has:
+            self.layer_outliers = ()
+            self.act_bars.setOpts(x=[], height=[])
+            return
+        rule = self.feature_rule()
+        self.layer_outliers = layer_outlier_counts(stats, rule)
+        x = np.array([lo.layer for lo in self.layer_outliers], dtype=np.float64)
+        h = np.array([lo.n_features for lo in self.layer_outliers], dtype=np.float64)
+        self.act_bars.setOpts(x=x, height=h, width=0.8)
+        self.act_plot.getPlotItem().setTitle(
+            f"Activation outlier features per layer ({rule.label()}), {stats.n_tokens:,} calibration tokens"
+        )
+        worst = sorted(self.layer_outliers, key=lambda lo: (-lo.n_features, lo.layer))[:3]
+        parts = [
+            f"layer {lo.layer}: {lo.n_features} (channels {', '.join(map(str, lo.channels[:6]))}"
+            f"{'…' if len(lo.channels) > 6 else ''}; max |x| {lo.max_absmax:.4g})"
+            for lo in worst
+            if lo.n_features
+        ]
+        total = int(h.sum())
+        self.act_label.setText(
+            f"{total} outlier features over {len(self.layer_outliers)} layers"
+            + (": " + "; ".join(parts) if parts else ".")
+        )
+
     def update_controls(self) -> None:
         self.run_button.setEnabled(self.state.checkpoint is not None and not self.running)
 
     @Slot(bool)
     def _apply_theme(self, dark: bool) -> None:
         style_plot(self.plot, dark)
-        self.selected_marker.setPen(pg.mkPen(plot_colors(dark)["outlier"], width=2))
+        style_plot(self.act_plot, dark)
+        c = plot_colors(dark)
+        self.selected_marker.setPen(pg.mkPen(c["outlier"], width=2))
+        self.act_bars.setOpts(brush=pg.mkBrush(c["second"]), pen=pg.mkPen(c["fg"]))

@@ -70,6 +70,10 @@ _ROLE_ORDER = (
     Role.FFN_UP,
     Role.FFN_GATE_UP,
     Role.FFN_DOWN,
+    Role.FFN_GATE_EXPS,
+    Role.FFN_UP_EXPS,
+    Role.FFN_GATE_UP_EXPS,
+    Role.FFN_DOWN_EXPS,
     Role.OUTPUT,
     Role.POS_EMBD,
     Role.TYPE_EMBD,
@@ -115,11 +119,16 @@ class PlanTableModel(QAbstractTableModel):
         ]
         layers = sorted({tm.layer for tm in editable if tm.layer is not None})
         self.rows = ([None] if any(tm.layer is None for tm in editable) else []) + layers
-        present = {roles_by_name.get(tm.hf_name, Role.UNKNOWN) for tm in editable}
-        self.roles = [r for r in _ROLE_ORDER if r in present]
+        # a merged tensor (llama.cpp's 3-D experts) has no checkpoint name: its layout knows its role
+        role_of = {
+            tm.hf_name: roles_by_name.get(tm.hf_name) or getattr(tm, "role", None) or Role.UNKNOWN
+            for tm in editable
+        }
+        present = set(role_of.values())
+        self.roles = [r for r in _ROLE_ORDER if r in present] + sorted(present - set(_ROLE_ORDER))
         self.cells = {}
         for tm in editable:
-            key = (self.rows.index(tm.layer), self.roles.index(roles_by_name.get(tm.hf_name, Role.UNKNOWN)))
+            key = (self.rows.index(tm.layer), self.roles.index(role_of[tm.hf_name]))
             self.cells.setdefault(key, []).append(tm.hf_name)
         self.endResetModel()
 

@@ -1,6 +1,9 @@
 """Quantization preview of the selected tensor: SNR, cosine, error histogram, overlaid histograms, worst channels.
 
 The numbers come from ``studio.core.preview.preview_tensor`` run in a job; this widget shows them.
+With an importance matrix in the state (computed on the Calibrate page or loaded there), "with
+imatrix" quantizes as llama-quantize does with it, and the activation-weighted MSE shows what the
+layer's output loses.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFormLayout,
     QHBoxLayout,
@@ -24,7 +28,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.preview import PreviewResult, block_schemes, generic_schemes, preview_tensor
+from studio.core.errors import StudioError
+from studio.core.preview import PreviewResult, block_schemes, generic_schemes, imatrix_entry, preview_tensor
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, choose, page_layout
@@ -55,9 +60,10 @@ class PreviewPanel(JobPanel, QWidget):
         super().__init__(parent)
         self.init_task(state, jobs, "quantize")
         self.result: PreviewResult | None = None
-        self._key: tuple[str, str] | None = None  # (tensor, qtype) of the newest preview
+        self._key: tuple[str, str, bool] | None = None  # (tensor, qtype, with imatrix) of the newest preview
         self._build(DEFAULT_QTYPE)
         state.tensorSelected.connect(self._on_tensor_selected)
+        state.imatrixChanged.connect(lambda _im: self.update_controls())
         state.modelOpened.connect(lambda _c: self.clear())
         state.modelClosed.connect(self.clear)
         follow_theme(state, self._apply_theme)
@@ -71,6 +77,11 @@ class PreviewPanel(JobPanel, QWidget):
         for q in generic_schemes():
             self.qtype_combo.addItem(q)
         choose(self.qtype_combo, default_qtype, by_text=True)
+        self.imatrix_check = QCheckBox("with imatrix", self)
+        self.imatrix_check.setChecked(True)
+        self.imatrix_check.setToolTip(
+            "Quantize with the importance matrix (Calibrate page) as llama-quantize does; Q8_0 ignores it"
+        )
         self.run_button = QPushButton("Preview", self)
         self.run_button.setToolTip("Quantize the selected tensor to this type and measure the error")
         self.run_button.clicked.connect(self.start)
@@ -79,6 +90,7 @@ class PreviewPanel(JobPanel, QWidget):
         top.addWidget(self.tensor_label, 1)
         top.addWidget(QLabel("Type:", self))
         top.addWidget(self.qtype_combo)
+        top.addWidget(self.imatrix_check)
         top.addWidget(self.run_button)
 
         self.status = QLabel("", self)
@@ -88,6 +100,10 @@ class PreviewPanel(JobPanel, QWidget):
         self.mse_label = QLabel("–", self)
         self.maxerr_label = QLabel("–", self)
         self.bpw_label = QLabel("–", self)
+        self.wmse_label = QLabel("–", self)
+        self.wmse_label.setToolTip(
+            "Each column's squared error weighted by its mean x² in the calibration run"
+        )
         self.applied_label = QLabel("–", self)
         self.applied_label.setWordWrap(True)
         form = QFormLayout()
@@ -95,6 +111,7 @@ class PreviewPanel(JobPanel, QWidget):
         form.addRow("cosine similarity", self.cosine_label)
         form.addRow("MSE", self.mse_label)
         form.addRow("max |error|", self.maxerr_label)
+        form.addRow("activation-weighted MSE", self.wmse_label)
         form.addRow("bits per weight", self.bpw_label)
         form.addRow("type used", self.applied_label)
 
@@ -141,6 +158,17 @@ class PreviewPanel(JobPanel, QWidget):
         if not choose(self.qtype_combo, qtype, by_text=True):
             raise ValueError(f"qtype {qtype!r} is not offered")
 
+    def imatrix_for(self, name: str) -> Any:
+        """The state's importance matrix if it has an entry for ``name`` (and "with imatrix" is on), else None."""
+        im, info = self.state.imatrix, self.state.info
+        if im is None or info is None or not name or not self.imatrix_check.isChecked():
+            return None
+        try:
+            imatrix_entry(im, info, name)
+        except StudioError:
+            return None
+        return im
+
     @Slot()
     def start(self) -> None:
         """Preview the chosen qtype on the selected tensor (ignored while the same preview runs)."""
@@ -149,18 +177,20 @@ class PreviewPanel(JobPanel, QWidget):
         name = self.state.selected_tensor
         if ckpt is None or not name:
             return
-        key = (name, self.qtype)
+        imatrix = self.imatrix_for(name)
+        key = (name, self.qtype, imatrix is not None)
         if self.running and self._key == key:
             # Repeated clicks start one job (test_preview.py::test_five_rapid_clicks_start_one_job).
             return
         self._key = key
         qtype = key[1]
-        self.status.setText(f"Quantizing {name} to {qtype}…")
+        with_im = " with the imatrix" if imatrix is not None else ""
+        self.status.setText(f"Quantizing {name} to {qtype}{with_im}…")
 
         def work(ctx: Any) -> PreviewResult:
-            return preview_tensor(ckpt, name, qtype, ctx=ctx)
+            return preview_tensor(ckpt, name, qtype, imatrix=imatrix, ctx=ctx)
 
-        self.task.start(f"Preview {qtype} on {name}", work)
+        self.task.start(f"Preview {qtype}{with_im} on {name}", work)
         self.update_controls()
 
     @Slot()
@@ -172,7 +202,14 @@ class PreviewPanel(JobPanel, QWidget):
         self.result = None
         for item in (self.err_item, self.orig_item, self.deq_item):
             item.setData([0.0, 1.0], [0.0], stepMode="center")
-        for lab in (self.snr_label, self.cosine_label, self.mse_label, self.maxerr_label, self.bpw_label):
+        for lab in (
+            self.snr_label,
+            self.cosine_label,
+            self.mse_label,
+            self.maxerr_label,
+            self.bpw_label,
+            self.wmse_label,
+        ):
             lab.setText("–")
         self.applied_label.setText("–")
         self.worst_table.setRowCount(0)
@@ -188,6 +225,7 @@ class PreviewPanel(JobPanel, QWidget):
         self.cosine_label.setText(f"{m.cosine:.6f}")
         self.mse_label.setText(f"{m.mse:.4g}")
         self.maxerr_label.setText(f"{m.max_abs_error:.4g}")
+        self.wmse_label.setText("–" if r.weighted_mse is None else f"{r.weighted_mse:.4g}")
         self.bpw_label.setText(f"{r.bits_per_weight:.4g}" if math.isfinite(r.bits_per_weight) else "–")
         applied = r.applied if r.fallback_reason is None else f"{r.applied} (fallback: {r.fallback_reason})"
         self.applied_label.setText(applied)
@@ -198,7 +236,7 @@ class PreviewPanel(JobPanel, QWidget):
         for i, ch in enumerate(r.worst_channels):
             for j, v in enumerate((str(ch.index), f"{ch.mse:.4g}", f"{ch.snr_db:.2f}", f"{ch.absmax:.4g}")):
                 self.worst_table.setItem(i, j, QTableWidgetItem(v))
-        self.status.setText(f"{r.name}: {r.scheme}")
+        self.status.setText(f"{r.name}: {r.scheme}" + (" with the imatrix" if r.imatrix_used else ""))
         self.previewShown.emit(r)
 
     # -- slots ------------------------------------------------------------------------------------
@@ -215,6 +253,9 @@ class PreviewPanel(JobPanel, QWidget):
     def update_controls(self) -> None:
         ok = self.state.checkpoint is not None and bool(self.state.selected_tensor)
         self.run_button.setEnabled(ok and not self.running)
+        has = self.state.imatrix is not None
+        self.imatrix_check.setEnabled(has and not self.running)
+        self.imatrix_check.setText("with imatrix" if has else "with imatrix (none: Calibrate page)")
 
     @Slot(bool)
     def _apply_theme(self, dark: bool) -> None:

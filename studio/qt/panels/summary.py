@@ -323,9 +323,14 @@ class SummaryPanel(QWidget):
             header.setText(f"Memory @ {self._state.context_length:,} ctx")
         table.resizeColumnsToContents()
         _fit_height(table)
-        self.estimate_note.setText(
-            "Memory = weights + KV cache for the context length + run-time overhead." if estimates else ""
-        )
+        note = "Memory = weights + KV cache for the context length + run-time overhead." if estimates else ""
+        moe = estimates[0] if estimates and getattr(estimates[0], "n_experts", 0) else None
+        if moe is not None:  # mixture of experts: every expert is stored, a few run per token
+            note += (
+                f" Mixture of experts: {moe.n_experts} per layer, {moe.n_experts_used} used per token; "
+                f"{human_count(moe.n_active_params)} of {human_count(moe.n_params)} weights active per token."
+            )
+        self.estimate_note.setText(note)
 
     # -- helpers ----------------------------------------------------------------------------------
 

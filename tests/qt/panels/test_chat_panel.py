@@ -196,3 +196,21 @@ def test_truncation_keeps_the_end_of_a_long_prompt(qtbot, make_panel, f32_gguf):
         ref.close()
     assert [t.token_id for t in panel.columns[0].tokens] == list(want.token_ids)
     assert len(want.tokens) > 0 and out.result.stop_reason is want.stop_reason
+
+
+def test_the_kv_cache_choice_reloads_the_gguf_columns(make_panel, monkeypatch):
+    import studio.core.chat.session as session_mod
+    from studio.qt.panels import chat_panel
+
+    panel = make_panel()
+    closed = []
+    for key in ("/m/a.gguf", "/m/folder"):
+        panel._backends[key] = SimpleNamespace(close=lambda key=key: closed.append(key))
+    assert panel.kv_type is None and panel.kv_combo.isEnabled()
+    panel.kv_combo.setCurrentIndex(panel.kv_combo.findData("q4_0"))
+    assert panel.kv_type == "q4_0"
+    assert closed == ["/m/a.gguf"] and list(panel._backends) == ["/m/folder"]
+    seen = []
+    monkeypatch.setattr(session_mod, "open_backend", lambda path, **kw: seen.append(kw) or "backend")
+    factory = chat_panel._default_factory(256, lambda: panel.kv_type)
+    assert factory("/m/a.gguf") == "backend" and seen[-1]["kv_type"] == "q4_0"

@@ -81,3 +81,72 @@ def test_text_source_choice(panel, tmp_path):
     f.write_text("hello", encoding="utf-8")
     panel.set_text_file(f)
     assert panel.text_source() == str(f) and "mine.txt" in panel.text_combo.currentText()
+
+
+def _variant(label, ppl, kld, bpw, kv="f32"):
+    from studio.core.evaluate import VariantScore
+
+    return VariantScore(
+        label, label, ppl, 0.1, kld, kld, kld * 3, kld * 5, 90.0, 10**6, bpw, 100, None, kv, 4096
+    )
+
+
+def _report(variants, original_ppl=6.0):
+    from studio.core.evaluate import EvalReport, ModelScore
+
+    o = ModelScore("orig", "orig", "transformers", original_ppl, 0.1, 100, 4 * 10**6, 32.0)
+    return EvalReport(o, tuple(variants), "sample", 64, 2, 128, 1.0)
+
+
+def test_each_variant_has_a_verdict_badge_and_the_hierarchy_is_measured(panel):
+    from studio.qt.panels.eval_panel import VERDICT_COLUMN
+    from studio.qt.theme import quality_colour
+
+    report = _report(
+        [
+            _variant("m-Q8_0.gguf [KV f16]", 6.1, 0.001, 8.5, "f16"),
+            _variant("m-Q8_0.gguf [KV q4_0]", 6.9, 0.03, 8.5, "q4_0"),
+            _variant("m-Q4_K_M.gguf [KV f16]", 7.5, 0.01, 4.9, "f16"),
+            _variant("m-Q2_K.gguf [KV f16]", 9.0, 0.2, 3.0, "f16"),
+        ]
+    )
+    panel.show_report(report)
+    badges = [panel.table.item(r, VERDICT_COLUMN) for r in range(1, 5)]
+    assert [b.text() for b in badges] == ["excellent", "good", "acceptable", "something went wrong"]
+    assert badges[0].background().color() == quality_colour("excellent")
+    assert badges[3].background().color() == quality_colour("something went wrong")
+    assert "ΔPPL +0.1" in badges[0].toolTip()
+    assert panel.table.item(0, VERDICT_COLUMN).text() == ""  # the original has no verdict
+    assert panel.table.item(2, VERDICT_COLUMN - 1).text().startswith("Q4_0")
+    text = panel.hierarchy_label.text()
+    assert (
+        "weights at 4 bits (m-Q4_K_M.gguf [KV f16]" in text
+        and "KV cache at 4 bits (m-Q8_0.gguf [KV q4_0])" in text
+    )
+    assert "3.0× as sensitive" in text
+    panel.show_report(_report([_variant("m-Q4_K_M.gguf", 6.2, 0.01, 4.9)]))
+    assert panel.hierarchy_label.text() == ""  # nothing to compare: no line
+
+
+def test_the_kv_cache_choice_reaches_the_evaluation(qtbot, panel, monkeypatch, tmp_path):
+    import studio.core.evaluate as evaluate_mod
+
+    calls = []
+
+    def fake(original, variants, **kw):
+        calls.append(kw)
+        return _report([_variant(f"v [KV {t}]", 6.1, 0.001, 8.5, t) for t in kw["kv_types"]])
+
+    monkeypatch.setattr(evaluate_mod, "evaluate", fake)
+    panel.set_original(tmp_path)
+    panel.add_variant(tmp_path / "v.gguf")
+    assert panel.kv_combo.currentText() == "F32 (exact)"
+    panel.kv_combo.setCurrentIndex(panel.kv_combo.findText("Compare F16, Q8_0 and Q4_0"))
+    with qtbot.waitSignal(panel.reportShown, timeout=30_000):
+        assert panel.start()
+    assert calls[-1]["kv_types"] == ("f16", "q8_0", "q4_0")
+    assert panel.table.rowCount() == 4
+    panel.kv_combo.setCurrentIndex(panel.kv_combo.findText("F32 (exact)"))
+    with qtbot.waitSignal(panel.reportShown, timeout=30_000):
+        assert panel.start()
+    assert calls[-1]["kv_types"] == ()

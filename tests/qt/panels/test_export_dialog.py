@@ -297,3 +297,46 @@ def test_a_quantized_gguf_opens_for_export_with_its_warning_and_is_requantized_a
     v = outcome.verification  # both files run in llama.cpp: the original is a GGUF
     assert outcome.verify_error == "" and v is not None and 0.5 <= v.top1_agreement <= 1.0
     assert _leftovers(folder) == ["requantized.gguf", "tiny-Q8_0.gguf"]  # no partial files left
+
+
+def test_the_calibrate_pages_imatrix_is_what_the_export_quantizes_with(
+    qtbot, make_window, llama_model, tmp_path
+):
+    from gguf import GGUFReader
+
+    from studio.core.export import export_gguf
+    from studio.core.factory import sample_text
+
+    win = make_window()
+    _open(qtbot, win, llama_model)
+    text = tmp_path / "calib.txt"
+    text.write_text(sample_text() * 2, encoding="utf-8")
+    cal = win.panel("calibrate")
+    cal.set_text("text", text)
+    cal.set_run(ctx=64, chunks=2, device="cpu")
+    with qtbot.waitSignal(cal.calibrated, timeout=120_000):
+        cal.run_button.click()
+    im = win.state.imatrix
+    assert im is not None
+    dlg = win.show_export_dialog()
+    assert dlg.imatrix_check.isEnabled() and dlg.imatrix is im
+    files = {}
+    for with_im in (True, False):
+        dlg.imatrix_check.setChecked(with_im)
+        dlg.verify_check.setChecked(False)
+        dlg.set_plan_choice("Q4_K_M")
+        files[with_im] = out = tmp_path / f"with-{with_im}.gguf"
+        dlg.set_output_path(out)
+        with qtbot.waitSignal(dlg.exportFinished, timeout=EXPORT_TIMEOUT_MS):
+            assert dlg.start() is not None
+    ref = export_gguf(llama_model, tmp_path / "core.gguf", "Q4_K_M", imatrix=im).path
+
+    def tensors(p: Path) -> dict[str, bytes]:
+        return {t.name: bytes(t.data.tobytes()) for t in GGUFReader(str(p)).tensors}
+
+    def keys(p: Path) -> set[str]:
+        return {k for k in GGUFReader(str(p)).fields if k.startswith("quantize.imatrix.")}
+
+    assert tensors(files[True]) == tensors(ref)  # the window's export is the core's with that imatrix
+    assert tensors(files[False])["blk.0.ffn_down.weight"] != tensors(ref)["blk.0.ffn_down.weight"]
+    assert "quantize.imatrix.chunks_count" in keys(files[True]) and not keys(files[False])

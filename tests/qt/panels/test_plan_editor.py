@@ -25,15 +25,8 @@ from studio.qt.state import StudioState
 
 
 @pytest.fixture
-def editor(qtbot, tiny_models):
-    state = StudioState()
-    ckpt = open_model(tiny_models("llama"))
-    panel = PlanEditorPanel(state, JobManager())
-    qtbot.addWidget(panel)
-    panel.show()
-    state.set_checkpoint(ckpt)
-    yield state, panel, ckpt
-    ckpt.close()
+def editor(open_plan_editor):
+    return open_plan_editor("llama")
 
 
 def _cell_of(panel, suffix: str) -> tuple[int, int, str]:

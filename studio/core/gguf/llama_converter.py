@@ -1,0 +1,716 @@
+"""llama.cpp's converter as the architecture layer for every model our own mapping does not cover.
+
+The converter's model class (its ``conversion/`` package, loaded from the bundle of
+``studio.core.gguf.converter_bundle``) maps names, reshapes, merges experts, writes the architecture
+metadata and the vocabulary. Its normal last step writes everything through gguf-py's GGUFWriter;
+the seam used here is just before that: after ``prepare_tensors`` (lazy: no tensor data read yet)
+and ``prepare_metadata`` (hyper-parameters, tokenizer, general.*), the writer holds the key/value
+list and one lazy tensor per GGUF tensor. Those are taken as they are and fed through the studio's
+plan, quantizers and atomic writer in one pass: each tensor is evaluated only when it is written
+(a merged expert tensor one expert at a time), so no F16 or F32 intermediate file exists.
+
+What the studio changes, and why (each is also a documented exception of the conformance tests):
+- ``general.file_type`` is the plan's, and ``quant_studio.version``/``quant_studio.plan`` are added;
+- tensor types follow the plan (the converter's own types are what an F32 plan gives);
+- a BPE tokenizer whose fingerprint the converter does not know (its ``get_vocab_base_pre`` raises)
+  gets the pre-tokenizer that its ``tokenizer.json`` regex names, as the studio's own exporter does;
+  the converter alone would refuse such a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.errors import ExportError
+from studio.core.jobs import JobContext, null_context
+from studio.core.model.types import ModelInfo, Role
+
+CHUNK_BYTES = 16 << 20  # float32 bytes per block of rows handed to the quantizers
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+# GGUF tensor name → role (llama.cpp's naming; expert tensors are the merged 3-D ones).
+_GGUF_ROLES: tuple[tuple[re.Pattern[str], Role], ...] = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (r"^(?:per_layer_)?token_embd\.", Role.TOKEN_EMBD),
+        (r"^(?:position_embd|pos_embd)\.", Role.POS_EMBD),
+        (r"^token_types\.", Role.TYPE_EMBD),
+        (r"norm(?:_\w+)?\.(?:weight|bias)$", Role.NORM),
+        (r"^output\.", Role.OUTPUT),
+        (r"\.ffn_gate_inp(?:_shexp)?\.", Role.FFN_ROUTER),
+        (r"\.ffn_gate_up_exps\.", Role.FFN_GATE_UP_EXPS),
+        (r"\.ffn_gate_exps\.", Role.FFN_GATE_EXPS),
+        (r"\.ffn_up_exps\.", Role.FFN_UP_EXPS),
+        (r"\.ffn_down_exps\.", Role.FFN_DOWN_EXPS),
+        (r"\.attn_qkv\.", Role.ATTN_QKV),
+        (r"\.attn_q\.", Role.ATTN_Q),
+        (r"\.attn_k\.", Role.ATTN_K),
+        (r"\.attn_v\.", Role.ATTN_V),
+        (r"\.attn_output\.", Role.ATTN_OUT),
+        (r"\.ffn_gate_up(?:_shexp)?\.", Role.FFN_GATE_UP),
+        (r"\.ffn_gate(?:_shexp)?\.", Role.FFN_GATE),
+        (r"\.ffn_up(?:_shexp)?\.", Role.FFN_UP),
+        (r"\.ffn_down(?:_shexp)?\.", Role.FFN_DOWN),
+    )
+)
+
+
+def gguf_role(gguf_name: str) -> Role:
+    """The role of a GGUF tensor name as llama.cpp writes it (``OTHER`` when none fits)."""
+    return next((r for p, r in _GGUF_ROLES if p.search(gguf_name)), Role.OTHER)
+
+
+def gguf_layer(gguf_name: str) -> int | None:
+    """The block number of a GGUF tensor name (``blk.3.attn_q.weight`` → 3)."""
+    m = _LAYER.match(gguf_name)
+    return int(m.group(1)) if m else None
+
+
+# ----------------------------------------------------------------------------------- knowledge
+
+
+def hf_architecture(info: ModelInfo) -> str:
+    """The HF architecture class name the converter dispatches on (config ``architectures[0]``)."""
+    archs = info.config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    return info.architecture
+
+
+def converter_knows(info: ModelInfo) -> bool:
+    """Whether llama.cpp's converter (when installed) has a text model class for this checkpoint."""
+    from studio.core.gguf.converter_bundle import known_architectures
+
+    return hf_architecture(info) in known_architectures()
+
+
+@functools.lru_cache(maxsize=2)
+def _role_table(root: str) -> dict[str, Role]:
+    from studio.core.gguf.converter_bundle import load_bundle_gguf
+
+    g = load_bundle_gguf()
+    tnm = g.TensorNameMap
+    table: dict[str, Role] = {}
+    cfgs = [tnm.mappings_cfg, tnm.block_mappings_cfg, *tnm.arch_block_mappings_cfg.values()]
+    for cfg in cfgs:
+        for tensor, keys in cfg.items():
+            gname = g.TENSOR_NAMES.get(tensor)
+            if gname is None:
+                continue
+            role = gguf_role(gname.format(bid=0, xid=0) + ".weight")
+            for key in keys:
+                k = key.format(bid=0, xid=0) if "{" in key else key
+                # the first mapping wins, as in a TensorNameMap built for one architecture
+                table.setdefault(_DIGITS.sub(".0.", k), role)
+    return table
+
+
+_DIGITS = re.compile(r"\.\d+\.")
+
+
+def converter_adapter(hf_arch: str) -> Any:
+    """An adapter whose roles come from llama.cpp's converter's tensor map, for an architecture only
+    the converter knows; None when it does not know ``hf_arch`` (or is not installed)."""
+    from studio.core.gguf.converter_bundle import bundle_dir
+
+    return _converter_adapter(hf_arch, str(bundle_dir()))
+
+
+@functools.lru_cache(maxsize=64)  # asked once per tensor by some callers; the bundle does not change
+def _converter_adapter(hf_arch: str, where: str) -> Any:
+    from studio.core.gguf.converter_bundle import find_bundle, known_architectures
+    from studio.core.model.adapters import MappedAdapter
+
+    if hf_arch not in known_architectures():
+        return None
+    b, _ = find_bundle()
+    assert b is not None
+    return MappedAdapter("llama.cpp converter", (), table=_role_table(str(b.path)))
+
+
+def unknown_architecture_error(info: ModelInfo) -> ExportError:
+    """The one sentence for an architecture neither the studio nor the converter converts."""
+    from studio.core.gguf.converter_bundle import converter_available, load_converter
+
+    arch = hf_architecture(info)
+    ok, why = converter_available()
+    if ok:
+        return ExportError(
+            f"Neither Quant Studio nor {load_converter().bundle.label} can convert the architecture "
+            f"{arch} (model type {info.model_type!r}) of {info.path} to GGUF."
+        )
+    why = (why or "llama.cpp's converter is not available.").rstrip(".")
+    return ExportError(
+        f"Quant Studio does not convert the architecture {arch} (model type {info.model_type!r}) of "
+        f"{info.path} to GGUF itself, and {why[0].lower() + why[1:]}."
+    )
+
+
+# ---------------------------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True)
+class ConvertedTensor:
+    """One GGUF tensor as llama.cpp's converter produces it."""
+
+    name: str
+    shape: tuple[int, ...]  # numpy shape (ggml ne reversed)
+    dtype: str  # GGML type name the converter gives it in an F32 conversion ("F32" for all we write)
+    sources: tuple[str, ...]  # checkpoint tensors it is computed from, in order (experts: by index)
+
+
+@dataclass
+class ConverterRun:
+    """llama.cpp's converter model class instantiated (lazily) for one checkpoint folder."""
+
+    info: ModelInfo
+    model: Any
+    conv: Any
+    tensors: dict[str, ConvertedTensor]
+    warnings: list[str] = field(default_factory=list)  # what the converter logged
+    notes: list[str] = field(default_factory=list)  # what the studio changed (tokenizer fallback)
+
+    # -- metadata
+    def key_values(self) -> list[tuple[str, Any, int, int | None]]:
+        """(key, value, GGUFValueType number, sub type number) in the converter's order."""
+        out = []
+        for key, v in self.model.gguf_writer.kv_data[0].items():
+            sub = int(v.sub_type) if v.sub_type is not None else None
+            out.append((key, v.value, int(v.type), sub))
+        return out
+
+    def arch_params(self) -> dict[str, Any]:
+        """The ``{arch}.*`` hyper-parameters the converter writes, keys without the prefix."""
+        arch = self.gguf_arch
+        out = {}
+        for key, v in self.model.gguf_writer.kv_data[0].items():
+            if key.startswith(arch + "."):
+                out[key[len(arch) + 1 :]] = v.value
+        return out
+
+    @property
+    def gguf_arch(self) -> str:
+        """The GGUF architecture name (``general.architecture``)."""
+        return str(self.conv.gguf.MODEL_ARCH_NAMES[self.model.model_arch])
+
+    # -- tensor data
+    def rows(self, name: str, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
+        """The float32 values of tensor ``name`` as consecutive 2-D blocks of rows (never crossing
+        an expert boundary), computed as the converter computes them; the tensor's lazy graph is
+        released afterwards."""
+        ti = self.model.gguf_writer.tensors[0].pop(name)
+        data = ti.tensor
+        chunked = getattr(self.conv.gguf, "LazyChunkedTensor", None)
+        if chunked is not None and isinstance(data, chunked):
+            # the converter already splits this one into row chunks (a shard at a time)
+            n = ti.shape[-1] if ti.shape else 1
+            for load in data._chunks:
+                block = _as_f32(load()).reshape(-1, n)
+                step = max(1, chunk_bytes // (4 * n))
+                for a in range(0, block.shape[0], step):
+                    yield block[a : a + step]
+            return
+        yield from _stream(self.conv.gguf.LazyBase, data, tuple(ti.shape), chunk_bytes)
+
+
+def _tag_sources(model: Any, info: ModelInfo) -> None:
+    """Make every lazy checkpoint tensor remember its checkpoint name (to trace GGUF sources)."""
+    names = {t.name for t in info.tensors}
+    back: dict[str, str] = {}
+    for n in names:
+        item = type(model).filter_tensors((n, lambda: None))
+        if item is not None:
+            back[item[0]] = n
+
+    def tagged(src: str, gen: Callable[[], Any]) -> Callable[[], Any]:
+        def make() -> Any:
+            t = gen()
+            with contextlib.suppress(AttributeError, TypeError):
+                t._qs_source = src
+            return t
+
+        return make
+
+    model.model_tensors = {k: tagged(back.get(k, k), g) for k, g in model.model_tensors.items()}
+
+
+def _sources(lazy_base: type, node: Any) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    stack = [node]
+    visited: set[int] = set()
+    order: list[str] = []
+    # depth-first, left to right: a stack of experts lists its sources by expert index
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list | tuple):
+            stack.extend(reversed(x))
+            continue
+        if not isinstance(x, lazy_base) or id(x) in visited:
+            continue
+        visited.add(id(x))
+        src = getattr(x, "_qs_source", None)
+        if isinstance(src, str):
+            if src not in seen:
+                seen[src] = None
+                order.append(src)
+            continue
+        stack.extend(reversed(list(x._args)))
+    return tuple(order)
+
+
+@contextlib.contextmanager
+def _collect_warnings(sink: list[str]) -> Iterator[None]:
+    class _H(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage().strip()
+            # the unknown-tokenizer banner is handled (see _pre_fallback); keep real warnings
+            # the converter overwrites some keys on purpose ("Duplicated key name ...")
+            if msg.startswith("Duplicated key name"):
+                return
+            if msg and not msg.startswith("*") and record.levelno >= logging.WARNING:
+                sink.append(msg)
+
+    from studio.core.gguf.converter_bundle import GGUF_MODULE
+
+    h = _H(logging.WARNING)
+    logs = [logging.getLogger("hf-to-gguf"), logging.getLogger(GGUF_MODULE)]
+    saved = [(lg.level, lg.propagate) for lg in logs]
+    for lg in logs:
+        lg.addHandler(h)
+        lg.setLevel(logging.WARNING)
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, (level, prop) in zip(logs, saved, strict=True):
+            lg.removeHandler(h)
+            lg.setLevel(level)
+            lg.propagate = prop
+
+
+def _pre_fallback(model: Any, folder: Path, notes: list[str]) -> None:
+    """When the converter does not know a BPE tokenizer's fingerprint, name its pre-tokenizer from
+    tokenizer.json as the studio's exporter does (see the module docstring)."""
+    original = model.get_vocab_base_pre
+
+    def pre(tokenizer: Any) -> str:
+        try:
+            return str(original(tokenizer))
+        except NotImplementedError:
+            import json
+
+            from studio.core.gguf.vocab import pre_tokenizer_name
+
+            tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+            if ((tj.get("model") or {}).get("type")) == "WordPiece":
+                name = "default"
+            else:
+                name = pre_tokenizer_name(tj)
+            notes.append(
+                f"llama.cpp's converter does not know this BPE tokenizer's fingerprint; its tokenizer.json "
+                f"names the pre-tokenizer {name!r}, which was written."
+            )
+            return name
+
+    model.get_vocab_base_pre = pre
+
+
+def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
+    """The converter reads the folder itself: only safetensors weights (a pickle would be unpickled
+    in this process, not in the studio's memory-limited child), and no custom code, which some of its
+    tokenizer paths load with ``trust_remote_code=True``."""
+    import json
+
+    from studio.core.errors import RemoteCodeError
+    from studio.core.model.types import CheckpointFormat
+
+    if info.format is not CheckpointFormat.SAFETENSORS:
+        raise ExportError(
+            f"{info.path.name} is a {info.format.value} checkpoint; llama.cpp's converter path exports "
+            "safetensors weights only, so save the model as safetensors first."
+        )
+    for name in ("config.json", "tokenizer_config.json"):
+        p = folder / name
+        try:
+            data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+        except (OSError, ValueError):
+            data = {}
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise RemoteCodeError(
+                f"{folder.name}/{name} asks for custom Python code (auto_map), which llama.cpp's converter "
+                "would run; Quant Studio does not run code from model repositories."
+            )
+
+
+def start_run(info: ModelInfo, *, out_path: Path | None = None, metadata: bool = False) -> ConverterRun:
+    """Instantiate the converter for ``info`` and run its tensor preparation (lazy, no data read);
+    with ``metadata`` also its hyper-parameters, general.* keys and vocabulary."""
+    import torch
+
+    from studio.core.gguf.converter_bundle import converter_available, load_converter
+
+    if not converter_available()[0]:
+        raise unknown_architecture_error(info)
+    conv = load_converter()
+    arch = hf_architecture(info)
+    cls = conv.model_class(arch)
+    if cls is None:
+        raise unknown_architecture_error(info)
+    folder = info.path if info.path.is_dir() else info.path.parent
+    _check_safe_for_converter(info, folder)
+    warnings: list[str] = []
+    notes: list[str] = []
+    with _collect_warnings(warnings), torch.inference_mode():
+        try:
+            model = cls(
+                folder,
+                conv.gguf.LlamaFileType.ALL_F32,
+                Path(out_path) if out_path is not None else folder / "converted.gguf",
+                eager=False,
+            )
+            _tag_sources(model, info)
+            _pre_fallback(model, folder, notes)
+            model.prepare_tensors()
+            if metadata:
+                model.prepare_metadata(vocab_only=False)
+            else:
+                with contextlib.suppress(Exception):  # hyper-parameters only inform estimates here
+                    model.set_gguf_parameters()
+        except ExportError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the converter raises anything; one sentence out
+            raise ExportError(
+                f"{conv.bundle.label} could not convert {info.path.name} ({arch}): "
+                f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else 'no detail'}."
+            ) from err
+    tensors: dict[str, ConvertedTensor] = {}
+    gq = conv.gguf.GGMLQuantizationType
+    for name, ti in model.gguf_writer.tensors[0].items():
+        dtype = gq(ti.dtype).name if not isinstance(ti.dtype, str) else ti.dtype
+        tensors[name] = ConvertedTensor(
+            name, tuple(int(s) for s in ti.shape), dtype, _sources(conv.gguf.LazyBase, ti.tensor)
+        )
+    return ConverterRun(info, model, conv, tensors, warnings, notes)
+
+
+# ------------------------------------------------------------------------------ streaming values
+
+
+def _eager(lazy_base: type, x: Any) -> Any:
+    """Evaluate a lazy node without caching results in the graph (a cached graph would keep every
+    intermediate of a tensor alive until the whole tensor is written)."""
+    if isinstance(x, list):
+        return [_eager(lazy_base, v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_eager(lazy_base, v) for v in x)
+    if not isinstance(x, lazy_base):
+        return x
+    if x._data is not None:
+        return x._data
+    return x._func(*_eager(lazy_base, x._args), **x._kwargs)
+
+
+def _as_f32(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        import torch
+
+        if x.dtype != torch.float32:
+            x = x.to(torch.float32)
+        x = x.numpy()
+    return np.asarray(x, dtype=np.float32)
+
+
+_NUMPY_WRAPS = ("LazyTorchTensor.numpy.<locals>.<lambda>", "LazyNumpyTensor.astype.<locals>.<lambda>")
+
+
+def _stacked_parts(lazy_base: type, node: Any) -> list[Any] | None:
+    """The parts of ``torch.stack(parts, dim=0)`` under dtype/numpy wrappers, else None."""
+    import torch
+
+    x = node
+    while isinstance(x, lazy_base) and x._data is None:
+        if x._func is torch.stack:
+            parts = x._args[0] if x._args else None
+            if isinstance(parts, list | tuple) and int(x._kwargs.get("dim", 0)) == 0:
+                return list(parts)
+            return None
+        qual = getattr(x._func, "__qualname__", "")
+        if qual not in _NUMPY_WRAPS or not x._args:
+            return None
+        x = x._args[0]
+    return None
+
+
+def _stream(lazy_base: type, data: Any, shape: tuple[int, ...], chunk_bytes: int) -> Iterator[np.ndarray]:
+    n = shape[-1] if shape else 1
+    step = max(1, chunk_bytes // (4 * max(1, n)))
+    parts = _stacked_parts(lazy_base, data) if len(shape) == 3 else None
+    if parts is not None and len(parts) == shape[0]:
+        # a merged expert tensor: evaluate and hand out one expert at a time
+        for p in parts:
+            x = _as_f32(_eager(lazy_base, p)).reshape(-1, n)
+            for a in range(0, x.shape[0], step):
+                yield x[a : a + step]
+            del x
+        return
+    x = _as_f32(_eager(lazy_base, data))
+    rows = x.reshape(-1, n) if x.size else x.reshape(0, n)
+    if len(shape) == 3:
+        per = shape[1]  # rows per expert: a block never crosses an expert
+        step = max(1, min(step, per))
+        for e in range(shape[0]):
+            for a in range(e * per, (e + 1) * per, step):
+                yield rows[a : min(a + step, (e + 1) * per)]
+        return
+    for a in range(0, rows.shape[0], step):
+        yield rows[a : a + step]
+
+
+# ----------------------------------------------------------------------------------- layouts
+
+
+def _cache_key(info: ModelInfo) -> tuple[Any, ...]:
+    folder = info.path if info.path.is_dir() else info.path.parent
+    stamp = []
+    for f in sorted({t.file for t in info.tensors} | {folder / "config.json"}):
+        with contextlib.suppress(OSError):
+            st = os.stat(f)
+            stamp.append((str(f), st.st_size, st.st_mtime_ns))
+    return (str(info.path), tuple(stamp))
+
+
+@functools.lru_cache(maxsize=8)
+def _layout_cached(key: tuple[Any, ...], info_box: _Box) -> Any:
+    return _build_layout(info_box.info)
+
+
+@dataclass(frozen=True, eq=False)
+class _Box:
+    info: ModelInfo
+
+    def __hash__(self) -> int:  # the cache key carries identity; the box only carries the info
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Box)
+
+
+def converter_layout(info: ModelInfo) -> Any:
+    """The GGUF layout llama.cpp's converter gives ``info`` (names, shapes, roles, sources), cached
+    per checkpoint files; ExportError when the converter cannot convert it."""
+    return _layout_cached(_cache_key(info), _Box(info))
+
+
+def _build_layout(info: ModelInfo) -> Any:
+    from studio.core.gguf.arch import Layout, TensorMap, Transform
+
+    run = start_run(info)
+    tensors = list(run.tensors.values())
+    # a checkpoint tensor feeding exactly one GGUF tensor, alone, keeps its own name as the plan
+    # key (so the inventory and the plan line up); merged or split ones are keyed by GGUF name
+    uses: dict[str, int] = {}
+    for t in tensors:
+        for s in t.sources:
+            uses[s] = uses.get(s, 0) + 1
+    maps = []
+    for t in tensors:
+        if t.dtype not in ("F32", "F16"):
+            raise ExportError(
+                f"{run.conv.bundle.label} writes tensor {t.name} of {info.path.name} as {t.dtype}, "
+                "which the studio cannot plan yet."
+            )
+        key = t.sources[0] if len(t.sources) == 1 and uses[t.sources[0]] == 1 else t.name
+        maps.append(
+            TensorMap(
+                key,
+                t.name,
+                t.shape,
+                Transform.CONVERTER,
+                gguf_layer(t.name),
+                role=gguf_role(t.name),
+                sources=t.sources,
+            )
+        )
+    used = set(uses)
+    skipped = tuple(t.name for t in info.tensors if t.name not in used)
+    names = {t.name for t in tensors}
+    return Layout(
+        run.gguf_arch,
+        tuple(maps),
+        skipped,
+        "output.weight" not in names,
+        source="llama.cpp",
+        params=dict(run.arch_params()),
+    )
+
+
+# ------------------------------------------------------------------------------------- export
+
+
+def export_converted(
+    info: ModelInfo,
+    lay: Any,
+    out: Path,
+    plan: Any,
+    *,
+    device: str,
+    imatrix: Mapping[str, Any] | None,
+    ctx: JobContext | None,
+    validate: Callable[[Path], None] | None,
+    encode: Callable[[np.ndarray, str, str, np.ndarray | None], np.ndarray],
+    float_only: bool = False,
+) -> dict[str, Any]:
+    """Write ``out`` atomically: llama.cpp's converter metadata, vocabulary and tensor values, our
+    plan's types and quantizers (``encode(rows, qtype, device, imatrix)``), one tensor at a time.
+
+    ``float_only``: write every tensor as F32 (the llama.cpp back end's input), the plan still
+    recorded in the metadata."""
+    import gguf
+
+    from studio.core.gguf.metadata import _studio_version
+    from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
+    from studio.core.quant.types import tensor_bytes
+
+    ctx = ctx or null_context()
+    ctx.report(0, 1, "Running llama.cpp's converter")
+    run = start_run(info, out_path=out, metadata=True)
+    got = {n: t.shape for n, t in run.tensors.items()}
+    want = {tm.gguf_name: tm.shape for tm in lay.tensors}
+    if got != want:
+        diff = sorted(set(got) ^ set(want)) or sorted(n for n in got if got[n] != want.get(n))
+        raise ExportError(
+            f"llama.cpp's converter produced other tensors for {info.path.name} than its layout said "
+            f"(first: {diff[0]}); the checkpoint changed while exporting?"
+        )
+    by_gguf = {tm.gguf_name: tm for tm in lay.tensors}
+    types = {n: ("F32" if float_only else plan.type_of(by_gguf[n].hf_name)) for n in run.tensors}
+    sizes = {n: tensor_bytes(types[n], run.tensors[n].shape) for n in run.tensors}
+    total = sum(sizes.values())
+    check_output_path(out, need_bytes=total)
+    with AtomicGGUFWriter(out, run.gguf_arch) as w:
+        for key, value, vtype, sub in run.key_values():
+            if key == gguf.Keys.General.ARCHITECTURE:
+                continue  # the writer starts with it
+            if key == gguf.Keys.General.FILE_TYPE:
+                value = int(plan.ftype)
+            w.kv.add_key_value(
+                key, value, gguf.GGUFValueType(vtype), gguf.GGUFValueType(sub) if sub is not None else None
+            )
+        if gguf.Keys.General.FILE_TYPE not in w.kv.kv_data[0]:
+            w.kv.add_file_type(int(plan.ftype))
+        w.kv.add_string("quant_studio.version", _studio_version())
+        w.kv.add_string("quant_studio.plan", plan.to_json())
+        # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix): llama-quantize's keys
+        for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
+            if isinstance(value, str):
+                w.kv.add_string(key, value)
+            else:
+                w.kv.add_uint32(key, int(value))
+        for n, t in run.tensors.items():
+            w.add_tensor_info(n, t.shape, types[n], sizes[n])
+        w.begin()
+        done = 0
+        for n, t in run.tensors.items():
+            ctx.check_cancelled()
+            qw = _imatrix_rows(imatrix, by_gguf[n], t)
+            w.write_tensor_chunks(n, _encoded(run, n, t, types[n], device, qw, encode, ctx, info))
+            done += sizes[n]
+            ctx.report(done, total, f"Wrote {n} ({types[n]})")
+        ctx.check_cancelled()
+        ctx.report(total, total, "Validating")
+        w.commit(validate=validate)
+    return {
+        "types": types,
+        "tensor_bytes": total,
+        "tokenizer": None,
+        "notes": tuple(run.notes) + tuple(f"llama.cpp's converter: {m}" for m in run.warnings),
+    }
+
+
+def _imatrix_rows(imatrix: Mapping[str, Any] | None, tm: Any, t: ConvertedTensor) -> np.ndarray | None:
+    """The importance values of one tensor: (n_per_row,) or, for experts, (n_expert, n_per_row)."""
+    if not imatrix:
+        return None
+    v = imatrix.get(tm.hf_name)
+    if v is None:
+        v = imatrix.get(t.name)
+    if v is None:
+        return None
+    v = np.asarray(v, dtype=np.float32)
+    n = t.shape[-1]
+    n_exp = t.shape[0] if len(t.shape) == 3 else 1
+    if v.size == n:
+        return v.reshape(n)
+    if v.size == n * n_exp and n_exp > 1:
+        return v.reshape(n_exp, n)
+    raise ExportError(
+        f"The importance matrix for {t.name} has {v.size} values; its rows have {n}"
+        + (f" (x {n_exp} experts)." if n_exp > 1 else ".")
+    )
+
+
+def _encoded(
+    run: ConverterRun,
+    name: str,
+    t: ConvertedTensor,
+    qtype: str,
+    device: str,
+    qw: np.ndarray | None,
+    encode: Callable[[np.ndarray, str, str, np.ndarray | None], np.ndarray],
+    ctx: JobContext,
+    info: ModelInfo,
+) -> Iterator[np.ndarray]:
+    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+
+    per_expert = t.shape[1] if len(t.shape) == 3 else 0
+    row = 0
+    for block in run.rows(name):
+        nan, inf = count_nonfinite(block)
+        if nan or inf:
+            raise nonfinite_error(name, nan, inf, info.path)
+        w = qw
+        if qw is not None and qw.ndim == 2:
+            w = qw[row // per_expert]  # blocks never cross an expert
+        yield encode(block, qtype, device, w)
+        row += block.shape[0]
+        ctx.check_cancelled()
+
+
+def reference_convert(info: ModelInfo, out: Path) -> Path:
+    """llama.cpp's converter writing its own F32 GGUF file with its own (non-atomic) writer, as
+    ``convert_hf_to_gguf.py --outtype f32`` does: the reference the conformance tests compare with
+    (the unknown-tokenizer fallback above applies, since the converter alone would stop there)."""
+    run = start_run(info, out_path=out, metadata=True)
+    w = run.model.gguf_writer
+    with _collect_warnings(run.warnings):
+        w.write_header_to_file(path=Path(out))
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file(progress=False)
+        w.close()
+    return Path(out)
+
+
+__all__ = [
+    "ConvertedTensor",
+    "ConverterRun",
+    "converter_adapter",
+    "converter_knows",
+    "converter_layout",
+    "export_converted",
+    "gguf_layer",
+    "gguf_role",
+    "hf_architecture",
+    "reference_convert",
+    "start_run",
+    "unknown_architecture_error",
+]
