@@ -27,7 +27,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QMessageBox, QTabWidget, QToolBar, QWidget
 
-from studio.core.errors import StudioError
+from studio.qt.estimates import PresetEstimates
 from studio.qt.fmt import describe_hardware
 from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
@@ -100,8 +100,7 @@ class MainWindow(QMainWindow):
         # Connected after the panels so they reset before the window reacts to the same signals.
         self.state.modelOpened.connect(self._update_title)
         self.state.modelClosed.connect(self._update_title)
-        for sig in (self.state.modelOpened, self.state.hardwareChanged, self.state.contextLengthChanged):
-            sig.connect(self._recompute_estimates)
+        self.estimates = PresetEstimates(self.state, self.services, self._show_status, self)
         self.state.hardwareChanged.connect(self._on_hardware)
         self.state.tensorSelected.connect(self._on_tensor_selected)
         self.opener.statusMessage.connect(self.statusBar().showMessage)
@@ -424,7 +423,7 @@ class MainWindow(QMainWindow):
         self.act_budget.setEnabled(self.can_export())
         self.setWindowTitle(APP_TITLE if ckpt is None else f"{self.state.model_name} — {APP_TITLE}")
 
-    # -- hardware and estimates -------------------------------------------------------------------
+    # -- hardware ---------------------------------------------------------------------------------
 
     def detect_hardware(self) -> Job | None:
         """Detect CUDA/MPS/CPU in the background and record it in the state."""
@@ -442,24 +441,6 @@ class MainWindow(QMainWindow):
     def _on_hardware(self, hw: Any) -> None:
         self.hardware_status.setText(describe_hardware(hw, short=True))
         self.hardware_status.setToolTip(describe_hardware(hw))
-
-    @Slot()
-    def _recompute_estimates(self, *_args: Any) -> None:
-        info, hw = self.state.info, self.state.hardware
-        if info is None or hw is None:
-            if self.state.estimates:
-                self.state.set_estimates(())
-            return
-        try:
-            estimates = self.services.estimate_presets(info, hw, self.state.context_length)
-        except StudioError as err:
-            self._show_status(str(err), 10000)
-            estimates = ()
-        except Exception as err:
-            log.exception("estimating presets failed")
-            self._show_status(f"Estimating the presets failed ({type(err).__name__}: {err}).", 10000)
-            estimates = ()
-        self.state.set_estimates(tuple(estimates))
 
     # -- export -----------------------------------------------------------------------------------
 
