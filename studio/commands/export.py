@@ -257,7 +257,7 @@ def _gguf_source(ck: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
-    from studio.core.export import check_exportable, export_gguf
+    from studio.core.gguf.export import check_exportable, export_gguf
     from studio.core.jobs import JobContext
     from studio.core.model import open_model
 

@@ -207,6 +207,7 @@ def _requantize_llamacpp(
     ctx: JobContext,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
+    from studio.core.gguf.read import read_gguf
     from studio.core.gguf.writer import (
         PARTIAL_SUFFIX,
         PlannedTensor,
@@ -214,7 +215,6 @@ def _requantize_llamacpp(
         disk_full_error,
         validate_written,
     )
-    from studio.core.gguf_read import read_gguf
     from studio.core.llamacpp import LlamaWorker
     from studio.core.quant.presets import allows_quantization
 
@@ -286,7 +286,7 @@ def verify_against_gguf(
 ) -> Any:
     """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
     F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.llamacpp import LlamaRunner, LoadOptions
     from studio.core.verify import VerifyResult, compare_logits
 

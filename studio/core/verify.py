@@ -85,7 +85,7 @@ def verify_gguf(
 
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``.
     """
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.llamacpp import LlamaRunner, LoadOptions
 
     ctx = ctx or null_context()

@@ -8,7 +8,7 @@ import pytest
 
 from studio.cli import main
 from studio.core.calib.imatrix import read_imatrix
-from studio.core.gguf_read import read_gguf
+from studio.core.gguf.read import read_gguf
 
 
 def _text(tmp_path, llama_model):

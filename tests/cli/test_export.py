@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from studio.cli import main
-from studio.core.gguf_read import read_gguf
+from studio.core.gguf.read import read_gguf
 
 
 def test_export_preset_json(llama_model, tmp_path, capsys):

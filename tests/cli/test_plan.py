@@ -40,7 +40,7 @@ def text(tmp_path):
 
 
 def test_scan_plan_and_budget_export(llama_model, text, cache, tmp_path, capsys):
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     assert main(["sensitivity", str(llama_model), "--calib-text", str(text), *SCAN, "--json"]) == 0
     scan = json.loads(capsys.readouterr().out)

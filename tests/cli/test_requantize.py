@@ -55,7 +55,7 @@ def test_inspect_shows_what_a_gguf_is_stored_as(chat_model, gguf_of, capsys):
 
 
 def test_export_of_a_gguf_with_an_unsupported_type_is_one_line_and_writes_nothing(tmp_path, capsys):
-    from tests.core.test_gguf_source import _gguf_with
+    from tests.core.model.test_gguf_source import _gguf_with
 
     src = _gguf_with(
         tmp_path / "odd.gguf",
@@ -121,7 +121,7 @@ def test_eval_and_chat_take_a_gguf_original(chat_model, f32_gguf, gguf_of, tmp_p
 
 
 def test_a_gguf_without_a_tokenizer_is_one_sentence_for_chat_and_eval_and_still_exports(tmp_path, capsys):
-    from tests.core.test_gguf_source import _gguf_with
+    from tests.core.model.test_gguf_source import _gguf_with
 
     bare = _gguf_with(
         tmp_path / "bare.gguf", [("output_norm.weight", np.ones(32, np.float32), "F32")], tokenizer=False

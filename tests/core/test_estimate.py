@@ -16,7 +16,7 @@ from studio.core.estimate import (
 )
 from studio.core.hardware import Backend, GpuInfo, HardwareInfo
 from studio.core.model import open_model
-from tests.core.test_model_helpers import llama_tensors, write_folder
+from tests.core.model.test_model_helpers import llama_tensors, write_folder
 
 GIB = 1024**3
 CPU_BIG = HardwareInfo("cpu", 8, 64 * GIB, 48 * GIB)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from studio.core.export import export_gguf
+from studio.core.gguf.export import export_gguf
 from studio.core.quant.presets import PRESETS
 from tests.core.chat import fixtures as _fixtures
 

@@ -69,7 +69,7 @@ def test_kl_is_ordered_q8_q4km_q2k(demo_dir, demo_export):
 
 
 def test_requantizing_from_a_gguf_is_exact(demo_source, demo_export, tmp_path):
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
     from studio.core.llamacpp import LlamaWorker
     from tests.core.test_requantize import llama_quantize, read
 

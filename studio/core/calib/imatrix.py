@@ -335,7 +335,7 @@ def read_imatrix(path: str | os.PathLike[str]) -> Imatrix:
 
 def _read_gguf(p: Path) -> Imatrix:
     from studio.core.errors import CorruptFileError
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     try:
         g = read_gguf(p)

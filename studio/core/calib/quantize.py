@@ -84,7 +84,7 @@ class LayerReport:
 class CalibratedExport:
     """What a calibrated export wrote and how the calibration went."""
 
-    export: Any  # studio.core.export.ExportResult
+    export: Any  # studio.core.gguf.export.ExportResult
     method: str
     dataset: str
     n_ctx: int
@@ -465,8 +465,8 @@ def export_calibrated(
     from studio.core.calib.calibrate import _open, prepare_input
     from studio.core.calib.runner import run_model
     from studio.core.calib.spool import TensorSpool
-    from studio.core.export import _resolve_plan, check_exportable, export_gguf
     from studio.core.gguf.arch import layout
+    from studio.core.gguf.export import _resolve_plan, check_exportable, export_gguf
     from studio.core.gguf.writer import check_output_path
 
     ctx = ctx or null_context()
@@ -548,8 +548,8 @@ def _export_with_imatrix(
     """``imatrix`` (and ``rtn``) tensors only: the float model's statistics, as llama-imatrix collects them."""
     from studio.core.calib.imatrix import imatrix_from_stats
     from studio.core.calib.runner import run_model
-    from studio.core.export import export_gguf
     from studio.core.gguf.arch import layout
+    from studio.core.gguf.export import export_gguf
 
     info = ckpt.info
     collector = ActivationCollector(histogram=False, dataset=inp.data.name)

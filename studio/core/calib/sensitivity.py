@@ -871,7 +871,7 @@ def scan_sensitivity(
     ckpt = _open(model, False)
     try:
         info = ckpt.info
-        from studio.core.export import check_exportable
+        from studio.core.gguf.export import check_exportable
 
         check_exportable(info)
         targets, fixed = scan_targets(info, st.types)

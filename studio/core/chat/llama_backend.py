@@ -27,7 +27,7 @@ MIN_CTX = 256
 
 
 def _gguf_header(path: Path) -> Any:
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.model.gguf_source import check_tokenizer
 
     header = read_gguf(path)

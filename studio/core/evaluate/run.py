@@ -152,7 +152,7 @@ def _clean(x: Any) -> Any:
 
 def gguf_size(path: str | Path) -> tuple[int, float]:
     """(file bytes, bits per weight of the tensor data) of a GGUF file."""
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     h = read_gguf(path)
     n = sum(t.n_elements for t in h.tensors)
@@ -177,7 +177,7 @@ def _model_dims(path: Path) -> tuple[int, int] | None:
     """(layers, hidden width) from a GGUF header or a checkpoint's config.json; None when unknown."""
     try:
         if path.suffix.lower() == ".gguf":
-            from studio.core.gguf_read import read_gguf
+            from studio.core.gguf.read import read_gguf
 
             meta = read_gguf(path).metadata
             arch = str(meta.get("general.architecture", ""))

@@ -1,16 +1,4 @@
-"""Hugging Face → GGUF: architecture mapping, tokenizer, metadata and the atomic streaming writer."""
-
-from studio.core.gguf.arch import Layout, TensorMap, Transform, gguf_arch, layout
-from studio.core.gguf.writer import AtomicGGUFWriter, partial_path, remove_stale_partials, stale_partials
-
-__all__ = [
-    "AtomicGGUFWriter",
-    "Layout",
-    "TensorMap",
-    "Transform",
-    "gguf_arch",
-    "layout",
-    "partial_path",
-    "remove_stale_partials",
-    "stale_partials",
-]
+"""GGUF: reading (bounded), Hugging Face → GGUF conversion (architecture map, vocabulary, metadata), the
+streamed export and the atomic writer. Import the submodules (``read``, ``export``, ``arch``, ``writer``
+…); the package itself imports nothing, so reading a GGUF does not pull in gguf-py's tables.
+"""

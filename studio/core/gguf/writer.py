@@ -342,7 +342,7 @@ def validate_written(path: Path, planned: list[PlannedTensor], crcs: dict[str, i
     tensors (name, shape, type, size, inside the file); with ``crcs``, re-read each tensor's bytes
     and compare checksums. CorruptFileError on any mismatch
     (tests/core/export/test_export_faults.py::test_writer_bug_fails_validation_and_deletes)."""
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     g = read_gguf(path)
     if len(g.tensors) != len(planned):

@@ -153,7 +153,7 @@ def card_facts(
 ) -> CardFacts:
     """The facts of the GGUF at ``path``; ``source_license`` applies when the file records none."""
     from studio.core.evaluate.record import runtime_version
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.hub.gguf_quant import file_type_name
 
     p = Path(path)

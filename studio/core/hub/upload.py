@@ -342,7 +342,7 @@ def upload_gguf(
 ) -> UploadResult:
     """Upload the GGUF at ``path`` to the model repository ``repo_id`` with a generated README card."""
     from studio.core.evaluate.record import last_evaluation
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.hub.model_card import card_facts, is_studio_card, merge_card
 
     ctx = ctx or JobContext()

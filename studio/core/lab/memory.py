@@ -351,7 +351,7 @@ def memory_report(
 
 def gguf_kv_cache_bytes(path: Any, ctx_len: int, kv: str = "f16") -> int:
     """The KV cache llama.cpp allocates for the GGUF at ``path`` (dims from its header), by the formula."""
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.model.checkpoint import gguf_config
 
     header = read_gguf(path)

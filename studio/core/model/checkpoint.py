@@ -4,7 +4,7 @@ Inputs: a Hugging Face folder (one safetensors file, or shards with ``model.safe
 a Hub cache repo or snapshot folder, a single ``.safetensors`` file, a pickle ``pytorch_model.bin``
 (only when the caller opts in: unpickled with ``torch.load(weights_only=True)`` in a memory-limited child
 process and converted to a cached safetensors file, see ``pickle_loader``), or a ``.gguf`` file
-(read-only, through the bounded reader in ``studio.core.gguf_read``).
+(read-only, through the bounded reader in ``studio.core.gguf.read``).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ class GGUFCheckpoint(Checkpoint):
 
     def __init__(self, info: ModelInfo, gguf_file: Any) -> None:
         super().__init__(info)
-        self.gguf = gguf_file  # the GGUFFile from studio.core.gguf_read: metadata, versions, offsets
+        self.gguf = gguf_file  # the GGUFFile from studio.core.gguf.read: metadata, versions, offsets
         self._t = {t.name: t for t in gguf_file.tensors}
 
     def _read_raw(self, t: TensorInfo) -> np.ndarray:
@@ -742,7 +742,7 @@ def gguf_config(metadata: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open_gguf(file: Path, ctx: JobContext) -> Checkpoint:
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     ctx.report(0, 1, f"reading header of {file.name}")
     g = read_gguf(file)

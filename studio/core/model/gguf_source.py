@@ -165,7 +165,7 @@ class SourceSummary:
 
 
 def source_summary(gguf_file: Any) -> SourceSummary:
-    """The summary of a ``GGUFFile`` from ``studio.core.gguf_read``."""
+    """The summary of a ``GGUFFile`` from ``studio.core.gguf.read``."""
     tensors: dict[str, int] = {}
     weights: dict[str, int] = {}
     nbytes = n = 0
@@ -455,7 +455,7 @@ def write_hf_folder(
     ``sha256`` (of ``src``, when the caller knows it) is recorded in the marker file so that a cache
     can tell whether the folder was made from this very file.
     """
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.model.hf_progress import no_hf_progress_bars
 
     ctx = ctx or null_context()

@@ -337,7 +337,7 @@ def _memory_of(info: Any, tensor_total: int, ctx_len: int) -> int:
 
 def _sizes(m: _Model, plan: Any, budget: Budget, imatrix: Any) -> tuple[int, int, int]:
     """(file bytes, tensor bytes, memory bytes) of ``plan``."""
-    from studio.core.export import export_file_bytes
+    from studio.core.gguf.export import export_file_bytes
 
     tensor_total = plan.summary(m.info).total_bytes
     return (
@@ -495,7 +495,7 @@ def pareto_front(
 ) -> tuple[CurvePoint, ...]:
     """Predicted KL against file size for budgets from the smallest plan to the Q8_0-sized one (the
     header counted as in the smallest plan's file): the curve a budget slider moves along."""
-    from studio.core.export import export_file_bytes
+    from studio.core.gguf.export import export_file_bytes
 
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
     m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
@@ -520,7 +520,7 @@ def preset_points(
     info: Any, scan: Any, presets: Sequence[str], *, imatrix: bool = True
 ) -> tuple[CurvePoint, ...]:
     """llama.cpp's presets on the same axes: their exact file size and the KL the scan predicts for them."""
-    from studio.core.export import export_file_bytes
+    from studio.core.gguf.export import export_file_bytes
     from studio.core.quant.plan import plan_from_preset
 
     out = []

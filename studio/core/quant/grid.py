@@ -8,7 +8,7 @@ sub-scales); ``unpack`` reads them as the dequantizer computes them, in float32,
 new codes into the bytes of a search while leaving every scale field as the search wrote it. So a
 calibrated method (GPTQ) can fix the scales with llama.cpp's own search (``search``: the kernels of
 ``blocks.quantize``, bit-exact) and then choose each code itself; ``encode(*search(x))`` is
-``quantize(x)`` byte for byte (tests/core/test_grid.py), so the two cannot drift apart.
+``quantize(x)`` byte for byte (tests/core/quant/test_grid.py), so the two cannot drift apart.
 
 Codes here are indices into ``BlockGrid.levels`` (increasing): Q8_0's stored int8 ``q`` is code
 ``q + 128``; every other type stores the code itself.

@@ -1,6 +1,6 @@
 """The Export dialog: the open model → a GGUF file, with a preset or the current plan, then verified.
 
-The export runs as one background job (``studio.core.export.export_gguf``); with "Verify" on, the
+The export runs as one background job (``studio.core.gguf.export.export_gguf``); with "Verify" on, the
 finished file is checked by ``studio.core.verify.verify_gguf`` (in a child process) *before* it gets
 its final name, so Cancel at any point leaves no output file. With a calibrated method (imatrix,
 gptq, awq, awq+gptq) the job is Calibrate & Quantize (``studio.core.calib.quantize.export_calibrated``):
@@ -64,7 +64,7 @@ PROGRESS_STEPS = 1000
 class ExportOutcome:
     """A finished export: what was written, and how close it is to the original (when verified)."""
 
-    result: Any  # studio.core.export.ExportResult
+    result: Any  # studio.core.gguf.export.ExportResult
     verification: Any = None  # studio.core.verify.VerifyResult, or None when not verified
     verify_error: str = ""  # why verification could not run ("" when it ran or was not asked for)
     calibration: Any = None  # studio.core.calib.quantize.CalibratedExport of a calibrated method
@@ -206,7 +206,7 @@ def run_export(
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (None: the built-in text; the
     first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first.
     """
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
 
     verified: dict[str, Any] = {}
     share = EXPORT_SHARE if verify else 1.0

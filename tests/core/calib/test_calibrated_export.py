@@ -58,7 +58,7 @@ def calibrated(llama_model, calib_text, plan_of, tmp_path_factory):
 
 
 def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     g = read_gguf(path)
     out = {}
@@ -166,7 +166,7 @@ def test_plain_imatrix_method_matches_an_export_with_the_calibration_imatrix(
 ) -> None:
     from studio.core.calib import calibrate, imatrix_from_stats
     from studio.core.calib.quantize import export_calibrated
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
 
     plan, info = plan_of("imatrix")
     res = export_calibrated(llama_model, tmp_path / "a.gguf", plan, text=calib_text, n_ctx=CTX, n_chunks=6)

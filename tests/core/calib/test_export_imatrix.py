@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from studio.core.calib.imatrix import read_imatrix
-from studio.core.export import export_gguf
+from studio.core.gguf.export import export_gguf
 from studio.core.model import open_model
 from studio.core.quant.plan import Override, plan_uniform
 from studio.core.quant.reference import ggml_quantize

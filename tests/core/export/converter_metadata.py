@@ -107,7 +107,7 @@ def run_converter(converter: Path, folders: list[Path], out_dir: Path) -> list[P
 
 def converter_record(converter: Path, root: Path) -> dict[str, dict[str, Any]]:
     """{folder name: compared keys} of the converter's output for ``MODELS`` built under ``root``."""
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     folders = build_models(root)
     outs = run_converter(converter, folders, root)

@@ -29,8 +29,8 @@ def _one_sentence(text: str) -> bool:
 
 @pytest.mark.parametrize("installed", [True, False])
 def test_unknown_architecture_gives_one_sentence_naming_it(installed, tiny_model, tmp_path, monkeypatch):
-    from studio.core.export import export_gguf
     from studio.core.gguf import converter_bundle
+    from studio.core.gguf.export import export_gguf
 
     if installed:
         need_converter()
@@ -72,7 +72,7 @@ def test_an_architecture_only_the_converter_knows(tmp_path, llama_worker):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
     from studio.core.model import open_model
     from studio.core.model.types import Role
 
@@ -133,7 +133,7 @@ def test_moe_estimates_count_every_expert_and_the_active_share(tiny_model, expor
     need_converter()
     from studio.core.estimate import estimate_preset
     from studio.core.gguf.arch import layout
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.hardware import HardwareInfo
     from studio.core.model import open_model
 
@@ -174,7 +174,7 @@ def test_custom_tokenizer_code_is_never_run(tiny_model, tmp_path):
     """Some of the converter's tokenizer paths pass trust_remote_code=True: refused up front (FAULTS 8)."""
     need_converter()
     from studio.core.errors import RemoteCodeError
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
 
     model = tmp_path / "m"
     shutil.copytree(new_arch_model(tiny_model, "olmo2"), model)

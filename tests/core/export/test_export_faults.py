@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from studio.core.errors import ChildProcessError_, ExportError, QuantizationError, StudioError
-from studio.core.export import export_gguf, llamacpp_validator
+from studio.core.gguf.export import export_gguf, llamacpp_validator
+from studio.core.gguf.read import read_gguf
 from studio.core.gguf.writer import AtomicGGUFWriter, remove_stale_partials, stale_partials
-from studio.core.gguf_read import read_gguf
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.llamacpp import LoadOptions
 from studio.core.model import open_model
@@ -84,9 +84,9 @@ def test_cancel_llamacpp_backend_leaves_nothing(llama_model, tmp_path):
 _SLOW_EXPORT = textwrap.dedent(
     """
     import sys, time
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
     from studio.core.jobs import JobContext
-    import studio.core.export as ex
+    import studio.core.gguf.export as ex
     ex.CHUNK_BYTES = 4096  # many small chunks, each followed by a progress report
     def slow(done, total, msg):
         print("progress", done, total, flush=True)
@@ -144,7 +144,7 @@ def test_full_disk_is_a_clear_error(llama_model, tmp_path, monkeypatch):
             export_gguf(llama_model, out, "F32")
         assert out.read_bytes() == OLD and sorted(p.name for p in mnt.iterdir()) == ["model.gguf"]
         # mid-write: skip the estimate, so the file system itself runs out (ENOSPC)
-        import studio.core.export as ex
+        import studio.core.gguf.export as ex
 
         monkeypatch.setattr(ex, "check_output_path", lambda out, inputs=(), need_bytes=0: out)
         with pytest.raises(

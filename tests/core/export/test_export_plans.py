@@ -7,9 +7,9 @@ import json
 import gguf
 import pytest
 
-from studio.core.export import export_gguf
 from studio.core.gguf.arch import layout
-from studio.core.gguf_read import read_gguf
+from studio.core.gguf.export import export_gguf
+from studio.core.gguf.read import read_gguf
 from studio.core.llamacpp import LoadOptions
 from studio.core.model import open_model
 from studio.core.quant.plan import Override, plan_first_last
@@ -169,7 +169,7 @@ def test_export_from_the_hub_cache_records_the_source_repo(llama_model, tmp_path
 
     import gguf
 
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
 
     snap = tmp_path / "hub" / "models--tiny-org--tiny-llama" / "snapshots" / ("a" * 40)
     shutil.copytree(llama_model, snap)

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from studio.core.export import export_gguf
-from studio.core.gguf_read import read_gguf
+from studio.core.gguf.export import export_gguf
+from studio.core.gguf.read import read_gguf
 from tests.core.export import converter_metadata as cm
 
 HEX40 = "0123456789abcdef" * 2 + "01234567"

@@ -62,7 +62,7 @@ def test_calibrate_and_quantize_reports_layers_and_joins_chat_and_evaluation(
     assert str(out) in win.panel("evaluate").variants()
     assert any(Path(c.path) == out for c in win.panel("chat").columns)
     # the plan the file followed records the method
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     g = read_gguf(out)
     assert json.loads(g.metadata["quant_studio.plan"])["method"] == "gptq"

@@ -13,7 +13,7 @@ from studio.core.errors import QuantizationError
 from studio.core.quant import kquants, kquants_torch
 from studio.core.quant import reference as ref
 from studio.core.quant.types import QTYPES
-from tests.core import blocks_data
+from tests.core.quant import blocks_data
 
 pytestmark = pytest.mark.skipif(not ref.available(), reason="llama-cpp-python's ggml library is missing")
 

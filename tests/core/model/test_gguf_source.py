@@ -173,7 +173,7 @@ def test_cancel_leaves_no_folder_and_an_old_one_is_replaced_whole(f32_gguf, tmp_
 
 
 def test_source_summary_warns_only_for_quantized_matrices(chat_model, gguf_of):
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
 
     f32 = source_summary(read_gguf(gguf_of(chat_model, "F32")))
     assert f32.warning is None and not f32.quantized and f32.main_type == "F32" and f32.bpw == 32.0

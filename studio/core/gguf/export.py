@@ -507,7 +507,7 @@ def _export_llamacpp(
     source_repo: str | None,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    from studio.core.gguf_read import read_gguf
+    from studio.core.gguf.read import read_gguf
     from studio.core.llamacpp import LlamaWorker
 
     info = ckpt.info

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from studio.core.errors import CorruptFileError
-from studio.core.gguf_read import read_gguf
+from studio.core.gguf.read import read_gguf
 from studio.core.model import CheckpointFormat, Role, open_model
 
 Q = gguf.GGMLQuantizationType

@@ -16,7 +16,7 @@ from studio.core.errors import CorruptFileError, ModelOpenError, RemoteCodeError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.model import CheckpointFormat, Role, open_model
 from studio.core.model.st_header import read_header
-from tests.core.test_model_helpers import (
+from tests.core.model.test_model_helpers import (
     LLAMA_CONFIG,
     llama_tensors,
     raw_safetensors,

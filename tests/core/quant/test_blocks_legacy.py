@@ -9,7 +9,7 @@ import pytest
 from studio.core.quant import blocks
 from studio.core.quant import reference as ref
 from studio.core.quant.types import IQ4NL_LEVELS
-from tests.core import blocks_data
+from tests.core.quant import blocks_data
 
 pytestmark = pytest.mark.skipif(not ref.available(), reason="llama-cpp-python's ggml library is missing")
 

@@ -97,7 +97,9 @@ def test_hopeless_hessians_raise_one_sentence() -> None:
     import torch
 
     w, h, imx = _problem(5)
-    hopeless = torch.full((N, N), 50.0) - 49.0 * torch.eye(N)  # eigenvalues -49 (N-1 times): λ ≤ 10 cannot help
+    hopeless = torch.full((N, N), 50.0) - 49.0 * torch.eye(
+        N
+    )  # eigenvalues -49 (N-1 times): λ ≤ 10 cannot help
     with pytest.raises(HessianError, match="not positive definite"):
         gptq_quantize(w, hopeless, "Q4_0", imatrix=imx)
     h[3, 4] = float("nan")

@@ -25,7 +25,7 @@ from studio.core.jobs import JobCancelled, JobContext
 from studio.core.model import CheckpointFormat, Role, open_model
 from studio.core.model import pickle_loader as pl
 from studio.core.model.pickle_loader import PickleOptions
-from tests.core.test_model_helpers import LLAMA_CONFIG
+from tests.core.model.test_model_helpers import LLAMA_CONFIG
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_AS and signals are POSIX")
 

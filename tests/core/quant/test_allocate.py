@@ -87,7 +87,7 @@ def test_solve_matches_brute_force_on_small_instances():
 
 
 def test_a_file_budget_is_met_to_the_byte(info, llama_model, tmp_path):
-    from studio.core.export import export_gguf
+    from studio.core.gguf.export import export_gguf
 
     scan = synthetic_scan(info, {q: KL[q] for q in TYPES})
     front = pareto_front(info, scan)
