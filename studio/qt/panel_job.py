@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, Slot
 
 from studio.core.jobs import JobContext
 from studio.qt.jobs import Job, JobManager
+from studio.qt.panels import show_job_progress
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
 
@@ -103,7 +104,8 @@ class JobPanel:
     """Mix-in for a panel with one kind of background work: ``self.task`` runs it; override the hooks.
 
     The default ``on_error`` shows the sentence in the panel's ``status`` label and emits its
-    ``errorShown`` signal; ``on_error`` and ``on_cancel`` then call ``update_controls``.
+    ``errorShown`` signal; ``on_error`` and ``on_cancel`` then call ``update_controls``. The default
+    ``on_progress`` shows the job's progress in the panel's ``progress`` bar, and ``cancel`` stops the job.
     """
 
     state: StudioState
@@ -151,7 +153,13 @@ class JobPanel:
         self.update_controls()
 
     def on_progress(self, job: Job) -> None:
-        """The running job reported progress (``job.done``, ``job.total``, ``job.message``)."""
+        """The running job reported progress (``job.done``, ``job.total``, ``job.message``): shown in ``progress``."""
+        show_job_progress(self.progress, job)  # type: ignore[attr-defined]
+
+    @Slot()
+    def cancel(self) -> None:
+        """Ask this panel's job to stop at its next check; its end arrives as ``on_cancel``."""
+        self.task.cancel()
 
     def update_controls(self) -> None:
         """Enable the panel's buttons for whether its job runs."""

@@ -276,11 +276,6 @@ class CalibratePanel(JobPanel, QWidget):
         self.update_controls()
         return job
 
-    @Slot()
-    def cancel(self) -> None:
-        """Stop the run at its next chunk; nothing of it is kept."""
-        self.task.cancel()
-
     def save_imatrix(self, path: str | Path, fmt: str | None = None) -> bool:
         """Write the current imatrix (format from the suffix: ``.dat`` legacy, else GGUF); False on error."""
         from studio.core.calib.errors import CalibrationError

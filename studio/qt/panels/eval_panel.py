@@ -31,9 +31,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.qt.jobs import Job, JobManager
+from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, show_job_progress
+from studio.qt.panels import assert_gui_thread
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
@@ -284,14 +284,6 @@ class EvalPanel(JobPanel, QWidget):
         self.task.start("Evaluate variants", work)
         self.update_controls()
         return True
-
-    @Slot()
-    def cancel(self) -> None:
-        """Stop the running evaluation at its next chunk."""
-        self.task.cancel()
-
-    def on_progress(self, job: Job) -> None:
-        show_job_progress(self.progress, job)
 
     def on_done(self, result: Any) -> None:
         self.update_controls()

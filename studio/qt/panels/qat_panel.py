@@ -33,9 +33,9 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.jobs import JobContext
-from studio.qt.jobs import Job, JobManager
+from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls, show_job_progress
+from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_badge, set_status, style_plot
 
@@ -262,20 +262,12 @@ class QatPanel(JobPanel, QWidget):
         self.update_controls()
         return True
 
-    @Slot()
-    def cancel(self) -> None:
-        """Stop the run at its next step."""
-        self.task.cancel()
-
     @Slot(int, float)
     def _on_step(self, step: int, loss: float) -> None:
         if not self.running:
             return  # a late event of a run already ended or superseded
         self.losses.append((step, loss))
         self.curve.setData([s for s, _ in self.losses], [x for _, x in self.losses])
-
-    def on_progress(self, job: Job) -> None:
-        show_job_progress(self.progress, job)
 
     def on_done(self, result: Any) -> None:
         self.update_controls()

@@ -24,9 +24,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.qt.jobs import Job, JobManager
+from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, run_controls, show_job_progress
+from studio.qt.panels import assert_gui_thread, run_controls
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_status, style_plot
 
@@ -178,14 +178,6 @@ class SweepPanel(JobPanel, QWidget):
         self.task.start(f"Sweep {name}", work)
         self.update_controls()
         return True
-
-    @Slot()
-    def cancel(self) -> None:
-        """Stop the sweep at its next scheme."""
-        self.task.cancel()
-
-    def on_progress(self, job: Job) -> None:
-        show_job_progress(self.progress, job)
 
     def on_done(self, result: Any) -> None:
         self.update_controls()
