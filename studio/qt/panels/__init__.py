@@ -46,6 +46,7 @@ __all__ = [
     "labelled_row",
     "make_array_feed",
     "page_layout",
+    "read_only_table",
     "run_controls",
     "show_job_progress",
 ]
@@ -87,6 +88,17 @@ def labelled_row(parent: Any, pairs: Any, *, stretch: bool = True) -> Any:
     if stretch:
         row.addStretch(1)
     return row
+
+
+def read_only_table(parent: Any, columns: Any) -> Any:
+    """An empty ``QTableWidget`` with ``columns`` as its header, no row numbers, and cells not editable."""
+    from PySide6.QtWidgets import QAbstractItemView, QTableWidget
+
+    table = QTableWidget(0, len(columns), parent)
+    table.setHorizontalHeaderLabels(list(columns))
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    return table
 
 
 def run_controls(panel: Any, run_text: str) -> tuple[Any, Any, Any, Any]:

@@ -41,7 +41,7 @@ from studio.core.errors import StudioError
 from studio.core.stats.cache import StatsCache
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel, PanelJob
-from studio.qt.panels import assert_gui_thread, choose
+from studio.qt.panels import assert_gui_thread, choose, read_only_table
 from studio.qt.panels.activation_views import SaliencyView, SmoothQuantView
 from studio.qt.panels.device_selector import DeviceSelector
 from studio.qt.settings import AppSettings
@@ -151,11 +151,8 @@ class CalibratePanel(JobPanel, QWidget):
         row3.addWidget(self.load_button)
         row3.addWidget(self.forget_button)
 
-        self.outliers = QTableWidget(0, 5, self)
-        self.outliers.setHorizontalHeaderLabels(["layer", "input of", "channel", "max |x|", "× median"])
-        self.outliers.verticalHeader().setVisible(False)
+        self.outliers = read_only_table(self, ["layer", "input of", "channel", "max |x|", "× median"])
         self.outliers.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
-        self.outliers.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.outliers.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
         self.outliers.cellDoubleClicked.connect(self._outlier_clicked)
         self.outliers.setToolTip("Double-click a row to select that weight")

@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -33,7 +32,7 @@ from PySide6.QtWidgets import (
 
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
@@ -160,10 +159,7 @@ class EvalPanel(JobPanel, QWidget):
         opts.addWidget(self.cancel_button)
         form.addRow(opts)
 
-        self.table = QTableWidget(0, len(COLUMNS), self)
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table = read_only_table(self, COLUMNS)
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.plot = pg.PlotWidget(self)
         self.plot.setLabel("bottom", "file size", units="MB")

@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QTableWidget,
     QTableWidgetItem,
     QWidget,
 )
@@ -34,7 +33,7 @@ from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, page_layout
+from studio.qt.panels import assert_gui_thread, page_layout, read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import (
     MAIN_FILL_ALPHA,
@@ -252,11 +251,8 @@ class InspectorPanel(JobPanel, QWidget):
         plots = QWidget(self)
         plots.setLayout(grid)
 
-        self.table = QTableWidget(0, 2, self)
-        self.table.setHorizontalHeaderLabels(["statistic", "value"])
-        self.table.verticalHeader().setVisible(False)
+        self.table = read_only_table(self, ["statistic", "value"])
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
 
         page_layout(self, top, self.status, plots, self.table, 4)
 

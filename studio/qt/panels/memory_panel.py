@@ -41,7 +41,7 @@ from studio.core.lab.memory import (
     shape_from_info,
 )
 from studio.qt.jobs import JobManager
-from studio.qt.panels import assert_gui_thread, choose, labelled_row
+from studio.qt.panels import assert_gui_thread, choose, labelled_row, read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import (
     follow_theme,
@@ -166,10 +166,7 @@ class MemoryPanel(QWidget):
         self.status = QLabel("", self)
         self.status.setWordWrap(True)
 
-        self.table = QTableWidget(0, len(COLUMNS), self)
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table = read_only_table(self, COLUMNS)
         self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QTableWidget.SelectionMode.SingleSelection)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)

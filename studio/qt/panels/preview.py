@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -32,7 +31,7 @@ from studio.core.errors import StudioError
 from studio.core.preview import PreviewResult, block_schemes, generic_schemes, imatrix_entry, preview_tensor
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, choose, page_layout
+from studio.qt.panels import assert_gui_thread, choose, page_layout, read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
 
@@ -128,11 +127,8 @@ class PreviewPanel(JobPanel, QWidget):
         self.orig_item = op.plot([0.0, 1.0], [0.0], stepMode="center", name="original")
         self.deq_item = op.plot([0.0, 1.0], [0.0], stepMode="center", name="dequantized")
 
-        self.worst_table = QTableWidget(0, 4, self)
-        self.worst_table.setHorizontalHeaderLabels(["channel", "MSE", "SNR (dB)", "absmax"])
-        self.worst_table.verticalHeader().setVisible(False)
+        self.worst_table = read_only_table(self, ["channel", "MSE", "SNR (dB)", "absmax"])
         self.worst_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        self.worst_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
 
         side = QWidget(self)
         sl = QVBoxLayout(side)

@@ -38,6 +38,7 @@ from studio.qt.fmt import (
 )
 from studio.qt.icons import app_icon
 from studio.qt.jobs import JobManager
+from studio.qt.panels import read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import verdict_colour, warning_box_style
 
@@ -55,10 +56,7 @@ def _cell(text: str, *, right: bool = False) -> QTableWidgetItem:
 
 
 def _table(columns: Sequence[str], parent: QWidget) -> QTableWidget:
-    table = QTableWidget(0, len(columns), parent)
-    table.setHorizontalHeaderLabels(list(columns))
-    table.verticalHeader().setVisible(False)
-    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table = read_only_table(parent, columns)
     table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
     table.setAlternatingRowColors(False)
     table.setShowGrid(False)

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -26,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, run_controls
+from studio.qt.panels import assert_gui_thread, read_only_table, run_controls
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_status, style_plot
 
@@ -108,10 +107,7 @@ class SweepPanel(JobPanel, QWidget):
         self.group_plot.showGrid(x=True, y=True, alpha=0.3)
         self.group_plot.addLegend(offset=(-10, 10))
 
-        self.table = QTableWidget(0, len(COLUMNS), self)
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table = read_only_table(self, COLUMNS)
         self.table.setSortingEnabled(False)
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
 
