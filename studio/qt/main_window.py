@@ -33,6 +33,7 @@ from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
 from studio.qt.opener import ModelOpener, RecentMenu
 from studio.qt.pages import Pages
+from studio.qt.panels import ask_yes_no
 from studio.qt.panels.device_selector import DeviceSelector
 from studio.qt.panels.jobs_panel import JobsPanel, JobStatus
 from studio.qt.panels.model_tree import ModelTreePanel
@@ -606,14 +607,9 @@ class MainWindow(QMainWindow):
 
     def _confirm_quit(self, jobs: list[Job]) -> bool:
         names = "\n".join(f"• {j.title}" for j in jobs[:5])
-        answer = QMessageBox.question(
-            self,
-            "Quit while jobs run?",
-            f"These jobs are still running:\n{names}\n\nCancel them and quit?",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-            QMessageBox.StandardButton.No,
+        return ask_yes_no(
+            self, "Quit while jobs run?", f"These jobs are still running:\n{names}\n\nCancel them and quit?"
         )
-        return answer == QMessageBox.StandardButton.Yes
 
     def shutdown(self) -> None:
         """Save the layout, cancel all jobs, wait for them (bounded) and close the model. Idempotent."""

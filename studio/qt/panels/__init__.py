@@ -41,6 +41,7 @@ _LAZY = {
 
 __all__ = [
     *_LAZY,
+    "ask_yes_no",
     "assert_gui_thread",
     "choose",
     "labelled_row",
@@ -67,6 +68,20 @@ def assert_gui_thread(what: str = "A UI method") -> None:
         raise RuntimeError(
             f"{what} was called from a worker thread; results must reach widgets through signals."
         )
+
+
+def ask_yes_no(parent: Any, title: str, text: str) -> bool:
+    """Ask a Yes/No question in a modal box (No is the default button); True when the answer is Yes."""
+    from PySide6.QtWidgets import QMessageBox
+
+    answer = QMessageBox.question(
+        parent,
+        title,
+        text,
+        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+        QMessageBox.StandardButton.No,
+    )
+    return answer == QMessageBox.StandardButton.Yes
 
 
 def choose(combo: Any, value: str, *, by_text: bool = False) -> bool:

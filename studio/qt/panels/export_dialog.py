@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QMessageBox,
     QProgressBar,
     QPushButton,
     QSpinBox,
@@ -44,7 +43,7 @@ from studio.core.quant.presets import PRESETS
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import choose
+from studio.qt.panels import ask_yes_no, choose
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
@@ -549,14 +548,11 @@ class ExportDialog(JobPanel, QDialog):
         if not out.parent.is_dir():
             return self._refuse(f"The folder {out.parent} does not exist; choose another output folder.")
         if out.exists():
-            answer = QMessageBox.question(
+            if not ask_yes_no(
                 self,
                 "Replace the file?",
                 f"{out.name} already exists in {out.parent}. Replace it once the new file is complete?",
-                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-                QMessageBox.StandardButton.No,
-            )
-            if answer != QMessageBox.StandardButton.Yes:
+            ):
                 return None
         self.settings.export_folder = str(out.parent)
         self.settings.export_backend = self.backend
