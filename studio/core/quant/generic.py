@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from studio.core.errors import QuantizationError
+from studio.core.stats.metrics import real_numpy
 
 __all__ = ["FP8_FORMATS", "GenericResult", "quantize_fp8", "quantize_int"]
 
@@ -43,13 +44,7 @@ class GenericResult:
 
 
 def _as_numpy(w: Any) -> np.ndarray:
-    if type(w).__module__.startswith("torch"):
-        if w.is_complex():
-            raise QuantizationError(f"A tensor of dtype {w.dtype} cannot be analysed; only real numbers can.")
-        w = w.detach().to("cpu").float().numpy()
-    a = np.asarray(w)
-    if a.dtype.kind not in "biuf":  # complex would silently lose its imaginary part
-        raise QuantizationError(f"A tensor of dtype {a.dtype} cannot be analysed; only real numbers can.")
+    a = real_numpy(w, "A tensor of dtype {dtype} cannot be analysed; only real numbers can.")
     a = a.astype(np.float32, copy=False)
     if not np.isfinite(a).all():
         raise QuantizationError(

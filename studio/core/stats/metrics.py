@@ -9,7 +9,7 @@ import numpy as np
 
 from studio.core.errors import QuantizationError
 
-__all__ = ["ErrorMetrics", "error_metrics"]
+__all__ = ["ErrorMetrics", "error_metrics", "real_numpy"]
 
 # Rows per accumulation step: bounds the float64 temporaries for large weights.
 _CHUNK_ELEMS = 1 << 20
@@ -27,15 +27,21 @@ class ErrorMetrics:
     count: int
 
 
-def _as_numpy(a: Any) -> np.ndarray:
-    if type(a).__module__.startswith("torch"):
-        if a.is_complex():
-            raise QuantizationError(f"Error metrics need real numbers, not a tensor of dtype {a.dtype}.")
-        a = a.detach().to("cpu").float().numpy()
-    a = np.asarray(a)
-    if a.dtype.kind not in "biuf":  # complex would silently lose its imaginary part in float64
-        raise QuantizationError(f"Error metrics need real numbers, not a tensor of dtype {a.dtype}.")
+def real_numpy(x: Any, refusal: str) -> np.ndarray:
+    """``x`` (numpy or torch, any device) as a numpy array of real numbers; otherwise a
+    ``QuantizationError`` with ``refusal`` (``{dtype}`` is replaced by the tensor's dtype)."""
+    if type(x).__module__.startswith("torch"):
+        if x.is_complex():
+            raise QuantizationError(refusal.format(dtype=x.dtype))
+        x = x.detach().to("cpu").float().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "biuf":  # complex would silently lose its imaginary part
+        raise QuantizationError(refusal.format(dtype=a.dtype))
     return a
+
+
+def _as_numpy(a: Any) -> np.ndarray:
+    return real_numpy(a, "Error metrics need real numbers, not a tensor of dtype {dtype}.")
 
 
 def error_metrics(ref: Any, approx: Any) -> ErrorMetrics:
