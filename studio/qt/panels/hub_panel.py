@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from studio.core.jobs import JobContext
 from studio.qt.fmt import human_bytes, human_count
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import PanelJob
+from studio.qt.panels import read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
 
@@ -108,6 +109,16 @@ class TokenDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+
+
+def _hub_table(parent: QWidget, columns: Sequence[str], *, single_row: bool) -> QTableWidget:
+    """A read-only table whose first column stretches; ``single_row``: clicks select one whole row."""
+    table = read_only_table(parent, columns)
+    if single_row:
+        table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    return table
 
 
 def _ask_token_dialog(parent: QWidget, message: str) -> tuple[str | None, bool]:
@@ -195,13 +206,7 @@ class HubPanel(QWidget):
         root.addLayout(bar)
 
         split = QSplitter(Qt.Orientation.Vertical, self)
-        self.results = QTableWidget(0, len(RESULT_COLUMNS), self)
-        self.results.setHorizontalHeaderLabels(RESULT_COLUMNS)
-        self.results.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.results.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.results.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.results.verticalHeader().hide()
-        self.results.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.results = _hub_table(self, RESULT_COLUMNS, single_row=True)
         self.results.itemSelectionChanged.connect(self._on_result_selected)
         split.addWidget(self.results)
 
@@ -216,11 +221,7 @@ class HubPanel(QWidget):
         self.card = QTextBrowser(detail)
         self.card.setOpenExternalLinks(True)
         inner.addWidget(self.card)
-        self.files = QTableWidget(0, len(FILE_COLUMNS), detail)
-        self.files.setHorizontalHeaderLabels(FILE_COLUMNS)
-        self.files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.files.verticalHeader().hide()
-        self.files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.files = _hub_table(detail, FILE_COLUMNS, single_row=False)
         self.files.itemChanged.connect(self._update_buttons)
         inner.addWidget(self.files)
         dl.addWidget(inner, 1)
@@ -254,13 +255,7 @@ class HubPanel(QWidget):
     def _build_cache_page(self) -> QWidget:
         page = QWidget(self)
         layout = QVBoxLayout(page)
-        self.cache_table = QTableWidget(0, len(CACHE_COLUMNS), page)
-        self.cache_table.setHorizontalHeaderLabels(CACHE_COLUMNS)
-        self.cache_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.cache_table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.cache_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.cache_table.verticalHeader().hide()
-        self.cache_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.cache_table = _hub_table(page, CACHE_COLUMNS, single_row=True)
         self.cache_table.itemSelectionChanged.connect(self._update_cache_buttons)
         self.cache_table.itemDoubleClicked.connect(lambda _item: self.open_cached())
         layout.addWidget(self.cache_table, 1)
