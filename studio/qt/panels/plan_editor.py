@@ -406,14 +406,9 @@ class PlanEditorPanel(QWidget):
         self._start_from(lambda info: plan_uniform(info, qtype), f"Uniform {qtype}")
 
     def _start_from(self, make: Callable[[Any], Plan], text: str) -> None:
-        if self._info is None:
-            return
-        try:
-            new = make(self._info)
-        except StudioError as err:
-            self._error(str(err))
-            return
-        self._push(new, text)
+        info = self._info
+        if info is not None:
+            self._apply(lambda _plan: make(info), text)  # a new plan from the model, not from the old plan
 
     def _apply_start(self) -> None:
         kind, _, name = str(self.preset_combo.currentData()).partition(":")
