@@ -106,7 +106,10 @@ def register(subparsers: Any) -> None:
         "--calib-chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
     )
     p.add_argument(
-        "--act-order", action="store_true", help="gptq: quantize columns by decreasing activation energy"
+        "--in-order",
+        action="store_true",
+        help="gptq: sweep the columns in their order with scales searched on arrival (default: act-order, "
+        "columns by decreasing activation energy, which measured better)",
     )
     add_allow_pickle_option(p)
     add_budget_args(p)
@@ -169,7 +172,7 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
         plan = with_method(plan, info, check_method(args.method))
     elif args.imatrix:
         plan = with_method(plan, info, "imatrix")  # the file records how its codes were chosen
-    calib_args = args.calib_text is not None or args.calib_chunks is not None or args.act_order
+    calib_args = args.calib_text is not None or args.calib_chunks is not None or args.in_order
     if args.imatrix:
         if any(plan.method_of(n) not in ("rtn", "imatrix") for n in plan.types):
             raise StudioError(
@@ -182,7 +185,7 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
         return plan
     if calib_args and not plan.calibrated:
         raise StudioError(
-            "--calib-text, --calib-chunks and --act-order need a calibrated --method (imatrix, gptq, awq, awq+gptq)."
+            "--calib-text, --calib-chunks and --in-order need a calibrated --method (imatrix, gptq, awq, awq+gptq)."
         )
     if plan.calibrated and args.backend != "studio":
         raise StudioError("Calibrated methods are written by the studio back end; drop --backend llama.cpp.")
@@ -200,8 +203,8 @@ def _check_budget_args(args: argparse.Namespace, info: Any) -> None:
         )
     if args.backend != "studio":
         raise StudioError("A budget plan is written by the studio back end; drop --backend llama.cpp.")
-    if args.act_order and (args.method or "imatrix") not in ("gptq", "awq+gptq"):
-        raise StudioError("--act-order goes with --method gptq or awq+gptq.")
+    if args.in_order and (args.method or "imatrix") not in ("gptq", "awq+gptq"):
+        raise StudioError("--in-order goes with --method gptq or awq+gptq.")
     method = check_method(args.method or "imatrix")
     if args.imatrix and method != "imatrix":
         raise StudioError("--imatrix goes with --method imatrix; gptq and awq collect their own statistics.")
@@ -230,7 +233,9 @@ def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any) -> Any
     from studio.core.calib.quantize import CalibOptions, export_calibrated
     from studio.core.quant.gptq import GptqOptions
 
-    opts = CalibOptions(gptq=GptqOptions(act_order=True, scales="float") if args.act_order else GptqOptions())
+    opts = CalibOptions(
+        gptq=GptqOptions(act_order=False, scales="arrival") if args.in_order else GptqOptions()
+    )
     return export_calibrated(
         info.path,
         args.output,

@@ -54,7 +54,7 @@ def test_float_scales_are_llamacpps_search_exactly(act_order: bool) -> None:
 def test_arrival_scales_are_searched_on_the_updated_weights() -> None:
     w, h, imx = _problem(2, 512)
     for qtype, block in (("Q5_0", 32), ("Q4_K", 256)):
-        r = gptq_quantize(w, h, qtype, imatrix=imx, options=GptqOptions(scales="arrival"))
+        r = gptq_quantize(w, h, qtype, imatrix=imx, options=GptqOptions(scales="arrival", act_order=False))
         g_arr, _ = grid.unpack(r.data, qtype, 512)
         # the first block is llama.cpp's search on the float weights of that block alone ...
         first, _ = grid.search(w[:, :block].numpy(), qtype, imx[:block])
@@ -122,10 +122,10 @@ def test_cancel_stops_the_sweep() -> None:
 @pytest.mark.parametrize(
     "qtype,opt",
     [
-        ("Q5_0", GptqOptions(scales="arrival")),
+        ("Q5_0", GptqOptions(scales="arrival", act_order=False)),
         ("IQ4_NL", GptqOptions(scales="float", act_order=True)),
-        ("Q4_K", GptqOptions(scales="arrival", block_size=64)),
-        ("Q4_1", GptqOptions(scales="float")),
+        ("Q4_K", GptqOptions(scales="arrival", act_order=False, block_size=64)),
+        ("Q4_1", GptqOptions(scales="float", act_order=False)),
     ],
     ids=["Q5_0-arrival", "IQ4_NL-act-order", "Q4_K-arrival", "Q4_1-float"],
 )
