@@ -45,7 +45,8 @@ case "$(cat "$WORK/gui1.json")" in *"$SRC"*) echo "the bundle used the source tr
 
 step "quant-studio-cli exports the demo to Q8_0"
 "$APP/quant-studio-cli" --version
-"$APP/quant-studio-cli" export "$WORK/cache/demo-1" -o "$WORK/demo-Q8_0.gguf" --preset Q8_0 --json >"$WORK/export.json"
+DEMO=$("$APP/quant-studio-cli" demo --json | sed -n 's/.*"path": *"\([^"]*\)".*/\1/p')
+"$APP/quant-studio-cli" export "$DEMO" -o "$WORK/demo-Q8_0.gguf" --preset Q8_0 --json >"$WORK/export.json"
 ls -l "$WORK/demo-Q8_0.gguf"
 CHAT=${CHAT:-$WORK/demo-Q8_0.gguf}
 
