@@ -327,8 +327,9 @@ def _pre_fallback(model: Any, folder: Path, notes: list[str]) -> None:
 
 def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
     """The converter reads the folder itself: only safetensors weights (a pickle would be unpickled
-    in this process, not in the studio's memory-limited child), and no custom code, which some of its
-    tokenizer paths load with ``trust_remote_code=True``."""
+    in this process, not in the studio's memory-limited child), and no custom code: some of its tokenizer
+    paths let transformers run a repository's own code, so a folder that asks for any (``auto_map``) is
+    refused here, before the converter sees it."""
     import json
 
     from studio.core.errors import RemoteCodeError
