@@ -19,21 +19,25 @@ def _text(tmp_path, llama_model):
     return p
 
 
-def test_calibrate_then_export(llama_model, tmp_path, capsys):
-    text = _text(tmp_path, llama_model)
-    out = tmp_path / "imatrix.gguf"
-    argv = [
+def _calibrate_argv(model, text, chunks: int, out) -> list[str]:
+    return [
         "calibrate",
-        str(llama_model),
+        str(model),
         "--text",
         str(text),
         "--ctx",
         "64",
         "--chunks",
-        "3",
+        str(chunks),
         "-o",
         str(out),
     ]
+
+
+def test_calibrate_then_export(llama_model, tmp_path, capsys):
+    text = _text(tmp_path, llama_model)
+    out = tmp_path / "imatrix.gguf"
+    argv = _calibrate_argv(llama_model, text, 3, out)
     assert main([*argv, "--json", "--int8", "--device", "cpu"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["entries"] == 14 and d["chunks"] == 3 and d["tokens"] == 192 and d["mode"] == "layer-wise"
@@ -54,23 +58,7 @@ def test_calibrate_then_export(llama_model, tmp_path, capsys):
     assert meta["quantize.imatrix.file"] == str(out) and meta["quantize.imatrix.chunks_count"] == 3
     # text output and the legacy format
     dat = tmp_path / "imatrix.dat"
-    assert (
-        main(
-            [
-                "calibrate",
-                str(llama_model),
-                "--text",
-                str(text),
-                "--ctx",
-                "64",
-                "--chunks",
-                "2",
-                "-o",
-                str(dat),
-            ]
-        )
-        == 0
-    )
+    assert main(_calibrate_argv(llama_model, text, 2, dat)) == 0
     shown = capsys.readouterr().out
     assert "wrote" in shown and "largest outlier features" in shown
     assert read_imatrix(dat).legacy
