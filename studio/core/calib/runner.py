@@ -688,19 +688,18 @@ _COPYABLE = {"F32": None, "F16": None, "BF16": "bfloat16"}
 
 
 def _read_tensor(ckpt: Any, name: str) -> Any:
-    """One tensor as a CPU torch tensor, copied out of a short-lived memory map of just its bytes.
+    """One tensor as a CPU torch tensor over a private copy-on-write memory map of just its bytes.
 
-    safetensors' own handle keeps the whole file mapped, so every layer read would stay in the
-    process's resident memory until the end; a per-tensor map is released as soon as it is copied.
+    No copy is made: the layer computes straight from the page cache, and the map closes when the
+    layer's weights go back to the meta device (safetensors' own handle keeps the whole file mapped,
+    so every layer read would stay in the process's resident memory until the end). Copy-on-write
+    keeps the file untouched when a consumer replaces weights in place.
     """
-    import numpy as np
     import torch
 
     info = ckpt.info.tensor(name)
     if info.dtype in _COPYABLE and getattr(ckpt.info.format, "value", "") == "safetensors":
-        raw = ckpt.read_raw(name)
-        t = torch.from_numpy(np.array(raw).reshape(info.shape))
-        del raw
+        t = torch.from_numpy(ckpt.map_raw(name).reshape(info.shape))
         return t.view(torch.bfloat16) if info.dtype == "BF16" else t
     return ckpt.read_torch(name)
 
