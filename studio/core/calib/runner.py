@@ -6,7 +6,8 @@ final norm, the head when asked for), and runs the model's own forward once per 
 decoder layer's ``forward`` replaced by a recorder: the first records the hidden states that enter
 layer 0, each records the arguments the model passes to its layer (attention mask, position
 embeddings, ...), the last stops the forward. Then, layer by layer: that layer's weights are read
-from the checkpoint onto the device, hooks on each linear input feed the consumers while every chunk
+from the checkpoint onto the device (on a CPU, safetensors data in the model's dtype is used in place
+through a copy-on-write map: no copy), hooks on each linear input feed the consumers while every chunk
 runs through it, the consumers may replace weights (the outputs are then computed again with the new
 weights), the outputs become the next layer's inputs and the weights go back to the meta device.
 
