@@ -378,10 +378,13 @@ class BudgetDialog(JobPanel, QDialog):
 
     @Slot()
     def use_plan(self) -> None:
-        """Make the chosen plan the window's plan (the plan editor shows it)."""
+        """Make the chosen plan the window's plan (the plan editor shows it) and the scan's imatrix the window's."""
         if self.allocation is None:
             return
         self._used.add(self.allocation.plan.name)
+        if self.imatrix is not None:
+            # The plan was chosen (and is measured) with the scan's imatrix: the export quantizes with it too.
+            self.state.set_imatrix(self.imatrix)
         self.state.set_plan(self.allocation.plan)
         self.planChosen.emit(self.allocation)
 
