@@ -11,6 +11,7 @@ front, the presets' points and the plan for a budget, instant).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,12 @@ PRESETS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 PLAN_TYPES = "plan"  # the map's choice "each tensor at the plan's type"
 DEFAULT_MAP_TYPE = "Q4_K"
 TOP_N = 20  # bars of the ranked chart by default
+KL_FLOOR = 1e-9  # a KL of 0 (all F16) on the front's log axis
+
+
+def _log(kl: float) -> float:
+    """The front's y: log10 KL (the axis shows it as KL)."""
+    return math.log10(max(kl, KL_FLOOR))
 
 
 def bits_colour(bpw: float) -> QColor:
@@ -129,13 +136,19 @@ class BudgetDialog(JobPanel, QDialog):
 
         from studio.qt.panels.sensitivity_views import RankedBars, SensitivityHeatMap
 
-        self.plot = pg.PlotWidget(self, labels={"bottom": "file bytes", "left": "predicted KL"})
-        self.curve = self.plot.plot([], [], symbol="o", symbolSize=4)
-        self.preset_dots = pg.ScatterPlotItem(size=9)
-        self.chosen_dot = pg.ScatterPlotItem(size=12)
-        self.measured_dot = pg.ScatterPlotItem(size=14, symbol="x")
+        # y is log10 KL (the front spans three decades), the left axis labels it as powers of ten
+        self.plot = pg.PlotWidget(self, labels={"bottom": "file bytes", "left": "KL"})
+        left = self.plot.getPlotItem().getAxis("left")
+        left.setLogMode(False, True)
+        left.enableAutoSIPrefix(False)  # "0.02", not "2·10¹ (×0.001)"
+        self.legend = self.plot.addLegend(offset=(-10, 10))
+        self.curve = self.plot.plot([], [], symbol="o", symbolSize=4, name="predicted front")
+        self.preset_dots = pg.ScatterPlotItem(size=9, name="llama.cpp presets (predicted)")
+        self.chosen_dot = pg.ScatterPlotItem(size=12, name="this plan (predicted)")
+        self.measured_dot = pg.ScatterPlotItem(size=16, symbol="x", name="measured")
         for item in (self.preset_dots, self.chosen_dot, self.measured_dot):
             self.plot.addItem(item)
+        self.preset_labels: list[Any] = []
         self.heat = SensitivityHeatMap(state, self)
         self.bars = RankedBars(state, self)
         self.map_type = QComboBox(self)
@@ -191,7 +204,10 @@ class BudgetDialog(JobPanel, QDialog):
         self.preset_dots.setBrush(pg.mkBrush(c["second"]))
         self.chosen_dot.setBrush(pg.mkBrush(c["outlier"]))
         self.measured_dot.setBrush(pg.mkBrush(c["fg"]))
-        self.measured_dot.setPen(pg.mkPen(c["fg"]))
+        self.measured_dot.setPen(pg.mkPen(c["fg"], width=2))
+        self.legend.setLabelTextColor(c["fg"])
+        for label in self.preset_labels:
+            label.setColor(c["fg"])
 
     def _sensitivity_page(self) -> QWidget:
         page = QWidget(self)
@@ -274,6 +290,7 @@ class BudgetDialog(JobPanel, QDialog):
         self._used.clear()
         for item in (self.curve, self.preset_dots, self.chosen_dot, self.measured_dot):
             item.setData([], [])
+        self._label_presets()
         self.heat.set_grid(None)
         self.bars.set_rows((), {}, {})
         self.table.setRowCount(0)
@@ -296,8 +313,9 @@ class BudgetDialog(JobPanel, QDialog):
         cands = tuple(q for q in scan.types if q not in ex)
         self.front = pareto_front(info, scan, candidates=cands, exclude=ex)
         self.presets = preset_points(info, scan, PRESETS)
-        self.curve.setData([p.file_bytes for p in self.front], [p.kl for p in self.front])
-        self.preset_dots.setData([{"pos": (p.file_bytes, p.kl), "data": p.label} for p in self.presets])
+        self.curve.setData([p.file_bytes for p in self.front], [_log(p.kl) for p in self.front])
+        self.preset_dots.setData([{"pos": (p.file_bytes, _log(p.kl)), "data": p.label} for p in self.presets])
+        self._label_presets()
         self.measured_dot.setData([], [])
         self.measured = None
         self.measured_label.setText("")
@@ -321,6 +339,19 @@ class BudgetDialog(JobPanel, QDialog):
         i = self.map_type.findData(DEFAULT_MAP_TYPE)
         self.map_type.setCurrentIndex(i if i >= 0 else min(1, self.map_type.count() - 1))
         self.map_type.blockSignals(False)
+
+    def _label_presets(self) -> None:
+        import pyqtgraph as pg
+
+        for label in self.preset_labels:
+            self.plot.removeItem(label)
+        self.preset_labels = []
+        fg = plot_colors(self.state.dark)["fg"]
+        for p in self.presets:
+            label = pg.TextItem(p.label, color=fg, anchor=(0.5, 1.2))
+            label.setPos(p.file_bytes, _log(p.kl))
+            self.plot.addItem(label)
+            self.preset_labels.append(label)
 
     @Slot(int)
     def _slid(self, i: int) -> None:
@@ -353,7 +384,7 @@ class BudgetDialog(JobPanel, QDialog):
             self.show_error(str(err))
             return
         self.allocation = a
-        self.chosen_dot.setData([a.file_bytes], [a.predicted_kl])
+        self.chosen_dot.setData([a.file_bytes], [_log(a.predicted_kl)])
         self.result.setText(
             f"{a.file_bytes:,} B file, {a.bpw:.2f} bpw, predicted KL {a.predicted_kl:.4f}"
             + (f", measured {a.measured_kl:.4f}" if a.measured_kl is not None else "")
@@ -479,7 +510,7 @@ class BudgetDialog(JobPanel, QDialog):
         """Show a measurement beside its prediction, and as a point on the front."""
         self.measured = m
         self.progress.reset()
-        self.measured_dot.setData([m.file_bytes], [m.measured_kl])
+        self.measured_dot.setData([m.file_bytes], [_log(m.measured_kl)])
         self.measured_label.setText(m.describe())
         set_status(self.status, "")
         self.update_controls()
