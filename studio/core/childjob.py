@@ -30,31 +30,14 @@ CANCEL_GRACE_S = 10.0  # a cancelled child that does not stop by itself within t
 _SPAWN = multiprocessing.get_context("spawn")
 
 
-class _ChildContext(JobContext):
-    """The child's context: progress and log lines go to the parent; cancel is the parent's event."""
-
-    def __init__(self, out: Any, cancel_event: Any) -> None:
-        super().__init__(
-            on_progress=lambda d, t, m: out.put(("progress", d, t, m)),
-            on_log=lambda m: out.put(("log", m)),
-            min_interval=0.1,
-        )
-        self._event = cancel_event
-
-    def cancel(self) -> None:
-        self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def check_cancelled(self) -> None:
-        if self._event.is_set():
-            raise JobCancelled()
-
-
 def _child_main(out: Any, cancel_event: Any, target: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-    ctx = _ChildContext(out, cancel_event)
+    # progress and log lines go to the parent; cancel is the parent's event
+    ctx = JobContext(
+        on_progress=lambda d, t, m: out.put(("progress", d, t, m)),
+        on_log=lambda m: out.put(("log", m)),
+        min_interval=0.1,
+        cancel_flag=cancel_event,
+    )
     try:
         result = target(ctx, lambda ev: out.put(("event", ev)), **kwargs)
         out.put(("ok", result))
