@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
 from studio.core.calib.analysis import Saliency, SmoothQuantResult, awq_saliency, smoothquant
+from studio.qt.panels import spin_box
 from studio.qt.theme import plot_colors, style_plot
 
 __all__ = ["SaliencyView", "SmoothQuantView"]
@@ -51,12 +52,15 @@ class SaliencyView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.saliency: Saliency | None = None
-        self.share_spin = QDoubleSpinBox(self)
-        self.share_spin.setRange(0.1, 50.0)
-        self.share_spin.setDecimals(1)
-        self.share_spin.setValue(1.0)
-        self.share_spin.setSuffix(" % of channels")
-        self.share_spin.setToolTip("The most salient channels to mark (AWQ protects about 1 %)")
+        self.share_spin = spin_box(
+            self,
+            0.1,
+            50.0,
+            1.0,
+            decimals=1,
+            suffix=" % of channels",
+            tip="The most salient channels to mark (AWQ protects about 1 %)",
+        )
         self.share_spin.valueChanged.connect(self._redraw)
         self.label = QLabel(_NO_DATA, self)
         self.label.setWordWrap(True)

@@ -19,14 +19,11 @@ from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QPushButton,
-    QSpinBox,
     QSplitter,
     QTextEdit,
     QToolButton,
@@ -40,7 +37,7 @@ from studio.core.chat.types import Sampling, TokenEvent
 from studio.qt import theme
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, button, spin_box
 from studio.qt.state import StudioState
 
 if TYPE_CHECKING:
@@ -293,24 +290,14 @@ class ChatPanel(JobPanel, QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.add_gguf_button = QPushButton("Add GGUF…", self)
-        self.add_gguf_button.clicked.connect(self._choose_gguf)
-        self.add_folder_button = QPushButton("Add model folder…", self)
-        self.add_folder_button.clicked.connect(self._choose_folder)
-        self.new_button = QPushButton("New conversation", self)
-        self.new_button.clicked.connect(self.new_conversation)
-        self.max_tokens = QSpinBox(self)
-        self.max_tokens.setRange(1, 32768)
-        self.max_tokens.setValue(128)
-        self.max_tokens.setToolTip("Tokens to generate per reply")
-        self.temperature = QDoubleSpinBox(self)
-        self.temperature.setRange(0.0, 5.0)
-        self.temperature.setSingleStep(0.1)
-        self.temperature.setValue(0.0)
-        self.temperature.setToolTip("0 is greedy: the most likely token every time")
-        self.seed = QSpinBox(self)
-        self.seed.setRange(0, 2**31 - 1)
-        self.seed.setToolTip("Random seed, the same for every column")
+        self.add_gguf_button = button("Add GGUF…", self, self._choose_gguf)
+        self.add_folder_button = button("Add model folder…", self, self._choose_folder)
+        self.new_button = button("New conversation", self, self.new_conversation)
+        self.max_tokens = spin_box(self, 1, 32768, 128, tip="Tokens to generate per reply")
+        self.temperature = spin_box(
+            self, 0.0, 5.0, 0.0, step=0.1, tip="0 is greedy: the most likely token every time"
+        )
+        self.seed = spin_box(self, 0, 2**31 - 1, tip="Random seed, the same for every column")
         self.kv_combo = QComboBox(self)
         self.kv_combo.addItem("F32 (exact)", None)
         for name in ("f16", "q8_0", "q4_0"):
@@ -346,11 +333,8 @@ class ChatPanel(JobPanel, QWidget):
         self.prompt = QPlainTextEdit(self)
         self.prompt.setPlaceholderText("Type a message; the same prompt goes to every model.")
         self.prompt.setMaximumHeight(110)
-        self.send_button = QPushButton("Send", self)
-        self.send_button.setDefault(True)
-        self.send_button.clicked.connect(self.send)
-        self.stop_button = QPushButton("Stop", self)
-        self.stop_button.clicked.connect(self.stop)
+        self.send_button = button("Send", self, self.send, default=True)
+        self.stop_button = button("Stop", self, self.stop)
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)

@@ -29,8 +29,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QProgressBar,
-    QPushButton,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -43,7 +41,7 @@ from studio.core.quant.presets import PRESETS
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import ask_yes_no, choose
+from studio.qt.panels import ask_yes_no, button, choose, line_edit, path_row, spin_box
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
@@ -296,11 +294,8 @@ class ExportDialog(JobPanel, QDialog):
         self.path_edit = QLineEdit(self)
         self.path_edit.setPlaceholderText("Where to write the .gguf file")
         self.path_edit.textEdited.connect(self._on_path_edited)
-        self.browse_button = QPushButton("Browse…", self)
-        self.browse_button.clicked.connect(self.browse)
-        path_row = QHBoxLayout()
-        path_row.addWidget(self.path_edit, 1)
-        path_row.addWidget(self.browse_button)
+        self.browse_button = button("Browse…", self, self.browse)
+        output_row = path_row(self.path_edit, self.browse_button)
         self.device_combo = QComboBox(self)
         self.device_combo.setToolTip("Where quantization and verification run")
         self.backend_combo = QComboBox(self)
@@ -320,18 +315,17 @@ class ExportDialog(JobPanel, QDialog):
         self.method_combo.setToolTip(
             "How codes and scales are chosen; the file keeps the plan's types (and size) whatever the method"
         )
-        self.calib_edit = QLineEdit(self)
-        self.calib_edit.setPlaceholderText("Built-in calibration text (prose, chats, code, languages)")
-        self.calib_browse = QPushButton("Browse…", self)
-        self.calib_browse.clicked.connect(self.browse_calibration)
-        calib_row = QHBoxLayout()
-        calib_row.addWidget(self.calib_edit, 1)
-        calib_row.addWidget(self.calib_browse)
-        self.chunks_spin = QSpinBox(self)
-        self.chunks_spin.setRange(0, 100_000)
-        self.chunks_spin.setSpecialValueText("all")
-        self.chunks_spin.setSuffix(" × 512 tokens")
-        self.chunks_spin.setToolTip("How much of the calibration text to use (all: every whole chunk)")
+        self.calib_edit = line_edit(self, "Built-in calibration text (prose, chats, code, languages)")
+        self.calib_browse = button("Browse…", self, self.browse_calibration)
+        calib_row = path_row(self.calib_edit, self.calib_browse)
+        self.chunks_spin = spin_box(
+            self,
+            0,
+            100_000,
+            special="all",
+            suffix=" × 512 tokens",
+            tip="How much of the calibration text to use (all: every whole chunk)",
+        )
         self.imatrix_check = QCheckBox("Quantize with the importance matrix", self)
         self.imatrix_check.setChecked(True)
         self.imatrix_check.setToolTip(
@@ -342,7 +336,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Model:", self.model_label)
         form.addRow("Plan:", self.plan_combo)
         form.addRow("", self.plan_info)
-        form.addRow("Output file:", path_row)
+        form.addRow("Output file:", output_row)
         form.addRow("Method:", self.method_combo)
         form.addRow("Calibration:", calib_row)
         form.addRow("Chunks:", self.chunks_spin)
@@ -364,15 +358,12 @@ class ExportDialog(JobPanel, QDialog):
         self.result_label.setWordWrap(True)
         self.result_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
-        self.export_button = QPushButton("Export", self)
-        self.export_button.setDefault(True)
-        self.export_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel export", self)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.close_button = QPushButton("Close", self)
-        self.close_button.clicked.connect(self.hide)
-        self.upload_button = QPushButton("Upload to the Hub…", self)  # the next step, once a file exists
-        self.upload_button.clicked.connect(self._upload)
+        self.export_button = button("Export", self, self.start, default=True)
+        self.cancel_button = button("Cancel export", self, self.cancel)
+        self.close_button = button("Close", self, self.hide)
+        self.upload_button = button(
+            "Upload to the Hub…", self, self._upload
+        )  # the next step, once a file exists
         buttons = QHBoxLayout()
         buttons.addWidget(self.upload_button)
         buttons.addStretch(1)

@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMessageBox,
     QProgressBar,
-    QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -43,7 +42,7 @@ from studio.core.jobs import JobContext
 from studio.qt.fmt import human_bytes, human_count
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import PanelJob
-from studio.qt.panels import read_only_table
+from studio.qt.panels import button, read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
 
@@ -197,8 +196,7 @@ class HubPanel(QWidget):
         self.sort_combo = QComboBox(self)
         for label, key in SORTS:
             self.sort_combo.addItem(label, key)
-        self.search_button = QPushButton("Search", self)
-        self.search_button.clicked.connect(self.search)
+        self.search_button = button("Search", self, self.search)
         bar.addWidget(self.search_edit, 1)
         bar.addWidget(self.task_combo)
         bar.addWidget(self.sort_combo)
@@ -227,12 +225,9 @@ class HubPanel(QWidget):
         dl.addWidget(inner, 1)
 
         row = QHBoxLayout()
-        self.download_button = QPushButton("Download", detail)
-        self.download_button.clicked.connect(self.start_download)
-        self.pause_button = QPushButton("Pause", detail)
-        self.pause_button.clicked.connect(self.pause_download)
-        self.cancel_button = QPushButton("Cancel", detail)
-        self.cancel_button.clicked.connect(self.cancel_download)
+        self.download_button = button("Download", detail, self.start_download)
+        self.pause_button = button("Pause", detail, self.pause_download)
+        self.cancel_button = button("Cancel", detail, self.cancel_download)
         self.progress = QProgressBar(detail)
         self.progress.setRange(0, 1000)
         self.progress.setValue(0)
@@ -260,12 +255,9 @@ class HubPanel(QWidget):
         self.cache_table.itemDoubleClicked.connect(lambda _item: self.open_cached())
         layout.addWidget(self.cache_table, 1)
         row = QHBoxLayout()
-        self.cache_open_button = QPushButton("Open", page)
-        self.cache_open_button.clicked.connect(self.open_cached)
-        self.cache_delete_button = QPushButton("Delete…", page)
-        self.cache_delete_button.clicked.connect(self.delete_cached)
-        self.cache_refresh_button = QPushButton("Refresh", page)
-        self.cache_refresh_button.clicked.connect(self.refresh_cache)
+        self.cache_open_button = button("Open", page, self.open_cached)
+        self.cache_delete_button = button("Delete…", page, self.delete_cached)
+        self.cache_refresh_button = button("Refresh", page, self.refresh_cache)
         self.cache_label = QLabel("", page)
         row.addWidget(self.cache_open_button)
         row.addWidget(self.cache_delete_button)

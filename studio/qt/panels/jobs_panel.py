@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.qt.jobs import JobManager
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, button
 from studio.qt.state import StudioState
 
 __all__ = ["JobsPanel", "format_eta"]
@@ -77,10 +77,8 @@ class JobsPanel(QWidget):
         self.log_view = QPlainTextEdit(self)
         self.log_view.setReadOnly(True)
         self.log_view.setMaximumBlockCount(5000)
-        self.clear_button = QPushButton("Clear finished", self)
-        self.clear_button.clicked.connect(self.clear_finished)
-        self.cancel_all_button = QPushButton("Cancel all", self)
-        self.cancel_all_button.clicked.connect(self.jobs.cancel_all)
+        self.clear_button = button("Clear finished", self, self.clear_finished)
+        self.cancel_all_button = button("Cancel all", self, self.jobs.cancel_all)
         self.summary = QLabel("No jobs.", self)
         top = QHBoxLayout()
         top.addWidget(self.summary, 1)

@@ -15,12 +15,10 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QComboBox,
-    QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
     QHeaderView,
     QLabel,
-    QSpinBox,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -41,7 +39,7 @@ from studio.core.lab.memory import (
     shape_from_info,
 )
 from studio.qt.jobs import JobManager
-from studio.qt.panels import assert_gui_thread, choose, labelled_row, read_only_table
+from studio.qt.panels import assert_gui_thread, choose, labelled_row, read_only_table, spin_box
 from studio.qt.state import StudioState
 from studio.qt.theme import (
     follow_theme,
@@ -105,15 +103,17 @@ class MemoryPanel(QWidget):
         self.source_combo.addItem("The open model", "model")
         self.source_combo.addItem("A shape (parameters, layers, heads)", "shape")
         self.source_combo.currentIndexChanged.connect(self._on_source)
-        self.params_spin = QDoubleSpinBox(self)
-        self.params_spin.setRange(0.001, 5000.0)
-        self.params_spin.setDecimals(3)
-        self.params_spin.setSuffix(" B")
-        self.params_spin.setToolTip("Parameters, in billions")
-        self.layers_spin = self._int_spin(1, 1000, "Transformer layers")
-        self.kv_heads_spin = self._int_spin(1, 1024, "Key/value heads (fewer than attention heads with GQA)")
-        self.head_dim_spin = self._int_spin(1, 4096, "Values per attention head")
-        self.vocab_spin = self._int_spin(0, 10_000_000, "Vocabulary size (the logits' share of the overhead)")
+        self.params_spin = spin_box(
+            self, 0.001, 5000.0, decimals=3, suffix=" B", tip="Parameters, in billions"
+        )
+        self.layers_spin = spin_box(self, 1, 1000, tip="Transformer layers")
+        self.kv_heads_spin = spin_box(
+            self, 1, 1024, tip="Key/value heads (fewer than attention heads with GQA)"
+        )
+        self.head_dim_spin = spin_box(self, 1, 4096, tip="Values per attention head")
+        self.vocab_spin = spin_box(
+            self, 0, 10_000_000, tip="Vocabulary size (the logits' share of the overhead)"
+        )
         self._spins = (
             self.params_spin,
             self.layers_spin,
@@ -208,12 +208,6 @@ class MemoryPanel(QWidget):
         lay.addWidget(self.headline)
         lay.addWidget(self.status)
         lay.addWidget(split, 1)
-
-    def _int_spin(self, lo: int, hi: int, tip: str) -> QSpinBox:
-        spin = QSpinBox(self)
-        spin.setRange(lo, hi)
-        spin.setToolTip(tip)
-        return spin
 
     # -- inputs -----------------------------------------------------------------------------------
 

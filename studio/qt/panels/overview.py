@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from studio.core.calib.analysis import FeatureRule, FeatureRuleKind, LayerOutliers, layer_outlier_counts
 from studio.core.stats.cache import StatsCache
@@ -21,7 +21,7 @@ from studio.core.stats.overview import ModelOverview, OverviewMetric, model_over
 from studio.core.stats.tensor_stats import OutlierKind
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread
+from studio.qt.panels import assert_gui_thread, button
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, role_color, style_plot
@@ -56,9 +56,12 @@ class OverviewPanel(JobPanel, QWidget):
             self.metric_combo.addItem(m.label)
         self.metric_combo.currentIndexChanged.connect(self._redraw)
         self.rule_combo, self.rule_spin = make_rule_widgets(self)
-        self.run_button = QPushButton("Analyze all tensors", self)
-        self.run_button.setToolTip("Compute statistics of every weight matrix (in the background)")
-        self.run_button.clicked.connect(self.start)
+        self.run_button = button(
+            "Analyze all tensors",
+            self,
+            self.start,
+            tip="Compute statistics of every weight matrix (in the background)",
+        )
         self.status = QLabel("Open a model, then analyze it to see which tensors are hard to quantize.", self)
         self.status.setWordWrap(True)
         top = QHBoxLayout()
