@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.errors import EvaluationError, StudioError
+from studio.core.errors import StudioError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.quant.methods import METHODS
 from studio.core.quant.plan import Plan
@@ -135,53 +135,19 @@ def verify_in_child(
     a worker thread holds the GIL long enough to freeze the window (~0.5 s), and a crash or an
     out-of-memory kill of the child becomes an error sentence. Cancel terminates the child.
     """
-    import multiprocessing as mp
-    import queue
+    from studio.core.childjob import call_in_child
+    from studio.qt.verify_child import verify_child
 
-    from studio.qt.verify_child import verify_child_main
-
-    mpc = mp.get_context("spawn")
-    out = mpc.Queue()
-    # Not a daemon: the verification starts llama.cpp in a child process of its own.
-    proc = mpc.Process(
-        target=verify_child_main,
-        args=(out, str(gguf), str(source), device),
-        name="studio-verify",
-        daemon=False,
+    # the child is not a daemon: the verification starts llama.cpp in a child process of its own
+    return call_in_child(
+        verify_child,
+        {"gguf": str(gguf), "source": str(source), "device": device},
+        what="verification",
+        ctx=ctx,
+        poll_s=poll_s,
+        process_name="verify",
+        cancel_grace_s=0.0,  # Cancel terminates the child at once: nothing it would finish is kept
     )
-    proc.start()
-    try:
-        while True:
-            try:
-                msg = out.get(timeout=poll_s)
-            except queue.Empty:
-                if ctx.cancelled:
-                    raise JobCancelled() from None
-                if not proc.is_alive():
-                    try:  # the outcome may have arrived just before the child exited
-                        msg = out.get(timeout=1.0)
-                    except queue.Empty:
-                        raise EvaluationError(
-                            f"The verification process stopped unexpectedly (exit code {proc.exitcode}); "
-                            "the machine may be out of memory."
-                        ) from None
-                else:
-                    continue
-            kind = msg[0]
-            if kind == "progress":
-                ctx.report(int(msg[1]), int(msg[2]), str(msg[3]))
-            elif kind == "ok":
-                return msg[1]
-            else:
-                raise EvaluationError(str(msg[1]))
-    finally:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-        proc.join(5)
-        out.close()
 
 
 def run_export(
