@@ -352,13 +352,7 @@ def _q6k(x, qw):
     wt = _groups(qw.reshape(1, -1).expand(x.shape[0], -1), 16) if qw is not None else xt * xt
     L, sc = _symmetric(xt, wt, 32)
     scb = sc.reshape(-1, 16)
-    zero = torch.zeros_like(scb[:, 0])
-    max_abs, max_scale = zero, zero
-    for g in range(16):
-        a = scb[:, g].abs()
-        upd = a > max_abs
-        max_scale = torch.where(upd, scb[:, g], max_scale)
-        max_abs = torch.where(upd, a, max_abs)
+    max_abs, max_scale = _signed_absmax(scb.t())  # over each block's 16 scales
     empty = max_abs < EPS
     safe = torch.where(empty, torch.ones_like(max_scale), max_scale)
     iscale = div(-128.0, safe)
@@ -391,13 +385,8 @@ def _q3k(x, qw):
     else:
         L, sc = _q3_search(xt, 4)
         scb = sc.reshape(-1, 16)
-        zero = torch.zeros_like(scb[:, 0])
-        amax, max_scale = zero, zero
-        for g in range(16):
-            a = scb[:, g].abs()
-            upd = a > amax
-            max_scale = torch.where(upd, scb[:, g], max_scale)
-            amax = torch.where(upd, a, amax)
+        _, max_scale = _signed_absmax(scb.t())
+        zero = torch.zeros_like(max_scale)
         nz = max_scale != 0
         iscale = div(-32.0, torch.where(nz, max_scale, torch.ones_like(max_scale)))
         lv = nearest_int(iscale[:, None] * scb) & 0xFF
