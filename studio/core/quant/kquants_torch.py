@@ -96,6 +96,14 @@ def _signed_absmax(xt):
     return amax, fmax
 
 
+def _positive_max(v):
+    """Per row: the largest value, or 0.0 when none is positive (C's loop starts from 0)."""
+    m = torch.zeros_like(v[:, 0])
+    for j in range(v.shape[1]):
+        m = torch.where(v[:, j] > m, v[:, j], m)
+    return m
+
+
 def _symmetric(xt, wt, nmax):
     """make_qx_quants (rmse_type 1) over groups: xt, wt (n, G) -> (L 0..2nmax-1, scale)."""
     amax, fmax = _signed_absmax(xt)
@@ -312,11 +320,8 @@ def _q45k(x, qw, nmax):
         rmin, nstep = (-1.0, 20) if nmax == 15 else (-0.5, 15)
         L, sc, mn = _affine(xt, wt, nmax, rmin, 0.1, nstep, False)
         scb, mnb = sc.reshape(-1, 8), mn.reshape(-1, 8)
-        zero = torch.zeros_like(scb[:, 0])
-        max_scale, max_min = zero, zero
-        for j in range(8):
-            max_scale = torch.where(scb[:, j] > max_scale, scb[:, j], max_scale)
-            max_min = torch.where(mnb[:, j] > max_min, mnb[:, j], max_min)
+        max_scale, max_min = _positive_max(scb), _positive_max(mnb)
+        zero = torch.zeros_like(max_scale)
         inv_s = torch.where(max_scale > 0, div(63.0, max_scale), zero)
         inv_m = torch.where(max_min > 0, div(63.0, max_min), zero)
         ls = (nearest_int(inv_s[:, None] * scb) & 0xFF).clamp(max=63)
@@ -422,11 +427,8 @@ def _q2k(x, qw):
     else:
         L, sc, mn = _affine(xt, xt.abs(), 3, -0.5, 0.1, 15, True)
         scb, mnb = sc.reshape(-1, 16), mn.reshape(-1, 16)
-        zero = torch.zeros_like(scb[:, 0])
-        max_scale, max_min = zero, zero
-        for g in range(16):
-            max_scale = torch.where(scb[:, g] > max_scale, scb[:, g], max_scale)
-            max_min = torch.where(mnb[:, g] > max_min, mnb[:, g], max_min)
+        max_scale, max_min = _positive_max(scb), _positive_max(mnb)
+        zero = torch.zeros_like(max_scale)
         ps, pm = max_scale > 0, max_min > 0
         one = torch.ones_like(zero)
         ls = nearest_int(div(15.0, torch.where(ps, max_scale, one))[:, None] * scb) & 0xFF
