@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.jobs import JobContext
+from studio.qt import widgets
 from studio.qt.jobs import Job
-from studio.qt.panels import button
 from studio.qt.settings import AppSettings
 from studio.qt.theme import set_status
 
@@ -99,9 +99,9 @@ class UploadDialog(QDialog):
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.status.setOpenExternalLinks(True)
-        self.upload_button = button("Upload", self, self.start, default=True)
-        self.cancel_button = button("Cancel upload", self, self.cancel)
-        self.close_button = button("Close", self, self.close)
+        self.upload_button = widgets.button("Upload", self, self.start, default=True)
+        self.cancel_button = widgets.button("Cancel upload", self, self.cancel)
+        self.close_button = widgets.button("Close", self, self.close)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
         for b in (self.upload_button, self.cancel_button, self.close_button):

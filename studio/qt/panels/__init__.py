@@ -43,17 +43,13 @@ __all__ = [
     *_LAZY,
     "ask_yes_no",
     "assert_gui_thread",
-    "button",
     "choose",
     "labelled_row",
-    "line_edit",
     "make_array_feed",
     "page_layout",
-    "path_row",
     "read_only_table",
     "run_controls",
     "show_job_progress",
-    "spin_box",
 ]
 
 
@@ -107,79 +103,6 @@ def labelled_row(parent: Any, pairs: Any, *, stretch: bool = True) -> Any:
     if stretch:
         row.addStretch(1)
     return row
-
-
-def button(text: str, parent: Any, on_click: Any = None, *, tip: str = "", default: bool = False) -> Any:
-    """A ``QPushButton`` with ``text`` whose click calls ``on_click`` (if given)."""
-    from PySide6.QtWidgets import QPushButton
-
-    b = QPushButton(text, parent)
-    if default:
-        b.setDefault(True)
-    if tip:
-        b.setToolTip(tip)
-    if on_click is not None:
-        b.clicked.connect(on_click)
-    return b
-
-
-def line_edit(parent: Any, placeholder: str = "", on_change: Any = None) -> Any:
-    """A ``QLineEdit`` showing ``placeholder`` while empty; every change of its text calls ``on_change``."""
-    from PySide6.QtWidgets import QLineEdit
-
-    edit = QLineEdit(parent)
-    if placeholder:
-        edit.setPlaceholderText(placeholder)
-    if on_change is not None:
-        edit.textChanged.connect(on_change)
-    return edit
-
-
-def path_row(edit: Any, browse: Any) -> Any:
-    """A row with a path field (stretching) and its browse button."""
-    from PySide6.QtWidgets import QHBoxLayout
-
-    row = QHBoxLayout()
-    row.addWidget(edit, 1)
-    row.addWidget(browse)
-    return row
-
-
-def spin_box(
-    parent: Any,
-    lo: float,
-    hi: float,
-    value: float | None = None,
-    *,
-    decimals: int | None = None,
-    step: float | None = None,
-    prefix: str = "",
-    suffix: str = "",
-    special: str = "",
-    tip: str = "",
-) -> Any:
-    """A spin box over ``[lo, hi]`` at ``value`` (default ``lo``): a ``QSpinBox`` for int bounds, a
-    ``QDoubleSpinBox`` (showing ``decimals``) when a bound or the value is a float; ``special`` shows at ``lo``."""
-    from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox
-
-    real = decimals is not None or any(isinstance(v, float) for v in (lo, hi, value))
-    spin = QDoubleSpinBox(parent) if real else QSpinBox(parent)
-    if decimals is not None:  # before the range and value, which it rounds
-        spin.setDecimals(decimals)
-    if special:
-        spin.setSpecialValueText(special)
-    spin.setRange(lo, hi)
-    if step is not None:
-        spin.setSingleStep(step)
-    if value is not None:
-        spin.setValue(value)
-    if prefix:
-        spin.setPrefix(prefix)
-    if suffix:
-        spin.setSuffix(suffix)
-    if tip:
-        spin.setToolTip(tip)
-    return spin
 
 
 def read_only_table(parent: Any, columns: Any) -> Any:

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
 from studio.core.calib.analysis import Saliency, SmoothQuantResult, awq_saliency, smoothquant
-from studio.qt.panels import spin_box
+from studio.qt import widgets
 from studio.qt.theme import plot_colors, style_plot
 
 __all__ = ["SaliencyView", "SmoothQuantView"]
@@ -52,7 +52,7 @@ class SaliencyView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.saliency: Saliency | None = None
-        self.share_spin = spin_box(
+        self.share_spin = widgets.spin_box(
             self,
             0.1,
             50.0,

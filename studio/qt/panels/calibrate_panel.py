@@ -20,7 +20,6 @@ from typing import Any
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -36,9 +35,10 @@ from PySide6.QtWidgets import (
 from studio.core.calib.data import BUILTIN
 from studio.core.errors import StudioError
 from studio.core.stats.cache import StatsCache
+from studio.qt import widgets
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel, PanelJob
-from studio.qt.panels import assert_gui_thread, button, choose, line_edit, read_only_table, spin_box
+from studio.qt.panels import assert_gui_thread, choose, read_only_table
 from studio.qt.panels.activation_views import SaliencyView, SmoothQuantView
 from studio.qt.panels.device_selector import DeviceSelector
 from studio.qt.settings import AppSettings
@@ -84,13 +84,14 @@ class CalibratePanel(JobPanel, QWidget):
     # -- layout -----------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.source_combo = QComboBox(self)
-        for key, label in SOURCES:
-            self.source_combo.addItem(label, key)
-        self.source_combo.currentIndexChanged.connect(self.update_controls)
-        self.path_edit = line_edit(self, 'A UTF-8 text file, or a .jsonl of chats ({"messages": [...]})')
-        self.browse_button = button("Browse…", self, self._browse_text)
-        self.ctx_spin = spin_box(
+        self.source_combo = widgets.combo_box(
+            self, [(label, key) for key, label in SOURCES], on_change=self.update_controls
+        )
+        self.path_edit = widgets.line_edit(
+            self, 'A UTF-8 text file, or a .jsonl of chats ({"messages": [...]})'
+        )
+        self.browse_button = widgets.button("Browse…", self, self._browse_text)
+        self.ctx_spin = widgets.spin_box(
             self,
             16,
             1 << 16,
@@ -98,14 +99,14 @@ class CalibratePanel(JobPanel, QWidget):
             suffix=" tokens",
             tip="Tokens per chunk (llama-imatrix's --ctx-size; 512 is its default)",
         )
-        self.chunks_spin = spin_box(
+        self.chunks_spin = widgets.spin_box(
             self, 0, 1 << 20, special="all", tip="How many chunks of the text to run (all: every whole chunk)"
         )
         self.device = DeviceSelector(self.state, self.jobs, self)
         self.output_check = QCheckBox("Include output.weight", self)
         self.output_check.setToolTip("Also collect the output head's input (llama-imatrix --process-output)")
-        self.run_button = button("Calibrate", self, self.start)
-        self.cancel_button = button("Cancel", self, self.cancel)
+        self.run_button = widgets.button("Calibrate", self, self.start)
+        self.cancel_button = widgets.button("Cancel", self, self.cancel)
 
         row1 = QHBoxLayout()
         row1.addWidget(QLabel("Text:", self))
@@ -133,9 +134,9 @@ class CalibratePanel(JobPanel, QWidget):
 
         self.imatrix_label = QLabel("Importance matrix: none.", self)
         self.imatrix_label.setWordWrap(True)
-        self.save_button = button("Save imatrix…", self, self._save_dialog)
-        self.load_button = button("Load imatrix…", self, self._load_dialog)
-        self.forget_button = button(
+        self.save_button = widgets.button("Save imatrix…", self, self._save_dialog)
+        self.load_button = widgets.button("Load imatrix…", self, self._load_dialog)
+        self.forget_button = widgets.button(
             "Forget",
             self,
             lambda: self.state.set_imatrix(None),

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
-    QComboBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
@@ -26,18 +25,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import (
-    assert_gui_thread,
-    button,
-    labelled_row,
-    line_edit,
-    path_row,
-    read_only_table,
-    run_controls,
-    spin_box,
-)
+from studio.qt.panels import assert_gui_thread, labelled_row, read_only_table, run_controls
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
@@ -72,6 +63,7 @@ class EvalPanel(JobPanel, QWidget):
 
     reportShown = Signal(object)  # the EvalReport just drawn
     errorShown = Signal(str)
+    cancelled_text = "Evaluation cancelled."
 
     def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -87,14 +79,16 @@ class EvalPanel(JobPanel, QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.original_edit = line_edit(self, "the original model folder (or a GGUF)", self.update_controls)
-        browse = button("…", self, self._choose_original, tip="Choose the original model folder")
-        orig_row = path_row(self.original_edit, browse)
+        self.original_edit = widgets.line_edit(
+            self, "the original model folder (or a GGUF)", self.update_controls
+        )
+        browse = widgets.button("…", self, self._choose_original, tip="Choose the original model folder")
+        orig_row = widgets.path_row(self.original_edit, browse)
 
         self.variant_list = QListWidget(self)
         self.variant_list.setMaximumHeight(110)
-        self.add_button = button("Add GGUF…", self, self._choose_variants)
-        self.remove_button = button("Remove", self, self._remove_selected)
+        self.add_button = widgets.button("Add GGUF…", self, self._choose_variants)
+        self.remove_button = widgets.button("Remove", self, self._remove_selected)
         vbtn = QVBoxLayout()
         vbtn.addWidget(self.add_button)
         vbtn.addWidget(self.remove_button)
@@ -103,23 +97,26 @@ class EvalPanel(JobPanel, QWidget):
         var_row.addWidget(self.variant_list, 1)
         var_row.addLayout(vbtn)
 
-        self.text_combo = QComboBox(self)
-        self.text_combo.addItem("Built-in English sample", "sample")
-        self.text_combo.addItem("WikiText-2 test (needs datasets, offline copy)", "wikitext-2")
-        self.text_combo.addItem("Text file…", "file")
+        self.text_combo = widgets.combo_box(
+            self,
+            [
+                ("Built-in English sample", "sample"),
+                ("WikiText-2 test (needs datasets, offline copy)", "wikitext-2"),
+                ("Text file…", "file"),
+            ],
+        )
         self.text_combo.activated.connect(self._on_text_choice)
-        self.ctx_spin = spin_box(
+        self.ctx_spin = widgets.spin_box(
             self, 16, 32768, 512, tip="Tokens per chunk; the second half of each chunk is scored"
         )
-        self.chunks_spin = spin_box(
+        self.chunks_spin = widgets.spin_box(
             self, 0, 100000, 16, special="all", tip="Evaluate at most this many chunks (0: the whole text)"
         )
-        self.kv_combo = QComboBox(self)
-        for label, kinds in KV_CHOICES:
-            self.kv_combo.addItem(label, kinds)
-        self.kv_combo.setToolTip(
-            "llama.cpp's K/V cache type for the GGUF variants (flash attention when quantized); "
-            "comparing scores each variant once per type"
+        self.kv_combo = widgets.combo_box(
+            self,
+            KV_CHOICES,
+            tip="llama.cpp's K/V cache type for the GGUF variants (flash attention when quantized); "
+            "comparing scores each variant once per type",
         )
         self.run_button, self.cancel_button, self.progress, self.status = run_controls(self, "Evaluate")
         self.hierarchy_label = QLabel("", self)
@@ -266,10 +263,6 @@ class EvalPanel(JobPanel, QWidget):
         self.update_controls()
         self.show_report(result)
         self.state.publish_evaluation(result)
-
-    def on_cancel(self) -> None:
-        self.update_controls()
-        self.status.setText("Evaluation cancelled.")
 
     # -- results ----------------------------------------------------------------------------------
 

@@ -38,10 +38,11 @@ from studio.core.jobs import JobCancelled, JobContext
 from studio.core.quant.methods import METHODS
 from studio.core.quant.plan import Plan
 from studio.core.quant.presets import PRESETS
+from studio.qt import widgets
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import ask_yes_no, button, choose, line_edit, path_row, spin_box
+from studio.qt.panels import ask_yes_no, choose
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
@@ -260,31 +261,29 @@ class ExportDialog(JobPanel, QDialog):
         self.path_edit = QLineEdit(self)
         self.path_edit.setPlaceholderText("Where to write the .gguf file")
         self.path_edit.textEdited.connect(self._on_path_edited)
-        self.browse_button = button("Browse…", self, self.browse)
-        output_row = path_row(self.path_edit, self.browse_button)
+        self.browse_button = widgets.button("Browse…", self, self.browse)
+        output_row = widgets.path_row(self.path_edit, self.browse_button)
         self.device_combo = QComboBox(self)
         self.device_combo.setToolTip("Where quantization and verification run")
-        self.backend_combo = QComboBox(self)
-        for key, label in BACKENDS:
-            self.backend_combo.addItem(label, key)
-        self.backend_combo.setToolTip(
-            "Quant Studio streams the checkpoint through its own quantizers; llama.cpp quantizes our F32 "
-            "export with llama_model_quantize (same tensor types, same bytes without an imatrix)"
+        self.backend_combo = widgets.combo_box(
+            self,
+            [(label, key) for key, label in BACKENDS],
+            tip="Quant Studio streams the checkpoint through its own quantizers; llama.cpp quantizes our F32 "
+            "export with llama_model_quantize (same tensor types, same bytes without an imatrix)",
         )
         self.verify_check = QCheckBox(
             "Verify the file against the original model (llama.cpp vs transformers)", self
         )
         self.verify_check.setChecked(True)
-        self.method_combo = QComboBox(self)
-        for name, m in METHODS.items():
-            self.method_combo.addItem(f"{name} — {m.description}", name)
-        self.method_combo.setToolTip(
-            "How codes and scales are chosen; the file keeps the plan's types (and size) whatever the method"
+        self.method_combo = widgets.combo_box(
+            self,
+            [(f"{name} — {m.description}", name) for name, m in METHODS.items()],
+            tip="How codes and scales are chosen; the file keeps the plan's types (and size) whatever the method",
         )
-        self.calib_edit = line_edit(self, "Built-in calibration text (prose, chats, code, languages)")
-        self.calib_browse = button("Browse…", self, self.browse_calibration)
-        calib_row = path_row(self.calib_edit, self.calib_browse)
-        self.chunks_spin = spin_box(
+        self.calib_edit = widgets.line_edit(self, "Built-in calibration text (prose, chats, code, languages)")
+        self.calib_browse = widgets.button("Browse…", self, self.browse_calibration)
+        calib_row = widgets.path_row(self.calib_edit, self.calib_browse)
+        self.chunks_spin = widgets.spin_box(
             self,
             0,
             100_000,
@@ -324,10 +323,10 @@ class ExportDialog(JobPanel, QDialog):
         self.result_label.setWordWrap(True)
         self.result_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
-        self.export_button = button("Export", self, self.start, default=True)
-        self.cancel_button = button("Cancel export", self, self.cancel)
-        self.close_button = button("Close", self, self.hide)
-        self.upload_button = button(
+        self.export_button = widgets.button("Export", self, self.start, default=True)
+        self.cancel_button = widgets.button("Cancel export", self, self.cancel)
+        self.close_button = widgets.button("Close", self, self.hide)
+        self.upload_button = widgets.button(
             "Upload to the Hub…", self, self._upload
         )  # the next step, once a file exists
         buttons = QHBoxLayout()

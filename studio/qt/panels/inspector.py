@@ -31,9 +31,10 @@ from PySide6.QtWidgets import (
 from studio.core.calib.analysis import ChannelProfile, activation_histogram, channel_profile
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, page_layout, read_only_table, spin_box
+from studio.qt.panels import assert_gui_thread, page_layout, read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import (
     MAIN_FILL_ALPHA,
@@ -63,7 +64,7 @@ def make_rule_widgets(parent: QWidget) -> tuple[QComboBox, QDoubleSpinBox]:
     combo = QComboBox(parent)
     for label, _, _ in _RULE_CHOICES:
         combo.addItem(label)
-    spin = spin_box(
+    spin = widgets.spin_box(
         parent,
         0.01,
         1e6,
@@ -179,7 +180,7 @@ class InspectorPanel(JobPanel, QWidget):
         top.addWidget(QLabel("Outliers:", self))
         top.addWidget(self.rule_combo)
         top.addWidget(self.rule_spin)
-        self.act_abs_spin = spin_box(
+        self.act_abs_spin = widgets.spin_box(
             self,
             0.01,
             1e6,
@@ -187,7 +188,7 @@ class InspectorPanel(JobPanel, QWidget):
             prefix="|x| ≥ ",
             tip="Activation outlier features by magnitude (LLM.int8() uses 6)",
         )
-        self.act_k_spin = spin_box(
+        self.act_k_spin = widgets.spin_box(
             self,
             1.0,
             1e4,

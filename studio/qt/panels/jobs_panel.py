@@ -24,8 +24,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
-from studio.qt.panels import assert_gui_thread, button
+from studio.qt.panels import assert_gui_thread
 from studio.qt.state import StudioState
 
 __all__ = ["JobsPanel", "format_eta"]
@@ -77,8 +78,8 @@ class JobsPanel(QWidget):
         self.log_view = QPlainTextEdit(self)
         self.log_view.setReadOnly(True)
         self.log_view.setMaximumBlockCount(5000)
-        self.clear_button = button("Clear finished", self, self.clear_finished)
-        self.cancel_all_button = button("Cancel all", self, self.jobs.cancel_all)
+        self.clear_button = widgets.button("Clear finished", self, self.clear_finished)
+        self.cancel_all_button = widgets.button("Cancel all", self, self.jobs.cancel_all)
         self.summary = QLabel("No jobs.", self)
         top = QHBoxLayout()
         top.addWidget(self.summary, 1)

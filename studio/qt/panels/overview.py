@@ -19,9 +19,10 @@ from studio.core.calib.analysis import FeatureRule, FeatureRuleKind, LayerOutlie
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
 from studio.core.stats.tensor_stats import OutlierKind
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, button
+from studio.qt.panels import assert_gui_thread
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, role_color, style_plot
@@ -34,6 +35,7 @@ class OverviewPanel(JobPanel, QWidget):
 
     overviewShown = Signal(object)  # the ModelOverview drawn
     errorShown = Signal(str)
+    cancelled_text = "Analysis cancelled."
 
     def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -56,7 +58,7 @@ class OverviewPanel(JobPanel, QWidget):
             self.metric_combo.addItem(m.label)
         self.metric_combo.currentIndexChanged.connect(self._redraw)
         self.rule_combo, self.rule_spin = make_rule_widgets(self)
-        self.run_button = button(
+        self.run_button = widgets.button(
             "Analyze all tensors",
             self,
             self.start,
@@ -165,10 +167,6 @@ class OverviewPanel(JobPanel, QWidget):
     def on_done(self, result: ModelOverview) -> None:
         self.update_controls()
         self.show_overview(result)
-
-    def on_cancel(self) -> None:
-        self.update_controls()
-        self.status.setText("Analysis cancelled.")
 
     @Slot()
     def _redraw(self, *_: Any) -> None:

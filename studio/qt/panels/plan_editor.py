@@ -43,9 +43,10 @@ from studio.core.quant.plan import (
 )
 from studio.core.quant.presets import PRESETS, Fallback, allows_quantization
 from studio.core.quant.types import PLAN_TYPES
+from studio.qt import widgets
 from studio.qt.fmt import human_bytes
 from studio.qt.jobs import JobManager
-from studio.qt.panels import assert_gui_thread, button, line_edit, spin_box
+from studio.qt.panels import assert_gui_thread
 from studio.qt.state import StudioState
 from studio.qt.theme import FALLBACK_RGBA, set_status
 
@@ -286,11 +287,11 @@ class PlanEditorPanel(QWidget):
         for qtype in UNIFORM_TYPES:
             self.preset_combo.addItem(f"uniform {qtype}", f"uniform:{qtype}")
         self.preset_combo.setCurrentIndex(self.preset_combo.findData(f"preset:{DEFAULT_PRESET}"))
-        self.preset_button = button("Apply", self, self._apply_start)
+        self.preset_button = widgets.button("Apply", self, self._apply_start)
 
-        self.keep_n = spin_box(self, 1, 999, 1)
+        self.keep_n = widgets.spin_box(self, 1, 999, 1)
         self.keep_type = type_combo(self, "Q8_0")
-        self.keep_button = button(
+        self.keep_button = widgets.button(
             "Keep first/last N layers",
             self,
             lambda: self.keep_first_last(self.keep_n.value(), self.keep_type.currentText()),
@@ -299,20 +300,20 @@ class PlanEditorPanel(QWidget):
         )
 
         self.set_type = type_combo(self, "Q8_0")
-        self.set_button = button(
+        self.set_button = widgets.button(
             "Set selected cells", self, lambda: self.set_selected(self.set_type.currentText())
         )
 
-        self.regex_edit = line_edit(self, r"regex on tensor names, e.g. mlp\.down_proj|attn_v")
+        self.regex_edit = widgets.line_edit(self, r"regex on tensor names, e.g. mlp\.down_proj|attn_v")
         self.regex_type = type_combo(self, "Q6_K")
-        self.regex_button = button(
+        self.regex_button = widgets.button(
             "Apply rule",
             self,
             lambda: self.apply_regex(self.regex_edit.text(), self.regex_type.currentText()),
         )
 
-        self.save_button = button("Save plan…", self, self._save_dialog)
-        self.load_button = button("Load plan…", self, self._load_dialog)
+        self.save_button = widgets.button("Save plan…", self, self._save_dialog)
+        self.load_button = widgets.button("Load plan…", self, self._load_dialog)
 
         self.undo_action = self.undo_stack.createUndoAction(self, "Undo")
         self.undo_action.setShortcut(QKeySequence("Ctrl+Z"))
@@ -321,8 +322,8 @@ class PlanEditorPanel(QWidget):
         for act in (self.undo_action, self.redo_action):
             act.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
             self.addAction(act)
-        self.undo_button = button("Undo", self, self.undo_stack.undo)
-        self.redo_button = button("Redo", self, self.undo_stack.redo)
+        self.undo_button = widgets.button("Undo", self, self.undo_stack.undo)
+        self.redo_button = widgets.button("Redo", self, self.undo_stack.redo)
         self.undo_stack.canUndoChanged.connect(self.undo_button.setEnabled)
         self.undo_stack.canRedoChanged.connect(self.redo_button.setEnabled)
         self.undo_button.setEnabled(False)

@@ -28,9 +28,10 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.preview import PreviewResult, block_schemes, generic_schemes, imatrix_entry, preview_tensor
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, button, choose, page_layout, read_only_table
+from studio.qt.panels import assert_gui_thread, choose, page_layout, read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
 
@@ -80,7 +81,7 @@ class PreviewPanel(JobPanel, QWidget):
         self.imatrix_check.setToolTip(
             "Quantize with the importance matrix (Calibrate page) as llama-quantize does; Q8_0 ignores it"
         )
-        self.run_button = button(
+        self.run_button = widgets.button(
             "Preview", self, self.start, tip="Quantize the selected tensor to this type and measure the error"
         )
         self.tensor_label = QLabel("No tensor selected.", self)

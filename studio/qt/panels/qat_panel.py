@@ -17,7 +17,6 @@ from typing import Any
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import (
-    QComboBox,
     QFileDialog,
     QFormLayout,
     QGridLayout,
@@ -29,18 +28,10 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.jobs import JobContext
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import (
-    assert_gui_thread,
-    button,
-    choose,
-    labelled_row,
-    line_edit,
-    path_row,
-    run_controls,
-    spin_box,
-)
+from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_badge, set_status, style_plot
 
@@ -92,28 +83,30 @@ class QatPanel(JobPanel, QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.model_edit = line_edit(
+        self.model_edit = widgets.line_edit(
             self, "a Hugging Face model folder (the open model by default)", self.update_controls
         )
-        model_row = path_row(
-            self.model_edit, button("…", self, self._choose_model, tip="Choose a model folder")
+        model_row = widgets.path_row(
+            self.model_edit, widgets.button("…", self, self._choose_model, tip="Choose a model folder")
         )
 
-        self.bits_spin = spin_box(self, 2, 8, 3, suffix=" bits")
-        self.group_combo = QComboBox(self)
-        for g in (32, 64, 128):
-            self.group_combo.addItem(f"groups of {g}", g)
-        self.group_combo.addItem("one scale per output channel", None)
-        self.steps_spin = spin_box(self, 1, 100_000, 30)
-        self.seq_spin = spin_box(self, 8, 8192, 128, tip="Tokens per training and evaluation chunk")
-        self.lr_spin = spin_box(self, 1e-6, 1e-1, 1e-4, decimals=6, step=1e-5)
-        self.train_combo = QComboBox(self)
-        self.train_combo.addItem("Built-in prose (the calibration text)", "prose")
-        self.train_combo.addItem("Text file…", "file")
+        self.bits_spin = widgets.spin_box(self, 2, 8, 3, suffix=" bits")
+        self.group_combo = widgets.combo_box(
+            self, [*((f"groups of {g}", g) for g in (32, 64, 128)), ("one scale per output channel", None)]
+        )
+        self.steps_spin = widgets.spin_box(self, 1, 100_000, 30)
+        self.seq_spin = widgets.spin_box(self, 8, 8192, 128, tip="Tokens per training and evaluation chunk")
+        self.lr_spin = widgets.spin_box(self, 1e-6, 1e-1, 1e-4, decimals=6, step=1e-5)
+        self.train_combo = widgets.combo_box(
+            self, [("Built-in prose (the calibration text)", "prose"), ("Text file…", "file")]
+        )
         self.train_combo.activated.connect(self._on_train_choice)
-        self.eval_combo = QComboBox(self)
-        self.eval_combo.addItem("Built-in English sample (the evaluation text)", "sample")
-        self.output_edit = line_edit(self, "optional: a new folder for the QAT weights (export takes it)")
+        self.eval_combo = widgets.combo_box(
+            self, [("Built-in English sample (the evaluation text)", "sample")]
+        )
+        self.output_edit = widgets.line_edit(
+            self, "optional: a new folder for the QAT weights (export takes it)"
+        )
 
         self.run_button, self.cancel_button, self.progress, self.status = run_controls(self, "Run QAT")
         self.status.setText(
