@@ -79,8 +79,8 @@ class ExportResult:
         return 8.0 * self.tensor_bytes / self.n_weights if self.n_weights else 0.0
 
 
-def _llama_order(name: str) -> tuple[int, str]:
-    # llama.cpp orders tensors by block number, then name; non-block tensors first
+def llama_order(name: str) -> tuple[int, str]:
+    """The sort key of the tensor ``name`` in llama.cpp's files: block number, then name; others first."""
     parts = name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
         return int(parts[1]), name
@@ -102,7 +102,7 @@ def _items(plan: Plan, lay: Layout, extras: list[tuple[str, np.ndarray]]) -> lis
     for tm in lay.tensors:
         t = plan.type_of(tm.hf_name)
         items.append(_Item(tm.gguf_name, tm.shape, t, tensor_bytes(t, tm.shape), tm))
-    items.sort(key=lambda it: _llama_order(it.gguf_name))
+    items.sort(key=lambda it: llama_order(it.gguf_name))
     return items
 
 
@@ -653,6 +653,7 @@ __all__ = [
     "check_exportable",
     "export_file_bytes",
     "export_gguf",
+    "llama_order",
     "llamacpp_overrides",
     "llamacpp_validator",
 ]
