@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from studio.core.quant.torch_ops import EPS, div, fp16, nearest_int, seq_sum, sqrt
+from studio.core.quant.grid import k4_scales
+from studio.core.quant.torch_ops import EPS, div, fp16, nearest_int, qx_search, seq_sum, sqrt
 from studio.core.quant.types import QK_K, QTYPES, row_bytes
 
 __all__ = ["dequantize_rows_torch", "quantize_rows_torch"]
@@ -114,18 +115,8 @@ def _symmetric(xt, wt, nmax):
         fl = torch.clamp(nearest_int(isc * xt), -nmax, nmax - 1).to(torch.float32)
         return isc, seq_sum(wx * fl), seq_sum(wt * fl * fl)
 
-    best_is, sumlx, suml2 = trial(float(-nmax))
-    zero = torch.zeros_like(sumlx)
-    scale = torch.where(suml2 != 0, div(sumlx, suml2), zero)
-    best = scale * sumlx
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        isc, sumlx, suml2 = trial(float(-(_F(nmax) + _F(0.1) * _F(step))))
-        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-        scale = torch.where(better, div(sumlx, suml2), scale)
-        best = torch.where(better, scale * sumlx, best)
-        best_is = torch.where(better, isc, best_is)
+    best_is, scale = qx_search(trial, nmax)
+    zero = torch.zeros_like(scale)
     L = torch.clamp(nearest_int(best_is * xt), -nmax, nmax - 1) + nmax
     small = amax < EPS
     L = torch.where(small, torch.zeros_like(L), L)
@@ -261,10 +252,7 @@ def _pack_k4_scales(ls: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_k4_scales(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s = sc.to(torch.int32)
-    d = torch.cat([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], dim=1)
-    m = torch.cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], dim=1)
-    return d, m
+    return k4_scales(sc.to(torch.int32), torch.cat)
 
 
 def _pack_2bit(L: torch.Tensor) -> torch.Tensor:
