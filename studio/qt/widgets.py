@@ -70,7 +70,7 @@ def spin_box(
     ``QDoubleSpinBox`` (showing ``decimals``) when a bound or the value is a float; ``special`` shows at ``lo``."""
     real = decimals is not None or any(isinstance(v, float) for v in (lo, hi, value))
     spin = QDoubleSpinBox(parent) if real else QSpinBox(parent)
-    if decimals is not None:  # before the range and value, which it rounds
+    if decimals is not None:  # Qt shows (and rounds the range and value to) this many digits
         spin.setDecimals(decimals)
     if special:
         spin.setSpecialValueText(special)
