@@ -127,7 +127,7 @@ def test_a_click_on_a_cell_or_a_bar_opens_that_tensor_in_the_inspector(make_wind
     scan = synthetic_scan(win.state.info, KL)
     d.set_scan(scan)
     _show_sensitivity(qtbot, d)
-    win.show_page("summary")
+    win.show_page("plan")  # not the summary: a choice there goes to the inspector by itself
     cell = d.heat.grid.cell_of("model.layers.1.self_attn.v_proj.weight")
     with qtbot.waitSignal(
         win.panel("inspector").statsShown,
@@ -183,3 +183,14 @@ def test_an_exported_budget_plan_is_measured_in_a_job_and_shown_beside_the_predi
     assert list(d.measured_dot.data["x"]) == [res.file_bytes]
     assert list(d.measured_dot.data["y"]) == pytest.approx([np.log10(m.measured_kl)])  # a log axis
     assert not d.running and d.measure_button.isEnabled()
+
+
+def test_a_measurement_can_be_cancelled_and_shows_nothing(dialog, qtbot):
+    state, d = dialog
+    d.set_scan(synthetic_scan(state.info, KL))
+    d.measure_plan()
+    assert d.running and d.cancel_button.isEnabled()
+    d.cancel_button.click()
+    qtbot.waitUntil(lambda: not d.running, timeout=60_000)
+    assert d.measured is None and d.measured_label.text() == "" and d.status.text() == "Cancelled."
+    assert list(d.measured_dot.data["x"]) == [] and d.measure_button.isEnabled()
