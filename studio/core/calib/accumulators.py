@@ -10,6 +10,7 @@ device has it, float32 on MPS) and cross to numpy once, in ``result()``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -49,11 +50,16 @@ def _fold(keys: np.ndarray) -> np.ndarray:
 _FOLD = np.clip(np.arange(2048) - _KEY_LO, -1, _KEY_SPAN) + 1  # raw key → histogram bin
 
 
-def _compiled(x: Any) -> bool:
-    """True when ``x`` is reduced by the numba kernel (a CPU tensor, numba present)."""
+@functools.cache
+def _have_numba() -> bool:
     from studio.core.jit import HAVE_NUMBA
 
-    return HAVE_NUMBA and x.device.type == "cpu"
+    return HAVE_NUMBA
+
+
+def _compiled(x: Any) -> bool:
+    """True when ``x`` is reduced by the numba kernel (a CPU tensor, numba present)."""
+    return x.device.type == "cpu" and _have_numba()
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,17 +84,18 @@ class Reduction:
         """Reduce ``x`` (any float dtype, rows × channels)."""
         import torch
 
-        xf = x.detach().float()
-        rows, cols = (int(v) for v in xf.shape)
+        xf = x.detach()
+        if xf.dtype != torch.float32:
+            xf = xf.float()
+        rows, cols = xf.shape
         if _compiled(xf):
-            from studio.core.calib import _reduce_kernel as k
+            from studio.core.calib._reduce_kernel import N_KEYS, reduce_rows
 
-            xn = xf.contiguous().numpy()
+            xn = (xf if xf.is_contiguous() else xf.contiguous()).numpy()
             sq, sa = np.zeros(cols), np.zeros(cols)
             am = np.zeros(cols, dtype=np.float32)
-            keys = np.zeros(k.N_KEYS, dtype=np.int64)
-            k.reduce_rows(xn, xn.view(np.uint32), sq, sa, am, keys, histogram)
-            finite = bool(np.isfinite(sq).all())  # NaN and Inf reach Σx²; float64 does not overflow
+            keys = np.zeros(N_KEYS, dtype=np.int64)
+            finite = reduce_rows(xn, xn.view(np.uint32), sq, sa, am, keys, histogram)  # NaN and Inf reach Σx²
             return cls(
                 rows,
                 torch.from_numpy(sq),
@@ -187,12 +194,27 @@ class InputAccumulator:
         self.sum_abs = torch.zeros((n_experts, n_cols), dtype=dt, device=device)
         self.absmax = torch.zeros((n_experts, n_cols), dtype=torch.float32, device=device)
         self.hist = torch.zeros(2048, dtype=torch.int64, device=device)  # raw keys, folded in result()
+        cpu = self.sum_sq.device.type == "cpu"
+        self._np = (
+            (self.sum_sq.numpy(), self.sum_abs.numpy(), self.absmax.numpy(), self.hist.numpy())
+            if cpu
+            else None
+        )
         self.last: Any = None  # the last Reduction added (sites sharing this accumulator add it once)
 
     def add(self, r: Reduction, expert: int = 0) -> None:
         """Add one batch of rows (for ``expert``)."""
-        dev = self.sum_sq.device
         self.count[expert] += r.rows
+        if self._np is not None and r.sum_sq.device.type == "cpu" and r.sum_sq.dtype == self.sum_sq.dtype:
+            # numpy on the kernel's float64 sums: each small torch op costs several µs of dispatch
+            sq, sa, am, hist = self._np
+            np.add(sq[expert], r.sum_sq.numpy(), out=sq[expert])
+            np.add(sa[expert], r.sum_abs.numpy(), out=sa[expert])
+            np.maximum(am[expert], r.absmax.numpy(), out=am[expert])
+            if r.hist is not None:
+                np.add(hist, r.hist.numpy(), out=hist)
+            return
+        dev = self.sum_sq.device
         self.sum_sq[expert] += r.sum_sq.to(dev, self.sum_sq.dtype)
         self.sum_abs[expert] += r.sum_abs.to(dev, self.sum_abs.dtype)
         self.absmax[expert] = self.absmax[expert].maximum(r.absmax.to(dev))
@@ -254,9 +276,10 @@ class HiddenAccumulator:
             from studio.core.calib._reduce_kernel import hidden_rows
 
             s_norm, m_norm, s_sq = hidden_rows(hf.contiguous().numpy(), self.absmax.numpy())
-            self.sums[0] += s_norm
-            self.sums[1] = max(float(self.sums[1]), m_norm)
-            self.sums[2] += s_sq
+            sums = self.sums.numpy()  # a view: numpy scalar updates, not three torch dispatches
+            sums[0] += s_norm
+            sums[1] = max(sums[1], m_norm)
+            sums[2] += s_sq
             return
         sq = hf.square().sum(-1).to(self.sums.dtype)
         norms = sq.sqrt()
