@@ -5,8 +5,8 @@ bincount, each a parallel region; on a CPU these cost more than the layer's own 
 Here blocks of rows are summed in float32 (twice the vector width of float64, half the traffic of
 the sums, which stay in L1) and each block's sums are added to the float64 totals: a relative error
 of a few 1e-7 at worst per block, none carried across blocks. The histogram keys (the top 12 bits
-of the float32 pattern of |x|, as ``accumulators`` bins them) are counted in a separate loop, so
-the sums' loop has no scatter in it and vectorises.
+of the float32 pattern of |x|, as ``accumulators`` bins them) are counted in uint32 lanes by a
+second loop over each row while it is in L1, so the sums' loop has no scatter in it and vectorises.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ def reduce_rows(
     rows, cols = x.shape
     bsq = np.empty(cols, np.float32)
     bsa = np.empty(cols, np.float32)
+    # four rows of counts: neighbours rarely wait on one bin; uint32 halves their cache footprint
+    lanes = np.zeros((4, N_KEYS), np.uint32)
+    per_flush = max(1, _LANE_FLUSH // max(cols, 1))  # rows
     for r0 in range(0, rows, BLOCK):
         r1 = min(r0 + BLOCK, rows)
         bsq[:] = 0.0
@@ -50,6 +53,18 @@ def reduce_rows(
                 bsq[c] += v * v
                 bsa[c] += a
                 absmax[c] = a if a > absmax[c] else absmax[c]  # a select, so the loop vectorises
+            if histogram:  # its own loop over the row, still in L1: the scatter stays out of the sums' loop
+                for c in range(cols):
+                    lanes[c & 3, (bits[r, c] >> 20) & 0x7FF] += 1
+                if (r + 1) % per_flush == 0 or r == rows - 1:
+                    for k in range(N_KEYS):
+                        keys[k] += (
+                            np.int64(lanes[0, k])
+                            + np.int64(lanes[1, k])
+                            + np.int64(lanes[2, k])
+                            + np.int64(lanes[3, k])
+                        )
+                    lanes[:] = 0
         for c in range(cols):
             s = bsq[c]
             if s == np.inf:  # finite |x| ≥ 2^64 (or an Inf, which float64 keeps): redo in float64
@@ -61,22 +76,6 @@ def reduce_rows(
             else:
                 sum_sq[c] += np.float64(s)
             sum_abs[c] += np.float64(bsa[c])
-    if histogram:
-        # four rows of counts: neighbours rarely wait on one bin; uint32 halves their cache footprint
-        lanes = np.zeros((4, N_KEYS), np.uint32)
-        per_flush = max(1, _LANE_FLUSH // max(cols, 1))  # rows
-        for r in range(rows):
-            for c in range(cols):
-                lanes[c & 3, (bits[r, c] >> 20) & 0x7FF] += 1
-            if (r + 1) % per_flush == 0 or r == rows - 1:
-                for k in range(N_KEYS):
-                    keys[k] += (
-                        np.int64(lanes[0, k])
-                        + np.int64(lanes[1, k])
-                        + np.int64(lanes[2, k])
-                        + np.int64(lanes[3, k])
-                    )
-                lanes[:] = 0
     for c in range(cols):
         if not np.isfinite(sum_sq[c]):
             return False
