@@ -74,11 +74,11 @@ def test_half_precision_rows_are_reduced_in_float32(path):
     np.testing.assert_allclose(r.sum_sq.double().numpy(), (xb * xb).sum(0), rtol=1e-5)
 
 
-def test_kernel_block_sums_stay_float64_accurate():
-    # float32 block sums: the per-channel totals must stay within 1e-6 of float64 over long, skewed inputs
+def test_kernel_sums_stay_float64_accurate():
+    # the per-channel totals stay within 1e-6 of float64 over long, skewed inputs
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((1000, 200)) * rng.lognormal(0, 3, 200)).astype(np.float32)
-    x[70:90, 3] = 3e20  # finite, but its float32 square overflows: that block is redone in float64
+    x[70:90, 3] = 3e20  # finite, but its float32 square overflows: still finite, and exact
     r = Reduction.of(torch.from_numpy(x))
     assert r.finite
     d = x.astype(np.float64)
