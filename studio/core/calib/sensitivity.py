@@ -413,6 +413,16 @@ def _pack(delta: Any) -> Any:
     return delta.to(torch.float16) if top <= _F16_MAX else delta.float()
 
 
+def _pack_many(deltas: Any) -> list[Any]:
+    """``_pack`` of each ``deltas[i]`` with one max and one conversion for the whole batch."""
+    import torch
+
+    top = deltas.detach().abs().amax(tuple(range(1, deltas.dim()))).tolist()
+    d16 = deltas.to(torch.float16)
+    # float16 rows are views of one tensor, freed once every stream of the group has moved on
+    return [d16[i] if m <= _F16_MAX else deltas[i].float().clone() for i, m in enumerate(top)]
+
+
 class SensitivityScan(Consumer):
     """The scan's consumer (see the module docstring).
 
@@ -599,8 +609,8 @@ class SensitivityScan(Consumer):
                 continue
             ctx.check_cancelled()
             ys = _each_weight(view, sites[name], [deq[(name, q)] for q in qs], h_in)
-            for q, y in zip(qs, ys, strict=True):
-                self._streams.append(_Stream(("t", name, q), _pack(y - h_out)))
+            for q, d in zip(qs, _pack_many(torch_stack(ys) - h_out), strict=True):
+                self._streams.append(_Stream(("t", name, q), d))
         n_new = sum(len([q for q in self.exact.get(n, ()) if (n, q) in deq]) for n in names)
         n_plan = sum(1 for s in self._streams if s.plan is not None)
         n = self._spec.n_layers if self._spec else 0
@@ -617,10 +627,11 @@ class SensitivityScan(Consumer):
         for a in range(0, len(streams), per):
             self.ctx.check_cancelled()
             group = streams[a : a + per]
-            x = torch.cat([h_in + s.delta.to(h_in.dtype) for s in group], 0)
-            y = view.forward(x).reshape(len(group), c, t, -1)
-            for s, yy in zip(group, y, strict=True):
-                s.delta = _pack(yy - h_out)
+            # whole-group tensor operations: per-stream small ones cost more in dispatch than in work
+            x = torch.stack([s.delta.to(h_in.dtype) for s in group]) + h_in
+            y = view.forward(x.reshape(len(group) * c, t, -1)).reshape(len(group), c, t, -1)
+            for s, d in zip(group, _pack_many(y - h_out), strict=True):
+                s.delta = d
 
     @staticmethod
     def _fast_kl(p: Any, mvec: Any, wb: Any, head_w: Any, hh: Any, h2: Any, head: Any) -> float:
@@ -706,6 +717,13 @@ def torch_cat(parts: Sequence[Any]) -> Any:
     import torch
 
     return torch.cat(list(parts), 0)
+
+
+def torch_stack(parts: Sequence[Any]) -> Any:
+    """``torch.stack`` (a lazy import for module-level helpers)."""
+    import torch
+
+    return torch.stack(list(parts))
 
 
 def kl_from_delta(p: Any, delta: Any, shift: Any = None, *, owned: bool = False) -> float:
