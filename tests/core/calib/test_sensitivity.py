@@ -182,3 +182,18 @@ def test_bad_input_is_one_sentence(llama_model, tmp_path):
         scan_sensitivity(llama_model, short, SETTINGS)
     with pytest.raises(CalibrationError, match="not a quantized GGUF type"):
         scan_sensitivity(llama_model, short, dataclasses.replace(SETTINGS, types=("F16",)))
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1e-2, 1.0, 8.0])
+def test_float32_kl_matches_float64_even_under_a_common_shift(scale):
+    from studio.core.calib.sensitivity import _kl_float64, kl_from_delta
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(3 * torch.randn(64, 4096, generator=g, dtype=torch.float64), -1)
+    # a per-position shift 50× the spread: the softmax ignores it, an uncentred float32 sum does not;
+    # centred, float32 keeps 1e-3 relative down to a KL of 1e-9 (the bfloat16 head product is coarser)
+    delta = scale * (torch.randn(64, 4096, generator=g) + 50 * torch.randn(64, 1, generator=g))
+    want = _kl_float64(p, delta)
+    assert kl_from_delta(p.float(), delta) == pytest.approx(want, rel=1e-3)
+    shift = (p * delta.double()).sum(-1).float()  # a known mean gives the same value
+    assert kl_from_delta(p.float(), delta.clone(), shift, owned=True) == pytest.approx(want, rel=1e-3)
