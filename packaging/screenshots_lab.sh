@@ -4,10 +4,16 @@
 #   lab-sweep.png    the bit-width sweep of one down projection: SNR against bits per weight, the cliff
 #   lab-memory.png   the memory calculator for the open model at 32K tokens (Q8_0 KV cache), 8 GB card
 #   lab-qat.png      QAT at 3 bits against PTQ: the training curve and the three held-out losses
+#   budget-sensitivity.png  File → Budget plan…, Sensitivity: the heat map of layers × roles and the ranked bars
+#   budget-front.png        the size/KL front after the budget plan was exported: measured beside predicted KL
 #
 #   packaging/screenshots_lab.sh [MODEL]   (a Hugging Face folder; default: the demo model)
 #
 # QAT_STEPS (default 12) and QAT_SEQ (tokens per chunk, default 128) size the QAT run; LAB_SHOTS (default "sweep memory qat") which to make. Needs what packaging/screenshots.sh needs.
+# LAB_SHOTS=budget makes the Budget plan's: SCAN=scan.json (from `quant-studio-cli sensitivity MODEL -o
+# scan.json`) and IMATRIX=imatrix.gguf skip the dialog's own scan (minutes on two cores); BUDGET (default
+# 105454336, llama.cpp's Q4_K_M of SmolLM2) and EXCLUDE (default Q4_1,Q5_1) choose the plan, which is
+# exported through File → Export GGUF (verified) and then measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -23,6 +29,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export QT_QPA_PLATFORM=xcb QUANT_STUDIO_CACHE="$WORK/cache"
 export QT_STYLE_OVERRIDE=Fusion QT_QPA_PLATFORMTHEME= QT_FONT_DPI=96
+export QS_SCAN="${SCAN:-}" QS_IMATRIX="${IMATRIX:-}" QS_BUDGET="${BUDGET:-105454336}" QS_EXCLUDE="${EXCLUDE:-Q4_1,Q5_1}"
 export QS_WORK="$WORK" QS_OUT="$OUT" QS_MODEL="${1:-}" QS_QAT_STEPS="${QAT_STEPS:-12}" QS_QAT_SEQ="${QAT_SEQ:-128}" QS_SHOTS="${LAB_SHOTS:-sweep memory qat}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
@@ -105,6 +112,8 @@ def main() -> int:
         memory(lab, shot)
     if "qat" in SHOTS and not qat(lab, wait, shot):
         return 1
+    if "budget" in SHOTS:
+        budget(win, wait, shot)
     win.close()
     return 0
 
@@ -144,6 +153,45 @@ def qat(lab, wait, shot) -> bool:
         return False
     shot("lab-qat")
     return True
+
+
+def budget(win, wait, shot) -> None:
+    """The Budget plan dialog: the sensitivity views at Q4_K, then the front once the plan was exported and measured."""
+    import json
+
+    d = win.show_budget_dialog()
+    d.resize(1500, 940)
+    d.move(50, 30)
+    d.exclude_edit.setText(os.environ["QS_EXCLUDE"])
+    d.budget_edit.setText(os.environ["QS_BUDGET"])
+    if os.environ.get("QS_SCAN"):
+        from studio.core.calib.imatrix import read_imatrix
+        from studio.core.calib.sensitivity import Sensitivity
+
+        scan = Sensitivity.from_dict(json.loads(Path(os.environ["QS_SCAN"]).read_text(encoding="utf-8")))
+        d.set_scan(scan, read_imatrix(os.environ["QS_IMATRIX"]) if os.environ.get("QS_IMATRIX") else None)
+    else:
+        d.start_scan()
+        wait(lambda: d.scan is not None and not d.running, "the scan", 3600)
+    d.replan()
+    d.use_plan()
+    d.views.setCurrentIndex(1)
+    d.map_type.setCurrentIndex(d.map_type.findData("Q4_K"))
+    d.raise_()
+    shot("budget-sensitivity")
+    exp = win.show_export_dialog()
+    exp.set_plan_choice("__current_plan__")
+    exp.set_output_path(WORK / "budget.gguf")
+    measured: list[object] = []
+    d.measuredShown.connect(measured.append)
+    exp.start()
+    wait(lambda: bool(measured), "the export and the measurement", 3600)
+    exp.hide()
+    print(d.measured_label.text(), flush=True)
+    d.views.setCurrentIndex(0)
+    d.raise_()
+    d.activateWindow()
+    shot("budget-front")
 
 
 if __name__ == "__main__":

@@ -14,28 +14,14 @@ from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
 
 
-def add_allow_pickle_option(parser: Any) -> None:
-    """``--allow-pickle``: accept pickle weights, converted in a child process, never unpickled here."""
-    parser.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
-    )
+def dequantized(model: str, line: ProgressLine) -> str:
+    """The float32 Hugging Face folder made (once, cached) from the GGUF ``model``; other models as given."""
+    if not str(model).lower().endswith(".gguf"):
+        return model
+    from studio.core.jobs import JobContext
+    from studio.core.model.gguf_source import hf_folder_for
 
-
-def add_extra_buffers_option(parser: Any, what: str) -> None:
-    """``--llama-extra-buffers {auto,on,off}``: llama.cpp's weight repacking for ``what``."""
-    from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES
-
-    parser.add_argument(
-        "--llama-extra-buffers",
-        choices=EXTRA_BUFFER_CHOICES,
-        default="auto",
-        help=(
-            f"llama.cpp's extra buffer types (repacked weights) for {what}: auto (the default) is off on "
-            "a CPU with AMX or after a crash with them on this machine, on otherwise"
-        ),
-    )
+    return hf_folder_for(model, JobContext(on_progress=line.fraction, min_interval=0.2))
 
 
 def print_notes(notes: Iterable[str]) -> None:

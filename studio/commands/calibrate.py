@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
 
 
@@ -44,20 +45,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--device", default="auto", choices=("auto", "cpu", "cuda", "mps"), help="where to run (default auto)"
     )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "float32", "float16", "bfloat16"),
-        help="compute precision",
-    )
+    options.add_dtype(p, "compute precision")
     p.add_argument("--int8", action="store_true", help="also run the LLM.int8() analysis per layer")
     p.add_argument("--top", type=int, default=10, metavar="N", help="outlier features to list (default 10)")
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    options.add_allow_pickle(p)
+    options.add_json(p)
     p.set_defaults(handler=run)
 
 

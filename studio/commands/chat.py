@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from studio.commands._common import add_allow_pickle_option, add_extra_buffers_option, print_json, print_notes
+from studio.commands import _options as options
+from studio.commands._common import ProgressLine, dequantized, print_json, print_notes
 
 
 def register(subparsers: Any) -> None:
@@ -35,26 +36,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     p.add_argument("--ctx", type=int, default=2048, metavar="N", help="context window (default 2048)")
     p.add_argument("--device", default="auto", help="device for model folders: auto, cpu, cuda, mps")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
-    p.add_argument(
-        "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
-    )
+    options.add_dtype(p)
+    options.add_gpu_layers(p)
     p.add_argument("--truncate", action="store_true", help="keep only the end of a prompt that is too long")
-    p.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="run a .gguf --model in transformers, from the float32 Hugging Face folder the studio "
-        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
-    )
-    add_allow_pickle_option(p)
-    add_extra_buffers_option(p, "GGUF files")
+    options.add_dequantize(p, "--model")
+    options.add_allow_pickle(p)
+    options.add_extra_buffers(p, "GGUF files")
     p.add_argument(
         "--kv-type",
         default=None,
         choices=("f32", "f16", "q8_0", "q4_0"),
         help="llama.cpp KV-cache type for GGUF models (default f32); q8_0 and q4_0 use flash attention",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    options.add_json(p)
     p.set_defaults(handler=run)
 
 
@@ -70,13 +64,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     model = args.model
-    if args.dequantize and str(model).lower().endswith(".gguf"):
-        from studio.commands._common import ProgressLine
-        from studio.core.jobs import JobContext
-        from studio.core.model.gguf_source import hf_folder_for
-
+    if args.dequantize:
         with ProgressLine() as line:
-            model = hf_folder_for(model, JobContext(on_progress=line.fraction, min_interval=0.2))
+            model = dequantized(model, line)
     paths = [model, *args.compare]
     backends = [
         open_backend(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json
 
 
@@ -19,7 +20,7 @@ def register(subparsers: Any) -> None:
             "and print its path, which every other subcommand accepts as MODEL."
         ),
     )
-    p.add_argument("--json", action="store_true", help='print {"path": ...} and details as one JSON object')
+    options.add_json(p, '{"path": ...} and details as one JSON object')
     p.set_defaults(handler=run)
 
 

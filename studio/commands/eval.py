@@ -7,12 +7,8 @@ import math
 import sys
 from typing import Any
 
-from studio.commands._common import (
-    ProgressLine,
-    add_allow_pickle_option,
-    add_extra_buffers_option,
-    print_json,
-)
+from studio.commands import _options as options
+from studio.commands._common import ProgressLine, dequantized, print_json
 from studio.core.jobs import JobContext
 
 
@@ -41,20 +37,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ctx", type=int, default=512, metavar="N", help="tokens per chunk (default 512)")
     p.add_argument("--chunks", type=int, default=None, metavar="N", help="evaluate at most N chunks")
     p.add_argument("--device", default="auto", help="device for the original: auto, cpu, cuda, mps")
-    p.add_argument(
-        "--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"), help="original's dtype"
-    )
-    p.add_argument(
-        "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
-    )
-    p.add_argument(
-        "--dequantize",
-        action="store_true",
-        help="run a .gguf --original in transformers, from the float32 Hugging Face folder the studio "
-        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
-    )
-    add_allow_pickle_option(p)
-    add_extra_buffers_option(p, "the GGUF files")
+    options.add_dtype(p, "original's dtype")
+    options.add_gpu_layers(p)
+    options.add_dequantize(p, "--original")
+    options.add_allow_pickle(p)
+    options.add_extra_buffers(p, "the GGUF files")
     p.add_argument(
         "--kv-type",
         action="append",
@@ -63,7 +50,7 @@ def register(subparsers: Any) -> None:
         help="llama.cpp KV-cache type for the variants (repeatable: each variant runs once per type; "
         "default f32, exact); q8_0 and q4_0 run with flash attention",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    options.add_json(p, "one JSON object instead of a table")
     p.set_defaults(handler=run)
 
 
@@ -76,11 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from studio.core.evaluate import evaluate
 
     with ProgressLine() as line:
-        original = args.original
-        if args.dequantize and str(original).lower().endswith(".gguf"):
-            from studio.core.model.gguf_source import hf_folder_for
-
-            original = hf_folder_for(original, JobContext(on_progress=line.fraction, min_interval=0.2))
+        original = dequantized(args.original, line) if args.dequantize else args.original
         report = evaluate(
             original,
             args.variant,

@@ -6,15 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from studio.commands._common import (
-    ProgressLine,
-    add_allow_pickle_option,
-    add_extra_buffers_option,
-    print_json,
-    print_notes,
-    read_text,
-    write_text,
-)
+from studio.commands import _options as options
+from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._scan import add_budget_args, add_scan_args
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
@@ -79,7 +72,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--verify", action="store_true", help="compare the result with the original model afterwards"
     )
-    add_extra_buffers_option(p, "--verify")
+    options.add_extra_buffers(p, "--verify")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
     p.add_argument(
         "--imatrix",
@@ -111,10 +104,10 @@ def register(subparsers: Any) -> None:
         help="gptq: sweep the columns in their order with scales searched on arrival (default: act-order, "
         "columns by decreasing activation energy, which measured better)",
     )
-    add_allow_pickle_option(p)
+    options.add_allow_pickle(p)
     add_budget_args(p)
     add_scan_args(p, calib_text=False)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    options.add_json(p)
     p.set_defaults(handler=run)
 
 

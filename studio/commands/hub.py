@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 
+from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
@@ -43,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--limit", type=int, default=20, metavar="N", help="show at most N models (default 20)")
     s.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N results (paging)")
-    s.add_argument("--json", action="store_true", help="print a JSON list")
+    options.add_json(s, "a JSON list")
     s.set_defaults(handler=_search)
 
     i = sub.add_parser(
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     i.add_argument("repo", metavar="REPO", help="repository id, e.g. org/model")
     i.add_argument("--revision", metavar="REV", help="branch, tag or commit (default main)")
-    i.add_argument("--json", action="store_true", help="print a JSON object")
+    options.add_json(i, "a JSON object")
     i.set_defaults(handler=_info)
 
     d = sub.add_parser(
@@ -69,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--include", action="append", metavar="GLOB", help="only files matching GLOB (repeatable)")
     d.add_argument("--exclude", action="append", metavar="GLOB", help="skip files matching GLOB (repeatable)")
     d.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: the Hugging Face cache)")
-    d.add_argument("--json", action="store_true", help="print a JSON object with the local path")
+    options.add_json(d, "a JSON object with the local path")
     d.set_defaults(handler=_download)
 
     u = sub.add_parser(
@@ -86,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     u.add_argument("file", metavar="FILE.gguf", help="the GGUF file to upload")
     u.add_argument("--repo", required=True, metavar="USER/NAME", help="the model repository to upload to")
     u.add_argument("--private", action="store_true", help="create the repository as private")
-    u.add_argument("--json", action="store_true", help="print a JSON object (with the card's text)")
+    options.add_json(u, "a JSON object (with the card's text)")
     u.set_defaults(handler=_upload)
 
     c = sub.add_parser(
@@ -98,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--revision", metavar="REV", help="with --delete: only this revision")
     c.add_argument("--cleanup", action="store_true", help="remove partial downloads and stale lock files")
     c.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: the Hugging Face cache)")
-    c.add_argument("--json", action="store_true", help="print JSON")
+    options.add_json(c, "JSON")
     c.set_defaults(handler=_cache)
 
 

@@ -6,6 +6,7 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import print_json
 from studio.core.errors import StudioError
 from studio.core.units import format_mib
@@ -27,7 +28,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--ctx", type=int, default=4096, metavar="N", help="context length for the KV cache (default 4096)"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    options.add_json(p)
     p.add_argument(
         "--allow-pickle",
         action="store_true",

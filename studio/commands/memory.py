@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import format_table, print_json
 from studio.core.errors import StudioError
 
@@ -36,7 +37,7 @@ def register(subparsers: Any) -> None:
         "--ctx", type=int, required=True, metavar="N", help="context length in tokens (2K to 128K)"
     )
     p.add_argument("--kv-type", default="f16", choices=KV_TYPES, help="KV-cache type (default f16)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    options.add_json(p, "one JSON object instead of a table")
     p.set_defaults(handler=run)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json, write_text
 from studio.commands._scan import (
     add_budget_args,
@@ -40,7 +41,7 @@ def register(subparsers: Any) -> None:
     )
     add_budget_args(p)
     add_scan_args(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    options.add_json(p)
     p.set_defaults(handler=run)
 
 

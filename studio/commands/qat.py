@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
@@ -65,7 +66,7 @@ def register(subparsers: Any) -> None:
         help="CPU threads for torch (default: torch's choice)",
     )
     p.add_argument("-o", "--output", metavar="OUTDIR", help="write the QAT model folder here")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    options.add_json(p)
     p.set_defaults(handler=run)
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json, write_text
 from studio.commands._scan import add_scan_args, calibration, run_scan
 from studio.core.units import format_bytes
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--top", type=int, default=12, metavar="N", help="most sensitive tensors to list (default 12)"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    options.add_json(p)
     p.set_defaults(handler=run)
 
 

@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
 from studio.core.jobs import JobContext
 
@@ -26,7 +27,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tensor", required=True, metavar="NAME", help="the tensor (see quant-studio-cli inspect)"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    options.add_json(p, "one JSON object instead of a table")
     p.set_defaults(handler=run)
 
 

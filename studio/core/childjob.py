@@ -30,31 +30,14 @@ CANCEL_GRACE_S = 10.0  # a cancelled child that does not stop by itself within t
 _SPAWN = multiprocessing.get_context("spawn")
 
 
-class _ChildContext(JobContext):
-    """The child's context: progress and log lines go to the parent; cancel is the parent's event."""
-
-    def __init__(self, out: Any, cancel_event: Any) -> None:
-        super().__init__(
-            on_progress=lambda d, t, m: out.put(("progress", d, t, m)),
-            on_log=lambda m: out.put(("log", m)),
-            min_interval=0.1,
-        )
-        self._event = cancel_event
-
-    def cancel(self) -> None:
-        self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def check_cancelled(self) -> None:
-        if self._event.is_set():
-            raise JobCancelled()
-
-
 def _child_main(out: Any, cancel_event: Any, target: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-    ctx = _ChildContext(out, cancel_event)
+    # progress and log lines go to the parent; cancel is the parent's event
+    ctx = JobContext(
+        on_progress=lambda d, t, m: out.put(("progress", d, t, m)),
+        on_log=lambda m: out.put(("log", m)),
+        min_interval=0.1,
+        cancel_flag=cancel_event,
+    )
     try:
         result = target(ctx, lambda ev: out.put(("event", ev)), **kwargs)
         out.put(("ok", result))
@@ -78,11 +61,14 @@ def call_in_child(
     ctx: JobContext | None = None,
     on_event: Callable[[Any], None] | None = None,
     poll_s: float = POLL_S,
+    process_name: str | None = None,
+    cancel_grace_s: float = CANCEL_GRACE_S,
 ) -> Any:
     """``target(ctx, emit, **kwargs)`` in a spawned child; its result, or its error raised here.
 
-    ``what`` names the work in error sentences ("QAT"). Cancelling ``ctx`` asks the child to stop at its
-    next ``check_cancelled`` (then raises ``JobCancelled`` here); a child that ignores it is terminated.
+    ``what`` names the work in error sentences ("QAT"); the process is ``studio-<process_name or what>``.
+    Cancelling ``ctx`` asks the child to stop at its next ``check_cancelled`` (then raises
+    ``JobCancelled`` here); a child that has not stopped ``cancel_grace_s`` later is terminated.
     """
     ctx = ctx or null_context()
     out = _SPAWN.Queue()
@@ -90,7 +76,7 @@ def call_in_child(
     proc = _SPAWN.Process(
         target=_child_main,
         args=(out, cancel_event, target, dict(kwargs or {})),
-        name=f"studio-{what.lower().replace(' ', '-')}",
+        name=f"studio-{(process_name or what).lower().replace(' ', '-')}",
         daemon=False,  # it may start children of its own (llama.cpp)
     )
     proc.start()
@@ -99,7 +85,7 @@ def call_in_child(
         while True:
             if ctx.cancelled and cancel_deadline is None:
                 cancel_event.set()
-                cancel_deadline = time.monotonic() + CANCEL_GRACE_S
+                cancel_deadline = time.monotonic() + cancel_grace_s
             try:
                 msg = out.get(timeout=poll_s)
             except queue.Empty:
@@ -127,7 +113,9 @@ def call_in_child(
             elif kind == "error":
                 raise StudioError(str(msg[1]))
             else:
-                raise ChildProcessError_(f"{what} failed with an unexpected error ({msg[1]}).")
+                raise ChildProcessError_(
+                    f"{what[:1].upper()}{what[1:]} failed with an unexpected error ({msg[1]})."
+                )
     finally:
         proc.join(2.0)
         if proc.is_alive():

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,10 +119,10 @@ class FactoryInfo:
     seed: int
     dtype: str
     shards: int
-    outlier_channels: tuple[int, ...]
-    outlier_factors: tuple[float, ...]
-    outlier_tensors: tuple[str, ...]
-    outlier_norms: tuple[str, ...]
+    outlier_channels: tuple[int, ...] = ()
+    outlier_factors: tuple[float, ...] = ()
+    outlier_tensors: tuple[str, ...] = ()
+    outlier_norms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -442,18 +442,10 @@ def _default_heads(hidden: int) -> int:
 
 
 def _config_kwargs(
-    spec: _ArchSpec,
-    *,
-    hidden: int,
-    layers: int,
-    intermediate: int,
-    heads: int,
-    kv_heads: int,
-    vocab: int,
-    positions: int,
-    tie: bool,
-    special: dict[str, int | None],
+    spec: _ArchSpec, shape: FactoryInfo, *, positions: int, tie: bool, special: dict[str, int | None]
 ) -> dict[str, Any]:
+    hidden, layers, heads, kv_heads = shape.hidden, shape.layers, shape.heads, shape.kv_heads
+    intermediate, vocab = shape.intermediate, shape.vocab_size
     head_dim = hidden // heads
     if spec.model_type == "gpt2":
         return dict(
@@ -803,20 +795,21 @@ def make_tiny_model(
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     ctx.report(1, steps, f"Building a {layers}-layer {arch} model")
+    shape = FactoryInfo(
+        arch=arch,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate=intermediate,
+        vocab_size=len(tok),
+        seed=seed,
+        dtype=dtype,
+        shards=shards,
+    )
     cfg = AutoConfig.for_model(
         spec.model_type,
-        **_config_kwargs(
-            spec,
-            hidden=hidden,
-            layers=layers,
-            intermediate=intermediate,
-            heads=heads,
-            kv_heads=kv_heads,
-            vocab=len(tok),
-            positions=positions,
-            tie=tie,
-            special=_special_ids(tok),
-        ),
+        **_config_kwargs(spec, shape, positions=positions, tie=tie, special=_special_ids(tok)),
     )
     # Model construction draws from torch's global generator; fork it so callers' seeds are untouched,
     # then overwrite every parameter from our own seeded generator.
@@ -846,17 +839,8 @@ def make_tiny_model(
         ctx.report(3, steps, "Saving the tokenizer")
         tok.model_max_length = positions
         _save_tokenizer(tok, tmp, spm_bytes, template)
-        info = FactoryInfo(
-            arch=arch,
-            hidden=hidden,
-            layers=layers,
-            heads=heads,
-            kv_heads=kv_heads,
-            intermediate=intermediate,
-            vocab_size=len(tok),
-            seed=seed,
-            dtype=dtype,
-            shards=shards,
+        info = replace(
+            shape,
             outlier_channels=planted[0],
             outlier_factors=planted[1],
             outlier_tensors=planted[2],

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class JobCancelled(Exception):
@@ -14,6 +15,14 @@ class JobCancelled(Exception):
 
 ProgressSink = Callable[[int, int, str], None]
 LogSink = Callable[[str], None]
+
+
+class CancelFlag(Protocol):
+    """What cancellation is read from: a ``threading.Event``, or a ``multiprocessing`` one a child shares."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass
@@ -27,7 +36,7 @@ class JobContext:
     on_progress: ProgressSink | None = None
     on_log: LogSink | None = None
     min_interval: float = 0.05
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    cancel_flag: CancelFlag = field(default_factory=threading.Event, repr=False)
     _last: float = field(default=0.0, repr=False)
 
     def report(self, done: int, total: int, msg: str = "") -> None:
@@ -46,16 +55,16 @@ class JobContext:
 
     def cancel(self) -> None:
         """Ask the job to stop at its next check."""
-        self._cancel.set()
+        self.cancel_flag.set()
 
     @property
     def cancelled(self) -> bool:
         """Whether cancellation has been requested."""
-        return self._cancel.is_set()
+        return self.cancel_flag.is_set()
 
     def check_cancelled(self) -> None:
         """Raise ``JobCancelled`` if the job has been asked to stop."""
-        if self._cancel.is_set():
+        if self.cancel_flag.is_set():
             raise JobCancelled()
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import EvaluationError, ExportError
+from studio.core.gguf.export import llama_order
 from studio.core.jobs import JobContext, null_context
 
 # llama-quantize drops these (one output file, whatever the input's splits were).
@@ -42,11 +43,6 @@ def gguf_layout(info: Any) -> Any:
     arch = str(info.config.get("model_type") or info.model_type)
     names = {t.name for t in info.tensors}
     return Layout(arch, tuple(maps), (), "output.weight" not in names)
-
-
-def _llama_order(name: str) -> tuple[int, str]:
-    m = re.match(r"blk\.(\d+)\.", name)
-    return (int(m.group(1)) if m else -1, name)
 
 
 def _source_notes(ckpt: Any) -> list[str]:
@@ -106,7 +102,7 @@ def _requantize_studio(
 
     g = ckpt.gguf
     src = Path(g.path)
-    tensors = sorted(g.tensors, key=lambda t: _llama_order(t.name))
+    tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
     targets = {t.name: _target(plan, t) for t in tensors}
     check_decodable([t for t in tensors if targets[t.name] != t.type_name], src)
     sizes = {t.name: _bytes_of(targets[t.name], t) for t in tensors}
@@ -220,7 +216,7 @@ def _requantize_llamacpp(
 
     g = ckpt.gguf
     src = Path(g.path)
-    tensors = sorted(g.tensors, key=lambda t: _llama_order(t.name))
+    tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
     targets = {t.name: _target(plan, t) for t in tensors}
     total = sum(_bytes_of(targets[t.name], t) for t in tensors)
     check_output_path(out, inputs=(src,), need_bytes=total)

@@ -461,9 +461,18 @@ class MainWindow(QMainWindow):
             )  # pyqtgraph and the allocator: not at start-up
 
             self._budget_dialog = BudgetDialog(self.state, self.jobs, self)
+            self._budget_dialog.tensorOpened.connect(self._open_in_inspector)
         self._budget_dialog.show()
         self._budget_dialog.raise_()
         return self._budget_dialog
+
+    @Slot(str)
+    def _open_in_inspector(self, _name: str) -> None:
+        # A tensor chosen in the budget dialog's map or bars (already selected): show it in the inspector.
+        if self.page_index("inspector") >= 0:
+            self.show_page("inspector")
+        self.raise_()
+        self.activateWindow()
 
     @Slot()
     def show_export_dialog(self) -> Any:

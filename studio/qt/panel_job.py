@@ -104,13 +104,15 @@ class JobPanel:
     """Mix-in for a panel with one kind of background work: ``self.task`` runs it; override the hooks.
 
     The default ``on_error`` shows the sentence in the panel's ``status`` label and emits its
-    ``errorShown`` signal; ``on_error`` and ``on_cancel`` then call ``update_controls``. The default
-    ``on_progress`` shows the job's progress in the panel's ``progress`` bar, and ``cancel`` stops the job.
+    ``errorShown`` signal; ``on_error`` and ``on_cancel`` then call ``update_controls``, and ``on_cancel``
+    shows the panel's ``cancelled_text``. The default ``on_progress`` shows the job's progress in the
+    panel's ``progress`` bar, and ``cancel`` stops the job.
     """
 
     state: StudioState
     jobs: JobManager
     task: PanelJob
+    cancelled_text = ""  # what the status line says after a cancel ("" leaves it as it is)
 
     def init_task(
         self,
@@ -149,8 +151,10 @@ class JobPanel:
         self.show_error(message)
 
     def on_cancel(self) -> None:
-        """The newest job was cancelled (GUI thread)."""
+        """The newest job was cancelled (GUI thread): ``cancelled_text``, if any, goes to the status line."""
         self.update_controls()
+        if self.cancelled_text:
+            self.status.setText(self.cancelled_text)  # type: ignore[attr-defined]
 
     def on_progress(self, job: Job) -> None:
         """The running job reported progress (``job.done``, ``job.total``, ``job.message``): shown in ``progress``."""

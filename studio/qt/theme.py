@@ -25,6 +25,7 @@ _PLOT_LIGHT = {"bg": "#ffffff", "fg": "#303030", "main": "#1f6fd0", "second": "#
 MAIN_FILL_ALPHA = 80  # a histogram's area under its line
 ERROR_FILL_ALPHA = 70  # the error histogram's area
 SECOND_FILL_ALPHA = 60  # a second histogram (activations) under its line
+HEAT_COLORMAP = "viridis"  # heat maps (the sensitivity map): perceptually uniform, reads on light and dark
 
 
 def plot_colors(dark: bool) -> dict[str, Any]:

@@ -24,12 +24,12 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QProgressBar,
-    QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
 from studio.core.jobs import JobContext
+from studio.qt import widgets
 from studio.qt.jobs import Job
 from studio.qt.settings import AppSettings
 from studio.qt.theme import set_status
@@ -99,13 +99,9 @@ class UploadDialog(QDialog):
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.status.setOpenExternalLinks(True)
-        self.upload_button = QPushButton("Upload", self)
-        self.upload_button.setDefault(True)
-        self.upload_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel upload", self)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.close_button = QPushButton("Close", self)
-        self.close_button.clicked.connect(self.close)
+        self.upload_button = widgets.button("Upload", self, self.start, default=True)
+        self.cancel_button = widgets.button("Cancel upload", self, self.cancel)
+        self.close_button = widgets.button("Close", self, self.close)
         buttons = QHBoxLayout()
         buttons.addStretch(1)
         for b in (self.upload_button, self.cancel_button, self.close_button):

@@ -17,10 +17,10 @@ pytestmark = pytest.mark.real
 
 @pytest.fixture(scope="module")
 def answers(demo_dir: Path, demo_export) -> list:
-    """One greedy turn of the demo question: the original (transformers) beside its Q2_K export (llama.cpp)."""
+    """One greedy turn of the demo question: the original (transformers) beside its Q2_K and F16 exports (llama.cpp)."""
     from studio.core.chat import ChatSession, Sampling, open_backend
 
-    paths = [demo_dir, demo_export("Q2_K")]
+    paths = [demo_dir, demo_export("Q2_K"), demo_export("F16")]
     session = ChatSession([open_backend(p, n_ctx=512, device="cpu") for p in paths])
     try:
         return session.send(DEMO_QUESTION, Sampling(max_tokens=24, temperature=0.0))
@@ -38,13 +38,23 @@ def test_the_demo_answers_the_question(answers):
 def test_chat_marks_where_q2k_first_diverges(answers):
     from studio.core.chat import first_divergence
 
-    ref, q2 = (a.result for a in answers)
+    ref, q2 = (a.result for a in answers[:2])
     assert q2 is not None, answers[1].error
     i = first_divergence(ref.tokens, q2.tokens)
     assert i is not None and i >= 1, (ref.text, q2.text)  # same opening, then the 2-bit model drifts
     assert [t.token_id for t in q2.tokens[:i]] == [t.token_id for t in ref.tokens[:i]]
     assert i >= len(ref.tokens) or q2.tokens[i].token_id != ref.tokens[i].token_id
     assert q2.text != ref.text and "Paris" in q2.text
+
+
+def test_f16_export_answers_with_the_original_tokens(answers):
+    # packaging/check_bundle.sh relies on this: the bundle's F16 export must answer "Paris" token for
+    # token. Q8_0 cannot serve: the original's first answer token wins a near-tie (p 0.152 vs 0.140
+    # for "L"), which llama.cpp's 8-bit activations tip, so its greedy answer starts "L'Étoile".
+    ref, f16 = answers[0].result, answers[2].result
+    assert f16 is not None, answers[2].error
+    assert [t.token_id for t in f16.tokens] == [t.token_id for t in ref.tokens], (ref.text, f16.text)
+    assert f16.stop_reason == ref.stop_reason
 
 
 def test_f32_export_matches_transformers_logits(demo_dir, demo_export):

@@ -26,12 +26,12 @@ import numpy as np
 
 from studio.core.calib.errors import CalibrationError
 from studio.core.jobs import JobContext
+from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
 from studio.paths import resource_path
 
 BUILTIN = "builtin"
 """The name that selects the built-in calibration text."""
 
-MAX_TEXT_BYTES = 64 << 20  # larger files are almost certainly not meant as calibration text
 MAX_JSONL_LINE = 4 << 20
 PIECE_SEPARATOR = "\n----\n"  # between pieces inside the built-in text files
 _BUILTIN_FILES = ("prose.txt", "dialogues.jsonl", "code.txt", "languages.txt")
@@ -82,11 +82,7 @@ def _read_bytes(path: Path, what: str) -> bytes:
         size = path.stat().st_size
     except OSError as err:
         raise CalibrationError(f"The {what} {path} cannot be read ({err.strerror or err}).") from None
-    if size > MAX_TEXT_BYTES:
-        raise CalibrationError(
-            f"The {what} {path} is {size / 1e6:.0f} MB; at most {MAX_TEXT_BYTES >> 20} MB is read.",
-            hint="Use a shorter excerpt.",
-        )
+    check_text_size(size, path, what, CalibrationError)
     try:
         with open(path, "rb") as f:
             return f.read(MAX_TEXT_BYTES + 1)
@@ -95,13 +91,7 @@ def _read_bytes(path: Path, what: str) -> bytes:
 
 
 def _decode(data: bytes, path: Path, what: str) -> str:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise CalibrationError(
-            f"The {what} {path} is not UTF-8 text (byte {err.start} cannot be decoded).",
-            hint="Save it as UTF-8.",
-        ) from None
+    text = decode_utf8(data, path, what, CalibrationError, hint="Save it as UTF-8.")
     if text.startswith("\ufeff"):
         text = text[1:]
     if not text.strip():

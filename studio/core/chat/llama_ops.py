@@ -143,16 +143,7 @@ def _op_chat_generate(
     yield {"end": "length"}
 
 
-def _op_chat_crash(state: Any, how: str = "segv") -> None:
-    """Test hook: die mid-request the way native code does."""
-    import os
-    import signal
-
-    os.kill(os.getpid(), signal.SIGSEGV if how == "segv" else signal.SIGABRT)
-
-
 OPS = {
     "chat_load": _op_chat_load,
     "chat_generate": _op_chat_generate,
-    "chat_crash": _op_chat_crash,
 }

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import EvaluationError
+from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
 from studio.paths import resource_path
 
 SAMPLE_PATH = resource_path("eval", "sample_en.txt")
 """About 3,000 words of plain English prose written for this project."""
 
-MAX_TEXT_BYTES = 64 << 20  # a larger file is almost certainly not meant as evaluation text
 SOURCES = ("sample", "wikitext-2")
 
 
@@ -40,21 +40,16 @@ def _read(path: Path) -> str:
         raise EvaluationError(f"The evaluation text {path} cannot be read ({err.strerror or err}).") from None
     if not path.is_file():
         raise EvaluationError(f"The evaluation text {path} is not a file.")
-    if size > MAX_TEXT_BYTES:
-        raise EvaluationError(
-            f"The evaluation text {path} is {size / 1e6:.0f} MB; at most {MAX_TEXT_BYTES >> 20} MB is read.",
-            hint="Use a shorter excerpt.",
-        )
+    check_text_size(size, path, "evaluation text", EvaluationError)
     with open(path, "rb") as f:
         data = f.read(MAX_TEXT_BYTES + 1)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        # a binary or legacy-encoded file would be scored as replacement characters: refuse it
-        raise EvaluationError(
-            f"The evaluation text {path} is not UTF-8 text (byte {err.start} cannot be decoded).",
-            hint="Choose a plain-text file or convert it to UTF-8.",
-        ) from None
+    text = decode_utf8(
+        data,
+        path,
+        "evaluation text",
+        EvaluationError,
+        hint="Choose a plain-text file or convert it to UTF-8.",
+    )
     if "\x00" in text:
         raise EvaluationError(f"The evaluation text {path} contains NUL bytes; it looks like a binary file.")
     if not text.strip():

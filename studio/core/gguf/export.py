@@ -27,6 +27,7 @@ from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
 from studio.core.gguf.writer import (
     PARTIAL_SUFFIX,
     AtomicGGUFWriter,
+    PlannedTensor,
     check_output_path,
     disk_full_error,
     validate_written,
@@ -79,8 +80,8 @@ class ExportResult:
         return 8.0 * self.tensor_bytes / self.n_weights if self.n_weights else 0.0
 
 
-def _llama_order(name: str) -> tuple[int, str]:
-    # llama.cpp orders tensors by block number, then name; non-block tensors first
+def llama_order(name: str) -> tuple[int, str]:
+    """The sort key of the tensor ``name`` in llama.cpp's files: block number, then name; others first."""
     parts = name.split(".")
     if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
         return int(parts[1]), name
@@ -88,11 +89,9 @@ def _llama_order(name: str) -> tuple[int, str]:
 
 
 @dataclass(frozen=True)
-class _Item:
-    gguf_name: str
-    shape: tuple[int, ...]
-    qtype: str
-    nbytes: int
+class _Item(PlannedTensor):
+    """A tensor to write (GGUF name, numpy shape, type, bytes) and where its values come from."""
+
     tm: TensorMap | None  # None for generated tensors
     data: np.ndarray | None = None  # generated tensors only
 
@@ -102,7 +101,7 @@ def _items(plan: Plan, lay: Layout, extras: list[tuple[str, np.ndarray]]) -> lis
     for tm in lay.tensors:
         t = plan.type_of(tm.hf_name)
         items.append(_Item(tm.gguf_name, tm.shape, t, tensor_bytes(t, tm.shape), tm))
-    items.sort(key=lambda it: _llama_order(it.gguf_name))
+    items.sort(key=lambda it: llama_order(it.name))
     return items
 
 
@@ -120,7 +119,7 @@ def _imatrix_for(imatrix: Mapping[str, Any] | None, it: _Item) -> np.ndarray | N
         return None
     v = imatrix.get(it.tm.hf_name)
     if v is None:
-        v = imatrix.get(it.gguf_name)
+        v = imatrix.get(it.name)
     if v is None:
         return None
     v = np.asarray(v, dtype=np.float32).reshape(-1)
@@ -332,7 +331,7 @@ def export_file_bytes(
         n += len(kv._pack_val(key, gguf.GGUFValueType.STRING, add_vtype=False))
         n += len(kv._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type))
     for it in items:
-        n += len(kv._pack_val(it.gguf_name, gguf.GGUFValueType.STRING, add_vtype=False))
+        n += len(kv._pack_val(it.name, gguf.GGUFValueType.STRING, add_vtype=False))
         n += 4 + 8 * len(it.shape) + 4 + 8
     n += -n % align
     return n + sum(it.nbytes + (-it.nbytes % align) for it in items)
@@ -417,23 +416,23 @@ def _export_studio(
         n_params = sum(math.prod(it.shape) for it in items)
         tok = _write_metadata(w, info, meta_plan, plan.ftype, source_repo, n_params, imatrix)
         for it in items:
-            w.add_tensor_info(it.gguf_name, it.shape, it.qtype, it.nbytes)
+            w.add_tensor_info(it.name, it.shape, it.qtype, it.nbytes)
         w.begin()
         for it in items:
             ctx.check_cancelled()
             if it.tm is None:
-                w.write_tensor_chunks(it.gguf_name, [np.asarray(it.data, dtype=np.float32)])
+                w.write_tensor_chunks(it.name, [np.asarray(it.data, dtype=np.float32)])
             elif pre is not None and it.tm.hf_name in pre:
-                w.write_tensor_chunks(it.gguf_name, [_precomputed(pre, it)])
+                w.write_tensor_chunks(it.name, [_precomputed(pre, it)])
             else:
                 qw = _imatrix_for(imatrix, it)
-                w.write_tensor_chunks(it.gguf_name, _encoded_chunks(ckpt, it, info, device, qw, ctx))
+                w.write_tensor_chunks(it.name, _encoded_chunks(ckpt, it, info, device, qw, ctx))
             done += it.nbytes
-            ctx.report(done, total, f"Wrote {it.gguf_name} ({it.qtype})")
+            ctx.report(done, total, f"Wrote {it.name} ({it.qtype})")
         ctx.check_cancelled()
         ctx.report(total, total, "Validating")
         w.commit(validate=validate)
-    return {"types": {it.gguf_name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": tok}
+    return {"types": {it.name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": tok}
 
 
 def _export_converted(
@@ -539,7 +538,7 @@ def _export_llamacpp(
             for it in items:
                 v = _imatrix_for(imatrix, it)
                 if v is not None:
-                    imx[it.gguf_name] = v
+                    imx[it.name] = v
         overrides = llamacpp_overrides(plan, lay)
         with LlamaWorker(label="llama.cpp quantize") as wk:
             # any quantized base type makes llama.cpp apply the overrides; general.file_type is
@@ -557,7 +556,7 @@ def _export_llamacpp(
         ctx.check_cancelled()
         g = read_gguf(partial)
         got = {t.name: t.type_name for t in g.tensors}
-        want = {it.gguf_name: it.qtype for it in items}
+        want = {it.name: it.qtype for it in items}
         for name, t in want.items():
             if got.get(name) != t:
                 raise ExportError(f"llama.cpp wrote tensor {name} as {got.get(name)}, the plan says {t}.")
@@ -565,8 +564,6 @@ def _export_llamacpp(
             raise ExportError(
                 f"llama.cpp wrote a different set of tensors than planned ({len(got)} vs {len(want)})."
             )
-        from studio.core.gguf.writer import PlannedTensor
-
         planned = [PlannedTensor(t.name, tuple(t.shape), t.type_name, t.nbytes) for t in g.tensors]
         validate_written(partial, planned, None)
         if validate is not None:
@@ -589,7 +586,7 @@ def _export_llamacpp(
                     p.unlink()
                 except OSError:
                     pass
-    return {"types": {it.gguf_name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": None}
+    return {"types": {it.name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": None}
 
 
 def _hold_lock(p: Path) -> int | None:
@@ -653,6 +650,7 @@ __all__ = [
     "check_exportable",
     "export_file_bytes",
     "export_gguf",
+    "llama_order",
     "llamacpp_overrides",
     "llamacpp_validator",
 ]

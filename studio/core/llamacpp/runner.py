@@ -23,7 +23,7 @@ from studio.core.llamacpp.cpu import amx_in_system_info, cpu_has_amx
 from studio.core.llamacpp.memory import MachineChoice, remember_choice, remembered_choice
 from studio.core.llamacpp.options import ExtraBuffers, LoadOptions, requested_extra_buffers
 
-DECODE_OPS = frozenset({"eval_logits", "embed", "chat", "chat_stream", "generate_stream", "chat_generate"})
+DECODE_OPS = frozenset({"eval_logits", "embed", "chat", "generate_stream", "chat_generate"})
 """Ops that run the model (a crash in the first of these after a load is retried)."""
 
 
@@ -237,20 +237,26 @@ class LlamaRunner:
             return self._start()
         return self._worker
 
+    def _retry_first_decode(self, worker: Any, start: Callable[[Any], Any]) -> Any:
+        """``start(worker)``; a crash with extra buffers on restarts the child without them and starts again."""
+        try:
+            return start(worker)
+        except ChildProcessError_:
+            sig = worker.exit_signal
+            if sig is None:
+                raise
+            # nothing reached the caller yet, so the whole op can run again in a fresh child
+            self._reload_without_extra_buffers()
+            result = start(self._worker)
+            self._tell(sig, "in the first decode of", self._loaded_name())
+            return result
+
     def request(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         """Run ``op`` in the child; a crash in the first decode with extra buffers on is retried once without."""
         worker = self._need()
         if not (self._first_decode and op in DECODE_OPS):
             return worker.request(op, timeout=timeout, **args)
-        try:
-            result = worker.request(op, timeout=timeout, **args)
-        except ChildProcessError_:
-            sig = worker.exit_signal
-            if sig is None:
-                raise
-            self._reload_without_extra_buffers()
-            result = self._worker.request(op, timeout=timeout, **args)
-            self._tell(sig, "in the first decode of", self._loaded_name())
+        result = self._retry_first_decode(worker, lambda w: w.request(op, timeout=timeout, **args))
         self._first_decode = False
         return result
 
@@ -259,25 +265,18 @@ class LlamaRunner:
         worker = self._need()
         if not (self._first_decode and op in DECODE_OPS):
             return (yield from worker.stream(op, timeout=timeout, **args))
-        it = worker.stream(op, timeout=timeout, **args)
-        try:
-            first = next(it)
-        except StopIteration as end:
-            self._first_decode = False
-            return end.value
-        except ChildProcessError_:
-            sig = worker.exit_signal
-            if sig is None:
-                raise
-            # nothing reached the caller yet, so the whole op can run again in a fresh child
-            self._reload_without_extra_buffers()
-            it = self._worker.stream(op, timeout=timeout, **args)
+
+        def first_item(w: Any) -> tuple[Any, bool, Any]:
+            # (the stream, whether it yielded, its first item or, when it yielded none, its result)
+            it = w.stream(op, timeout=timeout, **args)
             try:
-                first = next(it)
+                return it, True, next(it)
             except StopIteration as end:
-                self._tell(sig, "in the first decode of", self._loaded_name())
-                return end.value
-            self._tell(sig, "in the first decode of", self._loaded_name())
+                return it, False, end.value
+
+        it, yielded, first = self._retry_first_decode(worker, first_item)
         self._first_decode = False
+        if not yielded:
+            return first
         yield first
         return (yield from it)

@@ -8,7 +8,7 @@ followed by the final answer. A child that dies (SIGSEGV, abort, OOM kill) becom
 ``ChildProcessError_`` naming the signal, and the parent keeps running.
 
 Ops served by the child (see ``_OPS``): ping, load, unload, tokenize, detokenize, eval_logits,
-embed, chat, chat_stream, generate_stream, quantize. Other modules may add ops by passing
+embed, chat, generate_stream, quantize. Other modules may add ops by passing
 ``extra_ops="package.module"`` whose ``OPS`` dict maps names to ``fn(state, **args)``.
 """
 
@@ -447,20 +447,6 @@ def _op_chat_prompt(state: _State, messages: list[dict[str, str]], add_generatio
     return fmt(messages=messages).prompt
 
 
-def _op_chat_stream(
-    state: _State,
-    messages: list[dict[str, str]],
-    max_tokens: int = 64,
-    temperature: float = 0.8,
-    seed: int = 0,
-) -> Iterator[Any]:
-    llm = _need(state)
-    before_decode(state)
-    yield from llm.create_chat_completion(
-        messages=messages, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=True
-    )
-
-
 def _op_generate_stream(
     state: _State, prompt: str, max_tokens: int = 64, temperature: float = 0.8, seed: int = 0
 ) -> Iterator[Any]:
@@ -552,7 +538,6 @@ _OPS = {
     "embed": _op_embed,
     "chat": _op_chat,
     "chat_prompt": _op_chat_prompt,
-    "chat_stream": _op_chat_stream,
     "generate_stream": _op_generate_stream,
     "quantize": _op_quantize,
     "crash": _op_crash,

@@ -16,6 +16,7 @@ Codes here are indices into ``BlockGrid.levels`` (increasing): Q8_0's stored int
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = [
     "BlockGrid",
     "encode",
     "grid_spec",
+    "k4_scales",
     "nearest",
     "search",
     "unpack",
@@ -223,11 +225,13 @@ def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, at : at + 2]).view("<f2").astype(np.float32)[:, 0]
 
 
-def _k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    # the 12-byte 6-bit scale/min packing of Q4_K and Q5_K -> (B, 8) each
-    s = s.astype(np.int32)
-    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
-    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+def k4_scales(s: Any, cat: Callable[..., Any] = np.concatenate) -> tuple[Any, Any]:
+    """Q4_K's and Q5_K's 12 bytes of 6-bit scales and mins, unpacked: (B, 12) -> (B, 8) scales, (B, 8) mins.
+
+    ``s`` is int32: a numpy array, or a torch tensor with ``cat=torch.cat``.
+    """
+    sc = cat([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], 1)
+    mn = cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], 1)
     return sc, mn
 
 
@@ -255,7 +259,7 @@ def _group_scales(b: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray | N
         ls = ((sl[:, ib // 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
         return d * (ls - 32).astype(f), None
     if qtype in ("Q4_K", "Q5_K"):
-        sc, mn = _k4_scales(b[:, 4:16])
+        sc, mn = k4_scales(b[:, 4:16].astype(np.int32))
         d, dmin = _f16(b, 0)[:, None], _f16(b, 2)[:, None]
         return d * sc.astype(f), -(dmin * mn.astype(f))
     if qtype == "Q6_K":

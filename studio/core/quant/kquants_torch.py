@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from studio.core.quant.torch_ops import EPS, div, fp16, nearest_int, seq_sum, sqrt
+from studio.core.quant.grid import k4_scales
+from studio.core.quant.torch_ops import EPS, div, fp16, nearest_int, qx_search, seq_sum, sqrt
 from studio.core.quant.types import QK_K, QTYPES, row_bytes
 
 __all__ = ["dequantize_rows_torch", "quantize_rows_torch"]
@@ -96,6 +97,14 @@ def _signed_absmax(xt):
     return amax, fmax
 
 
+def _positive_max(v):
+    """Per row: the largest value, or 0.0 when none is positive (C's loop starts from 0)."""
+    m = torch.zeros_like(v[:, 0])
+    for j in range(v.shape[1]):
+        m = torch.where(v[:, j] > m, v[:, j], m)
+    return m
+
+
 def _symmetric(xt, wt, nmax):
     """make_qx_quants (rmse_type 1) over groups: xt, wt (n, G) -> (L 0..2nmax-1, scale)."""
     amax, fmax = _signed_absmax(xt)
@@ -106,18 +115,8 @@ def _symmetric(xt, wt, nmax):
         fl = torch.clamp(nearest_int(isc * xt), -nmax, nmax - 1).to(torch.float32)
         return isc, seq_sum(wx * fl), seq_sum(wt * fl * fl)
 
-    best_is, sumlx, suml2 = trial(float(-nmax))
-    zero = torch.zeros_like(sumlx)
-    scale = torch.where(suml2 != 0, div(sumlx, suml2), zero)
-    best = scale * sumlx
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        isc, sumlx, suml2 = trial(float(-(_F(nmax) + _F(0.1) * _F(step))))
-        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-        scale = torch.where(better, div(sumlx, suml2), scale)
-        best = torch.where(better, scale * sumlx, best)
-        best_is = torch.where(better, isc, best_is)
+    best_is, scale = qx_search(trial, nmax)
+    zero = torch.zeros_like(scale)
     L = torch.clamp(nearest_int(best_is * xt), -nmax, nmax - 1) + nmax
     small = amax < EPS
     L = torch.where(small, torch.zeros_like(L), L)
@@ -253,10 +252,7 @@ def _pack_k4_scales(ls: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_k4_scales(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s = sc.to(torch.int32)
-    d = torch.cat([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], dim=1)
-    m = torch.cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], dim=1)
-    return d, m
+    return k4_scales(sc.to(torch.int32), torch.cat)
 
 
 def _pack_2bit(L: torch.Tensor) -> torch.Tensor:
@@ -312,11 +308,8 @@ def _q45k(x, qw, nmax):
         rmin, nstep = (-1.0, 20) if nmax == 15 else (-0.5, 15)
         L, sc, mn = _affine(xt, wt, nmax, rmin, 0.1, nstep, False)
         scb, mnb = sc.reshape(-1, 8), mn.reshape(-1, 8)
-        zero = torch.zeros_like(scb[:, 0])
-        max_scale, max_min = zero, zero
-        for j in range(8):
-            max_scale = torch.where(scb[:, j] > max_scale, scb[:, j], max_scale)
-            max_min = torch.where(mnb[:, j] > max_min, mnb[:, j], max_min)
+        max_scale, max_min = _positive_max(scb), _positive_max(mnb)
+        zero = torch.zeros_like(max_scale)
         inv_s = torch.where(max_scale > 0, div(63.0, max_scale), zero)
         inv_m = torch.where(max_min > 0, div(63.0, max_min), zero)
         ls = (nearest_int(inv_s[:, None] * scb) & 0xFF).clamp(max=63)
@@ -352,13 +345,7 @@ def _q6k(x, qw):
     wt = _groups(qw.reshape(1, -1).expand(x.shape[0], -1), 16) if qw is not None else xt * xt
     L, sc = _symmetric(xt, wt, 32)
     scb = sc.reshape(-1, 16)
-    zero = torch.zeros_like(scb[:, 0])
-    max_abs, max_scale = zero, zero
-    for g in range(16):
-        a = scb[:, g].abs()
-        upd = a > max_abs
-        max_scale = torch.where(upd, scb[:, g], max_scale)
-        max_abs = torch.where(upd, a, max_abs)
+    max_abs, max_scale = _signed_absmax(scb.t())  # over each block's 16 scales
     empty = max_abs < EPS
     safe = torch.where(empty, torch.ones_like(max_scale), max_scale)
     iscale = div(-128.0, safe)
@@ -391,13 +378,8 @@ def _q3k(x, qw):
     else:
         L, sc = _q3_search(xt, 4)
         scb = sc.reshape(-1, 16)
-        zero = torch.zeros_like(scb[:, 0])
-        amax, max_scale = zero, zero
-        for g in range(16):
-            a = scb[:, g].abs()
-            upd = a > amax
-            max_scale = torch.where(upd, scb[:, g], max_scale)
-            amax = torch.where(upd, a, amax)
+        _, max_scale = _signed_absmax(scb.t())
+        zero = torch.zeros_like(max_scale)
         nz = max_scale != 0
         iscale = div(-32.0, torch.where(nz, max_scale, torch.ones_like(max_scale)))
         lv = nearest_int(iscale[:, None] * scb) & 0xFF
@@ -433,11 +415,8 @@ def _q2k(x, qw):
     else:
         L, sc, mn = _affine(xt, xt.abs(), 3, -0.5, 0.1, 15, True)
         scb, mnb = sc.reshape(-1, 16), mn.reshape(-1, 16)
-        zero = torch.zeros_like(scb[:, 0])
-        max_scale, max_min = zero, zero
-        for g in range(16):
-            max_scale = torch.where(scb[:, g] > max_scale, scb[:, g], max_scale)
-            max_min = torch.where(mnb[:, g] > max_min, mnb[:, g], max_min)
+        max_scale, max_min = _positive_max(scb), _positive_max(mnb)
+        zero = torch.zeros_like(max_scale)
         ps, pm = max_scale > 0, max_min > 0
         one = torch.ones_like(zero)
         ls = nearest_int(div(15.0, torch.where(ps, max_scale, one))[:, None] * scb) & 0xFF

@@ -10,7 +10,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from studio.core.quant.torch_ops import EPS, div, f32, fp16_bytes, nearest_int, seq_sum, sqrt
+from studio.core.quant.torch_ops import (
+    EPS,
+    div,
+    f32,
+    fp16_bytes,
+    nearest_int,
+    qx_search,
+    seq_sum,
+    sqrt,
+)
 from studio.core.quant.types import IQ4NL_LEVELS, row_bytes
 
 __all__ = ["quantize_rows_torch"]
@@ -61,19 +70,8 @@ def _make_qx(xb: torch.Tensor, w: torch.Tensor, nmax: int):
         fl = lv.to(torch.float32)
         return lv, seq_sum(wx * fl, -1), seq_sum(w * fl * fl, -1)
 
-    L, sumlx, suml2 = trial(-float(nmax))
-    zf = torch.zeros_like(sumlx)
-    scale = torch.where(suml2 != 0, div(sumlx, suml2), zf)
-    best = scale * sumlx
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        c = np.float32(nmax) + np.float32(0.1) * np.float32(step)
-        lv, sumlx, suml2 = trial(-float(c))
-        upd = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-        L = torch.where(upd[:, None], lv, L)
-        scale = torch.where(upd, div(sumlx, suml2), scale)
-        best = torch.where(upd, scale * sumlx, best)
+    L, scale = qx_search(trial, nmax)
+    zf = torch.zeros_like(scale)
     L = torch.where(zero[:, None], torch.full_like(L, -nmax), L) + nmax
     return L, torch.where(zero, zf, scale)
 

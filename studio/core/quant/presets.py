@@ -10,7 +10,7 @@ The decision is taken on the GGUF tensor name (as llama.cpp does) and keyed by t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from studio.core.errors import QuantizationError
 from studio.core.model.types import ModelInfo
@@ -66,14 +66,8 @@ class Fallback:
     reason: str
 
     def to_dict(self) -> dict[str, str]:
-        """The fallback as a JSON-ready dict (as plans and ``export --json`` write it)."""
-        return {
-            "tensor": self.tensor,
-            "gguf_name": self.gguf_name,
-            "wanted": self.wanted,
-            "got": self.got,
-            "reason": self.reason,
-        }
+        """The fallback as a JSON-ready dict of its fields (as plans and ``export --json`` write it)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)

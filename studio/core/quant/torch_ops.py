@@ -13,7 +13,17 @@ import torch
 
 from studio.core.quant.types import GROUP_MAX_EPS
 
-__all__ = ["EPS", "div", "f32", "fp16", "fp16_bytes", "nearest_int", "seq_sum", "sqrt"]
+__all__ = [
+    "EPS",
+    "div",
+    "f32",
+    "fp16",
+    "fp16_bytes",
+    "nearest_int",
+    "qx_search",
+    "seq_sum",
+    "sqrt",
+]
 
 EPS = float(GROUP_MAX_EPS)
 
@@ -70,3 +80,23 @@ def fp16(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp16 bytes (N, 2), the stored fp16 value back in float32) of float32 ``v``."""
     h = v.to(torch.float16)
     return h.reshape(-1, 1).contiguous().view(torch.uint8), h.to(torch.float32)
+
+
+def qx_search(trial, nmax: int):
+    """make_qx_quants' search (rmse_type 1) over its 19 trial scales -nmax - 0.1 step / max (float32 as in C).
+
+    ``trial(numerator)`` gives, per group, (what to keep of that trial, Σ w·x·l, Σ w·l²); returns what
+    was kept of the best trial (the first of equals, as C's loop keeps it) and its scale.
+    """
+    kept, sumlx, suml2 = trial(-float(nmax))
+    scale = torch.where(suml2 != 0, div(sumlx, suml2), torch.zeros_like(sumlx))
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        k, sumlx, suml2 = trial(-float(np.float32(nmax) + np.float32(0.1) * np.float32(step)))
+        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        kept = torch.where(better[(...,) + (None,) * (k.dim() - better.dim())], k, kept)
+        scale = torch.where(better, div(sumlx, suml2), scale)
+        best = torch.where(better, scale * sumlx, best)
+    return kept, scale

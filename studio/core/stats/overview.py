@@ -139,4 +139,4 @@ class _SubContext(JobContext):
 
     def __init__(self, parent: JobContext) -> None:
         super().__init__()
-        self._cancel = parent._cancel  # same Event: cancelling the overview stops the tensor in flight
+        self.cancel_flag = parent.cancel_flag  # same flag: cancelling the overview stops the tensor in flight

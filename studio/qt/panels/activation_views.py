@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
 from studio.core.calib.analysis import Saliency, SmoothQuantResult, awq_saliency, smoothquant
+from studio.qt import widgets
 from studio.qt.theme import plot_colors, style_plot
 
 __all__ = ["SaliencyView", "SmoothQuantView"]
@@ -43,20 +44,50 @@ def _positive(a: np.ndarray) -> np.ndarray:
     return np.where(a > 0, a, pos.min() if pos.size else 1.0)
 
 
-class SaliencyView(QWidget):
-    """AWQ's salience per input channel, ‖W[:, j]‖ × rms(x_j), with the most salient share marked."""
+class _ChannelView(QWidget):
+    """What both views share: a row of controls, a caption, and channel plots that follow the theme."""
 
-    shown = Signal(object)  # the Saliency drawn
+    shown = Signal(object)  # the Saliency or SmoothQuantResult just drawn
+    label: QLabel
+
+    def _arrange(self, top: QHBoxLayout, *plots: pg.PlotWidget) -> None:
+        self._plots = plots
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(top)
+        lay.addWidget(self.label)
+        for plot in plots:
+            lay.addWidget(plot, 1)
+
+    def _show(self, caption: str, result: Any) -> None:
+        self.label.setText(caption)
+        self.shown.emit(result)
+
+    def recolor(self, dark: bool) -> None:
+        """Follow the theme."""
+        for plot in self._plots:
+            style_plot(plot, dark)
+        self._color_curves(plot_colors(dark))
+
+    def _color_curves(self, c: dict[str, Any]) -> None:  # pragma: no cover - each view colours its own
+        raise NotImplementedError
+
+
+class SaliencyView(_ChannelView):
+    """AWQ's salience per input channel, ‖W[:, j]‖ × rms(x_j), with the most salient share marked."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.saliency: Saliency | None = None
-        self.share_spin = QDoubleSpinBox(self)
-        self.share_spin.setRange(0.1, 50.0)
-        self.share_spin.setDecimals(1)
-        self.share_spin.setValue(1.0)
-        self.share_spin.setSuffix(" % of channels")
-        self.share_spin.setToolTip("The most salient channels to mark (AWQ protects about 1 %)")
+        self.share_spin = widgets.spin_box(
+            self,
+            0.1,
+            50.0,
+            1.0,
+            decimals=1,
+            suffix=" % of channels",
+            tip="The most salient channels to mark (AWQ protects about 1 %)",
+        )
         self.share_spin.valueChanged.connect(self._redraw)
         self.label = QLabel(_NO_DATA, self)
         self.label.setWordWrap(True)
@@ -69,11 +100,7 @@ class SaliencyView(QWidget):
         top.addWidget(QLabel("Mark the top", self))
         top.addWidget(self.share_spin)
         top.addStretch(1)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addLayout(top)
-        lay.addWidget(self.label)
-        lay.addWidget(self.plot, 1)
+        self._arrange(top, self.plot)
 
     @property
     def share(self) -> float:
@@ -101,25 +128,21 @@ class SaliencyView(QWidget):
         idx = s.top(self.share)
         self.top.setData(idx.astype(np.float64), y[idx])
         head = ", ".join(str(int(i)) for i in idx[:8])
-        self.label.setText(
+        self._show(
             f"<b>{s.name}</b>: the top {100 * self.share:g} % of channels ({idx.size}) hold "
             f"{100 * s.top_mass(self.share):.1f} % of the salience (uniform: {100 * self.share:g} %). "
-            f"Most salient: {head}{'…' if idx.size > 8 else ''}."
+            f"Most salient: {head}{'…' if idx.size > 8 else ''}.",
+            s,
         )
-        self.shown.emit(s)
 
-    def recolor(self, dark: bool) -> None:
-        """Follow the theme."""
-        c = plot_colors(dark)
-        style_plot(self.plot, dark)
+    def _color_curves(self, c: dict[str, Any]) -> None:
         self.curve.setPen(pg.mkPen(c["main"]))
         self.top.setSymbolBrush(pg.mkBrush(c["outlier"]))
 
 
-class SmoothQuantView(QWidget):
+class SmoothQuantView(_ChannelView):
     """SmoothQuant's migration s_j = max|X_j|^α / max|W_j|^(1−α): the ranges before and after, for an α."""
 
-    shown = Signal(object)  # the SmoothQuantResult drawn
     STEPS = 100  # slider positions over α ∈ [0, 1]
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -148,12 +171,7 @@ class SmoothQuantView(QWidget):
         top.addWidget(QLabel("α", self))
         top.addWidget(self.slider, 1)
         top.addWidget(self.alpha_label)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.addLayout(top)
-        lay.addWidget(self.label)
-        lay.addWidget(self.act_plot, 1)
-        lay.addWidget(self.w_plot, 1)
+        self._arrange(top, self.act_plot, self.w_plot)
         self._show_alpha()
 
     @property
@@ -192,18 +210,14 @@ class SmoothQuantView(QWidget):
         self.w_before.setData(x, _positive(r.weight_before))
         self.w_after.setData(x, _positive(r.weight_after))
         (a0, a1), (w0, w1) = r.act_spread, r.weight_spread
-        self.label.setText(
+        self._show(
             f"<b>{self._name}</b>, α = {r.alpha:.2f}: activation max / median {a0:.3g} → {a1:.3g}, "
             f"weight max / median {w0:.3g} → {w1:.3g}; largest activation {r.act_before.max():.4g} → "
-            f"{r.act_after.max():.4g}."
+            f"{r.act_after.max():.4g}.",
+            r,
         )
-        self.shown.emit(r)
 
-    def recolor(self, dark: bool) -> None:
-        """Follow the theme."""
-        c = plot_colors(dark)
-        for w in (self.act_plot, self.w_plot):
-            style_plot(w, dark)
+    def _color_curves(self, c: dict[str, Any]) -> None:
         for before, after in ((self.act_before, self.act_after), (self.w_before, self.w_after)):
             before.setPen(pg.mkPen(c["main"]))
             after.setPen(pg.mkPen(c["second"]))

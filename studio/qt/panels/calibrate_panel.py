@@ -20,15 +20,11 @@ from typing import Any
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QLineEdit,
     QProgressBar,
-    QPushButton,
-    QSpinBox,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
@@ -39,6 +35,7 @@ from PySide6.QtWidgets import (
 from studio.core.calib.data import BUILTIN
 from studio.core.errors import StudioError
 from studio.core.stats.cache import StatsCache
+from studio.qt import widgets
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel, PanelJob
 from studio.qt.panels import assert_gui_thread, choose, read_only_table
@@ -87,30 +84,29 @@ class CalibratePanel(JobPanel, QWidget):
     # -- layout -----------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.source_combo = QComboBox(self)
-        for key, label in SOURCES:
-            self.source_combo.addItem(label, key)
-        self.source_combo.currentIndexChanged.connect(self.update_controls)
-        self.path_edit = QLineEdit(self)
-        self.path_edit.setPlaceholderText('A UTF-8 text file, or a .jsonl of chats ({"messages": [...]})')
-        self.browse_button = QPushButton("Browse…", self)
-        self.browse_button.clicked.connect(self._browse_text)
-        self.ctx_spin = QSpinBox(self)
-        self.ctx_spin.setRange(16, 1 << 16)
-        self.ctx_spin.setValue(512)
-        self.ctx_spin.setSuffix(" tokens")
-        self.ctx_spin.setToolTip("Tokens per chunk (llama-imatrix's --ctx-size; 512 is its default)")
-        self.chunks_spin = QSpinBox(self)
-        self.chunks_spin.setRange(0, 1 << 20)
-        self.chunks_spin.setSpecialValueText("all")
-        self.chunks_spin.setToolTip("How many chunks of the text to run (all: every whole chunk)")
+        self.source_combo = widgets.combo_box(
+            self, [(label, key) for key, label in SOURCES], on_change=self.update_controls
+        )
+        self.path_edit = widgets.line_edit(
+            self, 'A UTF-8 text file, or a .jsonl of chats ({"messages": [...]})'
+        )
+        self.browse_button = widgets.button("Browse…", self, self._browse_text)
+        self.ctx_spin = widgets.spin_box(
+            self,
+            16,
+            1 << 16,
+            512,
+            suffix=" tokens",
+            tip="Tokens per chunk (llama-imatrix's --ctx-size; 512 is its default)",
+        )
+        self.chunks_spin = widgets.spin_box(
+            self, 0, 1 << 20, special="all", tip="How many chunks of the text to run (all: every whole chunk)"
+        )
         self.device = DeviceSelector(self.state, self.jobs, self)
         self.output_check = QCheckBox("Include output.weight", self)
         self.output_check.setToolTip("Also collect the output head's input (llama-imatrix --process-output)")
-        self.run_button = QPushButton("Calibrate", self)
-        self.run_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel", self)
-        self.cancel_button.clicked.connect(self.cancel)
+        self.run_button = widgets.button("Calibrate", self, self.start)
+        self.cancel_button = widgets.button("Cancel", self, self.cancel)
 
         row1 = QHBoxLayout()
         row1.addWidget(QLabel("Text:", self))
@@ -138,13 +134,14 @@ class CalibratePanel(JobPanel, QWidget):
 
         self.imatrix_label = QLabel("Importance matrix: none.", self)
         self.imatrix_label.setWordWrap(True)
-        self.save_button = QPushButton("Save imatrix…", self)
-        self.save_button.clicked.connect(self._save_dialog)
-        self.load_button = QPushButton("Load imatrix…", self)
-        self.load_button.clicked.connect(self._load_dialog)
-        self.forget_button = QPushButton("Forget", self)
-        self.forget_button.setToolTip("Preview and export without an importance matrix")
-        self.forget_button.clicked.connect(lambda: self.state.set_imatrix(None))
+        self.save_button = widgets.button("Save imatrix…", self, self._save_dialog)
+        self.load_button = widgets.button("Load imatrix…", self, self._load_dialog)
+        self.forget_button = widgets.button(
+            "Forget",
+            self,
+            lambda: self.state.set_imatrix(None),
+            tip="Preview and export without an importance matrix",
+        )
         row3 = QHBoxLayout()
         row3.addWidget(self.imatrix_label, 1)
         row3.addWidget(self.save_button)

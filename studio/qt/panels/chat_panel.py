@@ -18,15 +18,11 @@ from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QPushButton,
-    QSpinBox,
     QSplitter,
     QTextEdit,
     QToolButton,
@@ -37,7 +33,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
-from studio.qt import theme
+from studio.qt import theme, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
@@ -293,33 +289,21 @@ class ChatPanel(JobPanel, QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.add_gguf_button = QPushButton("Add GGUF…", self)
-        self.add_gguf_button.clicked.connect(self._choose_gguf)
-        self.add_folder_button = QPushButton("Add model folder…", self)
-        self.add_folder_button.clicked.connect(self._choose_folder)
-        self.new_button = QPushButton("New conversation", self)
-        self.new_button.clicked.connect(self.new_conversation)
-        self.max_tokens = QSpinBox(self)
-        self.max_tokens.setRange(1, 32768)
-        self.max_tokens.setValue(128)
-        self.max_tokens.setToolTip("Tokens to generate per reply")
-        self.temperature = QDoubleSpinBox(self)
-        self.temperature.setRange(0.0, 5.0)
-        self.temperature.setSingleStep(0.1)
-        self.temperature.setValue(0.0)
-        self.temperature.setToolTip("0 is greedy: the most likely token every time")
-        self.seed = QSpinBox(self)
-        self.seed.setRange(0, 2**31 - 1)
-        self.seed.setToolTip("Random seed, the same for every column")
-        self.kv_combo = QComboBox(self)
-        self.kv_combo.addItem("F32 (exact)", None)
-        for name in ("f16", "q8_0", "q4_0"):
-            self.kv_combo.addItem(name.upper(), name)
-        self.kv_combo.setToolTip(
-            "llama.cpp's K/V cache type for the GGUF columns (flash attention when quantized); "
-            "changing it reloads them and starts a new conversation"
+        self.add_gguf_button = widgets.button("Add GGUF…", self, self._choose_gguf)
+        self.add_folder_button = widgets.button("Add model folder…", self, self._choose_folder)
+        self.new_button = widgets.button("New conversation", self, self.new_conversation)
+        self.max_tokens = widgets.spin_box(self, 1, 32768, 128, tip="Tokens to generate per reply")
+        self.temperature = widgets.spin_box(
+            self, 0.0, 5.0, 0.0, step=0.1, tip="0 is greedy: the most likely token every time"
         )
-        self.kv_combo.currentIndexChanged.connect(self._on_kv_changed)
+        self.seed = widgets.spin_box(self, 0, 2**31 - 1, tip="Random seed, the same for every column")
+        self.kv_combo = widgets.combo_box(
+            self,
+            [("F32 (exact)", None), *((name.upper(), name) for name in ("f16", "q8_0", "q4_0"))],
+            tip="llama.cpp's K/V cache type for the GGUF columns (flash attention when quantized); "
+            "changing it reloads them and starts a new conversation",
+            on_change=self._on_kv_changed,
+        )
         self.truncate = QCheckBox("Truncate long prompts", self)
         self.truncate.setToolTip("Keep only the end of a prompt that does not fit in the context")
         bar = QHBoxLayout()
@@ -346,11 +330,8 @@ class ChatPanel(JobPanel, QWidget):
         self.prompt = QPlainTextEdit(self)
         self.prompt.setPlaceholderText("Type a message; the same prompt goes to every model.")
         self.prompt.setMaximumHeight(110)
-        self.send_button = QPushButton("Send", self)
-        self.send_button.setDefault(True)
-        self.send_button.clicked.connect(self.send)
-        self.stop_button = QPushButton("Stop", self)
-        self.stop_button.clicked.connect(self.stop)
+        self.send_button = widgets.button("Send", self, self.send, default=True)
+        self.stop_button = widgets.button("Stop", self, self.stop)
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)

@@ -13,26 +13,22 @@ from typing import TYPE_CHECKING, Any
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
-    QComboBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QLineEdit,
     QListWidget,
-    QProgressBar,
-    QPushButton,
-    QSpinBox,
     QSplitter,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels import assert_gui_thread, read_only_table
+from studio.qt.panels import assert_gui_thread, labelled_row, read_only_table, run_controls
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
@@ -67,6 +63,7 @@ class EvalPanel(JobPanel, QWidget):
 
     reportShown = Signal(object)  # the EvalReport just drawn
     errorShown = Signal(str)
+    cancelled_text = "Evaluation cancelled."
 
     def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -82,22 +79,16 @@ class EvalPanel(JobPanel, QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.original_edit = QLineEdit(self)
-        self.original_edit.setPlaceholderText("the original model folder (or a GGUF)")
-        self.original_edit.textChanged.connect(self.update_controls)
-        browse = QPushButton("…", self)
-        browse.setToolTip("Choose the original model folder")
-        browse.clicked.connect(self._choose_original)
-        orig_row = QHBoxLayout()
-        orig_row.addWidget(self.original_edit, 1)
-        orig_row.addWidget(browse)
+        self.original_edit = widgets.line_edit(
+            self, "the original model folder (or a GGUF)", self.update_controls
+        )
+        browse = widgets.button("…", self, self._choose_original, tip="Choose the original model folder")
+        orig_row = widgets.path_row(self.original_edit, browse)
 
         self.variant_list = QListWidget(self)
         self.variant_list.setMaximumHeight(110)
-        self.add_button = QPushButton("Add GGUF…", self)
-        self.add_button.clicked.connect(self._choose_variants)
-        self.remove_button = QPushButton("Remove", self)
-        self.remove_button.clicked.connect(self._remove_selected)
+        self.add_button = widgets.button("Add GGUF…", self, self._choose_variants)
+        self.remove_button = widgets.button("Remove", self, self._remove_selected)
         vbtn = QVBoxLayout()
         vbtn.addWidget(self.add_button)
         vbtn.addWidget(self.remove_button)
@@ -106,36 +97,28 @@ class EvalPanel(JobPanel, QWidget):
         var_row.addWidget(self.variant_list, 1)
         var_row.addLayout(vbtn)
 
-        self.text_combo = QComboBox(self)
-        self.text_combo.addItem("Built-in English sample", "sample")
-        self.text_combo.addItem("WikiText-2 test (needs datasets, offline copy)", "wikitext-2")
-        self.text_combo.addItem("Text file…", "file")
-        self.text_combo.activated.connect(self._on_text_choice)
-        self.ctx_spin = QSpinBox(self)
-        self.ctx_spin.setRange(16, 32768)
-        self.ctx_spin.setValue(512)
-        self.ctx_spin.setToolTip("Tokens per chunk; the second half of each chunk is scored")
-        self.chunks_spin = QSpinBox(self)
-        self.chunks_spin.setRange(0, 100000)
-        self.chunks_spin.setValue(16)
-        self.chunks_spin.setSpecialValueText("all")
-        self.chunks_spin.setToolTip("Evaluate at most this many chunks (0: the whole text)")
-        self.kv_combo = QComboBox(self)
-        for label, kinds in KV_CHOICES:
-            self.kv_combo.addItem(label, kinds)
-        self.kv_combo.setToolTip(
-            "llama.cpp's K/V cache type for the GGUF variants (flash attention when quantized); "
-            "comparing scores each variant once per type"
+        self.text_combo = widgets.combo_box(
+            self,
+            [
+                ("Built-in English sample", "sample"),
+                ("WikiText-2 test (needs datasets, offline copy)", "wikitext-2"),
+                ("Text file…", "file"),
+            ],
         )
-        self.run_button = QPushButton("Evaluate", self)
-        self.run_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel", self)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.progress = QProgressBar(self)
-        self.progress.setTextVisible(True)
-        self.progress.hide()
-        self.status = QLabel("", self)
-        self.status.setWordWrap(True)
+        self.text_combo.activated.connect(self._on_text_choice)
+        self.ctx_spin = widgets.spin_box(
+            self, 16, 32768, 512, tip="Tokens per chunk; the second half of each chunk is scored"
+        )
+        self.chunks_spin = widgets.spin_box(
+            self, 0, 100000, 16, special="all", tip="Evaluate at most this many chunks (0: the whole text)"
+        )
+        self.kv_combo = widgets.combo_box(
+            self,
+            KV_CHOICES,
+            tip="llama.cpp's K/V cache type for the GGUF variants (flash attention when quantized); "
+            "comparing scores each variant once per type",
+        )
+        self.run_button, self.cancel_button, self.progress, self.status = run_controls(self, "Evaluate")
         self.hierarchy_label = QLabel("", self)
         self.hierarchy_label.setWordWrap(True)
         self.hierarchy_label.setToolTip(
@@ -147,14 +130,9 @@ class EvalPanel(JobPanel, QWidget):
         form.addRow("Original:", orig_row)
         form.addRow("Variants:", var_row)
         form.addRow("Text:", self.text_combo)
-        opts = QHBoxLayout()
-        opts.addWidget(QLabel("Context:", self))
-        opts.addWidget(self.ctx_spin)
-        opts.addWidget(QLabel("Chunks:", self))
-        opts.addWidget(self.chunks_spin)
-        opts.addWidget(QLabel("KV cache:", self))
-        opts.addWidget(self.kv_combo)
-        opts.addStretch(1)
+        opts = labelled_row(
+            self, [("Context:", self.ctx_spin), ("Chunks:", self.chunks_spin), ("KV cache:", self.kv_combo)]
+        )
         opts.addWidget(self.run_button)
         opts.addWidget(self.cancel_button)
         form.addRow(opts)
@@ -285,10 +263,6 @@ class EvalPanel(JobPanel, QWidget):
         self.update_controls()
         self.show_report(result)
         self.state.publish_evaluation(result)
-
-    def on_cancel(self) -> None:
-        self.update_controls()
-        self.status.setText("Evaluation cancelled.")
 
     # -- results ----------------------------------------------------------------------------------
 

@@ -29,17 +29,16 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QProgressBar,
-    QPushButton,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from studio.core.errors import EvaluationError, StudioError
+from studio.core.errors import StudioError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.quant.methods import METHODS
 from studio.core.quant.plan import Plan
 from studio.core.quant.presets import PRESETS
+from studio.qt import widgets
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
 from studio.qt.panel_job import JobPanel
@@ -137,53 +136,19 @@ def verify_in_child(
     a worker thread holds the GIL long enough to freeze the window (~0.5 s), and a crash or an
     out-of-memory kill of the child becomes an error sentence. Cancel terminates the child.
     """
-    import multiprocessing as mp
-    import queue
+    from studio.core.childjob import call_in_child
+    from studio.qt.verify_child import verify_child
 
-    from studio.qt.verify_child import verify_child_main
-
-    mpc = mp.get_context("spawn")
-    out = mpc.Queue()
-    # Not a daemon: the verification starts llama.cpp in a child process of its own.
-    proc = mpc.Process(
-        target=verify_child_main,
-        args=(out, str(gguf), str(source), device),
-        name="studio-verify",
-        daemon=False,
+    # the child is not a daemon: the verification starts llama.cpp in a child process of its own
+    return call_in_child(
+        verify_child,
+        {"gguf": str(gguf), "source": str(source), "device": device},
+        what="verification",
+        ctx=ctx,
+        poll_s=poll_s,
+        process_name="verify",
+        cancel_grace_s=0.0,  # Cancel terminates the child at once: nothing it would finish is kept
     )
-    proc.start()
-    try:
-        while True:
-            try:
-                msg = out.get(timeout=poll_s)
-            except queue.Empty:
-                if ctx.cancelled:
-                    raise JobCancelled() from None
-                if not proc.is_alive():
-                    try:  # the outcome may have arrived just before the child exited
-                        msg = out.get(timeout=1.0)
-                    except queue.Empty:
-                        raise EvaluationError(
-                            f"The verification process stopped unexpectedly (exit code {proc.exitcode}); "
-                            "the machine may be out of memory."
-                        ) from None
-                else:
-                    continue
-            kind = msg[0]
-            if kind == "progress":
-                ctx.report(int(msg[1]), int(msg[2]), str(msg[3]))
-            elif kind == "ok":
-                return msg[1]
-            else:
-                raise EvaluationError(str(msg[1]))
-    finally:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-        proc.join(5)
-        out.close()
 
 
 def run_export(
@@ -296,42 +261,36 @@ class ExportDialog(JobPanel, QDialog):
         self.path_edit = QLineEdit(self)
         self.path_edit.setPlaceholderText("Where to write the .gguf file")
         self.path_edit.textEdited.connect(self._on_path_edited)
-        self.browse_button = QPushButton("Browse…", self)
-        self.browse_button.clicked.connect(self.browse)
-        path_row = QHBoxLayout()
-        path_row.addWidget(self.path_edit, 1)
-        path_row.addWidget(self.browse_button)
+        self.browse_button = widgets.button("Browse…", self, self.browse)
+        output_row = widgets.path_row(self.path_edit, self.browse_button)
         self.device_combo = QComboBox(self)
         self.device_combo.setToolTip("Where quantization and verification run")
-        self.backend_combo = QComboBox(self)
-        for key, label in BACKENDS:
-            self.backend_combo.addItem(label, key)
-        self.backend_combo.setToolTip(
-            "Quant Studio streams the checkpoint through its own quantizers; llama.cpp quantizes our F32 "
-            "export with llama_model_quantize (same tensor types, same bytes without an imatrix)"
+        self.backend_combo = widgets.combo_box(
+            self,
+            [(label, key) for key, label in BACKENDS],
+            tip="Quant Studio streams the checkpoint through its own quantizers; llama.cpp quantizes our F32 "
+            "export with llama_model_quantize (same tensor types, same bytes without an imatrix)",
         )
         self.verify_check = QCheckBox(
             "Verify the file against the original model (llama.cpp vs transformers)", self
         )
         self.verify_check.setChecked(True)
-        self.method_combo = QComboBox(self)
-        for name, m in METHODS.items():
-            self.method_combo.addItem(f"{name} — {m.description}", name)
-        self.method_combo.setToolTip(
-            "How codes and scales are chosen; the file keeps the plan's types (and size) whatever the method"
+        self.method_combo = widgets.combo_box(
+            self,
+            [(f"{name} — {m.description}", name) for name, m in METHODS.items()],
+            tip="How codes and scales are chosen; the file keeps the plan's types (and size) whatever the method",
         )
-        self.calib_edit = QLineEdit(self)
-        self.calib_edit.setPlaceholderText("Built-in calibration text (prose, chats, code, languages)")
-        self.calib_browse = QPushButton("Browse…", self)
-        self.calib_browse.clicked.connect(self.browse_calibration)
-        calib_row = QHBoxLayout()
-        calib_row.addWidget(self.calib_edit, 1)
-        calib_row.addWidget(self.calib_browse)
-        self.chunks_spin = QSpinBox(self)
-        self.chunks_spin.setRange(0, 100_000)
-        self.chunks_spin.setSpecialValueText("all")
-        self.chunks_spin.setSuffix(" × 512 tokens")
-        self.chunks_spin.setToolTip("How much of the calibration text to use (all: every whole chunk)")
+        self.calib_edit = widgets.line_edit(self, "Built-in calibration text (prose, chats, code, languages)")
+        self.calib_browse = widgets.button("Browse…", self, self.browse_calibration)
+        calib_row = widgets.path_row(self.calib_edit, self.calib_browse)
+        self.chunks_spin = widgets.spin_box(
+            self,
+            0,
+            100_000,
+            special="all",
+            suffix=" × 512 tokens",
+            tip="How much of the calibration text to use (all: every whole chunk)",
+        )
         self.imatrix_check = QCheckBox("Quantize with the importance matrix", self)
         self.imatrix_check.setChecked(True)
         self.imatrix_check.setToolTip(
@@ -342,7 +301,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Model:", self.model_label)
         form.addRow("Plan:", self.plan_combo)
         form.addRow("", self.plan_info)
-        form.addRow("Output file:", path_row)
+        form.addRow("Output file:", output_row)
         form.addRow("Method:", self.method_combo)
         form.addRow("Calibration:", calib_row)
         form.addRow("Chunks:", self.chunks_spin)
@@ -364,15 +323,12 @@ class ExportDialog(JobPanel, QDialog):
         self.result_label.setWordWrap(True)
         self.result_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
-        self.export_button = QPushButton("Export", self)
-        self.export_button.setDefault(True)
-        self.export_button.clicked.connect(self.start)
-        self.cancel_button = QPushButton("Cancel export", self)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.close_button = QPushButton("Close", self)
-        self.close_button.clicked.connect(self.hide)
-        self.upload_button = QPushButton("Upload to the Hub…", self)  # the next step, once a file exists
-        self.upload_button.clicked.connect(self._upload)
+        self.export_button = widgets.button("Export", self, self.start, default=True)
+        self.cancel_button = widgets.button("Cancel export", self, self.cancel)
+        self.close_button = widgets.button("Close", self, self.hide)
+        self.upload_button = widgets.button(
+            "Upload to the Hub…", self, self._upload
+        )  # the next step, once a file exists
         buttons = QHBoxLayout()
         buttons.addWidget(self.upload_button)
         buttons.addStretch(1)

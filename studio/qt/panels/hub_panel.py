@@ -19,7 +19,6 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
-    QComboBox,
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
@@ -28,7 +27,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMessageBox,
     QProgressBar,
-    QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -40,6 +38,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.hub.errors import AuthRequired
 from studio.core.jobs import JobContext
+from studio.qt import widgets
 from studio.qt.fmt import human_bytes, human_count
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import PanelJob
@@ -191,14 +190,9 @@ class HubPanel(QWidget):
         self.search_edit.setPlaceholderText("Search models on the Hugging Face Hub…")
         self.search_edit.setClearButtonEnabled(True)
         self.search_edit.returnPressed.connect(self.search)
-        self.task_combo = QComboBox(self)
-        for task in TASKS:
-            self.task_combo.addItem(task or "any task", task)
-        self.sort_combo = QComboBox(self)
-        for label, key in SORTS:
-            self.sort_combo.addItem(label, key)
-        self.search_button = QPushButton("Search", self)
-        self.search_button.clicked.connect(self.search)
+        self.task_combo = widgets.combo_box(self, [(task or "any task", task) for task in TASKS])
+        self.sort_combo = widgets.combo_box(self, SORTS)
+        self.search_button = widgets.button("Search", self, self.search)
         bar.addWidget(self.search_edit, 1)
         bar.addWidget(self.task_combo)
         bar.addWidget(self.sort_combo)
@@ -227,12 +221,9 @@ class HubPanel(QWidget):
         dl.addWidget(inner, 1)
 
         row = QHBoxLayout()
-        self.download_button = QPushButton("Download", detail)
-        self.download_button.clicked.connect(self.start_download)
-        self.pause_button = QPushButton("Pause", detail)
-        self.pause_button.clicked.connect(self.pause_download)
-        self.cancel_button = QPushButton("Cancel", detail)
-        self.cancel_button.clicked.connect(self.cancel_download)
+        self.download_button = widgets.button("Download", detail, self.start_download)
+        self.pause_button = widgets.button("Pause", detail, self.pause_download)
+        self.cancel_button = widgets.button("Cancel", detail, self.cancel_download)
         self.progress = QProgressBar(detail)
         self.progress.setRange(0, 1000)
         self.progress.setValue(0)
@@ -260,12 +251,9 @@ class HubPanel(QWidget):
         self.cache_table.itemDoubleClicked.connect(lambda _item: self.open_cached())
         layout.addWidget(self.cache_table, 1)
         row = QHBoxLayout()
-        self.cache_open_button = QPushButton("Open", page)
-        self.cache_open_button.clicked.connect(self.open_cached)
-        self.cache_delete_button = QPushButton("Delete…", page)
-        self.cache_delete_button.clicked.connect(self.delete_cached)
-        self.cache_refresh_button = QPushButton("Refresh", page)
-        self.cache_refresh_button.clicked.connect(self.refresh_cache)
+        self.cache_open_button = widgets.button("Open", page, self.open_cached)
+        self.cache_delete_button = widgets.button("Delete…", page, self.delete_cached)
+        self.cache_refresh_button = widgets.button("Refresh", page, self.refresh_cache)
         self.cache_label = QLabel("", page)
         row.addWidget(self.cache_open_button)
         row.addWidget(self.cache_delete_button)

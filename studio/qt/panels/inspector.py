@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from studio.core.calib.analysis import ChannelProfile, activation_histogram, channel_profile
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, page_layout, read_only_table
@@ -63,11 +64,14 @@ def make_rule_widgets(parent: QWidget) -> tuple[QComboBox, QDoubleSpinBox]:
     combo = QComboBox(parent)
     for label, _, _ in _RULE_CHOICES:
         combo.addItem(label)
-    spin = QDoubleSpinBox(parent)
-    spin.setRange(0.01, 1e6)
-    spin.setDecimals(2)
-    spin.setValue(_RULE_CHOICES[0][2])
-    spin.setToolTip("k for 'k × median', or the magnitude t for '|x| > t'")
+    spin = widgets.spin_box(
+        parent,
+        0.01,
+        1e6,
+        _RULE_CHOICES[0][2],
+        decimals=2,
+        tip="k for 'k × median', or the magnitude t for '|x| > t'",
+    )
 
     def kind_changed(i: int) -> None:
         spin.setValue(_RULE_CHOICES[i][2])
@@ -176,18 +180,22 @@ class InspectorPanel(JobPanel, QWidget):
         top.addWidget(QLabel("Outliers:", self))
         top.addWidget(self.rule_combo)
         top.addWidget(self.rule_spin)
-        self.act_abs_spin = QDoubleSpinBox(self)
-        self.act_abs_spin.setRange(0.01, 1e6)
-        self.act_abs_spin.setValue(6.0)
-        self.act_abs_spin.setPrefix("|x| ≥ ")
-        self.act_abs_spin.setToolTip("Activation outlier features by magnitude (LLM.int8() uses 6)")
-        self.act_k_spin = QDoubleSpinBox(self)
-        self.act_k_spin.setRange(1.0, 1e4)
-        self.act_k_spin.setValue(5.0)
-        self.act_k_spin.setPrefix("> ")
-        self.act_k_spin.setSuffix(" × median")
-        self.act_k_spin.setToolTip(
-            "Activation outlier features: channel absmax above k × the median channel's"
+        self.act_abs_spin = widgets.spin_box(
+            self,
+            0.01,
+            1e6,
+            6.0,
+            prefix="|x| ≥ ",
+            tip="Activation outlier features by magnitude (LLM.int8() uses 6)",
+        )
+        self.act_k_spin = widgets.spin_box(
+            self,
+            1.0,
+            1e4,
+            5.0,
+            prefix="> ",
+            suffix=" × median",
+            tip="Activation outlier features: channel absmax above k × the median channel's",
         )
         for spin in (self.act_abs_spin, self.act_k_spin):
             spin.valueChanged.connect(self._draw_activations)

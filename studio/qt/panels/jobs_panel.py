@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread
 from studio.qt.state import StudioState
@@ -77,10 +78,8 @@ class JobsPanel(QWidget):
         self.log_view = QPlainTextEdit(self)
         self.log_view.setReadOnly(True)
         self.log_view.setMaximumBlockCount(5000)
-        self.clear_button = QPushButton("Clear finished", self)
-        self.clear_button.clicked.connect(self.clear_finished)
-        self.cancel_all_button = QPushButton("Cancel all", self)
-        self.cancel_all_button.clicked.connect(self.jobs.cancel_all)
+        self.clear_button = widgets.button("Clear finished", self, self.clear_finished)
+        self.cancel_all_button = widgets.button("Cancel all", self, self.jobs.cancel_all)
         self.summary = QLabel("No jobs.", self)
         top = QHBoxLayout()
         top.addWidget(self.summary, 1)

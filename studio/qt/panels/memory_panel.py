@@ -14,13 +14,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
-    QComboBox,
-    QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
     QHeaderView,
     QLabel,
-    QSpinBox,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -40,6 +37,7 @@ from studio.core.lab.memory import (
     memory_report,
     shape_from_info,
 )
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread, choose, labelled_row, read_only_table
 from studio.qt.state import StudioState
@@ -101,19 +99,22 @@ class MemoryPanel(QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.source_combo = QComboBox(self)
-        self.source_combo.addItem("The open model", "model")
-        self.source_combo.addItem("A shape (parameters, layers, heads)", "shape")
-        self.source_combo.currentIndexChanged.connect(self._on_source)
-        self.params_spin = QDoubleSpinBox(self)
-        self.params_spin.setRange(0.001, 5000.0)
-        self.params_spin.setDecimals(3)
-        self.params_spin.setSuffix(" B")
-        self.params_spin.setToolTip("Parameters, in billions")
-        self.layers_spin = self._int_spin(1, 1000, "Transformer layers")
-        self.kv_heads_spin = self._int_spin(1, 1024, "Key/value heads (fewer than attention heads with GQA)")
-        self.head_dim_spin = self._int_spin(1, 4096, "Values per attention head")
-        self.vocab_spin = self._int_spin(0, 10_000_000, "Vocabulary size (the logits' share of the overhead)")
+        self.source_combo = widgets.combo_box(
+            self,
+            [("The open model", "model"), ("A shape (parameters, layers, heads)", "shape")],
+            on_change=self._on_source,
+        )
+        self.params_spin = widgets.spin_box(
+            self, 0.001, 5000.0, decimals=3, suffix=" B", tip="Parameters, in billions"
+        )
+        self.layers_spin = widgets.spin_box(self, 1, 1000, tip="Transformer layers")
+        self.kv_heads_spin = widgets.spin_box(
+            self, 1, 1024, tip="Key/value heads (fewer than attention heads with GQA)"
+        )
+        self.head_dim_spin = widgets.spin_box(self, 1, 4096, tip="Values per attention head")
+        self.vocab_spin = widgets.spin_box(
+            self, 0, 10_000_000, tip="Vocabulary size (the logits' share of the overhead)"
+        )
         self._spins = (
             self.params_spin,
             self.layers_spin,
@@ -132,17 +133,11 @@ class MemoryPanel(QWidget):
         for spin in self._spins:
             spin.valueChanged.connect(self.recompute)
 
-        self.ctx_combo = QComboBox(self)
-        for n in CONTEXTS:
-            self.ctx_combo.addItem(_ctx_label(n), n)
+        self.ctx_combo = widgets.combo_box(self, [(_ctx_label(n), n) for n in CONTEXTS])
         choose(self.ctx_combo, 8192)
-        self.kv_combo = QComboBox(self)
-        for t in KV_TYPES:
-            self.kv_combo.addItem(t.upper(), t)
+        self.kv_combo = widgets.combo_box(self, [(t.upper(), t) for t in KV_TYPES])
         choose(self.kv_combo, "f16")
-        self.gpu_combo = QComboBox(self)
-        for g in GPU_SIZES_GB:
-            self.gpu_combo.addItem(f"{g} GB card", g)
+        self.gpu_combo = widgets.combo_box(self, [(f"{g} GB card", g) for g in GPU_SIZES_GB])
         choose(self.gpu_combo, 24)
         for combo in (self.ctx_combo, self.kv_combo, self.gpu_combo):
             combo.currentIndexChanged.connect(self.recompute)
@@ -208,12 +203,6 @@ class MemoryPanel(QWidget):
         lay.addWidget(self.headline)
         lay.addWidget(self.status)
         lay.addWidget(split, 1)
-
-    def _int_spin(self, lo: int, hi: int, tip: str) -> QSpinBox:
-        spin = QSpinBox(self)
-        spin.setRange(lo, hi)
-        spin.setToolTip(tip)
-        return spin
 
     # -- inputs -----------------------------------------------------------------------------------
 

@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from studio.core.calib.analysis import FeatureRule, FeatureRuleKind, LayerOutliers, layer_outlier_counts
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
 from studio.core.stats.tensor_stats import OutlierKind
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
@@ -34,6 +35,7 @@ class OverviewPanel(JobPanel, QWidget):
 
     overviewShown = Signal(object)  # the ModelOverview drawn
     errorShown = Signal(str)
+    cancelled_text = "Analysis cancelled."
 
     def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -56,9 +58,12 @@ class OverviewPanel(JobPanel, QWidget):
             self.metric_combo.addItem(m.label)
         self.metric_combo.currentIndexChanged.connect(self._redraw)
         self.rule_combo, self.rule_spin = make_rule_widgets(self)
-        self.run_button = QPushButton("Analyze all tensors", self)
-        self.run_button.setToolTip("Compute statistics of every weight matrix (in the background)")
-        self.run_button.clicked.connect(self.start)
+        self.run_button = widgets.button(
+            "Analyze all tensors",
+            self,
+            self.start,
+            tip="Compute statistics of every weight matrix (in the background)",
+        )
         self.status = QLabel("Open a model, then analyze it to see which tensors are hard to quantize.", self)
         self.status.setWordWrap(True)
         top = QHBoxLayout()
@@ -162,10 +167,6 @@ class OverviewPanel(JobPanel, QWidget):
     def on_done(self, result: ModelOverview) -> None:
         self.update_controls()
         self.show_overview(result)
-
-    def on_cancel(self) -> None:
-        self.update_controls()
-        self.status.setText("Analysis cancelled.")
 
     @Slot()
     def _redraw(self, *_: Any) -> None:

@@ -22,9 +22,6 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QPushButton,
-    QSpinBox,
     QStyledItemDelegate,
     QTableView,
     QVBoxLayout,
@@ -46,6 +43,7 @@ from studio.core.quant.plan import (
 )
 from studio.core.quant.presets import PRESETS, Fallback, allows_quantization
 from studio.core.quant.types import PLAN_TYPES
+from studio.qt import widgets
 from studio.qt.fmt import human_bytes
 from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread
@@ -218,15 +216,22 @@ class PlanTableModel(QAbstractTableModel):
         return True
 
 
+def type_combo(parent: QWidget, current: str = "") -> QComboBox:
+    """A combo box of the GGUF types, at ``current`` (default the first)."""
+    combo = QComboBox(parent)
+    combo.addItems(list(TYPES))
+    if current:
+        combo.setCurrentText(current)
+    return combo
+
+
 class TypeDelegate(QStyledItemDelegate):
     """A combo box of GGUF types as the cell editor."""
 
     def createEditor(
         self, parent: QWidget, option: Any, index: QModelIndex | QPersistentModelIndex
     ) -> QWidget:
-        combo = QComboBox(parent)
-        combo.addItems(list(TYPES))
-        return combo
+        return type_combo(parent)
 
     def setEditorData(self, editor: QWidget, index: QModelIndex | QPersistentModelIndex) -> None:
         t = index.data(Qt.ItemDataRole.EditRole)
@@ -282,44 +287,33 @@ class PlanEditorPanel(QWidget):
         for qtype in UNIFORM_TYPES:
             self.preset_combo.addItem(f"uniform {qtype}", f"uniform:{qtype}")
         self.preset_combo.setCurrentIndex(self.preset_combo.findData(f"preset:{DEFAULT_PRESET}"))
-        self.preset_button = QPushButton("Apply", self)
-        self.preset_button.clicked.connect(self._apply_start)
+        self.preset_button = widgets.button("Apply", self, self._apply_start)
 
-        self.keep_n = QSpinBox(self)
-        self.keep_n.setRange(1, 999)
-        self.keep_n.setValue(1)
-        self.keep_type = QComboBox(self)
-        self.keep_type.addItems(list(TYPES))
-        self.keep_type.setCurrentText("Q8_0")
-        self.keep_button = QPushButton("Keep first/last N layers", self)
-        self.keep_button.setToolTip(
-            "The first and last N layers, the token embeddings and the output at the chosen type "
-            "(as export --keep-first-last does)"
-        )
-        self.keep_button.clicked.connect(
-            lambda: self.keep_first_last(self.keep_n.value(), self.keep_type.currentText())
+        self.keep_n = widgets.spin_box(self, 1, 999, 1)
+        self.keep_type = type_combo(self, "Q8_0")
+        self.keep_button = widgets.button(
+            "Keep first/last N layers",
+            self,
+            lambda: self.keep_first_last(self.keep_n.value(), self.keep_type.currentText()),
+            tip="The first and last N layers, the token embeddings and the output at the chosen type "
+            "(as export --keep-first-last does)",
         )
 
-        self.set_type = QComboBox(self)
-        self.set_type.addItems(list(TYPES))
-        self.set_type.setCurrentText("Q8_0")
-        self.set_button = QPushButton("Set selected cells", self)
-        self.set_button.clicked.connect(lambda: self.set_selected(self.set_type.currentText()))
-
-        self.regex_edit = QLineEdit(self)
-        self.regex_edit.setPlaceholderText(r"regex on tensor names, e.g. mlp\.down_proj|attn_v")
-        self.regex_type = QComboBox(self)
-        self.regex_type.addItems(list(TYPES))
-        self.regex_type.setCurrentText("Q6_K")
-        self.regex_button = QPushButton("Apply rule", self)
-        self.regex_button.clicked.connect(
-            lambda: self.apply_regex(self.regex_edit.text(), self.regex_type.currentText())
+        self.set_type = type_combo(self, "Q8_0")
+        self.set_button = widgets.button(
+            "Set selected cells", self, lambda: self.set_selected(self.set_type.currentText())
         )
 
-        self.save_button = QPushButton("Save plan…", self)
-        self.save_button.clicked.connect(self._save_dialog)
-        self.load_button = QPushButton("Load plan…", self)
-        self.load_button.clicked.connect(self._load_dialog)
+        self.regex_edit = widgets.line_edit(self, r"regex on tensor names, e.g. mlp\.down_proj|attn_v")
+        self.regex_type = type_combo(self, "Q6_K")
+        self.regex_button = widgets.button(
+            "Apply rule",
+            self,
+            lambda: self.apply_regex(self.regex_edit.text(), self.regex_type.currentText()),
+        )
+
+        self.save_button = widgets.button("Save plan…", self, self._save_dialog)
+        self.load_button = widgets.button("Load plan…", self, self._load_dialog)
 
         self.undo_action = self.undo_stack.createUndoAction(self, "Undo")
         self.undo_action.setShortcut(QKeySequence("Ctrl+Z"))
@@ -328,10 +322,8 @@ class PlanEditorPanel(QWidget):
         for act in (self.undo_action, self.redo_action):
             act.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
             self.addAction(act)
-        self.undo_button = QPushButton("Undo", self)
-        self.undo_button.clicked.connect(self.undo_stack.undo)
-        self.redo_button = QPushButton("Redo", self)
-        self.redo_button.clicked.connect(self.undo_stack.redo)
+        self.undo_button = widgets.button("Undo", self, self.undo_stack.undo)
+        self.redo_button = widgets.button("Redo", self, self.undo_stack.redo)
         self.undo_stack.canUndoChanged.connect(self.undo_button.setEnabled)
         self.undo_stack.canRedoChanged.connect(self.redo_button.setEnabled)
         self.undo_button.setEnabled(False)

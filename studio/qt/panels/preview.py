@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QPushButton,
     QSplitter,
     QTableWidgetItem,
     QVBoxLayout,
@@ -29,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.preview import PreviewResult, block_schemes, generic_schemes, imatrix_entry, preview_tensor
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, choose, page_layout, read_only_table
@@ -81,9 +81,9 @@ class PreviewPanel(JobPanel, QWidget):
         self.imatrix_check.setToolTip(
             "Quantize with the importance matrix (Calibrate page) as llama-quantize does; Q8_0 ignores it"
         )
-        self.run_button = QPushButton("Preview", self)
-        self.run_button.setToolTip("Quantize the selected tensor to this type and measure the error")
-        self.run_button.clicked.connect(self.start)
+        self.run_button = widgets.button(
+            "Preview", self, self.start, tip="Quantize the selected tensor to this type and measure the error"
+        )
         self.tensor_label = QLabel("No tensor selected.", self)
         top = QHBoxLayout()
         top.addWidget(self.tensor_label, 1)

@@ -17,22 +17,18 @@ from typing import Any
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import (
-    QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QPushButton,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
 from studio.core.jobs import JobContext
+from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls
@@ -87,44 +83,30 @@ class QatPanel(JobPanel, QWidget):
     # -- building ---------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        self.model_edit = QLineEdit(self)
-        self.model_edit.setPlaceholderText("a Hugging Face model folder (the open model by default)")
-        self.model_edit.textChanged.connect(self.update_controls)
-        browse = QPushButton("…", self)
-        browse.setToolTip("Choose a model folder")
-        browse.clicked.connect(self._choose_model)
-        model_row = QHBoxLayout()
-        model_row.addWidget(self.model_edit, 1)
-        model_row.addWidget(browse)
+        self.model_edit = widgets.line_edit(
+            self, "a Hugging Face model folder (the open model by default)", self.update_controls
+        )
+        model_row = widgets.path_row(
+            self.model_edit, widgets.button("…", self, self._choose_model, tip="Choose a model folder")
+        )
 
-        self.bits_spin = QSpinBox(self)
-        self.bits_spin.setRange(2, 8)
-        self.bits_spin.setValue(3)
-        self.bits_spin.setSuffix(" bits")
-        self.group_combo = QComboBox(self)
-        for g in (32, 64, 128):
-            self.group_combo.addItem(f"groups of {g}", g)
-        self.group_combo.addItem("one scale per output channel", None)
-        self.steps_spin = QSpinBox(self)
-        self.steps_spin.setRange(1, 100_000)
-        self.steps_spin.setValue(30)
-        self.seq_spin = QSpinBox(self)
-        self.seq_spin.setRange(8, 8192)
-        self.seq_spin.setValue(128)
-        self.seq_spin.setToolTip("Tokens per training and evaluation chunk")
-        self.lr_spin = QDoubleSpinBox(self)
-        self.lr_spin.setDecimals(6)
-        self.lr_spin.setRange(1e-6, 1e-1)
-        self.lr_spin.setSingleStep(1e-5)
-        self.lr_spin.setValue(1e-4)
-        self.train_combo = QComboBox(self)
-        self.train_combo.addItem("Built-in prose (the calibration text)", "prose")
-        self.train_combo.addItem("Text file…", "file")
+        self.bits_spin = widgets.spin_box(self, 2, 8, 3, suffix=" bits")
+        self.group_combo = widgets.combo_box(
+            self, [*((f"groups of {g}", g) for g in (32, 64, 128)), ("one scale per output channel", None)]
+        )
+        self.steps_spin = widgets.spin_box(self, 1, 100_000, 30)
+        self.seq_spin = widgets.spin_box(self, 8, 8192, 128, tip="Tokens per training and evaluation chunk")
+        self.lr_spin = widgets.spin_box(self, 1e-6, 1e-1, 1e-4, decimals=6, step=1e-5)
+        self.train_combo = widgets.combo_box(
+            self, [("Built-in prose (the calibration text)", "prose"), ("Text file…", "file")]
+        )
         self.train_combo.activated.connect(self._on_train_choice)
-        self.eval_combo = QComboBox(self)
-        self.eval_combo.addItem("Built-in English sample (the evaluation text)", "sample")
-        self.output_edit = QLineEdit(self)
-        self.output_edit.setPlaceholderText("optional: a new folder for the QAT weights (export takes it)")
+        self.eval_combo = widgets.combo_box(
+            self, [("Built-in English sample (the evaluation text)", "sample")]
+        )
+        self.output_edit = widgets.line_edit(
+            self, "optional: a new folder for the QAT weights (export takes it)"
+        )
 
         self.run_button, self.cancel_button, self.progress, self.status = run_controls(self, "Run QAT")
         self.status.setText(

@@ -56,6 +56,7 @@ class SweepPanel(JobPanel, QWidget):
 
     resultShown = Signal(object)  # the SweepResult just drawn
     errorShown = Signal(str)
+    cancelled_text = "Sweep cancelled."
 
     def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -178,10 +179,6 @@ class SweepPanel(JobPanel, QWidget):
     def on_done(self, result: Any) -> None:
         self.update_controls()
         self.show_result(result)
-
-    def on_cancel(self) -> None:
-        self.update_controls()
-        self.status.setText("Sweep cancelled.")
 
     def update_controls(self) -> None:
         busy = self.running

@@ -3,7 +3,9 @@ sentence, and Use plan makes the allocation the window's plan."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from PySide6.QtCore import Qt
 
 from studio.core.model import open_model
 from studio.core.quant.allocate import allocate, parse_budget
@@ -74,3 +76,121 @@ def test_the_window_opens_the_dialog_for_the_open_model(make_window, tiny_models
     assert win.act_budget.isEnabled()
     d = win.show_budget_dialog()
     assert isinstance(d, BudgetDialog) and d.isVisible() and win.show_budget_dialog() is d
+
+
+# ------------------------------------------------------------------ where the KL comes from
+
+
+def _show_sensitivity(qtbot, d):
+    d.show()
+    d.views.setCurrentIndex(1)  # the Sensitivity tab: the map and the bars get their real sizes
+    qtbot.waitExposed(d)
+    qtbot.wait(50)
+
+
+def test_the_heat_map_has_a_cell_per_layer_and_role_with_the_scans_kl(dialog, qtbot):
+    state, d = dialog
+    scan = synthetic_scan(state.info, KL)
+    d.set_scan(scan)
+    _show_sensitivity(qtbot, d)
+    assert d.map_type.currentData() == "Q4_K"  # the default view: every tensor at Q4_K
+    blocks = sorted({t.layer for t in scan.tensors if t.layer is not None})
+    image = d.heat.image.image
+    assert image.shape == (1 + len(blocks), len(d.heat.grid.roles))
+    ticks = [label for _, label in d.heat.plot.getPlotItem().getAxis("left")._tickLevels[0]]
+    assert ticks == ["other", *map(str, blocks)]
+    for t in scan.tensors:
+        r, c = d.heat.grid.cell_of(t.name)
+        assert d.heat.grid.layers[r] == t.layer and d.heat.grid.roles[c] == t.role
+        assert image[r, c] == pytest.approx(np.log10(t.by_type["Q4_K"].kl))
+    assert np.isnan(image).sum() == image.size - len(scan.tensors)  # the other cells are empty
+    # the bars: the N most sensitive at that type, most sensitive first
+    d.top_n.setValue(5)
+    top = sorted(scan.tensors, key=lambda t: -t.by_type["Q4_K"].kl)[:5]
+    assert [n for n, _, _ in d.bars.rows] == [t.name for t in top]
+    assert list(d.bars.bars.opts["width"]) == [t.by_type["Q4_K"].kl for t in top]
+    # another type redraws both; "the plan's type" reads each tensor at the allocation's type
+    d.map_type.setCurrentIndex(d.map_type.findData("Q2_K"))
+    t0 = scan.tensors[0]
+    assert d.heat.image.image[d.heat.grid.cell_of(t0.name)] == pytest.approx(np.log10(t0.by_type["Q2_K"].kl))
+    d.map_type.setCurrentIndex(d.map_type.findData("plan"))
+    want = d.allocation.plan.types
+    assert [q for _, q, _ in d.bars.rows] == [want[n] for n, _, _ in d.bars.rows]
+    assert d.bars.rows[0][2] == max(t.by_type[want[t.name]].kl for t in scan.tensors)
+
+
+def test_a_click_on_a_cell_or_a_bar_opens_that_tensor_in_the_inspector(make_window, tiny_models, qtbot):
+    win = make_window()
+    win.state.set_checkpoint(open_model(tiny_models("llama")))
+    assert win.panel("inspector") is not None  # built now (the rest of the pages are not needed)
+    d = win.show_budget_dialog()
+    scan = synthetic_scan(win.state.info, KL)
+    d.set_scan(scan)
+    _show_sensitivity(qtbot, d)
+    win.show_page("plan")  # not the summary: a choice there goes to the inspector by itself
+    cell = d.heat.grid.cell_of("model.layers.1.self_attn.v_proj.weight")
+    with qtbot.waitSignal(
+        win.panel("inspector").statsShown,
+        timeout=30_000,
+        check_params_cb=lambda n: n.endswith("v_proj.weight"),
+    ):
+        qtbot.mouseClick(d.heat.plot.viewport(), Qt.MouseButton.LeftButton, pos=d.heat.cell_centre(*cell))
+    assert win.state.selected_tensor == "model.layers.1.self_attn.v_proj.weight"
+    assert win.tabs.currentIndex() == win.page_index("inspector")
+    assert "model.layers.1.self_attn.v_proj.weight" in win.panel("inspector").title.text()
+    # a click on an empty cell selects nothing
+    empty = next((r, c) for r, row in enumerate(d.heat.grid.names) for c, n in enumerate(row) if n is None)
+    qtbot.mouseClick(d.heat.plot.viewport(), Qt.MouseButton.LeftButton, pos=d.heat.cell_centre(*empty))
+    assert win.state.selected_tensor == "model.layers.1.self_attn.v_proj.weight"
+    # the third bar
+    third = d.bars.rows[2][0]
+    assert third != win.state.selected_tensor
+    qtbot.mouseClick(d.bars.plot.viewport(), Qt.MouseButton.LeftButton, pos=d.bars.bar_centre(2))
+    assert win.state.selected_tensor == third
+
+
+# ------------------------------------------------------------------ predicted against measured
+
+
+def test_an_exported_budget_plan_is_measured_in_a_job_and_shown_beside_the_prediction(
+    dialog, qtbot, tmp_path
+):
+    from studio.core.calib.sensitivity import ScanSettings, measure_plans
+    from studio.core.gguf.export import export_gguf
+    from studio.qt.panels.export_dialog import ExportOutcome
+
+    state, d = dialog
+    d.set_scan(synthetic_scan(state.info, KL))
+    d.budget_edit.setText("4.5bpw")
+    d.replan()
+    a = d.allocation
+    # a preset's export is not measured (it costs a job nobody asked for)
+    preset = export_gguf(state.info.path, tmp_path / "q8.gguf", "Q8_0")
+    state.publish_export(ExportOutcome(preset))
+    assert d.task.started == 0 and d.measured_label.text() == ""
+    d.use_button.click()
+    res = export_gguf(state.info.path, tmp_path / "budget.gguf", state.plan)
+    with qtbot.waitSignal(d.measuredShown, timeout=120_000) as sig:
+        state.publish_export(ExportOutcome(res))
+        assert d.running and not d.measure_button.isEnabled() and d.cancel_button.isEnabled()
+    m = sig.args[0]
+    (want,) = measure_plans(state.info.path, [dict(a.plan.types)], "builtin", ScanSettings())
+    assert m.measured_kl == pytest.approx(want, rel=1e-4) and m.measured_kl > 0
+    assert m.predicted_kl == pytest.approx(a.predicted_kl) and m.file_bytes == res.file_bytes
+    text = d.measured_label.text()
+    assert text.startswith("budget.gguf:")
+    assert f"predicted KL {a.predicted_kl:.4f}, measured {m.measured_kl:.4f}" in text
+    assert list(d.measured_dot.data["x"]) == [res.file_bytes]
+    assert list(d.measured_dot.data["y"]) == pytest.approx([np.log10(m.measured_kl)])  # a log axis
+    assert not d.running and d.measure_button.isEnabled()
+
+
+def test_a_measurement_can_be_cancelled_and_shows_nothing(dialog, qtbot):
+    state, d = dialog
+    d.set_scan(synthetic_scan(state.info, KL))
+    d.measure_plan()
+    assert d.running and d.cancel_button.isEnabled()
+    d.cancel_button.click()
+    qtbot.waitUntil(lambda: not d.running, timeout=60_000)
+    assert d.measured is None and d.measured_label.text() == "" and d.status.text() == "Cancelled."
+    assert list(d.measured_dot.data["x"]) == [] and d.measure_button.isEnabled()

@@ -1,0 +1,62 @@
+"""The options several subcommands share, each added by one function with one help text.
+
+Subcommands import this module as ``options`` and call ``options.add_json(p)`` and so on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_json(parser: Any, what: str = "one JSON object instead of text") -> None:
+    """``--json``: print ``what`` (on stdout) instead of the text output."""
+    parser.add_argument("--json", action="store_true", help=f"print {what}")
+
+
+def add_allow_pickle(parser: Any) -> None:
+    """``--allow-pickle``: accept pickle weights, converted in a child process, never unpickled here."""
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="accept a pickle pytorch_model.bin (loaded with torch.load(weights_only=True) in a child process)",
+    )
+
+
+def add_extra_buffers(parser: Any, what: str) -> None:
+    """``--llama-extra-buffers {auto,on,off}``: llama.cpp's weight repacking for ``what``."""
+    from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES
+
+    parser.add_argument(
+        "--llama-extra-buffers",
+        choices=EXTRA_BUFFER_CHOICES,
+        default="auto",
+        help=(
+            f"llama.cpp's extra buffer types (repacked weights) for {what}: auto (the default) is off on "
+            "a CPU with AMX or after a crash with them on this machine, on otherwise"
+        ),
+    )
+
+
+def add_dtype(parser: Any, help: str | None = None) -> None:
+    """``--dtype {auto,float32,float16,bfloat16}`` for models run in torch (default auto)."""
+    # studio.core.chat.hf_backend.DTYPES; importing it here would cost the CLI's start about a second
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"), help=help
+    )
+
+
+def add_gpu_layers(parser: Any) -> None:
+    """``--gpu-layers N``: llama.cpp layers offloaded to the GPU."""
+    parser.add_argument(
+        "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
+    )
+
+
+def add_dequantize(parser: Any, flag: str) -> None:
+    """``--dequantize``: run the GGUF given as ``flag`` in transformers (see ``_common.dequantized``)."""
+    parser.add_argument(
+        "--dequantize",
+        action="store_true",
+        help=f"run a .gguf {flag} in transformers, from the float32 Hugging Face folder the studio "
+        "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
+    )
