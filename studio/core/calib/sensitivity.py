@@ -851,11 +851,32 @@ def spread_chunks(chunks: Any, n_chunks: int, n_ctx: int) -> Any:
 
 
 def gain_layers(n_layers: int) -> tuple[int, ...]:
-    """The layers whose tensors the proxy measures: the first three, the last two, and every fourth."""
+    """The layers whose tensors the proxy measures: the first and third, every fifth, the third-last
+    and the last.
+
+    A stream costs the layers after its own, so early picks are dear: on SmolLM2-135M (30 layers) this
+    set costs 26 % fewer stream-layers than the first three, last two and every fourth, and predicts the
+    exact scan's other 966 pairs as well (median |ln ratio| 0.175 against 0.173, rank correlation 0.977
+    against 0.978).
+    """
     if n_layers <= 0:
         return ()
-    picks = {0, 1, 2, n_layers - 2, n_layers - 1, *range(0, n_layers, 4)}
+    picks = {0, 2, n_layers - 3, n_layers - 1, *range(5, n_layers, 5)}
     return tuple(sorted(i for i in picks if 0 <= i < n_layers))
+
+
+_SLOW_SEARCH = frozenset({"IQ4_NL", "IQ4_XS"})  # 15 scale trials per block: ~7× the others' time
+
+
+def gain_type(t: ScanTarget) -> str:
+    """The qtype at which the proxy measures a tensor's gain: its smallest, unless that is an IQ4 type
+    and a legacy 4- or 5-bit one is a candidate too. The gain KL / error hardly depends on the type (on
+    SmolLM2-135M the other 966 pairs are predicted alike: median |ln ratio| 0.178 from Q4_0 gains, 0.175
+    from IQ4_NL ones), and the whole-tensor quantization of the sample is the proxy's dearest step."""
+    eff = t.effective
+    if eff[0] not in _SLOW_SEARCH:
+        return eff[0]
+    return next((q for q in ("Q4_0", "Q5_0") if q in eff), eff[0])
 
 
 def _interp_log(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
@@ -1010,7 +1031,7 @@ def _measure_sets(
     errors = {t.name: t.effective for t in targets}
     for t in targets:
         if t.layer is None or t.layer in sampled:
-            exact[t.name] = [t.effective[0]]
+            exact[t.name] = [gain_type(t)]
     rng = np.random.default_rng(1)
     check: list[tuple[str, str]] = []
     by_role: dict[str, list[ScanTarget]] = {}
@@ -1041,7 +1062,7 @@ def _assemble(
     check_set = set(check)
     gains: dict[str, float] = {}
     for t in targets:
-        ref = t.effective[0]
+        ref = gain_type(t)
         if (t.name, ref) in kl and (t.name, ref) not in check_set:
             e = err.get((t.name, ref), 0.0)
             gains[t.name] = kl[(t.name, ref)] / e if e > 0 else float("nan")
@@ -1160,6 +1181,7 @@ __all__ = [
     "TensorSensitivity",
     "TypeCost",
     "gain_layers",
+    "gain_type",
     "hf_imatrix",
     "kl_from_delta",
     "measure_plans",
