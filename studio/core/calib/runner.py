@@ -6,7 +6,8 @@ final norm, the head when asked for), and runs the model's own forward once per 
 decoder layer's ``forward`` replaced by a recorder: the first records the hidden states that enter
 layer 0, each records the arguments the model passes to its layer (attention mask, position
 embeddings, ...), the last stops the forward. Then, layer by layer: that layer's weights are read
-from the checkpoint onto the device, hooks on each linear input feed the consumers while every chunk
+from the checkpoint onto the device (on a CPU, safetensors data in the model's dtype is used in place
+through a copy-on-write map: no copy), hooks on each linear input feed the consumers while every chunk
 runs through it, the consumers may replace weights (the outputs are then computed again with the new
 weights), the outputs become the next layer's inputs and the weights go back to the meta device.
 
@@ -688,19 +689,18 @@ _COPYABLE = {"F32": None, "F16": None, "BF16": "bfloat16"}
 
 
 def _read_tensor(ckpt: Any, name: str) -> Any:
-    """One tensor as a CPU torch tensor, copied out of a short-lived memory map of just its bytes.
+    """One tensor as a CPU torch tensor over a private copy-on-write memory map of just its bytes.
 
-    safetensors' own handle keeps the whole file mapped, so every layer read would stay in the
-    process's resident memory until the end; a per-tensor map is released as soon as it is copied.
+    No copy is made: the layer computes straight from the page cache, and the map closes when the
+    layer's weights go back to the meta device (safetensors' own handle keeps the whole file mapped,
+    so every layer read would stay in the process's resident memory until the end). Copy-on-write
+    keeps the file untouched when a consumer replaces weights in place.
     """
-    import numpy as np
     import torch
 
     info = ckpt.info.tensor(name)
     if info.dtype in _COPYABLE and getattr(ckpt.info.format, "value", "") == "safetensors":
-        raw = ckpt.read_raw(name)
-        t = torch.from_numpy(np.array(raw).reshape(info.shape))
-        del raw
+        t = torch.from_numpy(ckpt.map_raw(name).reshape(info.shape))
         return t.view(torch.bfloat16) if info.dtype == "BF16" else t
     return ckpt.read_torch(name)
 

@@ -131,6 +131,12 @@ class Checkpoint:
         """The tensor ``name`` as a CPU ``torch.Tensor`` in its stored dtype (imports torch)."""
         return self._read_torch(self._get(name))
 
+    def map_raw(self, name: str) -> np.ndarray:
+        """Like ``read_raw`` but writable without a copy where the format allows: a private
+        copy-on-write map of just this tensor's bytes (writes stay in this process, never in the file;
+        the map closes when the last view of it is freed). Elsewhere a writable copy."""
+        return self._map_raw(self._get(name))
+
     def close(self) -> None:
         """Release file handles and memory maps; later reads raise."""
         self._closed = True
@@ -159,13 +165,17 @@ class Checkpoint:
     def _read_torch(self, t: TensorInfo) -> Any:
         raise NotImplementedError
 
+    def _map_raw(self, t: TensorInfo) -> np.ndarray:
+        return np.array(self._read_raw(t))
 
-def _memmap(file: Path, offset: int, nbytes: int) -> np.ndarray:
-    """A read-only view of ``nbytes`` bytes at ``offset``, memory-mapped with its own lifetime."""
+
+def _memmap(file: Path, offset: int, nbytes: int, private: bool = False) -> np.ndarray:
+    """A view of ``nbytes`` bytes at ``offset``, memory-mapped with its own lifetime: read-only, or
+    ``private`` (copy-on-write: writable, and writes never reach the file)."""
     if nbytes == 0:
         return np.empty(0, dtype=np.uint8)
     try:
-        return np.memmap(file, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,))
+        return np.memmap(file, dtype=np.uint8, mode="c" if private else "r", offset=offset, shape=(nbytes,))
     except (OSError, ValueError) as err:
         raise CorruptFileError(f"Cannot map {file.name} for reading: {err}.") from err
 
@@ -194,9 +204,9 @@ class SafetensorsCheckpoint(Checkpoint):
                 self._handles[(file, framework)] = h
             return h
 
-    def _read_raw(self, t: TensorInfo) -> np.ndarray:
+    def _read_raw(self, t: TensorInfo, private: bool = False) -> np.ndarray:
         e = self._entries[t.name]
-        raw = _memmap(t.file, e.begin, e.nbytes)
+        raw = _memmap(t.file, e.begin, e.nbytes, private)
         dt = _NUMPY_DTYPES.get(t.dtype) or _RAW_DTYPES.get(t.dtype)
         if dt is None:  # sub-byte types: return the packed bytes
             return raw
@@ -216,6 +226,9 @@ class SafetensorsCheckpoint(Checkpoint):
 
     def _read_torch(self, t: TensorInfo) -> Any:
         return self._handle(t.file, "pt").get_tensor(t.name)
+
+    def _map_raw(self, t: TensorInfo) -> np.ndarray:
+        return self._read_raw(t, private=True)
 
     def close(self) -> None:
         """Drop the safe_open handles (their memory maps close when the last tensor view is freed)."""
@@ -248,6 +261,9 @@ class PickleCheckpoint(Checkpoint):
 
     def _read_torch(self, t: TensorInfo) -> Any:
         return self._store._read_torch(self._in_store(t))
+
+    def _map_raw(self, t: TensorInfo) -> np.ndarray:
+        return self._store._map_raw(self._in_store(t))
 
     def close(self) -> None:
         """Drop the converted files' handles."""

@@ -146,9 +146,12 @@ def test_a_consumer_changes_weights_and_the_next_layer_sees_it(
 
     changed = ActivationCollector()
     inp = prepare_input(llama_model, calib_text, n_ctx=CTX, n_chunks=CHUNKS)
+    stored = (llama_model / "model.safetensors").read_bytes()
     with open_model(llama_model) as ck:
         info = run_model(ck, inp.chunks, [changed, _ZeroV()], device="cpu")
     assert info.recomputed_layers == (0,)
+    # the layer computes from a copy-on-write map of the file: the new weight never reaches the file
+    assert (llama_model / "model.safetensors").read_bytes() == stored
     got = changed.result(info)
     name1 = "model.layers.1.self_attn.q_proj.weight"
     assert not np.allclose(got.inputs[name1].sum_sq, llama_stats.inputs[name1].sum_sq)

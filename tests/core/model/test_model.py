@@ -77,6 +77,20 @@ def test_read_returns_float32_values(llama_dir):
             ck.read("nope")
 
 
+def test_map_raw_is_writable_and_never_writes_the_file(llama_dir):
+    name = "model.layers.1.mlp.down_proj.weight"
+    file = llama_dir / "model.safetensors"
+    stored = file.read_bytes()
+    with open_model(llama_dir) as ck:
+        m = ck.map_raw(name)
+        np.testing.assert_array_equal(m, llama_tensors()[name])
+        assert isinstance(m, np.memmap) and m.flags.writeable  # a map of the file, not a copy
+        m[...] = 0.0  # copy-on-write: this process's pages only
+        np.testing.assert_array_equal(ck.read(name), llama_tensors()[name])
+        del m
+    assert file.read_bytes() == stored
+
+
 def test_read_after_close_is_a_clear_error(llama_dir):
     ck = open_model(llama_dir)
     ck.close()
