@@ -26,5 +26,7 @@ def test_the_proxy_predicts_the_exact_kl_of_held_out_pairs_on_the_demo(demo_dir)
     # 1.2), rank correlation ≈ 0.77 over 14 held-out pairs, KL from 1e-6 to 1e-2
     assert scan.check.median_abs_log_ratio < math.log(1.5), scan.check.pairs
     assert scan.check.spearman > 0.6, scan.check.pairs
-    within = [abs(math.log(p / e)) < math.log(3) for _, _, e, p in scan.check.pairs]
-    assert sum(within) >= 0.8 * len(within), scan.check.pairs
+    # the demo's weights come from a Q4_1 file: at Q4_1 and Q5_1 they come back exactly (KL 0, nothing
+    # to predict), as ProxyCheck's own figures leave out
+    within = [abs(math.log(p / e)) < math.log(3) for _, _, e, p in scan.check.pairs if e > 0 and p > 0]
+    assert len(within) >= 8 and sum(within) >= 0.8 * len(within), scan.check.pairs
