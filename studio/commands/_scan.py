@@ -179,8 +179,9 @@ def _candidates(args: argparse.Namespace, types: tuple[str, ...]) -> tuple[str, 
     return cands
 
 
-def check_budget_args(args: argparse.Namespace, info: Any) -> None:
-    """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning."""
+def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = None) -> Any:
+    """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning;
+    returns the all-F16 allocation when the budget holds the F16 file (then nothing needs a scan)."""
     from studio.core.quant.allocate import check_budget, parse_budget
     from studio.core.quant.types import QTYPES
 
@@ -189,7 +190,9 @@ def check_budget_args(args: argparse.Namespace, info: Any) -> None:
     bad = next((q for q in types if q not in QTYPES or QTYPES[q].is_float), None)
     if bad is not None:
         raise StudioError(f"--types names {bad}, which is not a quantized GGUF type.")
-    check_budget(info, budget, _candidates(args, types), exclude=_types(args.exclude) or ())
+    return check_budget(
+        info, budget, _candidates(args, types), exclude=_types(args.exclude) or (), method=method
+    )
 
 
 def allocation(

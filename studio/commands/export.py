@@ -185,8 +185,9 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
     return plan
 
 
-def _check_budget_args(args: argparse.Namespace, info: Any) -> None:
-    """Refuse what does not go with ``--budget`` before any work (a malformed budget included)."""
+def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
+    """Refuse what does not go with ``--budget`` before any work (a malformed budget included); the
+    all-F16 allocation when the budget holds the F16 file (no calibration or scan is needed then)."""
     from studio.commands._scan import check_budget_args
     from studio.core.quant.methods import check_method
 
@@ -205,7 +206,7 @@ def _check_budget_args(args: argparse.Namespace, info: Any) -> None:
         raise StudioError(
             "A budget plan is scanned with an imatrix; give --method imatrix, gptq, awq or awq+gptq."
         )
-    check_budget_args(args, info)
+    return check_budget_args(args, info, method)
 
 
 def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any]:
@@ -277,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
     alloc = None
     if args.budget:
-        _check_budget_args(args, info)
+        alloc = _check_budget_args(args, info)
     else:
         plan = _with_method(args, build_plan(args, info), info)
         if args.save_plan:
@@ -286,7 +287,8 @@ def run(args: argparse.Namespace) -> int:
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         if args.budget:
-            alloc, imatrix = _budget_plan(args, info, imatrix, ctx)
+            if alloc is None:
+                alloc, imatrix = _budget_plan(args, info, imatrix, ctx)
             plan = alloc.plan
             if args.save_plan:
                 write_text(args.save_plan, plan.to_json(), "plan")
@@ -361,6 +363,8 @@ def run(args: argparse.Namespace) -> int:
                 else ""
             )
         )
+        for n in alloc.notes:
+            print(f"note: {n}")
     for f in res.fallbacks:
         print(f"fallback: {f.tensor}: {f.wanted} → {f.got} ({f.reason})")
     if calibration is not None:

@@ -57,23 +57,28 @@ def run(args: argparse.Namespace) -> int:
     with open_model(args.model) as ck:
         info = ck.info
     check_exportable(info)
-    check_budget_args(args, info)  # a malformed or too small budget is refused before any work
+    # a malformed or too small budget is refused before any work; one above F16 needs no scan
+    alloc = check_budget_args(args, info, method)
     from pathlib import Path
 
     check_output_path(Path(args.output).expanduser())
-    with ProgressLine() as line:
-        ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
-        imatrix = calibration(args, info, ctx)
-        scan = run_scan(args, info, ctx, imatrix)
-        alloc = allocation(args, info, scan, imatrix if method == "imatrix" else None, method, ctx)
+    scan = None
+    if alloc is None:
+        with ProgressLine() as line:
+            ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
+            imatrix = calibration(args, info, ctx)
+            scan = run_scan(args, info, ctx, imatrix)
+            alloc = allocation(args, info, scan, imatrix if method == "imatrix" else None, method, ctx)
     write_text(args.output, alloc.plan.to_json(), "plan")
     out = {"output": args.output, "plan": alloc.plan.name, "method": method, **alloc.to_dict()}
-    out["scan"] = {
-        "mode": scan.mode,
-        "tokens": scan.n_tokens,
-        "seconds": round(scan.seconds, 3),
-        "key": scan.key,
-    }
+    out["scan"] = None
+    if scan is not None:
+        out["scan"] = {
+            "mode": scan.mode,
+            "tokens": scan.n_tokens,
+            "seconds": round(scan.seconds, 3),
+            "key": scan.key,
+        }
     out["types"] = dict(alloc.plan.summary(info).tensors_by_type)
     if args.json:
         print_json(out)

@@ -101,3 +101,23 @@ def test_bad_budget_input_is_one_line_before_any_work(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and needle in err[-1], err
     assert not out.exists() and not cache.parent.exists()  # refused before calibrating: nothing cached
+
+
+@pytest.mark.parametrize("verb", ["plan", "export"])
+def test_a_budget_above_f16_is_answered_from_the_sizes_alone(
+    llama_model, text, cache, tmp_path, capsys, verb
+):
+    from studio.core.gguf.read import read_gguf
+
+    out = tmp_path / ("p.json" if verb == "plan" else "f.gguf")
+    argv = [verb, str(llama_model), "--budget", "1GB", "-o", str(out), "--calib-text", str(text), *SCAN]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    notes = got["notes"] if verb == "plan" else got["budget"]["notes"]
+    assert "above the F16 file" in notes[0] and "every tensor stays in F16" in notes[0]
+    assert not cache.parent.exists()  # answered before calibrating or scanning: nothing cached
+    if verb == "plan":
+        assert got["scan"] is None and set(got["types"]) <= {"F16", "F32"}
+    else:
+        types = {t.type_name for t in read_gguf(out).tensors}
+        assert types <= {"F16", "F32"} and out.stat().st_size == got["file_bytes"]

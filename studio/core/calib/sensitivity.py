@@ -74,6 +74,8 @@ PROXY_ROW_SHARE = 1 / 16  # rows of a tensor quantized to estimate its error in 
 PROXY_MIN_ROWS = 64
 _BATCH_TOKENS = 8192  # tokens per batched layer call (bounds the activations' memory)
 _DELTA_DTYPE = "float16"  # streams store h' − h: small differences keep their precision in float16
+_F16_MAX = 65000.0
+_HEAD_GROUP = 16  # streams whose final norm runs in one call at the head
 
 
 class Mode(str):
@@ -405,8 +407,20 @@ class _Stream:
 def _pack(delta: Any) -> Any:
     import torch
 
-    d16 = delta.to(torch.float16)
-    return d16 if bool(torch.isfinite(d16).all()) else delta.float()
+    # float16 holds |x| ≤ 65504; one max over the float32 values decides (a NaN fails the comparison)
+    # instead of a check of the float16 copy, which torch does not vectorise on the CPU
+    top = float(delta.detach().abs().amax()) if delta.numel() else 0.0
+    return delta.to(torch.float16) if top <= _F16_MAX else delta.float()
+
+
+def _pack_many(deltas: Any) -> list[Any]:
+    """``_pack`` of each ``deltas[i]`` with one max and one conversion for the whole batch."""
+    import torch
+
+    top = deltas.detach().abs().amax(tuple(range(1, deltas.dim()))).tolist()
+    d16 = deltas.to(torch.float16)
+    # float16 rows are views of one tensor, freed once every stream of the group has moved on
+    return [d16[i] if m <= _F16_MAX else deltas[i].float().clone() for i, m in enumerate(top)]
 
 
 class SensitivityScan(Consumer):
@@ -595,8 +609,8 @@ class SensitivityScan(Consumer):
                 continue
             ctx.check_cancelled()
             ys = _each_weight(view, sites[name], [deq[(name, q)] for q in qs], h_in)
-            for q, y in zip(qs, ys, strict=True):
-                self._streams.append(_Stream(("t", name, q), _pack(y - h_out)))
+            for q, d in zip(qs, _pack_many(torch_stack(ys) - h_out), strict=True):
+                self._streams.append(_Stream(("t", name, q), d))
         n_new = sum(len([q for q in self.exact.get(n, ()) if (n, q) in deq]) for n in names)
         n_plan = sum(1 for s in self._streams if s.plan is not None)
         n = self._spec.n_layers if self._spec else 0
@@ -613,10 +627,27 @@ class SensitivityScan(Consumer):
         for a in range(0, len(streams), per):
             self.ctx.check_cancelled()
             group = streams[a : a + per]
-            x = torch.cat([h_in + s.delta.to(h_in.dtype) for s in group], 0)
-            y = view.forward(x).reshape(len(group), c, t, -1)
-            for s, yy in zip(group, y, strict=True):
-                s.delta = _pack(yy - h_out)
+            # whole-group tensor operations: per-stream small ones cost more in dispatch than in work
+            x = torch.stack([s.delta.to(h_in.dtype) for s in group]) + h_in
+            y = view.forward(x.reshape(len(group) * c, t, -1)).reshape(len(group), c, t, -1)
+            for s, d in zip(group, _pack_many(y - h_out), strict=True):
+                s.delta = d
+
+    @staticmethod
+    def _fast_kl(p: Any, mvec: Any, wb: Any, head_w: Any, hh: Any, h2: Any, head: Any) -> float:
+        """KL of one stream through a linear head: δ = W(ĥ' − ĥ) (+ (Ŵ − W)ĥ' for a quantized head)."""
+        import torch
+
+        n = p.shape[0]
+        dh = (h2 - hh).reshape(n, -1)
+        # products of small differences keep their precision in bfloat16
+        delta = (dh.to(torch.bfloat16) @ wb.T).float()
+        shift = (dh.float() * mvec).sum(-1)
+        if head is not None:
+            dw = (head - head_w).to(torch.bfloat16)
+            delta += (h2.reshape(n, -1).to(torch.bfloat16) @ dw.T).float()
+            shift = None  # the head's own change moves the mean too: measured from δ
+        return kl_from_delta(p, delta, shift, owned=True)
 
     def logits(self, chunk: int, logits: Any) -> None:
         """Keep the original's logits of every chunk."""
@@ -630,7 +661,6 @@ class SensitivityScan(Consumer):
         assert spec is not None and spec.outer is not None
         outer = spec.outer
         ref = torch.stack([self._ref[c] for c in sorted(self._ref)])  # (C, T, V)
-        p = torch.softmax(ref.double(), -1)
         hidden = self._last
         hh = outer.head_input(hidden)
         head_name = outer.head or (outer.embedding if outer.tied else None)
@@ -650,26 +680,34 @@ class SensitivityScan(Consumer):
                     if s.plan is not None and s.plan.get(out.name) == q:
                         s.head = new
             self._errors_only(out.name, rows)
-        for s in self._streams:
+        # the original's distribution once, in float32; m = pᵀW gives each stream's mean logit change
+        # Σ_v p_v δ_v = m·(ĥ' − ĥ) without a pass over the vocabulary
+        p = torch.softmax(ref.float(), -1).reshape(-1, ref.shape[-1])
+        mvec = (p @ head_w.detach().float()) if fast else None
+        streams = list(self._streams)
+        for a in range(0, len(streams), _HEAD_GROUP):
             self.ctx.check_cancelled()
-            kl = 0.0
-            if s.delta is not None or s.head is not None:
-                h2 = hh if s.delta is None else outer.head_input(hidden + s.delta.to(hidden.dtype))
-                if fast:
-                    # δ = Ŵĥ' − Wĥ = W(ĥ' − ĥ) + (Ŵ − W)ĥ': products of small differences keep their
-                    # precision in bfloat16
-                    delta = ((h2 - hh).to(torch.bfloat16) @ wb.T).float()
-                    if s.head is not None:
-                        dw = (s.head - head_w).to(torch.bfloat16)
-                        delta = delta + (h2.to(torch.bfloat16) @ dw.T).float()
+            group = streams[a : a + _HEAD_GROUP]
+            moved = [s for s in group if s.delta is not None]
+            h2s = {}
+            if moved:  # the final norm of every moved stream of the group in one call
+                x = torch.cat([hidden + s.delta.to(hidden.dtype) for s in moved], 0)
+                for s, h2 in zip(moved, outer.head_input(x).split(int(hidden.shape[0])), strict=True):
+                    h2s[id(s)] = h2
+            for s in group:
+                self.ctx.check_cancelled()
+                kl = 0.0
+                if s.delta is not None or s.head is not None:
+                    h2 = h2s.get(id(s), hh)
+                    if fast:
+                        kl = self._fast_kl(p, mvec, wb, head_w, hh, h2, s.head)
+                    else:
+                        kl = kl_from_delta(p, (outer.logits(h2, weight=s.head) - ref).reshape(p.shape))
+                if s.key[0] == "t":
+                    self.kl[(s.key[1], s.key[2])] = kl
                 else:
-                    delta = outer.logits(h2, weight=s.head) - ref
-                kl = kl_from_delta(p, delta)
-            if s.key[0] == "t":
-                self.kl[(s.key[1], s.key[2])] = kl
-            else:
-                self.plan_kl[s.key[1]] = kl
-            self._step(1, "output head")
+                    self.plan_kl[s.key[1]] = kl
+                self._step(1, "output head")
         self._streams.clear()
         self._ref.clear()
 
@@ -681,13 +719,46 @@ def torch_cat(parts: Sequence[Any]) -> Any:
     return torch.cat(list(parts), 0)
 
 
-def kl_from_delta(p: Any, delta: Any) -> float:
-    """Mean over positions of KL(p ‖ softmax(log p + δ)) = log Σ p e^δ − Σ p δ, in float64."""
+def torch_stack(parts: Sequence[Any]) -> Any:
+    """``torch.stack`` (a lazy import for module-level helpers)."""
     import torch
 
-    d = delta.double()
+    return torch.stack(list(parts))
+
+
+def kl_from_delta(p: Any, delta: Any, shift: Any = None, *, owned: bool = False) -> float:
+    """Mean over positions of KL(p ‖ softmax(log p + δ)) (``p`` and ``δ``: positions × vocabulary).
+
+    ``KL = log Σ p e^δ − Σ p δ`` is unchanged when a constant is taken from δ per position; with the
+    mean ``Σ p δ`` taken off (``shift`` when the caller knows it) the two terms no longer cancel, so
+    float32 keeps ~1e-5 relative precision where the uncentred sum needed float64 (and four times the
+    memory traffic). ``owned``: ``delta`` is a scratch float32 tensor that may be overwritten.
+    """
+    import torch
+
+    v = p.shape[-1]
+    pf = p.reshape(-1, 1, v).float()
+    d = delta.reshape(-1, v)
+    d = d if owned and d.dtype == torch.float32 else d.to(torch.float32, copy=True)
+
+    def dot(x: Any) -> Any:  # Σ_v p_v x_v per position, one pass
+        return torch.bmm(pf, x.unsqueeze(2)).reshape(-1)
+
+    d -= (dot(d) if shift is None else shift.reshape(-1).float()).unsqueeze(1)
+    r = dot(d)
+    s = dot(d.expm1_())
+    kl = torch.log1p(s.double()) - r.double()
+    if not bool(torch.isfinite(kl).all()):  # a change beyond float32's exp range: the float64 form
+        return _kl_float64(p, delta)
+    return float(kl.clamp_min(0).mean())
+
+
+def _kl_float64(p: Any, delta: Any) -> float:
+    import torch
+
+    d = delta.double().reshape(-1, p.shape[-1])
     m = d.amax(-1, keepdim=True)
-    pd = p.double()
+    pd = p.double().reshape(d.shape)
     lse = torch.log((pd * torch.exp(d - m)).sum(-1)) + m.squeeze(-1)
     return float((lse - (pd * d).sum(-1)).clamp_min(0).mean())
 
@@ -780,11 +851,35 @@ def spread_chunks(chunks: Any, n_chunks: int, n_ctx: int) -> Any:
 
 
 def gain_layers(n_layers: int) -> tuple[int, ...]:
-    """The layers whose tensors the proxy measures: the first three, the last two, and every fourth."""
+    """The layers whose tensors the proxy measures: the first and third, every fifth, the third-last
+    and the last (under 12 layers: the first three, the last two and every fourth).
+
+    A stream costs the layers after its own, so early picks are dear: on SmolLM2-135M (30 layers) this
+    set costs 26 % fewer stream-layers than the first three, last two and every fourth, and predicts the
+    exact scan's other 966 pairs as well (median |ln ratio| 0.175 against 0.173, rank correlation 0.977
+    against 0.978).
+    """
     if n_layers <= 0:
         return ()
-    picks = {0, 1, 2, n_layers - 2, n_layers - 1, *range(0, n_layers, 4)}
+    if n_layers < 12:  # shallow: streams are cheap; the first three, the last two and every fourth
+        picks = {0, 1, 2, n_layers - 2, n_layers - 1, *range(0, n_layers, 4)}
+    else:
+        picks = {0, 2, n_layers - 3, n_layers - 1, *range(5, n_layers, 5)}
     return tuple(sorted(i for i in picks if 0 <= i < n_layers))
+
+
+_SLOW_SEARCH = frozenset({"IQ4_NL", "IQ4_XS"})  # 15 scale trials per block: ~7× the others' time
+
+
+def gain_type(t: ScanTarget) -> str:
+    """The qtype at which the proxy measures a tensor's gain: its smallest, unless that is an IQ4 type
+    and a legacy 4- or 5-bit one is a candidate too. The gain KL / error hardly depends on the type (on
+    SmolLM2-135M the other 966 pairs are predicted alike: median |ln ratio| 0.178 from Q4_0 gains, 0.175
+    from IQ4_NL ones), and the whole-tensor quantization of the sample is the proxy's dearest step."""
+    eff = t.effective
+    if eff[0] not in _SLOW_SEARCH:
+        return eff[0]
+    return next((q for q in ("Q4_0", "Q5_0") if q in eff), eff[0])
 
 
 def _interp_log(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
@@ -939,7 +1034,7 @@ def _measure_sets(
     errors = {t.name: t.effective for t in targets}
     for t in targets:
         if t.layer is None or t.layer in sampled:
-            exact[t.name] = [t.effective[0]]
+            exact[t.name] = [gain_type(t)]
     rng = np.random.default_rng(1)
     check: list[tuple[str, str]] = []
     by_role: dict[str, list[ScanTarget]] = {}
@@ -970,7 +1065,7 @@ def _assemble(
     check_set = set(check)
     gains: dict[str, float] = {}
     for t in targets:
-        ref = t.effective[0]
+        ref = gain_type(t)
         if (t.name, ref) in kl and (t.name, ref) not in check_set:
             e = err.get((t.name, ref), 0.0)
             gains[t.name] = kl[(t.name, ref)] / e if e > 0 else float("nan")
@@ -1089,6 +1184,7 @@ __all__ = [
     "TensorSensitivity",
     "TypeCost",
     "gain_layers",
+    "gain_type",
     "hf_imatrix",
     "kl_from_delta",
     "measure_plans",

@@ -442,12 +442,17 @@ def check_budget(
     *,
     keep: Mapping[str, str] | None = None,
     exclude: Collection[str] = (),
-) -> None:
-    """Refuse, before any scan, a budget below the smallest plan of ``candidates`` (QuantizationError
-    naming the minimum): the sizes depend on the shapes alone."""
+    method: str | None = None,
+) -> Allocation | None:
+    """Judge ``budget`` before any scan, from the shapes alone: refuse one below the smallest plan of
+    ``candidates`` (QuantizationError naming the minimum); return the all-F16 allocation (with its note)
+    when the budget holds the F16 file, since no scan can change that plan; None otherwise."""
     from studio.core.calib.sensitivity import sizes_only
 
-    allocate(info, sizes_only(info, candidates), budget, candidates=candidates, keep=keep, exclude=exclude)
+    sizes = sizes_only(info, candidates)
+    alloc = allocate(info, sizes, budget, candidates=candidates, keep=keep, exclude=exclude, method=method)
+    # only the above-F16 answer leaves every scanned tensor in F16 (any smaller budget quantizes one)
+    return alloc if all(alloc.plan.types.get(t.name) == "F16" for t in sizes.tensors) else None
 
 
 def _memory_limit(m: _Model, bound: int, budget: Budget) -> int:

@@ -113,6 +113,7 @@ def test_proxy_measures_a_sample_and_predicts_the_rest(tiny_model, calib_text):
     proxy = scan_sensitivity(model, calib_text, st, imatrix=im)
     exact = scan_sensitivity(model, calib_text, dataclasses.replace(st, exact=True), imatrix=im)
     assert proxy.mode == "proxy" and gain_layers(6) == (0, 1, 2, 4, 5)
+    assert gain_layers(30) == (0, 2, 5, 10, 15, 20, 25, 27, 29) and gain_layers(2) == (0, 1)
     predicted = [(t, c) for t in proxy.tensors for c in t.by_type.values() if not c.measured]
     assert predicted and all(t.layer == 3 or c.qtype != "Q2_K" for t, c in predicted)
     for t in proxy.tensors:  # the sample is measured exactly: the same numbers as the exact scan
@@ -182,3 +183,18 @@ def test_bad_input_is_one_sentence(llama_model, tmp_path):
         scan_sensitivity(llama_model, short, SETTINGS)
     with pytest.raises(CalibrationError, match="not a quantized GGUF type"):
         scan_sensitivity(llama_model, short, dataclasses.replace(SETTINGS, types=("F16",)))
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1e-2, 1.0, 8.0])
+def test_float32_kl_matches_float64_even_under_a_common_shift(scale):
+    from studio.core.calib.sensitivity import _kl_float64, kl_from_delta
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(3 * torch.randn(64, 4096, generator=g, dtype=torch.float64), -1)
+    # a per-position shift 50× the spread: the softmax ignores it, an uncentred float32 sum does not;
+    # centred, float32 keeps 1e-3 relative down to a KL of 1e-9 (the bfloat16 head product is coarser)
+    delta = scale * (torch.randn(64, 4096, generator=g) + 50 * torch.randn(64, 1, generator=g))
+    want = _kl_float64(p, delta)
+    assert kl_from_delta(p.float(), delta) == pytest.approx(want, rel=1e-3)
+    shift = (p * delta.double()).sum(-1).float()  # a known mean gives the same value
+    assert kl_from_delta(p.float(), delta.clone(), shift, owned=True) == pytest.approx(want, rel=1e-3)

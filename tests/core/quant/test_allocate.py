@@ -121,9 +121,12 @@ def test_too_small_and_above_f16(info):
         allocate(info, scan, parse_budget("100kB"))
     with pytest.raises(QuantizationError, match="the smallest plan needs"):
         check_budget(info, parse_budget("100kB"), TYPES)  # the same refusal from the sizes alone
-    check_budget(info, parse_budget("50MB"), TYPES)
+    early = check_budget(info, parse_budget("50MB"), TYPES)  # above F16: the answer needs no scan
     a = allocate(info, scan, parse_budget("50MB"))
     assert "above the F16 file" in a.notes[0] and a.predicted_kl == 0
+    assert early is not None and early.notes == a.notes and dict(early.plan.types) == dict(a.plan.types)
+    assert early.file_bytes == a.file_bytes
+    assert check_budget(info, parse_budget(str(int(0.6 * a.file_bytes))), TYPES) is None  # needs the scan
     quantizable = [t.name for t in scan.tensors]
     assert all(a.plan.types[n] == "F16" for n in quantizable)
 
