@@ -363,8 +363,7 @@ def run(args: argparse.Namespace) -> int:
                 else ""
             )
         )
-        for n in alloc.notes:
-            print(f"note: {n}")
+        print_notes(alloc.notes)
     for f in res.fallbacks:
         print(f"fallback: {f.tensor}: {f.wanted} → {f.got} ({f.reason})")
     if calibration is not None:

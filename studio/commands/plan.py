@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from studio.commands import _options as options
-from studio.commands._common import ProgressLine, print_json, write_text
+from studio.commands._common import ProgressLine, print_json, print_notes, write_text
 from studio.commands._scan import (
     add_budget_args,
     add_scan_args,
@@ -89,6 +89,5 @@ def run(args: argparse.Namespace) -> int:
         + (f", measured {alloc.measured_kl:.4f} on the scan chunks" if alloc.measured_kl is not None else "")
     )
     print("types: " + ", ".join(f"{k}×{v}" for k, v in sorted(out["types"].items())))
-    for n in alloc.notes:
-        print(f"note: {n}")
+    print_notes(alloc.notes)
     return 0
