@@ -4,7 +4,63 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
+
+import pytest
+
+# The caller's shell must not steer the tests (a hobbyist's HF_HUB_OFFLINE=1, a token, a thread count,
+# a hidden GPU): huggingface_hub and transformers latch several of these when first imported, so they
+# are cleared here, before anything imports either library. A test that needs one sets it itself.
+CALLER_VARIABLES = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_TOKEN_PATH",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_XET_CACHE",
+    "HF_ASSETS_CACHE",
+    "TRANSFORMERS_CACHE",
+    "XDG_CACHE_HOME",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+)
+for _var in CALLER_VARIABLES:
+    os.environ.pop(_var, None)
+# Until pytest's own temporary folder exists (pytest_configure below), the Hugging Face and XDG caches
+# point into a throw-away folder, never at the user's ~/.cache.
+_ENV_HOME = tempfile.mkdtemp(prefix="qs-test-env-")
+
+
+def _point_caches_at(root: Path) -> None:
+    """HF_HOME, HF_HUB_CACHE and XDG_CACHE_HOME under ``root`` (created)."""
+    (root / "hf_home" / "hub").mkdir(parents=True, exist_ok=True)
+    (root / "xdg").mkdir(parents=True, exist_ok=True)
+    os.environ["HF_HOME"] = str(root / "hf_home")
+    os.environ["HF_HUB_CACHE"] = str(root / "hf_home" / "hub")
+    os.environ["XDG_CACHE_HOME"] = str(root / "xdg")
+
+
+_point_caches_at(Path(_ENV_HOME))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config) -> None:
+    """Move the session's caches under pytest's temporary folder, before any test module is imported."""
+    if "huggingface_hub" in sys.modules or "transformers" in sys.modules:
+        return  # already latched the throw-away folder; tests/test_environment.py names the importer
+    _point_caches_at(config._tmp_path_factory.getbasetemp() / "user-env")
+    # Latch huggingface_hub's constants now, from this clean environment: otherwise the first test to
+    # import it (say, one that monkeypatches HF_HUB_OFFLINE=1) would decide them for the whole session.
+    import huggingface_hub.constants  # noqa: F401
+
 
 # Before anything imports Qt or huggingface_hub.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -22,6 +78,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     """Remove the throw-away cache this run made."""
     if _TEST_CACHE:
         shutil.rmtree(_TEST_CACHE, ignore_errors=True)
+    shutil.rmtree(_ENV_HOME, ignore_errors=True)
 
 
 pytest_plugins = ["tests.factory_fixtures", "tests.real_fixtures"]
