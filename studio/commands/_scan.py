@@ -182,7 +182,7 @@ def _candidates(args: argparse.Namespace, types: tuple[str, ...]) -> tuple[str, 
 def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = None) -> Any:
     """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning;
     returns the all-F16 allocation when the budget holds the F16 file (then nothing needs a scan)."""
-    from studio.core.quant.allocate import check_budget, parse_budget
+    from studio.core.plan.allocate import check_budget, parse_budget
     from studio.core.quant.types import QTYPES
 
     budget = parse_budget(args.budget, ctx_len=args.ctx)
@@ -199,7 +199,7 @@ def allocation(
     args: argparse.Namespace, info: Any, scan: Any, imatrix: Any, method: str | None, ctx: Any
 ) -> Any:
     """The budget plan for ``--budget`` (with ``--exclude`` and ``--measure``)."""
-    from studio.core.quant.allocate import allocate, parse_budget
+    from studio.core.plan.allocate import allocate, parse_budget
 
     budget = parse_budget(args.budget, ctx_len=args.ctx)
     cands = _candidates(args, scan.types)

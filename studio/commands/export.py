@@ -121,7 +121,7 @@ def _parse_keep(spec: str) -> tuple[int, str]:
 
 def build_plan(args: argparse.Namespace, info: Any) -> Any:
     """The plan the arguments describe, for the model ``info``: made by the core's plan verbs."""
-    from studio.core.quant.plan import (
+    from studio.core.plan.plan import (
         Override,
         Plan,
         plan_first_last,
@@ -129,7 +129,7 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
         plan_uniform,
         with_overrides,
     )
-    from studio.core.quant.presets import PRESETS
+    from studio.core.plan.presets import PRESETS
 
     overrides = []
     for o in args.override:
@@ -159,7 +159,7 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
 def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
     """The plan with ``--method`` applied, and the calibration arguments checked against it."""
     from studio.core.quant.methods import check_method
-    from studio.core.quant.plan import with_method
+    from studio.core.plan.plan import with_method
 
     if args.method:
         plan = with_method(plan, info, check_method(args.method))
@@ -256,7 +256,7 @@ def _gguf_source(ck: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
-    from studio.core.gguf.export import check_exportable, export_gguf
+    from studio.core.export.run import check_exportable, export_gguf
     from studio.core.jobs import JobContext
     from studio.core.model import open_model
 
@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
-        from studio.core.verify import check_verifiable
+        from studio.core.export.verify import check_verifiable
 
         check_verifiable(info.path)  # refuse before a long export, not after it
     imatrix = None
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     if calibration is not None:
         out["calibration"] = calibration.to_dict()
     if args.verify:
-        from studio.core.verify import verify_gguf
+        from studio.core.export.verify import verify_gguf
 
         print("verifying against the original model ...", file=sys.stderr)
         v = verify_gguf(res.path, info.path, device=args.device, extra_buffers=args.llama_extra_buffers)

@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
 
 def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[str, Any]:
     """The inspect report as a JSON-ready dict (what ``--json`` prints)."""
-    from studio.core.estimate import estimate_presets
+    from studio.core.plan.estimate import estimate_presets
     from studio.core.hardware import detect
     from studio.core.model import open_model
 

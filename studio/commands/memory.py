@@ -12,7 +12,7 @@ from studio.core.errors import StudioError
 
 def register(subparsers: Any) -> None:
     """Add the ``memory`` subcommand."""
-    from studio.core.lab.kvcache import KV_TYPES
+    from studio.core.llamacpp.kvcache import KV_TYPES
 
     p = subparsers.add_parser(
         "memory",

@@ -47,7 +47,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``plan``."""
-    from studio.core.gguf.export import check_exportable
+    from studio.core.export.run import check_exportable
     from studio.core.gguf.writer import check_output_path
     from studio.core.jobs import JobContext
     from studio.core.model import open_model

@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``sensitivity``."""
-    from studio.core.gguf.export import check_exportable
+    from studio.core.export.run import check_exportable
     from studio.core.jobs import JobContext
     from studio.core.model import open_model
 

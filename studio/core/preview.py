@@ -4,7 +4,7 @@ A scheme is what a preview applies: a qtype (``"Q4_K"``, ``"Q8_0"``, ...), throu
 ``studio.core.quant.blocks``, byte-identical to llama.cpp, on the tensor as llama.cpp stores it
 (rows = output channels); or a generic INT/FP8 scheme, through ``studio.core.quant.generic``
 (named like ``"INT4 sym g128"`` or ``"FP8 E4M3 channel"``). Error numbers come from
-``studio.core.stats.metrics``.
+``studio.core.quant.metrics``.
 
 With an importance matrix (mean x² per input column, ``studio.core.calib.imatrix``) the block types
 are quantized with it as llama-quantize does (Q8_0 and the generic schemes ignore it), and the result
@@ -24,7 +24,7 @@ import numpy as np
 
 from studio.core.errors import QuantizationError
 from studio.core.jobs import JobContext, null_context
-from studio.core.stats.metrics import ErrorMetrics, error_metrics
+from studio.core.quant.metrics import ErrorMetrics, error_metrics
 from studio.core.stats.tensor_stats import (
     DEFAULT_BINS,
     Histogram,

@@ -11,7 +11,7 @@ from studio.core.jobs import JobContext
 
 
 def verify_child(ctx: JobContext, emit: Any, gguf: str, source: str, device: str) -> Any:
-    """``studio.core.verify.verify_gguf`` as a ``studio.core.childjob.call_in_child`` target."""
-    from studio.core.verify import verify_gguf
+    """``studio.core.export.verify.verify_gguf`` as a ``studio.core.childjob.call_in_child`` target."""
+    from studio.core.export.verify import verify_gguf
 
     return verify_gguf(gguf, source, device=device, ctx=ctx)

@@ -73,7 +73,7 @@ def prepare_input(
 
 def _open(model: str | os.PathLike[str], allow_pickle: bool) -> Any:
     from studio.core.model import open_model
-    from studio.core.model.types import CheckpointFormat
+    from studio.core.modelinfo import CheckpointFormat
 
     ckpt = open_model(model, allow_pickle=allow_pickle)
     if ckpt.info.format == CheckpointFormat.GGUF:

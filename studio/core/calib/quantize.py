@@ -84,7 +84,7 @@ class LayerReport:
 class CalibratedExport:
     """What a calibrated export wrote and how the calibration went."""
 
-    export: Any  # studio.core.gguf.export.ExportResult
+    export: Any  # studio.core.export.run.ExportResult
     method: str
     dataset: str
     n_ctx: int
@@ -466,7 +466,7 @@ def export_calibrated(
     from studio.core.calib.runner import run_model
     from studio.core.calib.spool import TensorSpool
     from studio.core.gguf.arch import layout
-    from studio.core.gguf.export import _resolve_plan, check_exportable, export_gguf
+    from studio.core.export.run import _resolve_plan, check_exportable, export_gguf
     from studio.core.gguf.writer import check_output_path
 
     ctx = ctx or null_context()
@@ -549,7 +549,7 @@ def _export_with_imatrix(
     from studio.core.calib.imatrix import imatrix_from_stats
     from studio.core.calib.runner import run_model
     from studio.core.gguf.arch import layout
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     info = ckpt.info
     collector = ActivationCollector(histogram=False, dataset=inp.data.name)

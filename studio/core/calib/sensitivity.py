@@ -26,7 +26,7 @@ interpolated over layers per role (log-linear), and every other (tensor, qtype) 
 too and reported as ``check`` (how far the proxy is from the exact KL).
 
 ``plans`` measured in the same run are streams in which every tensor takes its plan's qtype at once:
-the allocator's interaction check (``studio.core.quant.allocate``).
+the allocator's interaction check (``studio.core.plan.allocate``).
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ class ScanTarget:
 def scan_targets(info: Any, types: Sequence[str]) -> tuple[list[ScanTarget], dict[str, str]]:
     """The tensors a scan covers (HF order) and the quantizable ones it cannot perturb (→ Q8_0)."""
     from studio.core.gguf.arch import layout
-    from studio.core.quant.presets import allows_quantization
+    from studio.core.plan.presets import allows_quantization
 
     lay = layout(info)
     roles = {t.name: t.role.value for t in info.tensors}
@@ -966,7 +966,7 @@ def scan_sensitivity(
     ckpt = _open(model, False)
     try:
         info = ckpt.info
-        from studio.core.gguf.export import check_exportable
+        from studio.core.export.run import check_exportable
 
         check_exportable(info)
         targets, fixed = scan_targets(info, st.types)

@@ -84,10 +84,10 @@ class LlamaCppBackend(BaseBackend):
         self.n_threads = n_threads
         self.f32_kv = f32_kv
         if kv_type:
-            from studio.core.lab.kvcache import kv_type as check_kv_type
+            from studio.core.llamacpp.kvcache import kv_type as check_kv_type
 
             kv_type = check_kv_type(kv_type).name  # an unknown name fails here, before a child starts
-        self.kv_type = kv_type  # a ``studio.core.lab.kvcache`` type; None keeps ``f32_kv``
+        self.kv_type = kv_type  # a ``studio.core.llamacpp.kvcache`` type; None keeps ``f32_kv``
         self.logits_all = logits_all
         self.extra_ops = extra_ops
         self.options = LoadOptions(

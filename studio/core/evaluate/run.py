@@ -66,7 +66,7 @@ class VariantScore:
     bpw: float
     n_scored: int
     error: str | None = None
-    kv_type: str = "f32"  # the variant's KV-cache type in llama.cpp (``studio.core.lab.kvcache``)
+    kv_type: str = "f32"  # the variant's KV-cache type in llama.cpp (``studio.core.llamacpp.kvcache``)
     kv_cache_bytes: int = 0  # what that cache takes at the evaluation's context
 
     def delta_ppl_pct(self, original_ppl: float) -> float:
@@ -104,7 +104,7 @@ class EvalReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (NaN becomes None); each variant has its ``verdict`` in plain words."""
-        from studio.core.lab.verdict import judge
+        from studio.core.evaluate.verdict import judge
 
         def variant(v: VariantScore) -> dict[str, Any]:
             j = None if v.error else judge(self.original.ppl, v.ppl)
@@ -302,7 +302,7 @@ def evaluate(
     if max_chunks is not None and max_chunks < 1:
         raise EvaluationError(f"At least one chunk must be evaluated, not {max_chunks}.")
     if kv_types:
-        from studio.core.lab.kvcache import kv_type
+        from studio.core.llamacpp.kvcache import kv_type
 
         kv_types = tuple(dict.fromkeys(kv_type(t).name for t in kv_types))  # unknown names fail here
     et = text if isinstance(text, EvalText) else load_text(text)

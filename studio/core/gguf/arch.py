@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import ExportError
-from studio.core.model.types import ModelInfo, Role
+from studio.core.modelinfo import ModelInfo, Role
 
 # config.json model_type → GGUF architecture name (llama.cpp's LLM_ARCH names).
 _ARCHES: dict[str, str] = {
@@ -160,7 +160,7 @@ def layout(info: ModelInfo) -> Layout:
     own names; the studio's own mapping covers its families, llama.cpp's converter every other
     architecture; ExportError (one sentence naming the architecture) when neither converts it."""
     if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original keeps its own names
-        from studio.core.requantize import gguf_layout
+        from studio.core.export.requantize import gguf_layout
 
         return gguf_layout(info)
     if not studio_converts(info):

@@ -33,7 +33,7 @@ import numpy as np
 
 from studio.core.errors import ExportError
 from studio.core.jobs import JobContext, null_context
-from studio.core.model.types import ModelInfo, Role
+from studio.core.modelinfo import ModelInfo, Role
 
 CHUNK_BYTES = 16 << 20  # float32 bytes per block of rows handed to the quantizers
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -333,7 +333,7 @@ def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
     import json
 
     from studio.core.errors import RemoteCodeError
-    from studio.core.model.types import CheckpointFormat
+    from studio.core.modelinfo import CheckpointFormat
 
     if info.format is not CheckpointFormat.SAFETENSORS:
         raise ExportError(

@@ -12,7 +12,7 @@ import numpy as np
 
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, head_counts, hparam
-from studio.core.model.types import ModelInfo
+from studio.core.modelinfo import ModelInfo
 
 GGML_QUANT_VERSION = 2  # general.quantization_version llama.cpp writes
 

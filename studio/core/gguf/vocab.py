@@ -11,7 +11,7 @@ from typing import Any
 
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, hparam
-from studio.core.model.types import ModelInfo
+from studio.core.modelinfo import ModelInfo
 
 # llama.cpp token types (llama_token_type / gguf.TokenType values).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

@@ -1,6 +1,6 @@
 """Fit badges: would a Hub model, quantized with a preset, run on this machine?
 
-Built on ``studio.core.estimate.estimate_from_config`` from the repository's config.json and its
+Built on ``studio.core.plan.estimate.estimate_from_config`` from the repository's config.json and its
 parameter count, so the Hub panel and the planner agree on every number.
 """
 
@@ -49,7 +49,7 @@ def fit_badge(
     """The fit badge for a model known by its config and parameter count, or None if they are unknown."""
     if not n_params:
         return None
-    from studio.core.estimate import Verdict, estimate_from_config
+    from studio.core.plan.estimate import Verdict, estimate_from_config
 
     estimates = tuple(estimate_from_config(dict(config or {}), int(n_params), hw, ctx_len=ctx_len))
     if not estimates:
@@ -63,7 +63,7 @@ def fit_badge(
 
 def gguf_fit(file_bytes: int, hw: Any) -> str:
     """A rough verdict for an already-quantized GGUF file: its size plus ~15 % for context and buffers."""
-    from studio.core.estimate import verdict_for
+    from studio.core.plan.estimate import verdict_for
 
     return verdict_for(int(file_bytes * 1.15), hw).value
 

@@ -16,8 +16,8 @@ Bits per weight: a format's own storage (FP16 16, Q8_0 34 bytes per 32 values = 
 = 6.5625, Q4_0 18 per 32 = 4.5) or, for llama.cpp's mixed presets (Q5_K_M, Q4_K_M, Q3_K_M, Q2_K),
 the average those presets reach on 7-8B Llama models. When the model itself is known (its tensors),
 every GGUF preset's weights are instead the sum over its tensors of the bytes of the type llama.cpp's
-rules give each one (``studio.core.estimate``), and bits per weight is 8 × that ÷ parameters, so the
-first formula still holds. "This machine" is ``studio.core.estimate.verdict_for`` on the total.
+rules give each one (``studio.core.plan.estimate``), and bits per weight is 8 × that ÷ parameters, so the
+first formula still holds. "This machine" is ``studio.core.plan.estimate.verdict_for`` on the total.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from studio.core.errors import StudioError
-from studio.core.lab.kvcache import KV_TYPES, kv_type
+from studio.core.llamacpp.kvcache import KV_TYPES, kv_type
 
 if TYPE_CHECKING:
     from studio.core.hardware import HardwareInfo
     from studio.core.jobs import JobContext
-    from studio.core.model.types import ModelInfo
+    from studio.core.modelinfo import ModelInfo
 
 __all__ = [
     "CONTEXTS",
@@ -85,7 +85,7 @@ def _format_bpw(type_name: str) -> float:
 
 
 def _precisions() -> tuple[Precision, ...]:
-    from studio.core.estimate import _TYPICAL_BPW as typical  # the Hub's fit badges use the same
+    from studio.core.plan.estimate import _TYPICAL_BPW as typical  # the Hub's fit badges use the same
 
     return (
         Precision("FP32", 32.0, "format", None, "training precision"),
@@ -133,8 +133,8 @@ def shape_from_config(
     config: Mapping[str, Any], params: int, *, name: str = "model", info: ModelInfo | None = None
 ) -> ModelShape:
     """The shape from a config.json (or a GGUF's ``gguf_config``) and a parameter count."""
-    from studio.core.estimate import _cfg_int  # the same config keys as the estimates
-    from studio.core.estimate import kv_cache_bytes as f16_kv
+    from studio.core.plan.estimate import _cfg_int  # the same config keys as the estimates
+    from studio.core.plan.estimate import kv_cache_bytes as f16_kv
 
     cfg = dict(config.get("text_config") or config)
     layers = _cfg_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
@@ -156,7 +156,7 @@ def shape_from_config(
 
 def shape_from_info(info: ModelInfo) -> ModelShape:
     """The shape of an opened checkpoint (``studio.core.model.open_model(...).info``); exact sizes."""
-    from studio.core.estimate import _cfg_int
+    from studio.core.plan.estimate import _cfg_int
 
     cfg = dict(info.config)
     if info.n_layers and not _cfg_int(cfg, "num_hidden_layers", "n_layer", "num_layers"):
@@ -195,7 +195,7 @@ def kv_cache_bytes(shape: ModelShape, ctx_len: int, kv: str = "f16") -> int:
 
 def overhead_bytes(weights: int, shape: ModelShape) -> int:
     """5 % of the weights + 64 MiB + vocabulary × 512 × 4 bytes (no logits term without a cache)."""
-    from studio.core.estimate import OVERHEAD_BATCH_TOKENS, OVERHEAD_FIXED_BYTES, OVERHEAD_FRACTION
+    from studio.core.plan.estimate import OVERHEAD_BATCH_TOKENS, OVERHEAD_FIXED_BYTES, OVERHEAD_FRACTION
 
     vocab = shape.vocab if shape.has_kv_cache else 0
     return int(OVERHEAD_FRACTION * weights) + OVERHEAD_FIXED_BYTES + vocab * OVERHEAD_BATCH_TOKENS * 4
@@ -304,7 +304,7 @@ def _plan_weights(shape: ModelShape, preset: str, hw: HardwareInfo) -> int | Non
     """Tensor bytes of ``preset`` by the exporter's per-tensor rules, when the tensors are known."""
     if shape.info is None:
         return None
-    from studio.core.estimate import estimate_preset
+    from studio.core.plan.estimate import estimate_preset
 
     return estimate_preset(shape.info, preset, hw, CTX_PADDING).tensor_bytes
 
@@ -313,7 +313,7 @@ def memory_report(
     shape: ModelShape, ctx_len: int, kv: str = "f16", hw: HardwareInfo | None = None
 ) -> MemoryReport:
     """Every precision of ``PRECISIONS`` for ``shape`` at ``ctx_len`` tokens with a ``kv`` cache."""
-    from studio.core.estimate import verdict_for
+    from studio.core.plan.estimate import verdict_for
 
     if hw is None:
         from studio.core.hardware import detect

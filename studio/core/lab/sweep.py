@@ -4,7 +4,7 @@ Every INT width in ``SWEEP_BITS`` is tried per tensor, per output channel and pe
 ``SWEEP_GROUPS`` values along the input axis, symmetric and asymmetric (``studio.core.quant.generic``),
 then FP8 (E4M3, E5M2) and every GGUF type at its own bits per weight (``studio.core.quant.blocks``,
 byte-identical to llama.cpp, with llama.cpp's fallback when a row does not fit the type's block).
-Each row gets MSE, SNR and cosine from ``studio.core.stats.metrics``.
+Each row gets MSE, SNR and cosine from ``studio.core.quant.metrics``.
 
 The cliff: on each INT series (one granularity, one symmetry) it is where the SNR falls below
 ``CLIFF_SNR_DB``. At 12 dB the error carries 1/16 of the weights' energy (cosine ≈ 0.97). Measured on
@@ -25,7 +25,7 @@ import numpy as np
 
 from studio.core.errors import QuantizationError
 from studio.core.jobs import JobContext, null_context
-from studio.core.stats.metrics import error_metrics
+from studio.core.quant.metrics import error_metrics
 from studio.core.stats.tensor_stats import as_matrix_shape, is_transposed
 
 __all__ = [

@@ -341,7 +341,7 @@ def _op_load(
         kwargs["n_threads"] = n_threads
         kwargs["n_threads_batch"] = n_threads
     if kv_type:  # the lab's KV-cache precision (f32, f16, q8_0, q4_0); a quantized V needs flash attention
-        from studio.core.lab.kvcache import llama_kwargs
+        from studio.core.llamacpp.kvcache import llama_kwargs
 
         kwargs.update(llama_kwargs(kv_type))
     elif f32_kv:

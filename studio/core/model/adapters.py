@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from studio.core.model.types import Role
+from studio.core.modelinfo import Role
 
 # `.layers.N.` (Llama & co.), `.h.N.` (GPT-2), `.layer.N.` (BERT), `.blocks.N.`; `blk.N.` is GGUF.
 _DIGITS_RE = re.compile(r"\.\d+\.")

@@ -30,7 +30,7 @@ from studio.core.jobs import JobContext
 from studio.core.model import adapters
 from studio.core.model.pickle_loader import PickleOptions, convert_pickles, skipped_tensors
 from studio.core.model.st_header import StEntry, read_header
-from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo
 
 MAX_CONFIG_BYTES = 16_000_000
 MAX_INDEX_BYTES = 100_000_000

@@ -288,7 +288,7 @@ def _hf_layout(src: Path, config: Any, gguf_file: Any) -> tuple[Any, str]:
     from transformers import AutoModelForCausalLM
 
     from studio.core.gguf.arch import layout
-    from studio.core.model.types import CheckpointFormat, ModelInfo, TensorInfo
+    from studio.core.modelinfo import CheckpointFormat, ModelInfo, TensorInfo
 
     try:
         with torch.device("meta"):

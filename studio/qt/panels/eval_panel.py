@@ -269,7 +269,7 @@ class EvalPanel(JobPanel, QWidget):
     def show_report(self, report: Any) -> None:
         """Fill the table (with each variant's verdict badge), the hierarchy line and the plot from an ``EvalReport``."""
         from studio.core.lab.hierarchy import hierarchy
-        from studio.core.lab.verdict import judge
+        from studio.core.evaluate.verdict import judge
 
         assert_gui_thread("EvalPanel.show_report")
         self.report = report

@@ -1,7 +1,7 @@
 """The Export dialog: the open model → a GGUF file, with a preset or the current plan, then verified.
 
-The export runs as one background job (``studio.core.gguf.export.export_gguf``); with "Verify" on, the
-finished file is checked by ``studio.core.verify.verify_gguf`` (in a child process) *before* it gets
+The export runs as one background job (``studio.core.export.run.export_gguf``); with "Verify" on, the
+finished file is checked by ``studio.core.export.verify.verify_gguf`` (in a child process) *before* it gets
 its final name, so Cancel at any point leaves no output file. With a calibrated method (imatrix,
 gptq, awq, awq+gptq) the job is Calibrate & Quantize (``studio.core.calib.quantize.export_calibrated``):
 the calibration text runs through the model layer by layer, the progress line names the layer, the
@@ -36,8 +36,8 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.quant.methods import METHODS
-from studio.core.quant.plan import Plan
-from studio.core.quant.presets import PRESETS
+from studio.core.plan.plan import Plan
+from studio.core.plan.presets import PRESETS
 from studio.qt import widgets
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
@@ -62,8 +62,8 @@ PROGRESS_STEPS = 1000
 class ExportOutcome:
     """A finished export: what was written, and how close it is to the original (when verified)."""
 
-    result: Any  # studio.core.gguf.export.ExportResult
-    verification: Any = None  # studio.core.verify.VerifyResult, or None when not verified
+    result: Any  # studio.core.export.run.ExportResult
+    verification: Any = None  # studio.core.export.verify.VerifyResult, or None when not verified
     verify_error: str = ""  # why verification could not run ("" when it ran or was not asked for)
     calibration: Any = None  # studio.core.calib.quantize.CalibratedExport of a calibrated method
 
@@ -130,7 +130,7 @@ class _Share(JobContext):
 def verify_in_child(
     gguf: Path, source: Path, *, device: str = "cpu", ctx: JobContext, poll_s: float = 0.1
 ) -> Any:
-    """``studio.core.verify.verify_gguf`` in a child process; returns its ``VerifyResult``.
+    """``studio.core.export.verify.verify_gguf`` in a child process; returns its ``VerifyResult``.
 
     torch and transformers load the original model there, not in the GUI's process: importing them in
     a worker thread holds the GIL long enough to freeze the window (~0.5 s), and a crash or an
@@ -170,7 +170,7 @@ def run_export(
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (None: the built-in text; the
     first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first.
     """
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     verified: dict[str, Any] = {}
     share = EXPORT_SHARE if verify else 1.0
@@ -405,7 +405,7 @@ class ExportDialog(JobPanel, QDialog):
 
     def final_plan(self) -> Plan | str | None:
         """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
-        from studio.core.quant.plan import plan_from_preset, with_method
+        from studio.core.plan.plan import plan_from_preset, with_method
 
         plan, info, method = self.chosen_plan(), self.state.info, self.method
         if plan is None or info is None:

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.lab.kvcache import KV_TYPES
+from studio.core.llamacpp.kvcache import KV_TYPES
 from studio.core.lab.memory import (
     CONTEXTS,
     FORMULAS,
@@ -421,7 +421,7 @@ def _short(precision: str) -> str:
 
 def _machine_verdict(text: str) -> str:
     """The ``estimate.Verdict`` name of its value (the table keeps the words)."""
-    from studio.core.estimate import Verdict
+    from studio.core.plan.estimate import Verdict
 
     try:
         return Verdict(text).name

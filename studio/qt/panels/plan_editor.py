@@ -1,8 +1,8 @@
 """Precision plan editor: layers × tensor roles, a GGUF type per cell, presets, rules, undo/redo, JSON.
 
-Plans are ``studio.core.quant.plan.Plan`` objects, changed only through the core's plan verbs
+Plans are ``studio.core.plan.plan.Plan`` objects, changed only through the core's plan verbs
 (``with_types``, ``keep_first_last``, ``with_overrides``), the same the CLI uses; sizes come from
-``Plan.summary`` and the fit verdict from ``studio.core.estimate``. Every change makes a new
+``Plan.summary`` and the fit verdict from ``studio.core.plan.estimate``. Every change makes a new
 (immutable) plan, pushed on a ``QUndoStack`` and announced through ``StudioState.set_plan``.
 """
 
@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (
 
 from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
-from studio.core.model.types import Role
-from studio.core.quant.plan import (
+from studio.core.modelinfo import Role
+from studio.core.plan.plan import (
     Override,
     Plan,
     keep_first_last,
@@ -41,7 +41,7 @@ from studio.core.quant.plan import (
     with_overrides,
     with_types,
 )
-from studio.core.quant.presets import PRESETS, Fallback, allows_quantization
+from studio.core.plan.presets import PRESETS, Fallback, allows_quantization
 from studio.core.quant.types import PLAN_TYPES
 from studio.qt import widgets
 from studio.qt.fmt import human_bytes
@@ -623,8 +623,8 @@ class _EmptyLayout:
 
 
 def _fit(info: Any, plan: Plan, summary: Any, hw: Any, ctx_len: int) -> dict[str, Any]:
-    """Memory and verdict of ``plan`` on ``hw`` through studio.core.estimate (its preset formula)."""
-    from studio.core import estimate as est
+    """Memory and verdict of ``plan`` on ``hw`` through studio.core.plan.estimate (its preset formula)."""
+    from studio.core.plan import estimate as est
 
     direct = getattr(est, "estimate_plan", None)
     if direct is not None and hw is not None:

@@ -26,7 +26,7 @@ def llama_worker():
 @pytest.fixture(scope="module")
 def plan_of(llama_model):
     from studio.core.model import open_model
-    from studio.core.quant.plan import plan_from_preset, with_method
+    from studio.core.plan.plan import plan_from_preset, with_method
 
     with open_model(llama_model) as ck:
         info = ck.info
@@ -166,7 +166,7 @@ def test_plain_imatrix_method_matches_an_export_with_the_calibration_imatrix(
 ) -> None:
     from studio.core.calib import calibrate, imatrix_from_stats
     from studio.core.calib.quantize import export_calibrated
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     plan, info = plan_of("imatrix")
     res = export_calibrated(llama_model, tmp_path / "a.gguf", plan, text=calib_text, n_ctx=CTX, n_chunks=6)
@@ -179,7 +179,7 @@ def test_plain_imatrix_method_matches_an_export_with_the_calibration_imatrix(
 
 def _plan(llama_model, method):
     from studio.core.model import open_model
-    from studio.core.quant.plan import plan_from_preset, with_method
+    from studio.core.plan.plan import plan_from_preset, with_method
 
     with open_model(llama_model) as ck:
         info = ck.info

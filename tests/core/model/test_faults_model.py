@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from studio.core.errors import CorruptFileError, ModelOpenError, RemoteCodeError, StudioError, UnsafeFileError
-from studio.core.estimate import estimate_presets
+from studio.core.plan.estimate import estimate_presets
 from studio.core.gguf.read import read_gguf
 from studio.core.hardware import HardwareInfo
 from studio.core.model import CheckpointFormat, Role, open_model

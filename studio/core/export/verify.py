@@ -92,7 +92,7 @@ def verify_gguf(
     text = text or DEFAULT_TEXT
     folder = Path(checkpoint_path)
     if folder.suffix.lower() == ".gguf":
-        from studio.core.requantize import verify_against_gguf
+        from studio.core.export.requantize import verify_against_gguf
 
         return verify_against_gguf(
             gguf_path, folder, text=text, max_tokens=max_tokens, ctx=ctx, extra_buffers=extra_buffers

@@ -34,8 +34,8 @@ from studio.core.gguf.writer import (
 )
 from studio.core.jobs import JobCancelled, JobContext, null_context
 from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
-from studio.core.quant.plan import Plan, check_plan, plan_from_preset
-from studio.core.quant.presets import Fallback
+from studio.core.plan.plan import Plan, check_plan, plan_from_preset
+from studio.core.plan.presets import Fallback
 from studio.core.quant.types import tensor_bytes
 
 # Rows are converted and quantized in chunks of about this many float32 bytes.
@@ -271,7 +271,7 @@ def export_gguf(
                     "written through llama.cpp's converter); use rtn or imatrix."
                 )
         if info.format.value == "gguf":  # a GGUF original: llama-quantize --allow-requantize semantics
-            from studio.core.requantize import requantize_gguf
+            from studio.core.export.requantize import requantize_gguf
 
             result = requantize_gguf(
                 ckpt, out, plan, backend=backend, device=device, imatrix=imatrix, ctx=ctx, validate=validate
@@ -339,7 +339,7 @@ def export_file_bytes(
 
 def check_exportable(info: Any) -> None:
     """Raise an ExportError when ``info`` cannot be exported at all (every format we open can be:
-    a GGUF original is requantized, see ``studio.core.requantize``)."""
+    a GGUF original is requantized, see ``studio.core.export.requantize``)."""
     if not info.tensors:
         raise ExportError(f"{info.path} contains no tensors to export.")
 
@@ -486,7 +486,7 @@ def _encoded_chunks(
 
 def llamacpp_overrides(plan: Plan, lay: Layout) -> list[tuple[str, str]]:
     """One exact-name regex override per quantizable tensor, so llama.cpp follows the plan."""
-    from studio.core.quant.presets import allows_quantization
+    from studio.core.plan.presets import allows_quantization
 
     out = []
     for tm in lay.tensors:

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from studio.core.errors import QuantizationError
-from studio.core.model.types import ModelInfo
+from studio.core.modelinfo import ModelInfo
 from studio.core.quant.types import QTYPES, fallback_type, ftype_of
 
 

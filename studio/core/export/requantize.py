@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import EvaluationError, ExportError
-from studio.core.gguf.export import llama_order
+from studio.core.export.run import llama_order
 from studio.core.jobs import JobContext, null_context
 
 # llama-quantize drops these (one output file, whatever the input's splits were).
@@ -212,7 +212,7 @@ def _requantize_llamacpp(
         validate_written,
     )
     from studio.core.llamacpp import LlamaWorker
-    from studio.core.quant.presets import allows_quantization
+    from studio.core.plan.presets import allows_quantization
 
     g = ckpt.gguf
     src = Path(g.path)
@@ -284,7 +284,7 @@ def verify_against_gguf(
     F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
     from studio.core.gguf.read import read_gguf
     from studio.core.llamacpp import LlamaRunner, LoadOptions
-    from studio.core.verify import VerifyResult, compare_logits
+    from studio.core.export.verify import VerifyResult, compare_logits
 
     ctx = ctx or null_context()
     read_gguf(gguf_path)

@@ -10,7 +10,7 @@ K-quant's super-block does not divide was scanned at llama.cpp's fallback), plus
 
 Budgets (``parse_budget``): file bytes (``105454336``, ``4.5GB``, ``800MiB``), bits per weight of the
 tensor data (``4.8bpw``), or run-time memory for a context (``vram=8GB``, ``gpu`` for this GPU's free
-memory) through ``studio.core.estimate``'s model of weights + KV cache + overhead. A file budget is
+memory) through ``studio.core.plan.estimate``'s model of weights + KV cache + overhead. A file budget is
 met exactly: the plan's file size is computed as the export writes it (``export_file_bytes``),
 header and alignment included, and the limit is tightened until the file fits.
 """
@@ -219,7 +219,7 @@ class CurvePoint:
 class Allocation:
     """A budget plan and what it is predicted to cost."""
 
-    plan: Any  # studio.core.quant.plan.Plan
+    plan: Any  # studio.core.plan.plan.Plan
     budget: Budget
     limit_bytes: int  # the bound the plan had to meet, in the budget's own measure (file or memory bytes)
     file_bytes: int  # the exact size of the file the export writes
@@ -278,7 +278,7 @@ def _model(
     exclude: Collection[str] = (),
 ) -> _Model:
     from studio.core.gguf.arch import layout
-    from studio.core.quant.presets import allows_quantization
+    from studio.core.plan.presets import allows_quantization
 
     allowed = set(candidates) if candidates is not None else None
     by_name = {t.name: t for t in scan.tensors}
@@ -318,7 +318,7 @@ def _model(
 
 
 def _plan_of(m: _Model, chosen: Sequence[Choice], name: str, recipe: Any, notes: Sequence[str]) -> Any:
-    from studio.core.quant.plan import plan_from_types
+    from studio.core.plan.plan import plan_from_types
 
     types = dict(m.fixed)
     for (tname, _), c in zip(m.items, chosen, strict=True):
@@ -327,7 +327,7 @@ def _plan_of(m: _Model, chosen: Sequence[Choice], name: str, recipe: Any, notes:
 
 
 def _memory_of(info: Any, tensor_total: int, ctx_len: int) -> int:
-    from studio.core.estimate import _overhead, kv_cache_bytes
+    from studio.core.plan.estimate import _overhead, kv_cache_bytes
 
     n_layers = int(info.n_layers or 0)
     return (
@@ -337,7 +337,7 @@ def _memory_of(info: Any, tensor_total: int, ctx_len: int) -> int:
 
 def _sizes(m: _Model, plan: Any, budget: Budget, imatrix: Any) -> tuple[int, int, int]:
     """(file bytes, tensor bytes, memory bytes) of ``plan``."""
-    from studio.core.gguf.export import export_file_bytes
+    from studio.core.export.run import export_file_bytes
 
     tensor_total = plan.summary(m.info).total_bytes
     return (
@@ -385,7 +385,7 @@ def allocate(
     in the file size); ``method`` is written into the plan (``studio.core.quant.methods``).
     """
     from studio.core.quant.methods import DEFAULT_METHOD
-    from studio.core.quant.plan import Recipe, RecipeKind
+    from studio.core.plan.plan import Recipe, RecipeKind
 
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
     unknown = [q for q in cands if q not in scan.types]
@@ -457,7 +457,7 @@ def check_budget(
 
 def _memory_limit(m: _Model, bound: int, budget: Budget) -> int:
     """Item bytes whose plan's memory estimate stays within ``bound`` (the overhead grows with the weights)."""
-    from studio.core.estimate import OVERHEAD_FRACTION
+    from studio.core.plan.estimate import OVERHEAD_FRACTION
 
     base = _memory_of(m.info, 0, budget.ctx_len)
     weights = (bound - base) / (1 + OVERHEAD_FRACTION)
@@ -500,7 +500,7 @@ def pareto_front(
 ) -> tuple[CurvePoint, ...]:
     """Predicted KL against file size for budgets from the smallest plan to the Q8_0-sized one (the
     header counted as in the smallest plan's file): the curve a budget slider moves along."""
-    from studio.core.gguf.export import export_file_bytes
+    from studio.core.export.run import export_file_bytes
 
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
     m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
@@ -525,8 +525,8 @@ def preset_points(
     info: Any, scan: Any, presets: Sequence[str], *, imatrix: bool = True
 ) -> tuple[CurvePoint, ...]:
     """llama.cpp's presets on the same axes: their exact file size and the KL the scan predicts for them."""
-    from studio.core.gguf.export import export_file_bytes
-    from studio.core.quant.plan import plan_from_preset
+    from studio.core.export.run import export_file_bytes
+    from studio.core.plan.plan import plan_from_preset
 
     out = []
     for p in presets:

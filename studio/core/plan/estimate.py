@@ -1,7 +1,7 @@
 """File size and run-time memory per preset, and whether that fits this machine.
 
 File size: every exported tensor's bytes in the qtype the preset gives it (the qtypes come from
-``studio.core.quant.presets.preset_types``, which applies llama.cpp's per-tensor rules and its
+``studio.core.plan.presets.preset_types``, which applies llama.cpp's per-tensor rules and its
 fallbacks for rows that are not a multiple of the block size), plus a header allowance.
 
 Run-time memory (llama.cpp), stated model:
@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from studio.core.hardware import HardwareInfo
-from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo
 from studio.core.quant.types import QTYPES, fallback_type
 
 if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never make one
-    from studio.core.quant.plan import Plan
+    from studio.core.plan.plan import Plan
 
 PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
@@ -113,7 +113,7 @@ def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
     the preset's default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.
     """
     from studio.core.errors import StudioError
-    from studio.core.quant.presets import preset_types
+    from studio.core.plan.presets import preset_types
 
     if info.format is not CheckpointFormat.GGUF:
         try:
@@ -124,7 +124,7 @@ def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
 
 
 def _generic_types(info: ModelInfo, preset: str) -> dict[str, str]:
-    from studio.core.quant.presets import PRESETS as TYPES_OF
+    from studio.core.plan.presets import PRESETS as TYPES_OF
 
     base = TYPES_OF[preset].default_type
     out: dict[str, str] = {}
@@ -249,7 +249,7 @@ def _gpu_layers(verdict: Verdict, hw: HardwareInfo, n_layers: int, layer_bytes: 
 
 def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
     """The estimate for one preset (one of ``PRESETS``)."""
-    from studio.core.quant.presets import PRESETS as TYPES_OF
+    from studio.core.plan.presets import PRESETS as TYPES_OF
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -258,7 +258,7 @@ def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int
 
 
 def estimate_plan(info: ModelInfo, plan: Plan, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
-    """The estimate for a per-tensor plan (``studio.core.quant.plan.Plan``) on ``hw``."""
+    """The estimate for a per-tensor plan (``studio.core.plan.plan.Plan``) on ``hw``."""
     return _estimate_types(info, plan.name, dict(plan.types), hw, ctx_len, None, True)
 
 

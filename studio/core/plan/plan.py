@@ -36,9 +36,9 @@ from types import MappingProxyType
 from typing import Any
 
 from studio.core.errors import QuantizationError
-from studio.core.model.types import ModelInfo
+from studio.core.modelinfo import ModelInfo
 from studio.core.quant.methods import DEFAULT_METHOD, check_method, method_info
-from studio.core.quant.presets import PRESETS, Fallback, allows_quantization, preset_choice
+from studio.core.plan.presets import PRESETS, Fallback, allows_quantization, preset_choice
 from studio.core.quant.types import FLOAT_TYPES, QTYPES, check_type, fallback_type, tensor_bytes
 
 PLAN_VERSION = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from studio.core.estimate import (
+from studio.core.plan.estimate import (
     OVERHEAD_FIXED_BYTES,
     PRESETS,
     Verdict,
@@ -254,10 +254,10 @@ def test_estimate_plan_matches_preset_and_tracks_a_changed_tensor(llama_model) -
     """A plan made from a preset costs what the preset costs; retyping one tensor moves the size by its bytes."""
     import gguf
 
-    from studio.core.estimate import estimate_plan, estimate_preset, gguf_row
+    from studio.core.plan.estimate import estimate_plan, estimate_preset, gguf_row
     from studio.core.hardware import detect
     from studio.core.model import open_model
-    from studio.core.quant.plan import Plan, plan_from_preset
+    from studio.core.plan.plan import Plan, plan_from_preset
 
     hw = detect(probe_torch=False)
     with open_model(llama_model) as ck:
