@@ -8,15 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.paths import user_cache_dir
 
 
 def default_cache_dir() -> Path:
-    """Where scans are kept between runs: ``$QUANT_STUDIO_CACHE`` or the user's cache folder."""
-    env = os.environ.get("QUANT_STUDIO_CACHE")
-    if env:
-        return Path(env).expanduser() / "sensitivity"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "quant-studio" / "sensitivity"
+    """Where scans are kept between runs: ``sensitivity`` in the user's cache folder (``paths``)."""
+    return user_cache_dir() / "sensitivity"
 
 
 def _types(spec: str | None) -> tuple[str, ...] | None:

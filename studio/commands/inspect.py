@@ -48,7 +48,7 @@ def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[
     with open_model(model, allow_pickle=allow_pickle) as ck:
         info = ck.info
         stored = _stored_as(ck)
-    from studio.core.gguf.arch import export_route
+    from studio.core.gguf.layout import export_route
 
     hw = detect(probe_torch=False)
     via, why = export_route(info) if info.format.value != "gguf" else (None, None)

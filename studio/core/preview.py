@@ -296,7 +296,7 @@ def imatrix_entry(imatrix: Mapping[str, Any], info: Any, name: str) -> np.ndarra
     """The importance values of tensor ``name`` (HF name) in ``imatrix``, keyed by GGUF or HF names."""
     if name in imatrix:
         return np.asarray(imatrix[name], dtype=np.float32)
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
 
     tm = layout(info).by_hf().get(name)
     if tm is None or tm.gguf_name not in imatrix:

@@ -172,7 +172,7 @@ def _expert_gguf_names(site_name: str, layer: int) -> list[str]:
 def gguf_names(stats: Any, info: Any) -> dict[str, list[str]]:
     """For each site of ``stats``: the GGUF weight names its input feeds (empty when llama.cpp has none)."""
     from studio.core.errors import ExportError
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
 
     try:
         by_hf = {t.hf_name: t.gguf_name for t in layout(info).tensors}
@@ -453,7 +453,7 @@ def _read_dat(p: Path) -> Imatrix:
 def check_for_model(imatrix: Imatrix, info: Any, *, label: str | None = None) -> None:
     """Refuse, in one sentence, an imatrix whose names or sizes do not fit the model ``info``."""
     from studio.core.errors import ExportError
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
 
     label = label or (Path(imatrix.path).name if imatrix.path else "The imatrix")
     model = Path(str(info.path)).name

@@ -465,7 +465,7 @@ def export_calibrated(
     from studio.core.calib.calibrate import _open, prepare_input
     from studio.core.calib.runner import run_model
     from studio.core.calib.spool import TensorSpool
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.export.run import _resolve_plan, check_exportable, export_gguf
     from studio.core.gguf.writer import check_output_path
 
@@ -548,7 +548,7 @@ def _export_with_imatrix(
     """``imatrix`` (and ``rtn``) tensors only: the float model's statistics, as llama-imatrix collects them."""
     from studio.core.calib.imatrix import imatrix_from_stats
     from studio.core.calib.runner import run_model
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.export.run import export_gguf
 
     info = ckpt.info

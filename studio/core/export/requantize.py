@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import EvaluationError, ExportError
-from studio.core.export.run import llama_order
+from studio.core.gguf.writer import llama_order
 from studio.core.jobs import JobContext, null_context
 
 # llama-quantize drops these (one output file, whatever the input's splits were).
@@ -30,19 +30,6 @@ _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 _SET_LAST = ("general.quantization_version", "general.file_type")
 GGML_QNT_VERSION = 2
 FLOAT_TARGETS = ("F32", "F16", "BF16")
-
-
-def gguf_layout(info: Any) -> Any:
-    """The identity ``Layout`` of a GGUF file: every tensor keeps its name and stored shape."""
-    from studio.core.gguf.arch import Layout, TensorMap, Transform
-
-    maps = []
-    for t in info.tensors:
-        m = re.match(r"blk\.(\d+)\.", t.name)
-        maps.append(TensorMap(t.name, t.name, tuple(t.shape), Transform.NONE, int(m.group(1)) if m else None))
-    arch = str(info.config.get("model_type") or info.model_type)
-    names = {t.name for t in info.tensors}
-    return Layout(arch, tuple(maps), (), "output.weight" not in names)
 
 
 def _source_notes(ckpt: Any) -> list[str]:
@@ -268,48 +255,9 @@ def _requantize_llamacpp(
     return {"types": targets, "tensor_bytes": total, "tokenizer": None, "notes": _source_notes(ckpt)}
 
 
-# ------------------------------------------------------------------------------------------ verify
-
-
-def verify_against_gguf(
-    gguf_path: str | Path,
-    source: str | Path,
-    *,
-    text: str,
-    max_tokens: int = 128,
-    ctx: JobContext | None = None,
-    extra_buffers: str = "auto",
-) -> Any:
-    """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
-    F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
-    from studio.core.gguf.read import read_gguf
-    from studio.core.llamacpp import LlamaRunner, LoadOptions
-    from studio.core.export.verify import VerifyResult, compare_logits
-
-    ctx = ctx or null_context()
-    read_gguf(gguf_path)
-    read_gguf(source)
-    ctx.report(0, 3, "Running the GGUF original in llama.cpp")
-    opts = LoadOptions(extra_buffers=extra_buffers, logits_all=True, n_ctx=max(64, max_tokens + 8))
-    with LlamaRunner(label="llama.cpp (verification)", on_note=ctx.log) as wk:
-        wk.load(source, opts)
-        ids = list(wk.request("tokenize", text=text, add_bos=True))[:max_tokens]
-        if len(ids) < 2:
-            raise EvaluationError("The verification text is too short after tokenization.")
-        ref = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
-        ctx.check_cancelled()
-        ctx.report(1, 3, "Running the export in llama.cpp")
-        wk.load(gguf_path, opts)
-        got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
-        notes = wk.notes
-    ctx.report(3, 3, "Compared")
-    top1, kl, mx, rng = compare_logits(ref, got)
-    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
-
-
 def n_weights(info: Any) -> int:
     """Weights of every tensor of a GGUF original (what bits per weight are counted over)."""
     return sum(math.prod(t.shape) for t in info.tensors)
 
 
-__all__ = ["gguf_layout", "n_weights", "requantize_gguf", "verify_against_gguf"]
+__all__ = ["n_weights", "requantize_gguf"]

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from studio.core.errors import ExportError, QuantizationError
-from studio.core.gguf.arch import Layout, TensorMap, Transform, apply_transform, head_counts, layout
+from studio.core.gguf.arch import Layout, TensorMap, Transform, apply_transform, head_counts
+from studio.core.gguf.layout import layout
 from studio.core.gguf.metadata import add_arch_metadata, add_general_metadata, extra_tensors
 from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
 from studio.core.gguf.writer import (
@@ -30,10 +31,15 @@ from studio.core.gguf.writer import (
     PlannedTensor,
     check_output_path,
     disk_full_error,
+    llama_order,
     validate_written,
 )
 from studio.core.jobs import JobCancelled, JobContext, null_context
 from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+from studio.core.plan.gguf_file import PlannedItem as _Item
+from studio.core.plan.gguf_file import export_file_bytes
+from studio.core.plan.gguf_file import planned_items as _items
+from studio.core.plan.gguf_file import write_metadata as _write_metadata
 from studio.core.plan.plan import Plan, check_plan, plan_from_preset
 from studio.core.plan.presets import Fallback
 from studio.core.quant.types import tensor_bytes
@@ -78,31 +84,6 @@ class ExportResult:
     def bpw(self) -> float:
         """Bits per weight of the tensor data."""
         return 8.0 * self.tensor_bytes / self.n_weights if self.n_weights else 0.0
-
-
-def llama_order(name: str) -> tuple[int, str]:
-    """The sort key of the tensor ``name`` in llama.cpp's files: block number, then name; others first."""
-    parts = name.split(".")
-    if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
-        return int(parts[1]), name
-    return -1, name
-
-
-@dataclass(frozen=True)
-class _Item(PlannedTensor):
-    """A tensor to write (GGUF name, numpy shape, type, bytes) and where its values come from."""
-
-    tm: TensorMap | None  # None for generated tensors
-    data: np.ndarray | None = None  # generated tensors only
-
-
-def _items(plan: Plan, lay: Layout, extras: list[tuple[str, np.ndarray]]) -> list[_Item]:
-    items = [_Item(n, tuple(a.shape), "F32", a.nbytes, None, a) for n, a in extras]
-    for tm in lay.tensors:
-        t = plan.type_of(tm.hf_name)
-        items.append(_Item(tm.gguf_name, tm.shape, t, tensor_bytes(t, tm.shape), tm))
-    items.sort(key=lambda it: llama_order(it.name))
-    return items
 
 
 def _resolve_plan(plan: Plan | str, info: Any) -> Plan:
@@ -306,37 +287,6 @@ def export_gguf(
     )
 
 
-def export_file_bytes(
-    info: Any, plan: Plan, *, imatrix: Mapping[str, Any] | None = None, source_repo: str | None = None
-) -> int:
-    """The exact size of the file ``export_gguf`` writes for ``plan`` (studio back end, or a calibrated
-    export): the same metadata and tensor infos serialized in memory, plus the aligned tensor data."""
-    import types
-
-    import gguf
-
-    from studio.core.model import hub_repo_id
-
-    check_plan(plan, info)
-    lay = layout(info)
-    if source_repo is None:
-        source_repo = hub_repo_id(info.path)
-    kv = gguf.GGUFWriter(None, lay.arch)
-    items = _items(plan, lay, extra_tensors(info))
-    n_params = sum(math.prod(it.shape) for it in items)
-    _write_metadata(types.SimpleNamespace(kv=kv), info, plan, plan.ftype, source_repo, n_params, imatrix)
-    align = kv.data_alignment
-    n = 4 + 4 + 8 + 8  # magic, version, tensor count, key count
-    for key, val in kv.kv_data[0].items():
-        n += len(kv._pack_val(key, gguf.GGUFValueType.STRING, add_vtype=False))
-        n += len(kv._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type))
-    for it in items:
-        n += len(kv._pack_val(it.name, gguf.GGUFValueType.STRING, add_vtype=False))
-        n += 4 + 8 * len(it.shape) + 4 + 8
-    n += -n % align
-    return n + sum(it.nbytes + (-it.nbytes % align) for it in items)
-
-
 def check_exportable(info: Any) -> None:
     """Raise an ExportError when ``info`` cannot be exported at all (every format we open can be:
     a GGUF original is requantized, see ``studio.core.export.requantize``)."""
@@ -361,29 +311,6 @@ def _check_device(device: str) -> str:
     if not (device.startswith("cuda") or device == "mps"):
         raise ExportError(f"Unknown device {device!r}; use cpu, cuda or mps.")
     return device
-
-
-def _write_metadata(
-    w: AtomicGGUFWriter,
-    info: Any,
-    plan: Plan,
-    ftype: int,
-    source_repo: str | None,
-    n_params: int,
-    imatrix: Mapping[str, Any] | None = None,
-) -> TokenizerSummary:
-    add_general_metadata(
-        w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo, n_params=n_params
-    )
-    add_arch_metadata(w.kv, info)
-    tok = add_tokenizer(w.kv, info)
-    # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix) is recorded as llama-quantize does
-    for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
-        if isinstance(value, str):
-            w.kv.add_string(key, value)
-        else:
-            w.kv.add_uint32(key, int(value))
-    return tok
 
 
 def _export_studio(
@@ -449,7 +376,7 @@ def _export_converted(
 ) -> dict[str, Any]:
     # architectures llama.cpp's converter maps: its metadata, vocabulary and values, our plan,
     # quantizers and writer (studio.core.gguf.llama_converter)
-    from studio.core.gguf.llama_converter import export_converted
+    from studio.core.export.converter import export_converted
 
     return export_converted(
         info, lay, out, plan, device=device, imatrix=imatrix, ctx=ctx, validate=validate,

@@ -32,6 +32,14 @@ except ImportError:  # pragma: no cover - Windows: an open file cannot be delete
     fcntl = None  # type: ignore[assignment]
 
 
+def llama_order(name: str) -> tuple[int, str]:
+    """The sort key of the tensor ``name`` in llama.cpp's files: block number, then name; others first."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
+        return int(parts[1]), name
+    return -1, name
+
+
 def partial_path(out: Path) -> Path:
     """Where ``out`` is written before the final rename."""
     return out.with_name(out.name + PARTIAL_SUFFIX)

@@ -36,7 +36,7 @@ def memory_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The JSON file holding the remembered choices."""
     if cache_dir is not None:
         return Path(cache_dir) / MEMORY_NAME
-    from studio.core.demo import user_cache_dir
+    from studio.core.paths import user_cache_dir
 
     return user_cache_dir() / MEMORY_NAME
 

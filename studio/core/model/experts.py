@@ -60,8 +60,8 @@ class ExpertLayout:
 def expert_layout(info: ModelInfo) -> ExpertLayout | None:
     """The expert structure of ``info`` (None for a dense model or one the exporter cannot map)."""
     from studio.core.errors import StudioError
-    from studio.core.plan.estimate import experts_of
-    from studio.core.gguf.arch import layout
+    from studio.core.modelinfo import experts_of
+    from studio.core.gguf.layout import layout
 
     try:
         lay = layout(info)

@@ -287,7 +287,7 @@ def _hf_layout(src: Path, config: Any, gguf_file: Any) -> tuple[Any, str]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.modelinfo import CheckpointFormat, ModelInfo, TensorInfo
 
     try:
@@ -541,7 +541,7 @@ def hf_folder_for(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """The (cached) Hugging Face folder of any GGUF file: made once per file content, then reused."""
-    from studio.core.demo import user_cache_dir
+    from studio.core.paths import user_cache_dir
 
     src = Path(src).expanduser().resolve()
     try:

@@ -78,7 +78,7 @@ def pickle_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The folder holding converted pickle checkpoints (under the user cache unless given)."""
     if cache_dir is not None:
         return Path(cache_dir)
-    from studio.core.demo import user_cache_dir
+    from studio.core.paths import user_cache_dir
 
     return user_cache_dir() / "pickle-safetensors"
 

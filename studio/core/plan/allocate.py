@@ -277,7 +277,7 @@ def _model(
     keep: Mapping[str, str],
     exclude: Collection[str] = (),
 ) -> _Model:
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.plan.presets import allows_quantization
 
     allowed = set(candidates) if candidates is not None else None
@@ -337,7 +337,7 @@ def _memory_of(info: Any, tensor_total: int, ctx_len: int) -> int:
 
 def _sizes(m: _Model, plan: Any, budget: Budget, imatrix: Any) -> tuple[int, int, int]:
     """(file bytes, tensor bytes, memory bytes) of ``plan``."""
-    from studio.core.export.run import export_file_bytes
+    from studio.core.plan.gguf_file import export_file_bytes
 
     tensor_total = plan.summary(m.info).total_bytes
     return (
@@ -447,7 +447,7 @@ def check_budget(
     """Judge ``budget`` before any scan, from the shapes alone: refuse one below the smallest plan of
     ``candidates`` (QuantizationError naming the minimum); return the all-F16 allocation (with its note)
     when the budget holds the F16 file, since no scan can change that plan; None otherwise."""
-    from studio.core.calib.sensitivity import sizes_only
+    from studio.core.plan.scan import sizes_only
 
     sizes = sizes_only(info, candidates)
     alloc = allocate(info, sizes, budget, candidates=candidates, keep=keep, exclude=exclude, method=method)
@@ -500,7 +500,7 @@ def pareto_front(
 ) -> tuple[CurvePoint, ...]:
     """Predicted KL against file size for budgets from the smallest plan to the Q8_0-sized one (the
     header counted as in the smallest plan's file): the curve a budget slider moves along."""
-    from studio.core.export.run import export_file_bytes
+    from studio.core.plan.gguf_file import export_file_bytes
 
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
     m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
@@ -525,7 +525,7 @@ def preset_points(
     info: Any, scan: Any, presets: Sequence[str], *, imatrix: bool = True
 ) -> tuple[CurvePoint, ...]:
     """llama.cpp's presets on the same axes: their exact file size and the KL the scan predicts for them."""
-    from studio.core.export.run import export_file_bytes
+    from studio.core.plan.gguf_file import export_file_bytes
     from studio.core.plan.plan import plan_from_preset
 
     out = []

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from studio.core.hardware import HardwareInfo
-from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo, experts_of
+from studio.core.modelinfo import config_int as _cfg_int
 from studio.core.quant.types import QTYPES, fallback_type
 
 if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never make one
@@ -144,14 +145,6 @@ _FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2"})
 # ------------------------------------------------------------------------------------- estimates
 
 
-def _cfg_int(cfg: dict[str, Any], *keys: str) -> int | None:
-    for k in keys:
-        v = cfg.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
 # llama.cpp's default sliding-window patterns when a config does not list its layer types: a layer
 # i is local unless (i + 1) % pattern == 0 (llama-model.cpp's set_swa_pattern / load_swa_pattern).
 _SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
@@ -190,16 +183,6 @@ def kv_cache_bytes(config: dict[str, Any], n_layers: int, ctx_len: int) -> int:
     if not (kv_heads and head_dim and n_layers):
         return 0
     return sum(kv_cells(config, n_layers, ctx_len)) * 2 * kv_heads * head_dim * KV_BYTES_PER_ELEMENT
-
-
-def experts_of(config: dict[str, Any], params: Any = None) -> tuple[int, int]:
-    """(experts per layer, experts used per token) of a mixture-of-experts model; (0, 0) if dense."""
-    params = params or {}
-    n = params.get("expert_count") or _cfg_int(config, "num_local_experts", "num_experts", "n_routed_experts")
-    used = params.get("expert_used_count") or _cfg_int(
-        config, "num_experts_per_tok", "num_experts_per_token", "top_k_experts"
-    )
-    return (int(n), int(used or 0)) if n and int(n) > 1 else (0, 0)
 
 
 def active_parameters(shapes: dict[str, tuple[int, ...]], n_experts: int, n_used: int) -> int:
@@ -336,7 +319,7 @@ def _gguf_shapes(info: ModelInfo, exact: bool) -> _Shapes:
     out.params = {}
     if exact and info.format is not CheckpointFormat.GGUF:
         from studio.core.errors import StudioError
-        from studio.core.gguf.arch import layout
+        from studio.core.gguf.layout import layout
 
         try:
             lay = layout(info)

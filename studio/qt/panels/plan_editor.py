@@ -540,7 +540,7 @@ class PlanEditorPanel(QWidget):
 
     @Slot(object)
     def _on_model_opened(self, checkpoint: Any) -> None:
-        from studio.core.gguf.arch import layout
+        from studio.core.gguf.layout import layout
 
         info = checkpoint.info
         self._info = info

@@ -78,7 +78,8 @@ def _hf_with_file_weights(model_dir: Path, gguf: Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from studio.core.gguf.arch import Transform, head_counts, layout
+    from studio.core.gguf.arch import Transform, head_counts
+    from studio.core.gguf.layout import layout
     from studio.core.model import open_model
     from studio.core.quant.blocks import dequantize
 
@@ -107,7 +108,7 @@ def test_calibrated_file_is_standard_and_decodes_as_the_studio_does(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.llamacpp import LoadOptions
     from studio.core.quant.blocks import dequantize
     from studio.core.quant.reference import ggml_dequantize

@@ -105,7 +105,7 @@ def test_moe_preset_types_equal_llamacpp(arch, tiny_model, exported, llama_worke
     them (Mixtral's 8 experts trigger llama.cpp's 8-expert rules)."""
     import gguf
 
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.model import open_model
     from studio.core.plan.presets import PRESETS, preset_types
 

@@ -132,7 +132,7 @@ def test_expert_layout_names_every_expert(tiny_model):
 def test_moe_estimates_count_every_expert_and_the_active_share(tiny_model, exported):
     need_converter()
     from studio.core.plan.estimate import estimate_preset
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.gguf.read import read_gguf
     from studio.core.hardware import HardwareInfo
     from studio.core.model import open_model

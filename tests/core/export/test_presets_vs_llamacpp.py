@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from studio.core.gguf.arch import layout
+from studio.core.gguf.layout import layout
 from studio.core.model import open_model
 from studio.core.plan.presets import PRESETS, preset_choice, preset_types
 

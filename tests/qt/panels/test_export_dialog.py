@@ -156,7 +156,7 @@ def test_a_q8_0_export_writes_the_file_and_shows_the_verification(qtbot, make_wi
 def test_the_current_plan_from_the_plan_editor_is_exported_tensor_by_tensor(
     qtbot, make_window, llama_model, tmp_path
 ):
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
 
     win = make_window()
     _open(qtbot, win, llama_model)

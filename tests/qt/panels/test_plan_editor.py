@@ -7,7 +7,7 @@ import json
 import pytest
 from PySide6.QtCore import QItemSelectionModel, Qt
 
-from studio.core.gguf.arch import layout
+from studio.core.gguf.layout import layout
 from studio.core.model import open_model
 from studio.core.plan.plan import (
     Override,
