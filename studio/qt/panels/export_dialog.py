@@ -137,7 +137,7 @@ def verify_in_child(
     out-of-memory kill of the child becomes an error sentence. Cancel terminates the child.
     """
     from studio.core.childjob import call_in_child
-    from studio.qt.verify_child import verify_child
+    from studio.core.export.verify_child import verify_child
 
     # the child is not a daemon: the verification starts llama.cpp in a child process of its own
     return call_in_child(

@@ -1,4 +1,4 @@
-"""Child-process side of the Export dialog's verification (kept free of Qt so the child starts fast).
+"""Child-process side of the export job's verification (kept free of Qt so the child starts fast).
 
 The child imports torch and transformers to run the original model; the GUI process never does.
 """
