@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.calib.accumulators import InputStats, hist_edges
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 
 
 class FeatureRuleKind(str, Enum):

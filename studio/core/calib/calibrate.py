@@ -24,7 +24,7 @@ from studio.core.calib.data import (
     make_chunks,
     tokenize,
 )
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 from studio.core.calib.runner import Consumer, run_model
 from studio.core.jobs import JobContext, null_context
 

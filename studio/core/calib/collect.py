@@ -19,7 +19,7 @@ from studio.core.calib.accumulators import (
     InputStats,
     Reduction,
 )
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 from studio.core.calib.runner import Consumer, LinearSite, RunInfo, RunSpec
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext
 from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
 from studio.paths import resource_path

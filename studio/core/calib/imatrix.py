@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.atomic import write_atomic
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 
 GGUF_MAGIC = b"GGUF"
 KV_DATASETS = "imatrix.datasets"

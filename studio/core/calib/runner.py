@@ -27,7 +27,7 @@ from enum import Enum
 from typing import Any
 
 from studio.core.calib.data import Chunks
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
 
 # config.json model types that are encoders: built with AutoModel, never with a causal LM head.

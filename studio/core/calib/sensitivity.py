@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.atomic import write_atomic
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import (  # the scan record lives with the plans it feeds

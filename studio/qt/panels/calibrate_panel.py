@@ -272,7 +272,7 @@ class CalibratePanel(JobPanel, QWidget):
 
     def save_imatrix(self, path: str | Path, fmt: str | None = None) -> bool:
         """Write the current imatrix (format from the suffix: ``.dat`` legacy, else GGUF); False on error."""
-        from studio.core.calib.errors import CalibrationError
+        from studio.core.errors import CalibrationError
         from studio.core.calib.imatrix import write_imatrix
 
         im = self.state.imatrix

@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 from studio.core.calib.imatrix import (
     Imatrix,
     ImatrixEntry,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from studio.core.calib import ActivationCollector, Consumer, calibrate, prepare_input, run_model
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.runner import RunnerMode
 from studio.core.jobs import JobCancelled, JobContext
