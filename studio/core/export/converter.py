@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import ExportError
+from studio.core.export.imatrix import imatrix_for
 from studio.core.gguf.llama_converter import ConvertedTensor, ConverterRun, start_run
 from studio.core.jobs import JobContext, null_context
 from studio.core.modelinfo import ModelInfo
@@ -98,24 +99,10 @@ def export_converted(
 
 def _imatrix_rows(imatrix: Mapping[str, Any] | None, tm: Any, t: ConvertedTensor) -> np.ndarray | None:
     """The importance values of one tensor: (n_per_row,) or, for experts, (n_expert, n_per_row)."""
-    if not imatrix:
-        return None
-    v = imatrix.get(tm.hf_name)
-    if v is None:
-        v = imatrix.get(t.name)
-    if v is None:
-        return None
-    v = np.asarray(v, dtype=np.float32)
     n = t.shape[-1]
     n_exp = t.shape[0] if len(t.shape) == 3 else 1
-    if v.size == n:
-        return v.reshape(n)
-    if v.size == n * n_exp and n_exp > 1:
-        return v.reshape(n_exp, n)
-    raise ExportError(
-        f"The importance matrix for {t.name} has {v.size} values; its rows have {n}"
-        + (f" (x {n_exp} experts)." if n_exp > 1 else ".")
-    )
+    v = imatrix_for(imatrix, (tm.hf_name, t.name), n, n_exp)
+    return v if v is None or v.size == n else v.reshape(n_exp, n)
 
 
 def _encoded(

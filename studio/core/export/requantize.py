@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import EvaluationError, ExportError
+from studio.core.export.imatrix import imatrix_for
 from studio.core.gguf.writer import llama_order
 from studio.core.jobs import JobContext, null_context
 
@@ -166,15 +167,7 @@ def _convert(ckpt: Any, t: Any, qtype: str, device: str, imatrix: Mapping[str, A
         return x2.astype(np.float16)
     from studio.core.quant import blocks
 
-    qw = None
-    if imatrix:
-        v = imatrix.get(t.name)
-        if v is not None:
-            qw = np.asarray(v, dtype=np.float32).reshape(-1)
-            if qw.size != n:
-                raise ExportError(
-                    f"The importance matrix for {t.name!r} has {qw.size} values; its rows have {n}."
-                )
+    qw = imatrix_for(imatrix, (t.name,), n)
     if device != "cpu":
         import torch
 

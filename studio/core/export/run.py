@@ -25,6 +25,7 @@ from studio.core.gguf.arch import Layout, TensorMap, Transform, apply_transform,
 from studio.core.gguf.layout import layout
 from studio.core.gguf.metadata import add_arch_metadata, add_general_metadata, extra_tensors
 from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
+from studio.core.export.imatrix import imatrix_for
 from studio.core.gguf.writer import (
     PARTIAL_SUFFIX,
     AtomicGGUFWriter,
@@ -96,23 +97,9 @@ def _resolve_plan(plan: Plan | str, info: Any) -> Plan:
 
 
 def _imatrix_for(imatrix: Mapping[str, Any] | None, it: _Item) -> np.ndarray | None:
-    if not imatrix or it.tm is None:
+    if it.tm is None:
         return None
-    v = imatrix.get(it.tm.hf_name)
-    if v is None:
-        v = imatrix.get(it.name)
-    if v is None:
-        return None
-    v = np.asarray(v, dtype=np.float32).reshape(-1)
-    n_exp = it.tm.n_experts
-    if n_exp > 1 and v.size in (it.tm.n_per_row, it.tm.n_per_row * n_exp):
-        # merged experts: llama.cpp takes one vector per expert, expert after expert
-        return v if v.size == it.tm.n_per_row * n_exp else np.tile(v, n_exp)
-    if v.size != it.tm.n_per_row:
-        raise QuantizationError(
-            f"The importance matrix for {it.tm.hf_name!r} has {v.size} values; its rows have {it.tm.n_per_row}."
-        )
-    return v
+    return imatrix_for(imatrix, (it.tm.hf_name, it.name), it.tm.n_per_row, max(1, it.tm.n_experts))
 
 
 # ------------------------------------------------------------------------------------------ reading
