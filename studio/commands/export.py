@@ -70,7 +70,9 @@ def register(subparsers: Any) -> None:
         "--backend", default="studio", choices=("studio", "llama.cpp"), help="quantizer (default studio)"
     )
     p.add_argument(
-        "--verify", action="store_true", help="compare the result with the original model afterwards"
+        "--verify",
+        action="store_true",
+        help="compare the file with the original model before it gets its final name",
     )
     options.add_extra_buffers(p, "--verify")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
@@ -222,7 +224,7 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
     return allocation(args, info, scan, own, method, ctx), own
 
 
-def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any) -> Any:
+def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
     from studio.core.calib.data import BUILTIN
     from studio.core.calib.quantize import CalibOptions, export_calibrated
     from studio.core.quant.gptq import GptqOptions
@@ -240,6 +242,7 @@ def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any) -> Any
         device=args.device,
         options=opts,
         ctx=ctx,
+        validate=validate,
         allow_pickle=args.allow_pickle,
     )
 
@@ -256,6 +259,7 @@ def _gguf_source(ck: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
+    from studio.core.export.job import export_and_verify, verify_here
     from studio.core.export.run import check_exportable, export_gguf
     from studio.core.jobs import JobContext
     from studio.core.model import open_model
@@ -283,7 +287,6 @@ def run(args: argparse.Namespace) -> int:
         plan = _with_method(args, build_plan(args, info), info)
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
-    calibration = None
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         if args.budget:
@@ -292,20 +295,32 @@ def run(args: argparse.Namespace) -> int:
             plan = alloc.plan
             if args.save_plan:
                 write_text(args.save_plan, plan.to_json(), "plan")
-        if plan.calibrated and imatrix is None:
-            calibration = _calibrated(args, info, plan, ctx)
-            res = calibration.export
-        else:
-            res = export_gguf(
+
+        def write(c: JobContext, validate: Any) -> Any:
+            if plan.calibrated and imatrix is None:
+                return _calibrated(args, info, plan, c, validate)
+            return export_gguf(
                 info.path,
                 args.output,
                 plan,
                 device=args.device,
                 backend=args.backend,
-                ctx=ctx,
+                ctx=c,
+                validate=validate,
                 allow_pickle=args.allow_pickle,
                 imatrix=imatrix,
             )
+
+        # the window's job: the partial file is verified before it is renamed into place
+        verify = None
+        if args.verify:
+            verify = verify_here(
+                args.device,
+                extra_buffers=args.llama_extra_buffers,
+                on_start=lambda: line.log("verifying against the original model ..."),
+            )
+        outcome = export_and_verify(ctx, info.path, write, verify=verify)
+    res, calibration = outcome.result, outcome.calibration
     out: dict[str, Any] = {
         "output": str(res.path),
         "backend": res.backend,
@@ -329,10 +344,9 @@ def run(args: argparse.Namespace) -> int:
     if calibration is not None:
         out["calibration"] = calibration.to_dict()
     if args.verify:
-        from studio.core.export.verify import verify_gguf
-
-        print("verifying against the original model ...", file=sys.stderr)
-        v = verify_gguf(res.path, info.path, device=args.device, extra_buffers=args.llama_extra_buffers)
+        if outcome.verify_error:
+            raise StudioError(outcome.verify_error)
+        v = outcome.verification
         print_notes(v.notes)
         out["verify"] = {
             "tokens": v.n_tokens,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from studio.core.calib.collect import ActivationStats
     from studio.core.calib.imatrix import Imatrix
     from studio.core.evaluate import EvalReport
-    from studio.qt.panels.export_dialog import ExportOutcome
+    from studio.core.export.job import ExportOutcome
 
 DEFAULT_CONTEXT_LENGTH = 4096
 

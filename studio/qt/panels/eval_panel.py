@@ -33,7 +33,7 @@ from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
 if TYPE_CHECKING:
-    from studio.qt.panels.export_dialog import ExportOutcome
+    from studio.core.export.job import ExportOutcome
 
 __all__ = ["COLUMNS", "EvalPanel"]
 
