@@ -7,6 +7,9 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json
+from studio.core import demo
+from studio.core.demo import DEMO_NAME, DEMO_QUESTION, DEMO_TENSOR, demo_model_path
+from studio.core.jobs import JobContext
 
 
 def register(subparsers: Any) -> None:
@@ -26,13 +29,11 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``demo``."""
-    from studio.core.demo import DEMO_NAME, DEMO_QUESTION, DEMO_TENSOR, demo_model_path, demo_source
-    from studio.core.jobs import JobContext
 
     with ProgressLine() as line:
         path = demo_model_path(ctx=JobContext(on_progress=line.fraction, min_interval=0.2))
     try:
-        src = demo_source()
+        src = demo.demo_source()
         source, version = str(src.path), src.version
     except Exception:  # noqa: BLE001 - the prepared folder works without its package
         source, version = None, None

@@ -8,8 +8,34 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
-from studio.commands._scan import add_budget_args, add_scan_args
+from studio.commands._scan import (
+    add_budget_args,
+    add_scan_args,
+    allocation,
+    calibration,
+    check_budget_args,
+    run_scan,
+)
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.quantize import CalibOptions, export_calibrated
 from studio.core.errors import StudioError
+from studio.core.export.job import export_and_verify, verify_here
+from studio.core.export.run import check_exportable, export_gguf
+from studio.core.jobs import JobContext
+from studio.core.model import open_model
+from studio.core.model.gguf_source import source_summary
+from studio.core.plan.plan import (
+    Override,
+    Plan,
+    plan_first_last,
+    plan_from_preset,
+    plan_uniform,
+    with_method,
+    with_overrides,
+)
+from studio.core.plan.presets import PRESETS
+from studio.core.quant.gptq import GptqOptions
+from studio.core.quant.methods import check_method
 from studio.core.units import format_bytes
 
 
@@ -123,16 +149,6 @@ def _parse_keep(spec: str) -> tuple[int, str]:
 
 def build_plan(args: argparse.Namespace, info: Any) -> Any:
     """The plan the arguments describe, for the model ``info``: made by the core's plan verbs."""
-    from studio.core.plan.plan import (
-        Override,
-        Plan,
-        plan_first_last,
-        plan_from_preset,
-        plan_uniform,
-        with_overrides,
-    )
-    from studio.core.plan.presets import PRESETS
-
     overrides = []
     for o in args.override:
         if "=" not in o:
@@ -160,9 +176,6 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
 
 def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
     """The plan with ``--method`` applied, and the calibration arguments checked against it."""
-    from studio.core.quant.methods import check_method
-    from studio.core.plan.plan import with_method
-
     if args.method:
         plan = with_method(plan, info, check_method(args.method))
     elif args.imatrix:
@@ -190,9 +203,6 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
 def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
     """Refuse what does not go with ``--budget`` before any work (a malformed budget included); the
     all-F16 allocation when the budget holds the F16 file (no calibration or scan is needed then)."""
-    from studio.commands._scan import check_budget_args
-    from studio.core.quant.methods import check_method
-
     if args.keep_first_last or args.override:
         raise StudioError(
             "--keep-first-last and --override go with --preset or --uniform, not with --budget."
@@ -214,8 +224,6 @@ def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
 def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any]:
     """The allocation for ``--budget`` and the imatrix the export weights its search with (None when the
     method collects its own statistics): the scan is weighted by the calibration text's imatrix."""
-    from studio.commands._scan import allocation, calibration, run_scan
-
     method = args.method or "imatrix"
     if imatrix is None:
         imatrix = calibration(args, info, ctx)
@@ -225,10 +233,6 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
-    from studio.core.calib.data import BUILTIN
-    from studio.core.calib.quantize import CalibOptions, export_calibrated
-    from studio.core.quant.gptq import GptqOptions
-
     opts = CalibOptions(
         gptq=GptqOptions(act_order=False, scales="arrival") if args.in_order else GptqOptions()
     )
@@ -252,18 +256,12 @@ def _gguf_source(ck: Any) -> Any:
     g = getattr(ck, "gguf", None)
     if g is None:
         return None
-    from studio.core.model.gguf_source import source_summary
 
     return source_summary(g)
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
-    from studio.core.export.job import export_and_verify, verify_here
-    from studio.core.export.run import check_exportable, export_gguf
-    from studio.core.jobs import JobContext
-    from studio.core.model import open_model
-
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
         source = _gguf_source(ck)

@@ -8,12 +8,20 @@ from typing import Any
 from studio.commands import _options as options
 from studio.commands._common import format_table, print_json
 from studio.core.errors import StudioError
+from studio.core.lab.memory import (
+    FORMULAS,
+    GPU_SIZES_GB,
+    ModelShape,
+    memory_report,
+    shape_from_hub,
+    shape_from_info,
+)
+from studio.core.llamacpp.kvcache import KV_TYPES
+from studio.core.units import format_mib
 
 
 def register(subparsers: Any) -> None:
     """Add the ``memory`` subcommand."""
-    from studio.core.llamacpp.kvcache import KV_TYPES
-
     p = subparsers.add_parser(
         "memory",
         help="memory calculator: weights, KV cache and overhead per precision, and which GPU it fits",
@@ -42,8 +50,6 @@ def register(subparsers: Any) -> None:
 
 
 def _shape(args: argparse.Namespace) -> Any:
-    from studio.core.lab.memory import ModelShape, shape_from_hub, shape_from_info
-
     dims = (args.params, args.layers, args.kv_heads, args.head_dim)
     if args.model is not None:
         if any(d is not None for d in dims):
@@ -67,9 +73,6 @@ def _shape(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``memory``."""
-    from studio.core.lab.memory import FORMULAS, GPU_SIZES_GB, memory_report
-    from studio.core.units import format_mib
-
     report = memory_report(_shape(args), args.ctx, args.kv_type)
     if args.json:
         print_json(report.to_dict(), indent=None)

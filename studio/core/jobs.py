@@ -21,7 +21,6 @@ class CancelFlag(Protocol):
     """What cancellation is read from: a ``threading.Event``, or a ``multiprocessing`` one a child shares."""
 
     def set(self) -> None: ...
-
     def is_set(self) -> bool: ...
 
 

@@ -109,7 +109,9 @@ def config_int(cfg: dict[str, Any], *keys: str) -> int | None:
 def experts_of(config: dict[str, Any], params: Any = None) -> tuple[int, int]:
     """(experts per layer, experts used per token) of a mixture-of-experts model; (0, 0) if dense."""
     params = params or {}
-    n = params.get("expert_count") or config_int(config, "num_local_experts", "num_experts", "n_routed_experts")
+    n = params.get("expert_count") or config_int(
+        config, "num_local_experts", "num_experts", "n_routed_experts"
+    )
     used = params.get("expert_used_count") or config_int(
         config, "num_experts_per_tok", "num_experts_per_token", "top_k_experts"
     )

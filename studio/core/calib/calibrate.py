@@ -24,9 +24,11 @@ from studio.core.calib.data import (
     make_chunks,
     tokenize,
 )
-from studio.core.errors import CalibrationError
 from studio.core.calib.runner import Consumer, run_model
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model import open_model
+from studio.core.modelinfo import CheckpointFormat
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,6 @@ def prepare_input(
 
 
 def _open(model: str | os.PathLike[str], allow_pickle: bool) -> Any:
-    from studio.core.model import open_model
-    from studio.core.modelinfo import CheckpointFormat
-
     ckpt = open_model(model, allow_pickle=allow_pickle)
     if ckpt.info.format == CheckpointFormat.GGUF:
         ckpt.close()

@@ -31,6 +31,7 @@ the allocator's interaction check (``studio.core.plan.allocate``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -38,17 +39,22 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from studio.core.atomic import write_atomic
+from studio.core.calib.calibrate import _open, prepare_input
+from studio.core.calib.data import Chunks
+from studio.core.calib.imatrix import imatrix_from_stats
+from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec, run_model
 from studio.core.errors import CalibrationError
-from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec
+from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import (  # the scan record lives with the plans it feeds
+    SCAN_VERSION,
     Mode,
     ProxyCheck,
     ScanTarget,
@@ -58,9 +64,9 @@ from studio.core.plan.scan import (  # the scan record lives with the plans it f
     scan_targets,
     sizes_only,
 )
-from studio.core.quant.types import QTYPES, fallback_type, tensor_bytes
-
-SCAN_VERSION = 1
+from studio.core.quant.types import QTYPES, tensor_bytes
+from studio.core.stats.cache import checkpoint_key
+from studio.core.units import format_eta
 
 DEFAULT_TYPES: tuple[str, ...] = (
     "Q2_K",
@@ -216,8 +222,6 @@ class SensitivityScan(Consumer):
         return max(1, n + len(self.plans) * (n_layers + 1))
 
     def _step(self, n: int, msg: str) -> None:
-        from studio.core.units import format_eta
-
         self._done += n
         el = time.monotonic() - self._t0
         left = el / self._done * max(0, self._units - self._done) if self._done else None
@@ -304,8 +308,6 @@ class SensitivityScan(Consumer):
 
     def layer_collected(self, view: LayerView) -> None:
         """Move the streams through this layer, then start the streams of its tensors."""
-        import contextlib
-
         ctx = self.ctx
         h_in = torch_cat(view.inputs)  # (C, T, H)
         h_out = view.forward(h_in)
@@ -565,8 +567,6 @@ class _Muted(JobContext):
 def spread_chunks(chunks: Any, n_chunks: int, n_ctx: int) -> Any:
     """``n_chunks`` chunks of ``n_ctx`` tokens taken evenly across ``chunks`` (each chunk's first
     ``n_ctx`` tokens, BOS first as before), so a few short chunks still mix the calibration text."""
-    from studio.core.calib.data import Chunks
-
     if n_ctx > chunks.n_ctx:
         raise CalibrationError(
             f"Scan chunks of {n_ctx} tokens do not fit calibration chunks of {chunks.n_ctx}; use --scan-ctx "
@@ -647,8 +647,6 @@ def _imatrix_digest(imatrix: Mapping[str, np.ndarray]) -> str:
 
 def hf_imatrix(imatrix: Mapping[str, np.ndarray], info: Any) -> dict[str, np.ndarray]:
     """An imatrix keyed by GGUF names (``Imatrix``) re-keyed by the HF tensor names a scan uses."""
-    from studio.core.gguf.layout import layout
-
     out = {}
     for tm in layout(info).tensors:
         if tm.gguf_name in imatrix:
@@ -687,11 +685,6 @@ def scan_sensitivity(
     measured in the same run (``Sensitivity.plan_kls``); a scan found in ``cache_dir`` (JSON files
     keyed by the model's files, the text, the settings and the imatrix) is returned without running.
     """
-    from studio.core.calib.calibrate import _open, prepare_input
-    from studio.core.calib.imatrix import imatrix_from_stats
-    from studio.core.calib.runner import run_model
-    from studio.core.stats.cache import checkpoint_key
-
     st = settings or ScanSettings()
     ctx = ctx or null_context()
     for q in st.types:
@@ -890,9 +883,6 @@ def measure_plans(
 def _run_plans(
     model: Any, plans: Sequence[Mapping[str, str]], text: Any, st: ScanSettings, imatrix: Any, ctx: Any
 ) -> tuple[float, ...]:
-    from studio.core.calib.calibrate import _open, prepare_input
-    from studio.core.calib.runner import run_model
-
     ctx = ctx or null_context()
     ckpt = _open(model, False)
     try:

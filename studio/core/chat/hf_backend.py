@@ -20,6 +20,7 @@ from studio.core.chat.sampling import choose, make_rng
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ModelOpenError, RemoteCodeError
 from studio.core.jobs import JobContext
+from studio.core.model.hf_folder import transformers_folder
 from studio.core.model.hf_progress import no_hf_progress_bars
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -182,7 +183,6 @@ class TransformersBackend(BaseBackend):
                 f"{folder} needs custom Python code from its repository, which Quant Studio does not run.",
                 hint="Use a model supported by transformers itself.",
             )
-        from studio.core.model.hf_folder import transformers_folder
 
         # never from_pretrained on pickle weights here: refused, or their safetensors conversion
         weights = transformers_folder(folder, allow_pickle=self.allow_pickle, ctx=ctx)

@@ -15,21 +15,22 @@ from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.chat.backend import BaseBackend, StopCheck
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
+from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext
 from studio.core.llamacpp.options import ExtraBuffers, LoadOptions
 from studio.core.llamacpp.runner import LlamaRunner
+from studio.core.model.gguf_source import check_tokenizer
 
 CHAT_OPS = "studio.core.chat.llama_ops"
 MIN_CTX = 256
 
 
 def _gguf_header(path: Path) -> Any:
-    from studio.core.gguf.read import read_gguf
-    from studio.core.model.gguf_source import check_tokenizer
-
     header = read_gguf(path)
     check_tokenizer(header)  # no vocabulary: one sentence, instead of llama.cpp's "failed to load"
     return header
@@ -339,8 +340,6 @@ class LlamaCppBackend(BaseBackend):
 
 def np_integer() -> type:
     """numpy's integer base class (header values may be numpy scalars)."""
-    import numpy as np
-
     return np.integer
 
 

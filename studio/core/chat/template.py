@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import jinja2
+import jinja2.compiler
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+
 from studio.core.jobs import JobCancelled, JobContext
 
 DEFAULT_TIME_BUDGET_S = 2.0
@@ -119,12 +125,6 @@ class _BudgetRange:
 
 
 def _environment(budget: _Budget) -> Any:
-    import jinja2
-    import jinja2.compiler
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
-
     class _Generation(jinja2.ext.Extension):
         # HF templates may mark assistant text with {% generation %}; render its body unchanged.
         tags = {"generation"}

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from studio.core.chat.hf_backend import TransformersBackend
+from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.errors import EvaluationError, StudioError
 from studio.core.evaluate.metrics import (
     chunk_starts,
@@ -30,7 +32,9 @@ from studio.core.evaluate.metrics import (
     token_nll,
 )
 from studio.core.evaluate.texts import EvalText, load_text
-from studio.core.jobs import JobContext, null_context
+from studio.core.evaluate.verdict import judge
+from studio.core.gguf.read import read_gguf
+from studio.core.jobs import JobCancelled, JobContext, null_context
 
 IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
 
@@ -104,7 +108,6 @@ class EvalReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (NaN becomes None); each variant has its ``verdict`` in plain words."""
-        from studio.core.evaluate.verdict import judge
 
         def variant(v: VariantScore) -> dict[str, Any]:
             j = None if v.error else judge(self.original.ppl, v.ppl)
@@ -152,8 +155,6 @@ def _clean(x: Any) -> Any:
 
 def gguf_size(path: str | Path) -> tuple[int, float]:
     """(file bytes, bits per weight of the tensor data) of a GGUF file."""
-    from studio.core.gguf.read import read_gguf
-
     h = read_gguf(path)
     n = sum(t.n_elements for t in h.tensors)
     b = sum(t.nbytes for t in h.tensors)
@@ -239,8 +240,6 @@ def _llama_scorer(
     on_note: Callable[[str], None],
     kv_type: str | None = None,
 ) -> Any:
-    from studio.core.chat.llama_backend import LlamaCppBackend
-
     return LlamaCppBackend(
         path,
         n_ctx=n_ctx,
@@ -264,7 +263,6 @@ def _open_scorer(
 ) -> Any:
     if path.suffix.lower() == ".gguf":
         return _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note)
-    from studio.core.chat.hf_backend import TransformersBackend
 
     return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
@@ -424,8 +422,6 @@ def _score_variant(
     on_note: Callable[[str], None] | None = None,
     kv_type: str | None = None,
 ) -> VariantScore:
-    from studio.core.jobs import JobCancelled
-
     sl = scored_positions(n_ctx)
     nan = float("nan")
     label = path.name if kv_type is None else f"{path.name} [KV {kv_type}]"

@@ -8,13 +8,19 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.errors import ExportError
 from studio.core.export.imatrix import imatrix_for
+from studio.core.gguf import writer
 from studio.core.gguf.llama_converter import ConvertedTensor, ConverterRun, start_run
+from studio.core.gguf.metadata import _studio_version
+from studio.core.gguf.writer import AtomicGGUFWriter
 from studio.core.jobs import JobContext, null_context
 from studio.core.modelinfo import ModelInfo
+from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+from studio.core.quant.types import tensor_bytes
 
 
 def export_converted(
@@ -35,11 +41,6 @@ def export_converted(
 
     ``float_only``: write every tensor as F32 (the llama.cpp back end's input), the plan still
     recorded in the metadata."""
-    import gguf
-
-    from studio.core.gguf.metadata import _studio_version
-    from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
-    from studio.core.quant.types import tensor_bytes
 
     ctx = ctx or null_context()
     ctx.report(0, 1, "Running llama.cpp's converter")
@@ -56,7 +57,7 @@ def export_converted(
     types = {n: ("F32" if float_only else plan.type_of(by_gguf[n].hf_name)) for n in run.tensors}
     sizes = {n: tensor_bytes(types[n], run.tensors[n].shape) for n in run.tensors}
     total = sum(sizes.values())
-    check_output_path(out, need_bytes=total)
+    writer.check_output_path(out, need_bytes=total)
     with AtomicGGUFWriter(out, run.gguf_arch) as w:
         for key, value, vtype, sub in run.key_values():
             if key == gguf.Keys.General.ARCHITECTURE:
@@ -116,8 +117,6 @@ def _encoded(
     ctx: JobContext,
     info: ModelInfo,
 ) -> Iterator[np.ndarray]:
-    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
-
     per_expert = t.shape[1] if len(t.shape) == 3 else 0
     row = 0
     for block in run.rows(name):

@@ -21,10 +21,25 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.errors import EvaluationError, ExportError
+from studio.core.errors import ExportError
 from studio.core.export.imatrix import imatrix_for
-from studio.core.gguf.writer import llama_order
+from studio.core.gguf import writer
+from studio.core.gguf.metadata import _studio_version
+from studio.core.gguf.read import read_gguf
+from studio.core.gguf.writer import (
+    PARTIAL_SUFFIX,
+    AtomicGGUFWriter,
+    PlannedTensor,
+    disk_full_error,
+    llama_order,
+    validate_written,
+)
 from studio.core.jobs import JobContext, null_context
+from studio.core.llamacpp import LlamaWorker
+from studio.core.model.gguf_source import check_decodable, copy_metadata, source_summary
+from studio.core.plan.presets import allows_quantization
+from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+from studio.core.quant.types import tensor_bytes
 
 # llama-quantize drops these (one output file, whatever the input's splits were).
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
@@ -34,8 +49,6 @@ FLOAT_TARGETS = ("F32", "F16", "BF16")
 
 
 def _source_notes(ckpt: Any) -> list[str]:
-    from studio.core.model.gguf_source import source_summary
-
     s = source_summary(ckpt.gguf)
     notes = [f"Source {ckpt.info.path.name}: {s.describe()}."]
     if s.warning:
@@ -71,8 +84,6 @@ def _target(plan: Any, t: Any) -> str:
 
 
 def _bytes_of(qtype: str, t: Any) -> int:
-    from studio.core.quant.types import tensor_bytes
-
     return t.nbytes if qtype == t.type_name else tensor_bytes(qtype, tuple(t.shape))
 
 
@@ -85,9 +96,6 @@ def _requantize_studio(
     ctx: JobContext,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
-    from studio.core.model.gguf_source import check_decodable, copy_metadata
-
     g = ckpt.gguf
     src = Path(g.path)
     tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
@@ -95,7 +103,7 @@ def _requantize_studio(
     check_decodable([t for t in tensors if targets[t.name] != t.type_name], src)
     sizes = {t.name: _bytes_of(targets[t.name], t) for t in tensors}
     total = sum(sizes.values())
-    check_output_path(out, inputs=(src,), need_bytes=total)
+    writer.check_output_path(out, inputs=(src,), need_bytes=total)
     notes = _source_notes(ckpt)
     arch = str(g.metadata.get("general.architecture", ckpt.info.model_type))
     done = 0
@@ -134,8 +142,6 @@ def _requantize_studio(
 
 
 def _add_studio_keys(kv: Any, plan: Any) -> None:
-    from studio.core.gguf.metadata import _studio_version
-
     kv.add_string("quant_studio.version", _studio_version())
     kv.add_string("quant_studio.plan", plan.to_json())
 
@@ -153,8 +159,6 @@ def _copy_chunks(src: Path, t: Any, chunk: int = 16 << 20):
 
 
 def _convert(ckpt: Any, t: Any, qtype: str, device: str, imatrix: Mapping[str, Any] | None) -> np.ndarray:
-    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
-
     x = ckpt.read(t.name)  # float32, decoded from the stored type
     nan, inf = count_nonfinite(x)
     if nan or inf:
@@ -183,23 +187,12 @@ def _requantize_llamacpp(
     ctx: JobContext,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    from studio.core.gguf.read import read_gguf
-    from studio.core.gguf.writer import (
-        PARTIAL_SUFFIX,
-        PlannedTensor,
-        check_output_path,
-        disk_full_error,
-        validate_written,
-    )
-    from studio.core.llamacpp import LlamaWorker
-    from studio.core.plan.presets import allows_quantization
-
     g = ckpt.gguf
     src = Path(g.path)
     tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
     targets = {t.name: _target(plan, t) for t in tensors}
     total = sum(_bytes_of(targets[t.name], t) for t in tensors)
-    check_output_path(out, inputs=(src,), need_bytes=total)
+    writer.check_output_path(out, inputs=(src,), need_bytes=total)
     overrides = [
         ("^" + re.escape(t.name) + "$", targets[t.name])
         for t in tensors

@@ -21,11 +21,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from studio.core.errors import ExportError, QuantizationError
-from studio.core.gguf.arch import Layout, TensorMap, Transform, apply_transform, head_counts
-from studio.core.gguf.layout import layout
-from studio.core.gguf.metadata import add_arch_metadata, add_general_metadata, extra_tensors
-from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
+from studio.core.export.converter import export_converted
 from studio.core.export.imatrix import imatrix_for
+from studio.core.gguf.arch import Layout, Transform, apply_transform, head_counts
+from studio.core.gguf.layout import layout
+from studio.core.gguf.metadata import extra_tensors
+from studio.core.gguf.read import read_gguf
+from studio.core.gguf.vocab import TokenizerSummary
 from studio.core.gguf.writer import (
     PARTIAL_SUFFIX,
     AtomicGGUFWriter,
@@ -36,14 +38,15 @@ from studio.core.gguf.writer import (
     validate_written,
 )
 from studio.core.jobs import JobCancelled, JobContext, null_context
-from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+from studio.core.llamacpp import LlamaRunner, LlamaWorker, LoadOptions
+from studio.core.model import hub_repo_id, open_model
 from studio.core.plan.gguf_file import PlannedItem as _Item
 from studio.core.plan.gguf_file import export_file_bytes
 from studio.core.plan.gguf_file import planned_items as _items
 from studio.core.plan.gguf_file import write_metadata as _write_metadata
 from studio.core.plan.plan import Plan, check_plan, plan_from_preset
-from studio.core.plan.presets import Fallback
-from studio.core.quant.types import tensor_bytes
+from studio.core.plan.presets import Fallback, allows_quantization
+from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
 
 # Rows are converted and quantized in chunks of about this many float32 bytes.
 CHUNK_BYTES = 16 << 20
@@ -54,11 +57,8 @@ class Precomputed(Protocol):
     """Tensors already in their GGUF form, keyed by HF name (``studio.core.calib.spool.TensorSpool``)."""
 
     def __contains__(self, name: object) -> bool: ...
-
     def __len__(self) -> int: ...
-
     def qtype_of(self, name: str) -> str: ...
-
     def get(self, name: str) -> np.ndarray: ...
 
 
@@ -205,8 +205,6 @@ def export_gguf(
     ``precomputed`` holds tensors already in their GGUF form (a calibrated run's ``TensorSpool``, keyed
     by HF name): they are written as they are instead of being read and quantized (studio back end).
     """
-    from studio.core.model import hub_repo_id, open_model
-
     ctx = ctx or null_context()
     if backend not in BACKENDS:
         raise ExportError(f"Unknown export back end {backend!r}; use one of {', '.join(BACKENDS)}.")
@@ -363,8 +361,6 @@ def _export_converted(
 ) -> dict[str, Any]:
     # architectures llama.cpp's converter maps: its metadata, vocabulary and values, our plan,
     # quantizers and writer (studio.core.gguf.llama_converter)
-    from studio.core.export.converter import export_converted
-
     return export_converted(
         info, lay, out, plan, device=device, imatrix=imatrix, ctx=ctx, validate=validate,
         encode=_encode, float_only=float_only,
@@ -400,8 +396,6 @@ def _encoded_chunks(
 
 def llamacpp_overrides(plan: Plan, lay: Layout) -> list[tuple[str, str]]:
     """One exact-name regex override per quantizable tensor, so llama.cpp follows the plan."""
-    from studio.core.plan.presets import allows_quantization
-
     out = []
     for tm in lay.tensors:
         if allows_quantization(tm.gguf_name, len(tm.shape)):
@@ -420,9 +414,6 @@ def _export_llamacpp(
     source_repo: str | None,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    from studio.core.gguf.read import read_gguf
-    from studio.core.llamacpp import LlamaWorker
-
     info = ckpt.info
     items = _items(plan, lay, [] if lay.converted else extra_tensors(info))
     total = sum(it.nbytes for it in items)
@@ -520,8 +511,6 @@ def _hold_lock(p: Path) -> int | None:
 def llamacpp_validator(path: Path) -> None:
     """Post-write check: llama.cpp loads the file's vocabulary in a child process
     (test_llamacpp_validation_rejects_unloadable_file in tests/core/export/test_export_faults.py)."""
-    from studio.core.llamacpp import LlamaRunner, LoadOptions
-
     with LlamaRunner(label="llama.cpp (validation)") as wk:
         try:
             wk.load(path, LoadOptions(vocab_only=True), timeout=120)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from studio.core.errors import EvaluationError, StudioError
+from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext, null_context
+from studio.core.llamacpp import LlamaRunner, LoadOptions
 from studio.core.model.hf_progress import no_hf_progress_bars
 
 DEFAULT_TEXT = (
@@ -85,9 +88,6 @@ def verify_gguf(
 
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``.
     """
-    from studio.core.gguf.read import read_gguf
-    from studio.core.llamacpp import LlamaRunner, LoadOptions
-
     ctx = ctx or null_context()
     text = text or DEFAULT_TEXT
     folder = Path(checkpoint_path)
@@ -176,9 +176,6 @@ def verify_against_gguf(
 ) -> Any:
     """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
     F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
-    from studio.core.gguf.read import read_gguf
-    from studio.core.llamacpp import LlamaRunner, LoadOptions
-
     ctx = ctx or null_context()
     read_gguf(gguf_path)
     read_gguf(source)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.errors import ExportError
@@ -127,8 +128,6 @@ def head_counts(config: dict[str, Any]) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=16)  # building one walks every name pattern x block; maps are only read
 def _tensor_name_map(arch: str, n_blocks: int) -> Any:
-    import gguf  # heavy-ish import kept local
-
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     return gguf.get_tensor_name_map(arch_enum, n_blocks)
 

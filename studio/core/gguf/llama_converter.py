@@ -21,19 +21,27 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from studio.core.errors import ExportError
-from studio.core.jobs import JobContext, null_context
-from studio.core.modelinfo import ModelInfo, Role
+from studio.core.errors import ExportError, RemoteCodeError
+from studio.core.gguf.arch import Layout, TensorMap, Transform
+from studio.core.gguf.converter_bundle import (
+    GGUF_MODULE,
+    converter_available,
+    known_architectures,
+    load_bundle_gguf,
+    load_converter,
+)
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role
 
 CHUNK_BYTES = 16 << 20  # float32 bytes per block of rows handed to the quantizers
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -89,16 +97,12 @@ def hf_architecture(info: ModelInfo) -> str:
 
 def converter_knows(info: ModelInfo) -> bool:
     """Whether llama.cpp's converter (when installed) has a text model class for this checkpoint."""
-    from studio.core.gguf.converter_bundle import known_architectures
-
     return hf_architecture(info) in known_architectures()
 
 
 @functools.lru_cache(maxsize=2)
 def role_table(root: str) -> dict[str, Role]:
     """GGUF tensor-name pattern → role, from the tensor map of llama.cpp's converter at ``root``."""
-    from studio.core.gguf.converter_bundle import load_bundle_gguf
-
     g = load_bundle_gguf()
     tnm = g.TensorNameMap
     table: dict[str, Role] = {}
@@ -121,8 +125,6 @@ _DIGITS = re.compile(r"\.\d+\.")
 
 def unknown_architecture_error(info: ModelInfo) -> ExportError:
     """The one sentence for an architecture neither the studio nor the converter converts."""
-    from studio.core.gguf.converter_bundle import converter_available, load_converter
-
     arch = hf_architecture(info)
     ok, why = converter_available()
     if ok:
@@ -261,8 +263,6 @@ def _collect_warnings(sink: list[str]) -> Iterator[None]:
             if msg and not msg.startswith("*") and record.levelno >= logging.WARNING:
                 sink.append(msg)
 
-    from studio.core.gguf.converter_bundle import GGUF_MODULE
-
     h = _H(logging.WARNING)
     logs = [logging.getLogger("hf-to-gguf"), logging.getLogger(GGUF_MODULE)]
     saved = [(lg.level, lg.propagate) for lg in logs]
@@ -311,11 +311,6 @@ def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
     in this process, not in the studio's memory-limited child), and no custom code: some of its tokenizer
     paths let transformers run a repository's own code, so a folder that asks for any (``auto_map``) is
     refused here, before the converter sees it."""
-    import json
-
-    from studio.core.errors import RemoteCodeError
-    from studio.core.modelinfo import CheckpointFormat
-
     if info.format is not CheckpointFormat.SAFETENSORS:
         raise ExportError(
             f"{info.path.name} is a {info.format.value} checkpoint; llama.cpp's converter path exports "
@@ -338,8 +333,6 @@ def start_run(info: ModelInfo, *, out_path: Path | None = None, metadata: bool =
     """Instantiate the converter for ``info`` and run its tensor preparation (lazy, no data read);
     with ``metadata`` also its hyper-parameters, general.* keys and vocabulary."""
     import torch
-
-    from studio.core.gguf.converter_bundle import converter_available, load_converter
 
     if not converter_available()[0]:
         raise unknown_architecture_error(info)
@@ -494,8 +487,6 @@ def converter_layout(info: ModelInfo) -> Any:
 
 
 def _build_layout(info: ModelInfo) -> Any:
-    from studio.core.gguf.arch import Layout, TensorMap, Transform
-
     run = start_run(info)
     tensors = list(run.tensors.values())
     # a checkpoint tensor feeding exactly one GGUF tensor, alone, keeps its own name as the plan

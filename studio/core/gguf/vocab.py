@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
+from sentencepiece import SentencePieceProcessor
+
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, hparam
 from studio.core.modelinfo import ModelInfo
@@ -178,8 +181,6 @@ def _add_tokenizer(w: Any, info: ModelInfo) -> TokenizerSummary:
 
 
 def _llama_hf_vocab(w: Any, folder: Path, arch: str) -> TokenizerSummary:
-    import gguf
-
     log = logging.getLogger("gguf")
     old = log.level
     log.setLevel(logging.ERROR)
@@ -207,8 +208,6 @@ def _llama_hf_vocab(w: Any, folder: Path, arch: str) -> TokenizerSummary:
 
 def _special_vocab(folder: Path, n_vocab: int, *, merges: bool) -> Any:
     """Special token ids, add_bos/add_eos, merges and the chat template via gguf-py."""
-    import gguf
-
     # gguf-py logs at INFO/WARNING; keep it out of the user's terminal unless they ask for logs
     log = logging.getLogger("gguf")
     old = log.level
@@ -281,8 +280,6 @@ def _chat_template(folder: Path) -> str | None:
 
 def write_special_vocab(w: Any, sv: Any) -> bool:
     """Add a SpecialVocab's keys to ``w``; True when a chat template was written."""
-    import gguf
-
     log = logging.getLogger("gguf")
     old = log.level
     log.setLevel(logging.ERROR)
@@ -297,8 +294,6 @@ def write_special_vocab(w: Any, sv: Any) -> bool:
 
 def _spm_vocab(folder: Path, n_vocab: int) -> tuple[list[bytes], list[float], list[int]]:
     """Tokens, scores and types of a SentencePiece model plus the HF added tokens (as the converter)."""
-    from sentencepiece import SentencePieceProcessor
-
     sp = SentencePieceProcessor()
     sp.LoadFromFile(str(folder / "tokenizer.model"))
     size = n_vocab or sp.vocab_size()

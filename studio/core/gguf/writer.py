@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.errors import CorruptFileError, ExportError
+from studio.core.gguf.read import read_gguf
 from studio.core.units import format_bytes
 
 PARTIAL_SUFFIX = ".partial"
@@ -154,8 +156,6 @@ class AtomicGGUFWriter:
     """
 
     def __init__(self, out: Path, arch: str) -> None:
-        import gguf
-
         self.out = Path(out)
         self.partial = partial_path(self.out)
         self._gguf = gguf
@@ -350,8 +350,6 @@ def validate_written(path: Path, planned: list[PlannedTensor], crcs: dict[str, i
     tensors (name, shape, type, size, inside the file); with ``crcs``, re-read each tensor's bytes
     and compare checksums. CorruptFileError on any mismatch
     (tests/core/export/test_export_faults.py::test_writer_bug_fails_validation_and_deletes)."""
-    from studio.core.gguf.read import read_gguf
-
     g = read_gguf(path)
     if len(g.tensors) != len(planned):
         raise CorruptFileError(f"{path.name} declares {len(g.tensors)} tensors, {len(planned)} were written.")

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.errors import QuantizationError, StudioError
 from studio.core.evaluate.texts import EvalText, load_text
 from studio.core.jobs import JobContext, null_context
@@ -222,8 +223,6 @@ def run_qat(
     """
     import torch
     from torch.nn.utils import parametrize
-
-    from studio.core.chat.hf_backend import TransformersBackend
 
     ctx = ctx or null_context()
     t0 = time.monotonic()

@@ -25,7 +25,9 @@ import numpy as np
 
 from studio.core.errors import QuantizationError
 from studio.core.jobs import JobContext, null_context
+from studio.core.quant import generic
 from studio.core.quant.metrics import error_metrics
+from studio.core.quant.types import QTYPES, fallback_type, row_bytes
 from studio.core.stats.tensor_stats import as_matrix_shape, is_transposed
 
 __all__ = [
@@ -138,7 +140,6 @@ def _int_label(bits: int, symmetric: bool, granularity: str, group: int | None) 
 
 def _gguf_row(x: np.ndarray, qtype: str, ctx: JobContext) -> SweepRow:
     from studio.core.quant.blocks import dequantize, quantize
-    from studio.core.quant.types import QTYPES, fallback_type, row_bytes
 
     rows, cols = x.shape
     applied = fallback_type(qtype, cols).qtype
@@ -194,9 +195,6 @@ def sweep_array(
 
     ``gguf_types`` defaults to every quantized GGUF type the studio writes (F16 and BF16 included).
     """
-    from studio.core.quant import generic
-    from studio.core.quant.types import QTYPES
-
     ctx = ctx or null_context()
     t0 = time.monotonic()
     arr = np.asarray(x, dtype=np.float32)

@@ -15,13 +15,20 @@ embed, chat, generate_stream, quantize. Other modules may add ops by passing
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
+import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Iterator
 from typing import Any
 
+import gguf
+import numpy as np
+
+from studio.core import errors
 from studio.core.errors import ChildProcessError_
 
 _CTX = mp.get_context("spawn")
@@ -163,7 +170,6 @@ class LlamaWorker:
 def _unwrap(msg: dict[str, Any]) -> Any:
     if msg.get("ok"):
         return msg.get("result")
-    from studio.core import errors
 
     cls = getattr(errors, str(msg.get("kind", "")), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.StudioError)):
@@ -224,9 +230,6 @@ _GGML_LOG_CONT = 5
 
 def _log_filter() -> Any:
     """A ggml log callback that writes only errors (and their continuation lines) to stderr."""
-    import ctypes
-    import sys
-
     import llama_cpp
 
     last = [0]
@@ -285,8 +288,6 @@ def model_params(extra_buffers: bool) -> Iterator[None]:
 
 
 def _test_crash(state: _State, when: str) -> None:
-    import os
-
     if state.extra_buffers and os.environ.get(TEST_CRASH_ENV) == when:
         os.kill(os.getpid(), signal.SIGSEGV)
 
@@ -397,8 +398,6 @@ def _op_detokenize(state: _State, ids: list[int]) -> str:
 
 
 def _op_eval_logits(state: _State, ids: list[int]) -> Any:
-    import numpy as np
-
     llm = _need(state)
     before_decode(state)
     llm.reset()
@@ -407,8 +406,6 @@ def _op_eval_logits(state: _State, ids: list[int]) -> Any:
 
 
 def _op_embed(state: _State, text: str) -> dict[str, Any]:
-    import numpy as np
-
     llm = _need(state)
     before_decode(state)
     ids = list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
@@ -472,11 +469,7 @@ def _op_quantize(
 ) -> int:
     """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type;
     ``allow_requantize``: accept an already quantized source (llama-quantize --allow-requantize)."""
-    import ctypes
-
-    import gguf
     import llama_cpp
-    import numpy as np
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = int(nthread)
@@ -522,8 +515,6 @@ def _op_quantize(
 
 def _op_crash(state: _State, how: str = "segv") -> None:
     """Test hook: die the way llama.cpp does on a bad file."""
-    import os
-
     os.kill(os.getpid(), signal.SIGSEGV if how == "segv" else signal.SIGABRT)
 
 

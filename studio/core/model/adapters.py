@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from studio.core.gguf.converter_bundle import bundle_dir, find_bundle, known_architectures
+from studio.core.gguf.llama_converter import role_table
 from studio.core.modelinfo import Role
 
 # `.layers.N.` (Llama & co.), `.h.N.` (GPT-2), `.layer.N.` (BERT), `.blocks.N.`; `blk.N.` is GGUF.
@@ -227,16 +229,11 @@ KNOWN_MODEL_TYPES = frozenset(_BY_MODEL_TYPE) - {"gguf"}
 def converter_adapter(hf_arch: str) -> Any:
     """An adapter whose roles come from llama.cpp's converter's tensor map, for an architecture only
     the converter knows; None when it does not know ``hf_arch`` (or is not installed)."""
-    from studio.core.gguf.converter_bundle import bundle_dir
-
     return _converter_adapter(hf_arch, str(bundle_dir()))
 
 
 @functools.lru_cache(maxsize=64)  # asked once per tensor by some callers; the bundle does not change
 def _converter_adapter(hf_arch: str, where: str) -> Any:
-    from studio.core.gguf.converter_bundle import find_bundle, known_architectures
-    from studio.core.gguf.llama_converter import role_table
-
     if hf_arch not in known_architectures():
         return None
     b, _ = find_bundle()

@@ -28,9 +28,12 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from studio.core.errors import StudioError
 from studio.core.hardware import HardwareInfo
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo, experts_of
 from studio.core.modelinfo import config_int as _cfg_int
+from studio.core.plan.presets import PRESETS as TYPES_OF
+from studio.core.plan.presets import preset_types
 from studio.core.quant.types import QTYPES, fallback_type
 
 if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never make one
@@ -113,9 +116,6 @@ def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
     For what the exporter cannot map (an unknown architecture, a GGUF file) every 2-D float tensor gets
     the preset's default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.
     """
-    from studio.core.errors import StudioError
-    from studio.core.plan.presets import preset_types
-
     if info.format is not CheckpointFormat.GGUF:
         try:
             return preset_types(info, preset), True
@@ -125,8 +125,6 @@ def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
 
 
 def _generic_types(info: ModelInfo, preset: str) -> dict[str, str]:
-    from studio.core.plan.presets import PRESETS as TYPES_OF
-
     base = TYPES_OF[preset].default_type
     out: dict[str, str] = {}
     for t in info.tensors:
@@ -232,8 +230,6 @@ def _gpu_layers(verdict: Verdict, hw: HardwareInfo, n_layers: int, layer_bytes: 
 
 def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
     """The estimate for one preset (one of ``PRESETS``)."""
-    from studio.core.plan.presets import PRESETS as TYPES_OF
-
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     types, exact = _preset_types(info, preset)

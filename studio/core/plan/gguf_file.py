@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.gguf.arch import Layout, TensorMap
@@ -71,8 +72,6 @@ def export_file_bytes(
 ) -> int:
     """The exact size of the file ``export_gguf`` writes for ``plan`` (studio back end, or a calibrated
     export): the same metadata and tensor infos serialized in memory, plus the aligned tensor data."""
-    import gguf
-
     check_plan(plan, info)
     lay = layout(info)
     if source_repo is None:

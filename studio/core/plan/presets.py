@@ -13,6 +13,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from studio.core.errors import QuantizationError
+from studio.core.gguf.arch import head_counts
+from studio.core.gguf.layout import layout
 from studio.core.modelinfo import ModelInfo
 from studio.core.quant.types import QTYPES, fallback_type, ftype_of
 
@@ -215,9 +217,6 @@ def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counter
 def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> PresetChoice:
     """Per-tensor qtypes of ``preset`` for ``info`` (keyed by HF name) and the fallbacks;
     ``imatrix``: whether an importance matrix will be used (it changes a few choices)."""
-    from studio.core.gguf.arch import head_counts
-    from studio.core.gguf.layout import layout
-
     p = PRESETS.get(preset.upper()) if isinstance(preset, str) else None
     if p is None:
         raise QuantizationError(f"Unknown preset {preset!r}.", hint="Known: " + ", ".join(PRESETS) + ".")

@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from studio.core.errors import CalibrationError
+from studio.core.gguf.layout import layout
+from studio.core.plan.presets import allows_quantization
 from studio.core.quant.types import QTYPES, fallback_type, tensor_bytes
+
+SCAN_VERSION = 1
+"""Bump when the scan record's JSON changes, so a stale cached scan is not read."""
 
 
 class Mode(str):
@@ -245,9 +251,6 @@ class ScanTarget:
 
 def scan_targets(info: Any, types: Sequence[str]) -> tuple[list[ScanTarget], dict[str, str]]:
     """The tensors a scan covers (HF order) and the quantizable ones it cannot perturb (→ Q8_0)."""
-    from studio.core.gguf.layout import layout
-    from studio.core.plan.presets import allows_quantization
-
     lay = layout(info)
     roles = {t.name: t.role.value for t in info.tensors}
     out: list[ScanTarget] = []
@@ -293,6 +296,7 @@ def sizes_only(info: Any, types: Sequence[str]) -> Sensitivity:
 
 
 __all__ = [
+    "SCAN_VERSION",
     "Mode",
     "ProxyCheck",
     "ScanTarget",

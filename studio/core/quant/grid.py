@@ -16,7 +16,6 @@ Codes here are indices into ``BlockGrid.levels`` (increasing): Q8_0's stored int
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any

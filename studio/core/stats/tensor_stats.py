@@ -11,6 +11,7 @@ import functools
 import math
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -326,7 +327,6 @@ def _histogram_compiled(kernel: Any, flat: np.ndarray, edges: np.ndarray, thread
         counts = np.zeros(bins, np.int64)
         kernel(flat, lo, scale, edges, counts)
         return counts
-    from concurrent.futures import ThreadPoolExecutor
 
     parts = np.array_split(flat, n_threads)
     outs = [np.zeros(bins, np.int64) for _ in parts]

@@ -33,19 +33,22 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
+from studio.core.export.run import export_gguf
 from studio.core.jobs import JobContext
-from studio.core.quant.methods import METHODS
-from studio.core.plan.plan import Plan
+from studio.core.model.gguf_source import source_summary
+from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
+from studio.core.quant.methods import METHODS
 from studio.qt import widgets
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import ask_yes_no, choose
+from studio.qt.panels.device_selector import device_choices
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
-
+from studio.qt.upload_dialog import open_upload_dialog
 
 __all__ = ["ExportDialog", "ExportOutcome", "CURRENT_PLAN", "run_export"]
 
@@ -65,7 +68,6 @@ def _requantize_warning(checkpoint: Any) -> str:
     g = getattr(checkpoint, "gguf", None)
     if g is None:
         return ""
-    from studio.core.model.gguf_source import source_summary
 
     s = source_summary(g)
     return f"Stored as {s.describe()}." + (f"\n⚠ {s.warning}" if s.warning else "")
@@ -91,7 +93,6 @@ def run_export(
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (None: the built-in text; the
     first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first.
     """
-    from studio.core.export.run import export_gguf
 
     def write(c: JobContext, validate: Any) -> Any:
         if isinstance(plan, Plan) and plan.calibrated:
@@ -310,8 +311,6 @@ class ExportDialog(JobPanel, QDialog):
 
     def final_plan(self) -> Plan | str | None:
         """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
-        from studio.core.plan.plan import plan_from_preset, with_method
-
         plan, info, method = self.chosen_plan(), self.state.info, self.method
         if plan is None or info is None:
             return plan
@@ -556,13 +555,9 @@ class ExportDialog(JobPanel, QDialog):
         self.upload_button.setEnabled(self.outcome is not None and not running)
 
     def _upload(self) -> None:
-        from studio.qt.upload_dialog import open_upload_dialog
-
         self.upload_dialog = open_upload_dialog(self, self.outcome, self.jobs)
 
     def _fill_devices(self, wanted: str) -> None:
-        from studio.qt.panels.device_selector import device_choices
-
         self.device_combo.blockSignals(True)
         self.device_combo.clear()
         for dev, label in device_choices(self.state.hardware):

@@ -273,8 +273,8 @@ def test_nan_activations_stop_the_run_in_one_sentence(llama_model, calib_text, t
 
     from safetensors.numpy import load_file, save_file
 
-    from studio.core.errors import CalibrationError
     from studio.core.calib.quantize import export_calibrated
+    from studio.core.errors import CalibrationError
 
     bad = tmp_path / "nan-llama"
     shutil.copytree(llama_model, bad)

@@ -8,7 +8,6 @@ import gguf
 import numpy as np
 import pytest
 
-from studio.core.errors import CalibrationError
 from studio.core.calib.imatrix import (
     Imatrix,
     ImatrixEntry,
@@ -17,6 +16,7 @@ from studio.core.calib.imatrix import (
     read_imatrix,
     write_imatrix,
 )
+from studio.core.errors import CalibrationError
 from studio.core.model import open_model
 
 from .conftest import CHUNKS, CTX, llama_tool

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from studio.core.calib import ActivationCollector, Consumer, calibrate, prepare_input, run_model
-from studio.core.errors import CalibrationError
 from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.runner import RunnerMode
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.model import open_model
 

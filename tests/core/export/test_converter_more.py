@@ -29,8 +29,8 @@ def _one_sentence(text: str) -> bool:
 
 @pytest.mark.parametrize("installed", [True, False])
 def test_unknown_architecture_gives_one_sentence_naming_it(installed, tiny_model, tmp_path, monkeypatch):
-    from studio.core.gguf import converter_bundle
     from studio.core.export.run import export_gguf
+    from studio.core.gguf import converter_bundle
 
     if installed:
         need_converter()
@@ -131,11 +131,11 @@ def test_expert_layout_names_every_expert(tiny_model):
 
 def test_moe_estimates_count_every_expert_and_the_active_share(tiny_model, exported):
     need_converter()
-    from studio.core.plan.estimate import estimate_preset
     from studio.core.gguf.layout import layout
     from studio.core.gguf.read import read_gguf
     from studio.core.hardware import HardwareInfo
     from studio.core.model import open_model
+    from studio.core.plan.estimate import estimate_preset
 
     model = new_arch_model(tiny_model, "mixtral")
     with open_model(model) as ck:
@@ -191,8 +191,8 @@ def test_custom_tokenizer_code_is_never_run(tiny_model, tmp_path):
 def test_a_hub_moe_config_is_estimated_with_all_its_experts():
     """Qwen3-30B-A3B's config alone (as the Hub panel has it): "30.5B in total and 3.3B activated"
     (its model card), every expert in the file size."""
-    from studio.core.plan.estimate import estimate_from_config
     from studio.core.hardware import HardwareInfo
+    from studio.core.plan.estimate import estimate_from_config
 
     cfg = dict(
         model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=2048,

@@ -311,8 +311,8 @@ def test_rows_not_divisible_fall_back_visibly(odd_hidden_model, tmp_path):
 
 
 def test_crashing_llamacpp_child_is_an_error_not_a_crash(llama_model, tmp_path):
-    from studio.core.llamacpp import LlamaWorker
     from studio.core.export.verify import verify_gguf
+    from studio.core.llamacpp import LlamaWorker
 
     with LlamaWorker() as wk:
         with pytest.raises(ChildProcessError_, match="SIGSEGV"):

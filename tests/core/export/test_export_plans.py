@@ -7,8 +7,8 @@ import json
 import gguf
 import pytest
 
-from studio.core.gguf.layout import layout
 from studio.core.export.run import export_gguf
+from studio.core.gguf.layout import layout
 from studio.core.gguf.read import read_gguf
 from studio.core.llamacpp import LoadOptions
 from studio.core.model import open_model

@@ -156,8 +156,8 @@ def test_an_exported_budget_plan_is_measured_in_a_job_and_shown_beside_the_predi
     dialog, qtbot, tmp_path
 ):
     from studio.core.calib.sensitivity import ScanSettings, measure_plans
-    from studio.core.export.run import export_gguf
     from studio.core.export.job import ExportOutcome
+    from studio.core.export.run import export_gguf
 
     state, d = dialog
     d.set_scan(synthetic_scan(state.info, KL))

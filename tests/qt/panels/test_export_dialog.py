@@ -304,8 +304,8 @@ def test_the_calibrate_pages_imatrix_is_what_the_export_quantizes_with(
 ):
     from gguf import GGUFReader
 
-    from studio.core.factory import sample_text
     from studio.core.export.run import export_gguf
+    from studio.core.factory import sample_text
 
     win = make_window()
     _open(qtbot, win, llama_model)

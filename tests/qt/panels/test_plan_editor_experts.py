@@ -48,8 +48,8 @@ def test_summary_shows_experts_and_active_weights(qtbot, tiny_models):
     from tests.core.export.converter_fixtures import need_converter
 
     need_converter()
-    from studio.core.plan.estimate import estimate_presets
     from studio.core.hardware import HardwareInfo
+    from studio.core.plan.estimate import estimate_presets
     from studio.qt.panels.summary import SummaryPanel
 
     state = StudioState()
