@@ -9,9 +9,10 @@ inside functions too) and prints, for ``studio.core`` and ``studio.qt``:
 - import cycles (strongly connected sets of modules), each with one closed chain through it;
 - upward imports: a ``studio.core`` module importing one of a higher layer (DESIGN.md's order, below);
 - function-local imports in ``studio/`` and ``studio/core``: of the heavy libraries (torch,
-  transformers, llama_cpp, huggingface_hub, numba, ray) and of everything else.
+  transformers, llama_cpp, huggingface_hub, numba, ray, or a studio module that imports one at its
+  top) and of everything else (``--list`` names those).
 
-    python bench/layers.py [--root DIR] [--json]
+    python bench/layers.py [--root DIR] [--json] [--list]
 
 ``--root`` measures another checkout (the "before" numbers come from an export of the base commit).
 """
@@ -60,10 +61,19 @@ def layer(module: str) -> int:
 
 def _function_lines(path: Path) -> set[int]:
     """Line numbers of import statements inside a function body of ``path``."""
+    return _lines(path, (ast.FunctionDef, ast.AsyncFunctionDef))
+
+
+def _type_checking_lines(path: Path) -> set[int]:
+    """Line numbers of import statements under ``if TYPE_CHECKING:`` (never run)."""
+    return _lines(path, (ast.If,), lambda n: "TYPE_CHECKING" in ast.unparse(n.test))
+
+
+def _lines(path: Path, kinds: tuple[type, ...], keep=lambda n: True) -> set[int]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     lines: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, kinds) and keep(node):
             for sub in ast.walk(node):
                 if isinstance(sub, (ast.Import, ast.ImportFrom)):
                     lines.add(sub.lineno)
@@ -173,19 +183,41 @@ def measure(root: Path) -> dict:
     studio_mods = sorted(m for m in graph.modules if m == "studio" or m.startswith("studio."))
     files = {m: _file_of(root, m) for m in studio_mods}
     local_lines = {m: _function_lines(p) for m, p in files.items() if p is not None}
+    typing_lines = {m: _type_checking_lines(p) for m, p in files.items() if p is not None}
     edges: dict[str, set[str]] = {m: set() for m in studio_mods}
-    local: Counter[str] = Counter()
-    upward: list[str] = []
+    at_top: dict[str, set[str]] = {m: set() for m in studio_mods}  # module-level imports only
+    details_of: dict[tuple[str, str], list] = {}
     for importer in studio_mods:
         for imported in sorted(graph.find_modules_directly_imported_by(importer)):
             details = graph.get_import_details(importer=importer, imported=imported)
+            details_of[importer, imported] = details
+            runtime_top = local_lines.get(importer, set()) | typing_lines.get(importer, set())
+            if any(d["line_number"] not in runtime_top for d in details):
+                at_top[importer].add(imported)
+    # a studio module is heavy when its module-level imports reach a heavy library (the kernels)
+    heavy = set(HEAVY)
+    grew = True
+    while grew:
+        grew = False
+        for m in studio_mods:
+            if m not in heavy and any(i.split(".")[0] in HEAVY or i in heavy for i in at_top[m]):
+                heavy.add(m)
+                grew = True
+    local: Counter[str] = Counter()
+    light_local: list[str] = []
+    upward: list[str] = []
+    for (importer, imported), details in details_of.items():
+        if True:
             if imported in edges:
                 edges[importer].add(imported)
             top = imported.split(".")[0]
             for d in details:
                 in_function = d["line_number"] in local_lines.get(importer, ())
                 if in_function:
-                    kind = "heavy" if top in HEAVY else "light"
+                    heavy_line = "safetensors.torch" in d["line_contents"]  # imports torch
+                    kind = "heavy" if top in HEAVY or imported in heavy or heavy_line else "light"
+                    if kind == "light":
+                        light_local.append(f"{importer}:{d['line_number']} {d['line_contents']}")
                     local[f"studio/{kind}"] += 1
                     if importer.startswith("studio.core"):
                         local[f"studio/core/{kind}"] += 1
@@ -214,6 +246,8 @@ def measure(root: Path) -> dict:
     out["studio.core"]["longest_chain"] = {"length": len(chain), "chain": " -> ".join(chain)}
     out["studio.core"]["upward_imports"] = {"count": len(upward), "imports": upward}
     out["function_local_imports"] = dict(sorted(local.items()))
+    out["light_function_local_imports"] = sorted(light_local)
+    out["heavy_studio_modules"] = sorted(m for m in heavy if m.startswith("studio."))
     return out
 
 
@@ -229,6 +263,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--json", action="store_true", help="print everything as one JSON object")
+    parser.add_argument("--list", action="store_true", help="also list the light function-local imports")
     args = parser.parse_args()
     out = measure(args.root.resolve())
     if args.json:
@@ -246,6 +281,11 @@ def main() -> int:
     for line in up["imports"]:
         print(f"  {line}")
     print("function-local imports:", ", ".join(f"{k} {v}" for k, v in out["function_local_imports"].items()))
+    print("  (heavy: of torch, transformers, llama_cpp, huggingface_hub, numba, ray, or of a studio module")
+    print("   that imports one at its top: " + ", ".join(out["heavy_studio_modules"]) + ")")
+    if args.list:
+        for line in out["light_function_local_imports"]:
+            print(f"  light: {line}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,13 @@ from studio.commands._common import read_text
 from studio.core.calib.calibrate import calibrate, load_tokenizer
 from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
 from studio.core.calib.imatrix import imatrix_from_stats, read_imatrix, write_imatrix
-from studio.core.calib.sensitivity import DEFAULT_TYPES, ScanSettings, Sensitivity, scan_sensitivity
+from studio.core.calib.sensitivity import (
+    DEFAULT_TYPES,
+    ScanSettings,
+    Sensitivity,
+    measure_plans,
+    scan_sensitivity,
+)
 from studio.core.errors import StudioError
 from studio.core.paths import user_cache_dir
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
@@ -116,8 +123,6 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
 def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
     """The scan the arguments ask for: read from ``--scan``, or run (cached unless ``--no-cache``)."""
     if getattr(args, "scan", None):
-        import json
-
         try:
             scan = Sensitivity.from_dict(json.loads(read_text(args.scan, "sensitivity scan")))
         except ValueError:
@@ -200,11 +205,6 @@ def allocation(
         exclude=_types(args.exclude) or (),
     )
     if args.measure:
-        import dataclasses
-
-        from studio.core.calib.data import BUILTIN
-        from studio.core.calib.sensitivity import measure_plans
-
         (kl,) = measure_plans(
             info.path,
             [dict(alloc.plan.types)],

@@ -13,6 +13,7 @@ from studio.core.calib.calibrate import calibrate
 from studio.core.calib.collect import ActivationCollector
 from studio.core.calib.data import BUILTIN
 from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
+from studio.core.calib.int8 import Int8Analysis
 from studio.core.gguf import writer
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
@@ -73,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
     consumers: list[Any] = []
     int8 = None
     if args.int8:
-        from studio.core.calib.int8 import Int8Analysis
-
         int8 = Int8Analysis(collector)
         consumers.append(int8)
     with ProgressLine() as line:

@@ -17,10 +17,12 @@ from studio.commands._scan import (
     run_scan,
 )
 from studio.core.calib.data import BUILTIN
+from studio.core.calib.imatrix import check_for_model, read_imatrix
 from studio.core.calib.quantize import CalibOptions, export_calibrated
 from studio.core.errors import StudioError
 from studio.core.export.job import export_and_verify, verify_here
 from studio.core.export.run import check_exportable, export_gguf
+from studio.core.export.verify import check_verifiable
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
 from studio.core.model.gguf_source import source_summary
@@ -269,13 +271,9 @@ def run(args: argparse.Namespace) -> int:
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
-        from studio.core.export.verify import check_verifiable
-
         check_verifiable(info.path)  # refuse before a long export, not after it
     imatrix = None
     if args.imatrix:
-        from studio.core.calib.imatrix import check_for_model, read_imatrix
-
         imatrix = read_imatrix(args.imatrix)
         check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
     alloc = None

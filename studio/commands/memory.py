@@ -7,7 +7,7 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import format_table, print_json
-from studio.core.errors import StudioError
+from studio.core.errors import ModelOpenError, StudioError
 from studio.core.lab.memory import (
     FORMULAS,
     GPU_SIZES_GB,
@@ -17,6 +17,7 @@ from studio.core.lab.memory import (
     shape_from_info,
 )
 from studio.core.llamacpp.kvcache import KV_TYPES
+from studio.core.model import open_model
 from studio.core.units import format_mib
 
 
@@ -54,8 +55,6 @@ def _shape(args: argparse.Namespace) -> Any:
     if args.model is not None:
         if any(d is not None for d in dims):
             raise StudioError("Give either MODEL or --params/--layers/--kv-heads/--head-dim, not both.")
-        from studio.core.errors import ModelOpenError
-        from studio.core.model import open_model
 
         try:
             with open_model(args.model) as ck:

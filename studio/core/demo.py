@@ -19,7 +19,7 @@ from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
-from studio.core.model.gguf_source import folder_is_complete, write_hf_folder
+from studio.core.model.gguf_source import file_sha256, folder_is_complete, write_hf_folder
 from studio.core.paths import user_cache_dir
 
 DEMO_VERSION = 2
@@ -95,8 +95,6 @@ def check_demo_source(src: DemoSource, ctx: JobContext | None = None, *, full: b
             hint=reinstall,
         )
     if full and src.sha256 is not None:
-        from studio.core.model.gguf_source import file_sha256
-
         if file_sha256(src.path, ctx) != src.sha256:
             raise DemoError(
                 f"The demo model file {src.path} is damaged: its sha256 differs from the one its package lists.",

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import safetensors
 import sentencepiece as spm
-from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from studio.core.errors import StudioError
@@ -673,6 +672,7 @@ def _expected_out_energy(w: torch.Tensor, gain: torch.Tensor, axis: int) -> torc
 
 def _reshard(folder: Path, shards: int) -> None:
     """Split the single model.safetensors into ``shards`` files of similar size plus the index json."""
+    from safetensors.torch import save_file  # imports torch
 
     single = folder / "model.safetensors"
     with safetensors.safe_open(str(single), framework="pt") as f:
@@ -707,7 +707,6 @@ def _save_tokenizer(tok: Any, folder: Path, spm_bytes: bytes | None, template: s
     if spm_bytes is not None:
         # llama.cpp's converter and SentencePiece users read this file; keep it next to tokenizer.json.
         (folder / "tokenizer.model").write_bytes(spm_bytes)
-        import sentencepiece as spm
 
         base = spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()
         added = {t: i for t, i in sorted(tok.get_added_vocab().items(), key=lambda kv: kv[1]) if i >= base}

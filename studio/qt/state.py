@@ -6,6 +6,7 @@ of value (named in its comment; the classes are not imported here, so the window
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,6 +198,4 @@ def _close_quietly(checkpoint: Any) -> None:
     try:
         close()
     except Exception:  # closing a file must never break switching models
-        import logging
-
         logging.getLogger(__name__).exception("closing %r failed", checkpoint)

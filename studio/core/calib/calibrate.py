@@ -29,6 +29,7 @@ from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
 from studio.core.model import open_model
 from studio.core.modelinfo import CheckpointFormat
+from studio.core.stats.cache import checkpoint_key
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,6 @@ def calibrate(
 
         if cache is None or consumers:
             return run()
-        from studio.core.stats.cache import checkpoint_key
 
         variant = (
             f"calib:{inp.data.digest}:{inp.chunks.n_ctx}:{inp.chunks.n_chunks}:{device}:{dtype}:"

@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 
 from studio.core.atomic import write_atomic
-from studio.core.calib.calibrate import _open, prepare_input
+from studio.core.calib.calibrate import _open, calibrate, prepare_input
 from studio.core.calib.data import Chunks
 from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec, run_model
 from studio.core.errors import CalibrationError
+from studio.core.export.run import check_exportable
 from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import (  # the scan record lives with the plans it feeds
@@ -694,7 +695,6 @@ def scan_sensitivity(
     ckpt = _open(model, False)
     try:
         info = ckpt.info
-        from studio.core.export.run import check_exportable
 
         check_exportable(info)
         targets, fixed = scan_targets(info, st.types)
@@ -703,8 +703,6 @@ def scan_sensitivity(
         ctx.report(0, 1, "Tokenizing the calibration text")
         inp = prepare_input(info.path, text, n_ctx=st.calib_ctx, n_chunks=st.calib_chunks, ctx=ctx)
         if imatrix is None:
-            from studio.core.calib.calibrate import calibrate
-
             ctx.report(0, 1, "Calibrating (importance matrix)")
             stats = calibrate(
                 info.path,

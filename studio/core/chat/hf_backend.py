@@ -9,6 +9,7 @@ GGUF export print the same text for the same tokens.
 from __future__ import annotations
 
 import codecs
+import inspect
 import json
 import re
 from collections.abc import Generator, Sequence
@@ -243,8 +244,6 @@ class TransformersBackend(BaseBackend):
     def _cache_arg(self) -> str:
         # transformers renamed past_key_values to cache; use whichever this version's forward takes
         if self._cache_name is None:
-            import inspect
-
             params = inspect.signature(self._model.forward).parameters
             self._cache_name = "cache" if "cache" in params else "past_key_values"
         return self._cache_name

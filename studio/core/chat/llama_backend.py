@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import signal
 from collections.abc import Callable, Generator, Sequence
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
 from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext
+from studio.core.llamacpp.kvcache import kv_type as check_kv_type
 from studio.core.llamacpp.options import ExtraBuffers, LoadOptions
 from studio.core.llamacpp.runner import LlamaRunner
 from studio.core.model.gguf_source import check_tokenizer
@@ -85,8 +88,6 @@ class LlamaCppBackend(BaseBackend):
         self.n_threads = n_threads
         self.f32_kv = f32_kv
         if kv_type:
-            from studio.core.llamacpp.kvcache import kv_type as check_kv_type
-
             kv_type = check_kv_type(kv_type).name  # an unknown name fails here, before a child starts
         self.kv_type = kv_type  # a ``studio.core.llamacpp.kvcache`` type; None keeps ``f32_kv``
         self.logits_all = logits_all
@@ -345,8 +346,6 @@ def np_integer() -> type:
 
 def _make_flag() -> Any:
     try:
-        from multiprocessing import shared_memory
-
         return shared_memory.SharedMemory(create=True, size=8)
     except Exception:  # noqa: BLE001 - without shared memory Stop still works, one message later
         return None
@@ -360,8 +359,6 @@ def _exit_how(worker: Any) -> str:
             proc.join(timeout=1.0)
     code = getattr(proc, "exitcode", None)
     if isinstance(code, int) and code < 0:
-        import signal
-
         try:
             return f"signal {signal.Signals(-code).name}"
         except ValueError:

@@ -8,6 +8,7 @@ memory-mapped file when large) so each variant is loaded alone, compared, and cl
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -35,6 +36,8 @@ from studio.core.evaluate.texts import EvalText, load_text
 from studio.core.evaluate.verdict import judge
 from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobCancelled, JobContext, null_context
+from studio.core.lab.memory import gguf_kv_cache_bytes
+from studio.core.llamacpp.kvcache import kv_type
 
 IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
 
@@ -178,14 +181,10 @@ def _model_dims(path: Path) -> tuple[int, int] | None:
     """(layers, hidden width) from a GGUF header or a checkpoint's config.json; None when unknown."""
     try:
         if path.suffix.lower() == ".gguf":
-            from studio.core.gguf.read import read_gguf
-
             meta = read_gguf(path).metadata
             arch = str(meta.get("general.architecture", ""))
             layers, width = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.embedding_length")
         else:
-            import json
-
             cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
             cfg = cfg.get("text_config") or cfg
             layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
@@ -300,8 +299,6 @@ def evaluate(
     if max_chunks is not None and max_chunks < 1:
         raise EvaluationError(f"At least one chunk must be evaluated, not {max_chunks}.")
     if kv_types:
-        from studio.core.llamacpp.kvcache import kv_type
-
         kv_types = tuple(dict.fromkeys(kv_type(t).name for t in kv_types))  # unknown names fail here
     et = text if isinstance(text, EvalText) else load_text(text)
     orig_path = Path(original).expanduser()
@@ -435,7 +432,6 @@ def _score_variant(
         file_bytes, bpw = gguf_size(path)
         if identity is not None:
             identity.check_dims(path)
-        from studio.core.lab.memory import gguf_kv_cache_bytes
 
         kv["kv_cache_bytes"] = gguf_kv_cache_bytes(path, n_ctx, kv_type or "f32")
     except StudioError as err:

@@ -12,6 +12,7 @@ process with one override per tensor. Plans for a GGUF are keyed by its own tens
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -227,8 +228,6 @@ def _requantize_llamacpp(
         os.replace(partial, out)
         ctx.report(total, total, f"Wrote {out.name}")
     except OSError as err:
-        import errno
-
         if err.errno == errno.ENOSPC:
             raise disk_full_error(out, total) from err
         raise ExportError(f"Exporting {out} failed: {err.strerror or err}.") from err

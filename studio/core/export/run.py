@@ -10,6 +10,7 @@ produce the same tensor types (and, without an imatrix, the same bytes).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -23,6 +24,7 @@ import numpy as np
 from studio.core.errors import ExportError, QuantizationError
 from studio.core.export.converter import export_converted
 from studio.core.export.imatrix import imatrix_for
+from studio.core.export.requantize import requantize_gguf
 from studio.core.gguf.arch import Layout, Transform, apply_transform, head_counts
 from studio.core.gguf.layout import layout
 from studio.core.gguf.metadata import extra_tensors
@@ -237,8 +239,6 @@ def export_gguf(
                     "written through llama.cpp's converter); use rtn or imatrix."
                 )
         if info.format.value == "gguf":  # a GGUF original: llama-quantize --allow-requantize semantics
-            from studio.core.export.requantize import requantize_gguf
-
             result = requantize_gguf(
                 ckpt, out, plan, backend=backend, device=device, imatrix=imatrix, ctx=ctx, validate=validate
             )
@@ -477,8 +477,6 @@ def _export_llamacpp(
         os.replace(partial, out)
         ctx.report(total, total, f"Wrote {out.name}")
     except OSError as err:
-        import errno
-
         if err.errno == errno.ENOSPC:
             raise disk_full_error(out, total + f32_total) from err
         raise ExportError(f"Exporting {out} failed: {err.strerror or err}.") from err

@@ -325,8 +325,6 @@ def _load(root: str) -> LoadedConverter:
         raise ExportError(f"No llama.cpp converter in {root}.")
     _install_finder(Path(root))
     with _quiet_converter_logging():
-        import importlib
-
         gguf = importlib.import_module(GGUF_MODULE)
         conversion = importlib.import_module(CONVERSION_MODULE)
     return LoadedConverter(b, gguf, conversion)

@@ -41,6 +41,7 @@ from studio.core.gguf.converter_bundle import (
     load_bundle_gguf,
     load_converter,
 )
+from studio.core.gguf.vocab import pre_tokenizer_name
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role
 
 CHUNK_BYTES = 16 << 20  # float32 bytes per block of rows handed to the quantizers
@@ -288,10 +289,6 @@ def _pre_fallback(model: Any, folder: Path, notes: list[str]) -> None:
         try:
             return str(original(tokenizer))
         except NotImplementedError:
-            import json
-
-            from studio.core.gguf.vocab import pre_tokenizer_name
-
             tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
             if ((tj.get("model") or {}).get("type")) == "WordPiece":
                 name = "default"

@@ -11,6 +11,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from studio import __version__
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, head_counts, hparam
 from studio.core.modelinfo import ModelInfo
@@ -20,8 +21,6 @@ GGML_QUANT_VERSION = 2  # general.quantization_version llama.cpp writes
 
 def _studio_version() -> str:
     try:
-        from studio import __version__
-
         return str(__version__)
     except Exception:  # pragma: no cover - package metadata missing in odd installs
         return "0"

@@ -11,6 +11,7 @@ from typing import Any
 
 import gguf
 from sentencepiece import SentencePieceProcessor
+from tokenizers import Tokenizer
 
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, hparam
@@ -232,8 +233,6 @@ def _fast_tokenizer(folder: Path) -> Any:
     transformers' AutoTokenizer when there is no tokenizer.json."""
     tj = folder / "tokenizer.json"
     if tj.is_file():
-        from tokenizers import Tokenizer
-
         return Tokenizer.from_file(str(tj))
     return None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import multiprocessing as mp
 import os
 import signal
@@ -30,6 +31,7 @@ import numpy as np
 
 from studio.core import errors
 from studio.core.errors import ChildProcessError_
+from studio.core.llamacpp.kvcache import llama_kwargs
 
 _CTX = mp.get_context("spawn")
 
@@ -192,8 +194,6 @@ def _serve(conn: Any, extra_ops: str | None) -> None:
     """Child main loop: answer requests until told to exit or the pipe closes."""
     ops = dict(_OPS)
     if extra_ops:
-        import importlib
-
         ops.update(importlib.import_module(extra_ops).OPS)
     state = _State()
     log_callback = _quiet_llamacpp()  # noqa: F841 - ctypes needs it alive while the child runs
@@ -342,8 +342,6 @@ def _op_load(
         kwargs["n_threads"] = n_threads
         kwargs["n_threads_batch"] = n_threads
     if kv_type:  # the lab's KV-cache precision (f32, f16, q8_0, q4_0); a quantized V needs flash attention
-        from studio.core.llamacpp.kvcache import llama_kwargs
-
         kwargs.update(llama_kwargs(kv_type))
     elif f32_kv:
         kwargs["type_k"] = 0  # GGML_TYPE_F32: the default F16 cache alone moves logits by ~1e-2

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.errors import StudioError
+from studio.core.errors import QuantizationError, StudioError
 from studio.core.gguf.layout import layout
 from studio.core.modelinfo import ModelInfo, Role, experts_of
 
@@ -130,8 +130,6 @@ def merge_expert_imatrix(
             v, n = per_expert[name]
             v = np.asarray(v, dtype=np.float32).reshape(-1)
             if v.size != t.n_per_row:
-                from studio.core.errors import QuantizationError
-
                 raise QuantizationError(
                     f"The statistics for {name} have {v.size} values; expert {e} of {t.gguf_name} has "
                     f"{t.n_per_row} input columns."

@@ -39,6 +39,7 @@ from studio.core.jobs import JobContext, null_context
 from studio.core.model.hf_progress import no_hf_progress_bars
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, TensorInfo
 from studio.core.paths import user_cache_dir
+from studio.core.units import format_bytes
 
 HF_FORMAT_VERSION = 1
 """Bump when the folder written from a GGUF changes, so cached folders are rebuilt."""
@@ -431,8 +432,6 @@ def _check_space(folder: Path, need: int, target: Path) -> None:
     except OSError:
         return
     if free < need:
-        from studio.core.units import format_bytes
-
         raise StudioError(
             f"Not enough disk space for {target} (needs {format_bytes(need)}, {format_bytes(free)} free).",
             hint="Free some space or set QUANT_STUDIO_CACHE to a folder on another disk.",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from studio.core import hardware as hardware_module  # tests patch hardware.detect
 from studio.core.errors import QuantizationError
 from studio.core.gguf.layout import layout
 from studio.core.plan.estimate import OVERHEAD_FRACTION, _overhead, kv_cache_bytes
@@ -111,9 +112,7 @@ def parse_budget(text: str, *, ctx_len: int = 4096, hardware: Any = None) -> Bud
         return Budget(BudgetKind.BPW, v, t, ctx_len)
     if low == "gpu":
         if hardware is None:
-            from studio.core.hardware import detect
-
-            hardware = detect()
+            hardware = hardware_module.detect()
         if not hardware.gpus:
             raise QuantizationError(
                 "No GPU was found to size the plan for.",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from studio.core.errors import StudioError
+from studio.core.gguf.layout import layout
 from studio.core.hardware import HardwareInfo
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo, experts_of
 from studio.core.modelinfo import config_int as _cfg_int
@@ -314,9 +315,6 @@ def _gguf_shapes(info: ModelInfo, exact: bool) -> _Shapes:
     out = _Shapes()
     out.params = {}
     if exact and info.format is not CheckpointFormat.GGUF:
-        from studio.core.errors import StudioError
-        from studio.core.gguf.layout import layout
-
         try:
             lay = layout(info)
         except StudioError:

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from studio.core.errors import QuantizationError
-from studio.core.gguf.arch import head_counts
+from studio.core.gguf.arch import head_counts, hparam
 from studio.core.gguf.layout import layout
 from studio.core.modelinfo import ModelInfo
 from studio.core.quant.types import QTYPES, fallback_type, ftype_of
@@ -274,8 +274,6 @@ def n_experts(info: ModelInfo, lay: object | None = None) -> int:
     params = getattr(lay, "params", None) or {}
     n = params.get("expert_count")
     if n is None:
-        from studio.core.gguf.arch import hparam
-
         n = hparam(info.config, "num_local_experts", "num_experts", "n_routed_experts", default=0)
     try:
         return int(n or 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import os
 import sys
 import threading
 from pathlib import Path
@@ -75,8 +76,6 @@ def _lib() -> ctypes.CDLL:
         base = _lib_dir()
         errors: list[str] = []
         if sys.platform == "win32":
-            import os
-
             os.add_dll_directory(str(base))
         for path in _candidates(base):
             if not path.exists():

@@ -31,6 +31,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.quantize import export_calibrated
 from studio.core.errors import StudioError
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
 from studio.core.export.run import export_gguf
@@ -96,9 +98,6 @@ def run_export(
 
     def write(c: JobContext, validate: Any) -> Any:
         if isinstance(plan, Plan) and plan.calibrated:
-            from studio.core.calib.data import BUILTIN
-            from studio.core.calib.quantize import export_calibrated
-
             return export_calibrated(
                 source,
                 out,

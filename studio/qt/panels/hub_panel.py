@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.hub import api, auth
-from studio.core.hub.auth import keyring_available
+from studio.core.hub.auth import keyring_available, store_token
 from studio.core.hub.cache import delete_cached, find_leftovers, list_cached, remove_leftovers
 from studio.core.hub.download import download_snapshot
 from studio.core.hub.errors import AuthRequired
@@ -501,8 +501,6 @@ class HubPanel(QWidget):
             if token:
                 self._session_token = token
                 if remember:
-                    from studio.core.hub.auth import store_token
-
                     store_token(token)
                 self._download(self._download_repo or err.repo_id, None, self._download_include)
                 return
