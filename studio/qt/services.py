@@ -12,11 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studio.core import hardware
-from studio.core.demo import demo_model_path
 from studio.core.jobs import JobContext
-from studio.core.model import open_model
-from studio.core.plan.estimate import estimate_presets
 
 
 @dataclass(frozen=True)
@@ -34,18 +30,26 @@ class Services:
 
 
 def _open_model(path: Path, ctx: JobContext, allow_pickle: bool = False) -> Any:
+    from studio.core.model import open_model
+
     return open_model(path, ctx, allow_pickle=allow_pickle)
 
 
 def _detect_hardware() -> Any:
-    return hardware.detect(probe_torch=False)
+    from studio.core.hardware import detect
+
+    return detect(probe_torch=False)
 
 
 def _estimate_presets(info: Any, hw: Any, ctx_len: int) -> tuple[Any, ...]:
+    from studio.core.plan.estimate import estimate_presets
+
     return tuple(estimate_presets(info, hw, ctx_len=ctx_len))
 
 
 def _demo_model_path(ctx: JobContext) -> Path:
+    from studio.core.demo import demo_model_path
+
     return demo_model_path(ctx=ctx)
 
 

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
@@ -43,6 +42,8 @@ def fill_color(color: str, alpha: int) -> QColor:
 
 def style_plot(widget: Any, dark: bool) -> None:
     """Apply the light/dark background and axis colours to a pyqtgraph ``PlotWidget``."""
+    import pyqtgraph as pg
+
     c = plot_colors(dark)
     widget.setBackground(c["bg"])
     item = widget.getPlotItem()

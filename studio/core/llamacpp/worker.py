@@ -26,9 +26,6 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-import gguf
-import numpy as np
-
 from studio.core import errors
 from studio.core.errors import ChildProcessError_
 from studio.core.llamacpp.kvcache import llama_kwargs
@@ -396,6 +393,8 @@ def _op_detokenize(state: _State, ids: list[int]) -> str:
 
 
 def _op_eval_logits(state: _State, ids: list[int]) -> Any:
+    import numpy as np  # child side: numpy stays out of the parent (the window starts without it)
+
     llm = _need(state)
     before_decode(state)
     llm.reset()
@@ -404,6 +403,8 @@ def _op_eval_logits(state: _State, ids: list[int]) -> Any:
 
 
 def _op_embed(state: _State, text: str) -> dict[str, Any]:
+    import numpy as np  # child side: numpy stays out of the parent (the window starts without it)
+
     llm = _need(state)
     before_decode(state)
     ids = list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
@@ -467,7 +468,9 @@ def _op_quantize(
 ) -> int:
     """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type;
     ``allow_requantize``: accept an already quantized source (llama-quantize --allow-requantize)."""
+    import gguf  # child side: gguf-py stays out of the parent
     import llama_cpp
+    import numpy as np  # child side: numpy stays out of the parent (the window starts without it)
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = int(nthread)

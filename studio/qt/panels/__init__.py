@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import numpy as np
 from PySide6.QtCore import QCoreApplication, QObject, Qt, QThread, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -165,6 +164,7 @@ def make_array_feed(parent: Any = None) -> Any:
     A worker that keeps writing into its buffer can never tear what the GUI is drawing, because the
     GUI only ever receives a snapshot that nobody else holds.
     """
+    import numpy as np
 
     class ArrayFeed(QObject):
         arrays = Signal(object)

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -36,16 +35,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.calib import calibrate, imatrix_from_stats
-from studio.core.calib.sensitivity import ScanSettings, measure_plans, scan_sensitivity
-from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
-from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
-from studio.core.quant.types import QTYPES
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
-from studio.qt.panels.sensitivity_views import RankedBars, SensitivityHeatMap
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, set_status, style_plot
 
@@ -139,6 +132,9 @@ class BudgetDialog(JobPanel, QDialog):
         self.status.setWordWrap(True)
         self.table = QTableWidget(0, 3, self)
         self.table.setHorizontalHeaderLabels(["tensor", "type", "bits/weight"])
+        import pyqtgraph as pg
+
+        from studio.qt.panels.sensitivity_views import RankedBars, SensitivityHeatMap
 
         # y is log10 KL (the front spans three decades), the left axis labels it as powers of ten
         self.plot = pg.PlotWidget(self, labels={"bottom": "file bytes", "left": "KL"})
@@ -199,6 +195,8 @@ class BudgetDialog(JobPanel, QDialog):
         self.update_controls()
 
     def _apply_theme(self, dark: bool) -> None:
+        import pyqtgraph as pg
+
         c = plot_colors(dark)
         style_plot(self.plot, dark)
         self.curve.setPen(pg.mkPen(c["main"]))
@@ -243,6 +241,9 @@ class BudgetDialog(JobPanel, QDialog):
         text = self.text_edit.text().strip() or "builtin"
 
         def work(ctx: JobContext) -> tuple[Any, Any]:
+            from studio.core.calib import calibrate, imatrix_from_stats
+            from studio.core.calib.sensitivity import ScanSettings, scan_sensitivity
+
             stats = calibrate(info.path, text, device="cpu", dtype="float32", histogram=False, ctx=ctx)
             im = imatrix_from_stats(stats, info)
             return scan_sensitivity(info.path, text, ScanSettings(), imatrix=im, ctx=ctx), im
@@ -304,6 +305,8 @@ class BudgetDialog(JobPanel, QDialog):
 
     def set_scan(self, scan: Any, imatrix: Any = None) -> None:
         """Show ``scan``'s size/KL front and the presets on it, and plan for the budget field (or the middle)."""
+        from studio.core.plan.allocate import pareto_front, preset_points
+
         info = self.state.info
         self.scan, self.imatrix = scan, imatrix
         ex = self._exclude()
@@ -338,6 +341,8 @@ class BudgetDialog(JobPanel, QDialog):
         self.map_type.blockSignals(False)
 
     def _label_presets(self) -> None:
+        import pyqtgraph as pg
+
         for label in self.preset_labels:
             self.plot.removeItem(label)
         self.preset_labels = []
@@ -359,6 +364,7 @@ class BudgetDialog(JobPanel, QDialog):
         """The plan for the budget field from the scan (no model runs); a bad budget is one sentence."""
         if self.scan is None:
             return
+        from studio.core.plan.allocate import allocate, parse_budget
 
         info = self.state.info
         ex = self._exclude()
@@ -390,6 +396,8 @@ class BudgetDialog(JobPanel, QDialog):
             self.redraw_sensitivity()
 
     def _fill_table(self, a: Any) -> None:
+        from studio.core.quant.types import QTYPES
+
         rows = [(t.name, a.plan.types[t.name]) for t in self.scan.tensors]
         self.table.setRowCount(len(rows))
         for r, (name, q) in enumerate(rows):
@@ -423,6 +431,8 @@ class BudgetDialog(JobPanel, QDialog):
     @Slot()
     def redraw_sensitivity(self, *_: Any) -> None:
         """Draw the heat map and the ranked bars at the chosen type."""
+        from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
+
         types = self.map_types() if self.scan is not None else None
         if types is None:
             self.heat.set_grid(None)
@@ -475,6 +485,8 @@ class BudgetDialog(JobPanel, QDialog):
             predicted = None
 
         def work(ctx: JobContext) -> Measured:
+            from studio.core.calib.sensitivity import ScanSettings, measure_plans
+
             (kl,) = measure_plans(info.path, [types], text, ScanSettings(), imatrix=imatrix, ctx=ctx)
             return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens)
 

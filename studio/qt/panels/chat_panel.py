@@ -31,7 +31,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.chat import session
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
 from studio.qt import theme, widgets
@@ -252,7 +251,9 @@ BackendFactory = Callable[[Path], Any]
 
 def _default_factory(n_ctx: int, kv_type: Callable[[], str | None] = lambda: None) -> BackendFactory:
     def make(path: Path) -> Any:
-        return session.open_backend(path, n_ctx=n_ctx, kv_type=kv_type())
+        from studio.core.chat.session import open_backend
+
+        return open_backend(path, n_ctx=n_ctx, kv_type=kv_type())
 
     return make
 

@@ -25,10 +25,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core import evaluate
-from studio.core.evaluate.record import save_records
-from studio.core.evaluate.verdict import judge
-from studio.core.lab.hierarchy import hierarchy
 from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
@@ -239,6 +235,7 @@ class EvalPanel(JobPanel, QWidget):
         variants = self.variants()
         if self.running or not original or not variants:
             return False
+        from studio.core.evaluate import evaluate  # torch and llama.cpp: only when asked
 
         text = self.text_source()
         n_ctx = self.ctx_spin.value()
@@ -246,7 +243,9 @@ class EvalPanel(JobPanel, QWidget):
         kv_types = tuple(self.kv_combo.currentData() or ())
 
         def work(ctx: Any) -> Any:
-            report = evaluate.evaluate(
+            from studio.core.evaluate.record import save_records
+
+            report = evaluate(
                 original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx, kv_types=kv_types
             )
             for note in save_records(report):  # beside each variant, for the model card of an upload
@@ -269,6 +268,9 @@ class EvalPanel(JobPanel, QWidget):
 
     def show_report(self, report: Any) -> None:
         """Fill the table (with each variant's verdict badge), the hierarchy line and the plot from an ``EvalReport``."""
+        from studio.core.evaluate.verdict import judge
+        from studio.core.lab.hierarchy import hierarchy
+
         assert_gui_thread("EvalPanel.show_report")
         self.report = report
         o = report.original
