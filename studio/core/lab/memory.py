@@ -32,15 +32,10 @@ from studio.core.gguf.read import read_gguf
 from studio.core.hub import api
 from studio.core.llamacpp.kvcache import KV_TYPES, kv_type
 from studio.core.model.checkpoint import gguf_config
+from studio.core.modelinfo import config_int as _cfg_int
+from studio.core.plan import memory as memory_model  # the one memory model (this module has its own names)
 from studio.core.plan.estimate import _TYPICAL_BPW as typical
-from studio.core.plan.estimate import (
-    OVERHEAD_BATCH_TOKENS,
-    OVERHEAD_FIXED_BYTES,
-    OVERHEAD_FRACTION,
-    _cfg_int,
-    estimate_preset,
-    verdict_for,
-)
+from studio.core.plan.estimate import estimate_preset, verdict_for
 from studio.core.plan.estimate import kv_cache_bytes as f16_kv
 from studio.core.quant.types import qtype_info
 from studio.core.units import format_mib
@@ -192,17 +187,17 @@ def kv_cache_bytes(shape: ModelShape, ctx_len: int, kv: str = "f16") -> int:
     """2 × layers × KV heads × head dim × allocated context × bytes per value (0 without a cache)."""
     if ctx_len <= 0:
         raise StudioError(f"The context must be a positive number of tokens, not {ctx_len}.")
-    t = kv_type(kv)
+    kv_type(kv)  # an unknown type is refused also for a model without a cache
     if not shape.has_kv_cache:
         return 0
-    values = 2 * shape.layers * shape.kv_heads * shape.head_dim * allocated_context(ctx_len)
-    return values * t.block_bytes // t.block_size
+    return memory_model.kv_bytes(
+        [allocated_context(ctx_len)] * shape.layers, shape.kv_heads, shape.head_dim, kv
+    )
 
 
 def overhead_bytes(weights: int, shape: ModelShape) -> int:
     """5 % of the weights + 64 MiB + vocabulary × 512 × 4 bytes (no logits term without a cache)."""
-    vocab = shape.vocab if shape.has_kv_cache else 0
-    return int(OVERHEAD_FRACTION * weights) + OVERHEAD_FIXED_BYTES + vocab * OVERHEAD_BATCH_TOKENS * 4
+    return memory_model.overhead_bytes(weights, shape.vocab if shape.has_kv_cache else 0)
 
 
 def fits_card(total: int, size_gb: int) -> bool:

@@ -28,8 +28,9 @@ from typing import Any
 from studio.core import hardware as hardware_module  # tests patch hardware.detect
 from studio.core.errors import QuantizationError
 from studio.core.gguf.layout import layout
-from studio.core.plan.estimate import OVERHEAD_FRACTION, _overhead, kv_cache_bytes
+from studio.core.plan.estimate import _overhead, kv_cache_bytes
 from studio.core.plan.gguf_file import export_file_bytes
+from studio.core.plan.memory import OVERHEAD_FRACTION
 from studio.core.plan.plan import Recipe, RecipeKind, plan_from_preset, plan_from_types
 from studio.core.plan.presets import allows_quantization
 from studio.core.plan.scan import sizes_only

@@ -33,6 +33,7 @@ from studio.core.gguf.layout import layout
 from studio.core.hardware import HardwareInfo
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo, experts_of
 from studio.core.modelinfo import config_int as _cfg_int
+from studio.core.plan.memory import kv_bytes, overhead_bytes  # the one memory model
 from studio.core.plan.presets import PRESETS as TYPES_OF
 from studio.core.plan.presets import preset_types
 from studio.core.quant.types import QTYPES, fallback_type
@@ -42,10 +43,6 @@ if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never mak
 
 PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
-OVERHEAD_FRACTION = 0.05
-OVERHEAD_FIXED_BYTES = 64 * 1024**2
-OVERHEAD_BATCH_TOKENS = 512
-KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default F16 KV cache
 MPS_WORKING_SET_FRACTION = 0.75  # Metal lets the GPU wire about this share of unified RAM
 
 # Header allowance: fixed metadata, per-tensor info and the tokenizer arrays (a token string with its
@@ -181,7 +178,7 @@ def kv_cache_bytes(config: dict[str, Any], n_layers: int, ctx_len: int) -> int:
     head_dim = _cfg_int(config, "head_dim") or (hidden // heads if hidden and heads else None)
     if not (kv_heads and head_dim and n_layers):
         return 0
-    return sum(kv_cells(config, n_layers, ctx_len)) * 2 * kv_heads * head_dim * KV_BYTES_PER_ELEMENT
+    return kv_bytes(kv_cells(config, n_layers, ctx_len), kv_heads, head_dim)  # llama.cpp's default: F16
 
 
 def active_parameters(shapes: dict[str, tuple[int, ...]], n_experts: int, n_used: int) -> int:
@@ -199,7 +196,7 @@ def active_parameters(shapes: dict[str, tuple[int, ...]], n_experts: int, n_used
 def _overhead(weights: int, config: dict[str, Any]) -> int:
     # Encoder-only models have no LM head, so no logits scratch.
     vocab = 0 if config.get("model_type") in _ENCODER_ONLY else (_cfg_int(config, "vocab_size") or 0)
-    return int(OVERHEAD_FRACTION * weights) + OVERHEAD_FIXED_BYTES + vocab * OVERHEAD_BATCH_TOKENS * 4
+    return overhead_bytes(weights, vocab)
 
 
 def verdict_for(memory: int, hw: HardwareInfo) -> Verdict:

@@ -625,6 +625,7 @@ class _EmptyLayout:
 def _fit(info: Any, plan: Plan, summary: Any, hw: Any, ctx_len: int) -> dict[str, Any]:
     """Memory and verdict of ``plan`` on ``hw`` through studio.core.plan.estimate (its preset formula)."""
     from studio.core.plan import estimate as est
+    from studio.core.plan.memory import overhead_bytes
 
     direct = getattr(est, "estimate_plan", None)
     if direct is not None and hw is not None:
@@ -637,11 +638,7 @@ def _fit(info: Any, plan: Plan, summary: Any, hw: Any, ctx_len: int) -> dict[str
     n_layers = info.n_layers or 0
     kv = est.kv_cache_bytes(info.config, n_layers, ctx_len)
     vocab = info.config.get("vocab_size") if isinstance(info.config.get("vocab_size"), int) else 0
-    overhead = (
-        int(est.OVERHEAD_FRACTION * summary.total_bytes)
-        + est.OVERHEAD_FIXED_BYTES
-        + vocab * est.OVERHEAD_BATCH_TOKENS * 4
-    )
+    overhead = overhead_bytes(summary.total_bytes, vocab)
     memory = summary.total_bytes + kv + overhead
     if hw is None:
         return {

@@ -8,7 +8,6 @@ import pytest
 from studio.core.hardware import Backend, GpuInfo, HardwareInfo
 from studio.core.model import open_model
 from studio.core.plan.estimate import (
-    OVERHEAD_FIXED_BYTES,
     PRESETS,
     Verdict,
     estimate_from_config,
@@ -16,6 +15,7 @@ from studio.core.plan.estimate import (
     kv_cache_bytes,
     verdict_for,
 )
+from studio.core.plan.memory import OVERHEAD_FIXED_BYTES
 from tests.core.model.test_model_helpers import llama_tensors, write_folder
 
 GIB = 1024**3
