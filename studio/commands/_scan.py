@@ -10,21 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from studio.commands._common import read_text
-from studio.core.calib.calibrate import calibrate, load_tokenizer
-from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
-from studio.core.calib.imatrix import imatrix_from_stats, read_imatrix, write_imatrix
-from studio.core.calib.sensitivity import (
-    DEFAULT_TYPES,
-    ScanSettings,
-    Sensitivity,
-    measure_plans,
-    scan_sensitivity,
-)
 from studio.core.errors import StudioError
 from studio.core.paths import user_cache_dir
-from studio.core.plan.allocate import allocate, check_budget, parse_budget
-from studio.core.quant.types import QTYPES
-from studio.core.stats.cache import checkpoint_key
 
 
 def default_cache_dir() -> Path:
@@ -74,6 +61,8 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
 
 def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
     """The ``ScanSettings`` the arguments describe."""
+    from studio.core.calib.sensitivity import DEFAULT_TYPES, ScanSettings
+
     return ScanSettings(
         types=_types(args.types) or DEFAULT_TYPES,
         exact=bool(args.exact),
@@ -87,6 +76,11 @@ def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
 
 def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
     """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``)."""
+    from studio.core.calib.calibrate import calibrate, load_tokenizer
+    from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
+    from studio.core.calib.imatrix import imatrix_from_stats, read_imatrix, write_imatrix
+    from studio.core.stats.cache import checkpoint_key
+
     tok = load_tokenizer(info.path)
     data = load_calibration(args.calib_text or BUILTIN, ChatFormat.of_tokenizer(tok, info.path.name), ctx)
     ck = checkpoint_key(info, "")
@@ -122,6 +116,9 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
 
 def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
     """The scan the arguments ask for: read from ``--scan``, or run (cached unless ``--no-cache``)."""
+    from studio.core.calib.data import BUILTIN
+    from studio.core.calib.sensitivity import Sensitivity, scan_sensitivity
+
     if getattr(args, "scan", None):
         try:
             scan = Sensitivity.from_dict(json.loads(read_text(args.scan, "sensitivity scan")))
@@ -179,6 +176,9 @@ def _candidates(args: argparse.Namespace, types: tuple[str, ...]) -> tuple[str, 
 def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = None) -> Any:
     """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning;
     returns the all-F16 allocation when the budget holds the F16 file (then nothing needs a scan)."""
+    from studio.core.plan.allocate import check_budget, parse_budget
+    from studio.core.quant.types import QTYPES
+
     budget = parse_budget(args.budget, ctx_len=args.ctx)
     types = settings_of(args).types
     bad = next((q for q in types if q not in QTYPES or QTYPES[q].is_float), None)
@@ -193,6 +193,8 @@ def allocation(
     args: argparse.Namespace, info: Any, scan: Any, imatrix: Any, method: str | None, ctx: Any
 ) -> Any:
     """The budget plan for ``--budget`` (with ``--exclude`` and ``--measure``)."""
+    from studio.core.plan.allocate import allocate, parse_budget
+
     budget = parse_budget(args.budget, ctx_len=args.ctx)
     cands = _candidates(args, scan.types)
     alloc = allocate(
@@ -205,6 +207,9 @@ def allocation(
         exclude=_types(args.exclude) or (),
     )
     if args.measure:
+        from studio.core.calib.data import BUILTIN
+        from studio.core.calib.sensitivity import measure_plans
+
         (kl,) = measure_plans(
             info.path,
             [dict(alloc.plan.types)],

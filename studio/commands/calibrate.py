@@ -8,15 +8,7 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
-from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
-from studio.core.calib.calibrate import calibrate
-from studio.core.calib.collect import ActivationCollector
-from studio.core.calib.data import BUILTIN
-from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
-from studio.core.calib.int8 import Int8Analysis
-from studio.core.gguf import writer
 from studio.core.jobs import JobContext
-from studio.core.model import open_model
 
 
 def register(subparsers: Any) -> None:
@@ -64,16 +56,25 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``calibrate``."""
+    from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
+    from studio.core.calib.calibrate import calibrate
+    from studio.core.calib.data import BUILTIN
+    from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
+    from studio.core.gguf.writer import check_output_path
+    from studio.core.model import open_model
 
     out = Path(args.output).expanduser()
-    writer.check_output_path(out)  # a folder that cannot be written is refused before the long run
+    check_output_path(out)  # a folder that cannot be written is refused before the long run
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
+    from studio.core.calib.collect import ActivationCollector
 
     collector = ActivationCollector()
     consumers: list[Any] = []
     int8 = None
     if args.int8:
+        from studio.core.calib.int8 import Int8Analysis
+
         int8 = Int8Analysis(collector)
         consumers.append(int8)
     with ProgressLine() as line:

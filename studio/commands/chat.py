@@ -8,8 +8,6 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, dequantized, print_json, print_notes
-from studio.core import chat
-from studio.core.chat import ChatSession, Sampling, first_divergence
 
 
 def register(subparsers: Any) -> None:
@@ -56,6 +54,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Generate with every model and print the replies."""
+    from studio.core.chat import ChatSession, Sampling, first_divergence, open_backend
 
     sampling = Sampling(
         max_tokens=args.max_tokens,
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             model = dequantized(model, line)
     paths = [model, *args.compare]
     backends = [
-        chat.open_backend(
+        open_backend(
             p,
             n_ctx=args.ctx,
             device=args.device,

@@ -7,8 +7,6 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json
-from studio.core import demo
-from studio.core.demo import DEMO_NAME, DEMO_QUESTION, DEMO_TENSOR, demo_model_path
 from studio.core.jobs import JobContext
 
 
@@ -29,11 +27,12 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``demo``."""
+    from studio.core.demo import DEMO_NAME, DEMO_QUESTION, DEMO_TENSOR, demo_model_path, demo_source
 
     with ProgressLine() as line:
         path = demo_model_path(ctx=JobContext(on_progress=line.fraction, min_interval=0.2))
     try:
-        src = demo.demo_source()
+        src = demo_source()
         source, version = str(src.path), src.version
     except Exception:  # noqa: BLE001 - the prepared folder works without its package
         source, version = None, None

@@ -9,9 +9,6 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, dequantized, print_json
-from studio.core import evaluate
-from studio.core.evaluate.record import save_records
-from studio.core.evaluate.verdict import judge
 from studio.core.jobs import JobContext
 
 
@@ -63,10 +60,11 @@ def _fmt(x: float, spec: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate and print the results."""
+    from studio.core.evaluate import evaluate
 
     with ProgressLine() as line:
         original = dequantized(args.original, line) if args.dequantize else args.original
-        report = evaluate.evaluate(
+        report = evaluate(
             original,
             args.variant,
             text=args.text,
@@ -80,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
             ctx=JobContext(on_progress=line.fraction, on_log=lambda m: line.log(f"note: {m}")),
             kv_types=args.kv_type,
         )
+    from studio.core.evaluate.record import save_records
+    from studio.core.evaluate.verdict import judge
 
     notes = save_records(report)  # beside each variant, for the model card of an upload
     failed = [v for v in report.variants if v.error]

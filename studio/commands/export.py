@@ -16,28 +16,8 @@ from studio.commands._scan import (
     check_budget_args,
     run_scan,
 )
-from studio.core.calib.data import BUILTIN
-from studio.core.calib.imatrix import check_for_model, read_imatrix
-from studio.core.calib.quantize import CalibOptions, export_calibrated
 from studio.core.errors import StudioError
-from studio.core.export.job import export_and_verify, verify_here
-from studio.core.export.run import check_exportable, export_gguf
-from studio.core.export.verify import check_verifiable
 from studio.core.jobs import JobContext
-from studio.core.model import open_model
-from studio.core.model.gguf_source import source_summary
-from studio.core.plan.plan import (
-    Override,
-    Plan,
-    plan_first_last,
-    plan_from_preset,
-    plan_uniform,
-    with_method,
-    with_overrides,
-)
-from studio.core.plan.presets import PRESETS
-from studio.core.quant.gptq import GptqOptions
-from studio.core.quant.methods import check_method
 from studio.core.units import format_bytes
 
 
@@ -151,6 +131,16 @@ def _parse_keep(spec: str) -> tuple[int, str]:
 
 def build_plan(args: argparse.Namespace, info: Any) -> Any:
     """The plan the arguments describe, for the model ``info``: made by the core's plan verbs."""
+    from studio.core.plan.plan import (
+        Override,
+        Plan,
+        plan_first_last,
+        plan_from_preset,
+        plan_uniform,
+        with_overrides,
+    )
+    from studio.core.plan.presets import PRESETS
+
     overrides = []
     for o in args.override:
         if "=" not in o:
@@ -178,6 +168,9 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
 
 def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
     """The plan with ``--method`` applied, and the calibration arguments checked against it."""
+    from studio.core.plan.plan import with_method
+    from studio.core.quant.methods import check_method
+
     if args.method:
         plan = with_method(plan, info, check_method(args.method))
     elif args.imatrix:
@@ -205,6 +198,8 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
 def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
     """Refuse what does not go with ``--budget`` before any work (a malformed budget included); the
     all-F16 allocation when the budget holds the F16 file (no calibration or scan is needed then)."""
+    from studio.core.quant.methods import check_method
+
     if args.keep_first_last or args.override:
         raise StudioError(
             "--keep-first-last and --override go with --preset or --uniform, not with --budget."
@@ -235,6 +230,10 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
+    from studio.core.calib.data import BUILTIN
+    from studio.core.calib.quantize import CalibOptions, export_calibrated
+    from studio.core.quant.gptq import GptqOptions
+
     opts = CalibOptions(
         gptq=GptqOptions(act_order=False, scales="arrival") if args.in_order else GptqOptions()
     )
@@ -258,12 +257,17 @@ def _gguf_source(ck: Any) -> Any:
     g = getattr(ck, "gguf", None)
     if g is None:
         return None
+    from studio.core.model.gguf_source import source_summary
 
     return source_summary(g)
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
+    from studio.core.export.job import export_and_verify, verify_here
+    from studio.core.export.run import check_exportable, export_gguf
+    from studio.core.model import open_model
+
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
         source = _gguf_source(ck)
@@ -271,9 +275,13 @@ def run(args: argparse.Namespace) -> int:
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
+        from studio.core.export.verify import check_verifiable
+
         check_verifiable(info.path)  # refuse before a long export, not after it
     imatrix = None
     if args.imatrix:
+        from studio.core.calib.imatrix import check_for_model, read_imatrix
+
         imatrix = read_imatrix(args.imatrix)
         check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
     alloc = None

@@ -12,14 +12,7 @@ import time
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
-from studio.core import hardware
 from studio.core.errors import StudioError
-from studio.core.hub import api, auth
-from studio.core.hub.api import search
-from studio.core.hub.cache import delete_cached, find_leftovers, list_cached, remove_leftovers
-from studio.core.hub.download import download_snapshot
-from studio.core.hub.fit import fit_badge, gguf_fit
-from studio.core.hub.upload import upload_gguf
 from studio.core.jobs import JobContext
 from studio.core.units import format_bytes, format_count
 
@@ -116,10 +109,14 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _token() -> str | None:
-    return auth.get_token()[0]
+    from studio.core.hub.auth import get_token
+
+    return get_token()[0]
 
 
 def _search(args: argparse.Namespace) -> int:
+    from studio.core.hub.api import search
+
     results = search(
         args.query,
         task=args.task,
@@ -150,8 +147,12 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    d = api.model_details(args.repo, revision=args.revision, token=_token())
-    hw = hardware.detect(probe_torch=False)
+    from studio.core.hardware import detect
+    from studio.core.hub.api import model_details
+    from studio.core.hub.fit import fit_badge, gguf_fit
+
+    d = model_details(args.repo, revision=args.revision, token=_token())
+    hw = detect(probe_torch=False)
     badge = fit_badge(d.config, d.params, hw)
     if args.json:
         out = d.to_json()
@@ -191,6 +192,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
+    from studio.core.hub.download import download_snapshot
+
     with ProgressLine(width=150) as line:
         res = download_snapshot(
             args.repo,
@@ -222,6 +225,8 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _upload(args: argparse.Namespace) -> int:
+    from studio.core.hub.upload import upload_gguf
+
     with ProgressLine(width=120) as line:
         res = upload_gguf(
             args.file,
@@ -242,6 +247,8 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
+    from studio.core.hub.cache import delete_cached, find_leftovers, list_cached, remove_leftovers
+
     if args.revision and not args.delete:
         raise StudioError("--revision goes with --delete REPO (it says which revision to delete).")
     if args.delete and args.cleanup:

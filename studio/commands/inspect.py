@@ -8,12 +8,7 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import print_json
-from studio.core import hardware
 from studio.core.errors import StudioError
-from studio.core.gguf.layout import export_route
-from studio.core.model import open_model
-from studio.core.model.gguf_source import source_summary
-from studio.core.plan.estimate import estimate_presets
 from studio.core.units import format_mib
 
 
@@ -44,14 +39,18 @@ def register(subparsers: Any) -> None:
 
 def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[str, Any]:
     """The inspect report as a JSON-ready dict (what ``--json`` prints)."""
+    from studio.core.hardware import detect
+    from studio.core.model import open_model
+    from studio.core.plan.estimate import estimate_presets
 
     if ctx_len <= 0:
         raise StudioError(f"--ctx must be a positive number of tokens, not {ctx_len}.")
     with open_model(model, allow_pickle=allow_pickle) as ck:
         info = ck.info
         stored = _stored_as(ck)
+    from studio.core.gguf.layout import export_route
 
-    hw = hardware.detect(probe_torch=False)
+    hw = detect(probe_torch=False)
     via, why = export_route(info) if info.format.value != "gguf" else (None, None)
     estimates = estimate_presets(info, hw, ctx_len)
     roles = Counter(t.role.value for t in info.tensors)
@@ -142,6 +141,7 @@ def _stored_as(ck: Any) -> dict[str, Any] | None:
     g = getattr(ck, "gguf", None)
     if g is None:
         return None
+    from studio.core.model.gguf_source import source_summary
 
     return source_summary(g).to_dict()
 

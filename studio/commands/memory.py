@@ -8,16 +8,7 @@ from typing import Any
 from studio.commands import _options as options
 from studio.commands._common import format_table, print_json
 from studio.core.errors import ModelOpenError, StudioError
-from studio.core.lab.memory import (
-    FORMULAS,
-    GPU_SIZES_GB,
-    ModelShape,
-    memory_report,
-    shape_from_hub,
-    shape_from_info,
-)
 from studio.core.llamacpp.kvcache import KV_TYPES
-from studio.core.model import open_model
 from studio.core.units import format_mib
 
 
@@ -51,10 +42,13 @@ def register(subparsers: Any) -> None:
 
 
 def _shape(args: argparse.Namespace) -> Any:
+    from studio.core.lab.memory import ModelShape, shape_from_hub, shape_from_info
+
     dims = (args.params, args.layers, args.kv_heads, args.head_dim)
     if args.model is not None:
         if any(d is not None for d in dims):
             raise StudioError("Give either MODEL or --params/--layers/--kv-heads/--head-dim, not both.")
+        from studio.core.model import open_model
 
         try:
             with open_model(args.model) as ck:
@@ -72,6 +66,8 @@ def _shape(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``memory``."""
+    from studio.core.lab.memory import FORMULAS, GPU_SIZES_GB, memory_report
+
     report = memory_report(_shape(args), args.ctx, args.kv_type)
     if args.json:
         print_json(report.to_dict(), indent=None)

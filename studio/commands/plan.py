@@ -16,11 +16,7 @@ from studio.commands._scan import (
     check_budget_args,
     run_scan,
 )
-from studio.core.export.run import check_exportable
-from studio.core.gguf import writer
 from studio.core.jobs import JobContext
-from studio.core.model import open_model
-from studio.core.quant.methods import check_method
 from studio.core.units import format_bytes
 
 
@@ -53,6 +49,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``plan``."""
+    from studio.core.export.run import check_exportable
+    from studio.core.gguf.writer import check_output_path
+    from studio.core.model import open_model
+    from studio.core.quant.methods import check_method
 
     method = check_method(args.method)
     with open_model(args.model) as ck:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     # a malformed or too small budget is refused before any work; one above F16 needs no scan
     alloc = check_budget_args(args, info, method)
 
-    writer.check_output_path(Path(args.output).expanduser())
+    check_output_path(Path(args.output).expanduser())
     scan = None
     if alloc is None:
         with ProgressLine() as line:

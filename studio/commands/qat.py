@@ -9,7 +9,6 @@ from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
-from studio.core.lab.qat import run_qat
 
 
 def _group(text: str) -> int | None:
@@ -73,6 +72,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``qat``."""
+    from studio.core.lab.qat import run_qat
+
     if args.group is not None and args.group < 1:
         raise StudioError(f"--group must be a positive number of values, not {args.group}.")
     if args.threads is not None:

@@ -9,8 +9,6 @@ from typing import Any
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
 from studio.core.jobs import JobContext
-from studio.core.lab.sweep import sweep_tensor
-from studio.core.model import open_model
 
 
 def register(subparsers: Any) -> None:
@@ -39,6 +37,9 @@ def _snr(x: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``sweep``."""
+    from studio.core.lab.sweep import sweep_tensor
+    from studio.core.model import open_model
+
     with open_model(args.model) as ck, ProgressLine() as line:
         result = sweep_tensor(ck, args.tensor, ctx=JobContext(on_progress=line.fraction, on_log=line.log))
     if args.json:
