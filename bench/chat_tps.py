@@ -47,8 +47,8 @@ PROMPT = "The river runs past the mill and under the old stone bridge, and the t
 
 
 def build(cache: Path, hidden: int, layers: int, preset: str) -> Path:
+    from studio.core.export.run import export_gguf
     from studio.core.factory import make_tiny_model
-    from studio.core.gguf.export import export_gguf
 
     model = cache / f"llama-h{hidden}-l{layers}"
     if not model.exists():

@@ -177,7 +177,7 @@ _EXPORT = (
     + """
 import sys, time, json
 t = time.perf_counter()
-from studio.core.gguf.export import export_gguf
+from studio.core.export.run import export_gguf
 r = export_gguf(sys.argv[1], sys.argv[2], sys.argv[3], backend=sys.argv[4])
 print(json.dumps({"seconds": time.perf_counter() - t, "peak_rss_mb": _peak_mb(), "file_bytes": r.file_bytes}))
 """
@@ -204,7 +204,7 @@ _EXPORT_MOE = (
     _PEAK
     + """
 import sys, time, json
-from studio.core.gguf.export import export_gguf
+from studio.core.export.run import export_gguf
 from studio.core.gguf.arch import layout
 from studio.core.model import open_model
 with open_model(sys.argv[1]) as ck:

@@ -42,7 +42,7 @@ def _child(args: argparse.Namespace, method: str, out: Path) -> dict:
 def run_child(args: argparse.Namespace) -> None:
     from studio.core.calib.quantize import export_calibrated
     from studio.core.model import open_model
-    from studio.core.quant.plan import plan_from_preset, with_method
+    from studio.core.plan.plan import plan_from_preset, with_method
 
     with open_model(args.model) as ck:
         info = ck.info

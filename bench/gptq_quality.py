@@ -164,8 +164,8 @@ def main() -> int:
     from studio.core.calib.quantize import CalibOptions, export_calibrated
     from studio.core.evaluate import evaluate
     from studio.core.model import open_model
+    from studio.core.plan.plan import plan_from_preset, with_method
     from studio.core.quant.gptq import GptqOptions
-    from studio.core.quant.plan import plan_from_preset, with_method
 
     calib_file = render_calibration(model, args.calib_text, out / "calibration.txt")
     rows = {} if args.no_llama else llama_baseline(args, calib_file, out)

@@ -113,7 +113,7 @@ pump(lambda: True)
 win.grab().save(str(out / "plan_editor.png"))
 
 # A running export (a bigger model, so it runs long enough to be caught), then cancelled.
-from studio.core.gguf.export import export_gguf
+from studio.core.export.run import export_gguf
 big = models / "llama-1024x6"
 if not big.exists():
     make_tiny_model(big, "llama", hidden=1024, layers=6, intermediate=2816, seed=2)

@@ -11,10 +11,21 @@ import json
 import logging
 import logging.handlers
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from PySide6.QtCore import QCoreApplication, QStandardPaths, QTimer
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+import studio
+from studio.paths import data_dir
+from studio.qt.icons import app_icon
+from studio.qt.main_window import MainWindow
+from studio.qt.services import real_services
+from studio.qt.settings import AppSettings
 
 ORGANIZATION = "QuantStudio"
 DESKTOP_ID = "io.quantstudio.QuantStudio"  # packaging/linux/<DESKTOP_ID>.desktop
@@ -59,15 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_services():  # -> studio.qt.services.Services
     """The real core services; their modules are imported on first use, in a worker."""
-    from studio.qt.services import real_services
-
     return real_services()
 
 
 def _configure_logging() -> Path | None:
     """Warnings to stderr; everything from INFO up to a rotating log file in the user's data folder."""
-    from PySide6.QtCore import QStandardPaths
-
     root = logging.getLogger()
     if root.handlers:  # configured by the embedding process (tests)
         return None
@@ -94,8 +101,6 @@ def _configure_logging() -> Path | None:
 
 def _bench_report(t_main: float) -> None:
     """Print one JSON line describing the start-up (for bench/startup.py)."""
-    import resource
-
     now = time.time()
     t0 = os.environ.get(BENCH_T0_ENV)
     report = {
@@ -114,12 +119,6 @@ SMOKE_TIMEOUT_S = 600
 
 def _arm_smoke_test(app, window, *, wait_for_model: bool) -> None:  # noqa: ANN001
     """Report (one JSON line on stdout) what an installed copy shows, then quit; see ``--smoke-test``."""
-    from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication, QMessageBox
-
-    import studio
-    from studio.paths import data_dir
-
     reported: list[bool] = []
 
     def report(ok: bool, error: str = "") -> None:
@@ -167,13 +166,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the GUI; returns the process exit status."""
     t_main = time.perf_counter()
     args, qt_args = build_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
-
-    from PySide6.QtCore import QCoreApplication, QTimer
-    from PySide6.QtWidgets import QApplication
-
-    from studio.qt.icons import app_icon
-    from studio.qt.main_window import MainWindow
-    from studio.qt.settings import AppSettings
 
     QCoreApplication.setOrganizationName(ORGANIZATION)
     QCoreApplication.setApplicationName(APPLICATION)

@@ -72,7 +72,7 @@ def demo_dir(demo_source, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def demo_export(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """``demo_export(preset) -> Path``: the demo exported by the studio back end, once per session."""
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     root = tmp_path_factory.mktemp("real-exports")
 

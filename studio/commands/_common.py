@@ -12,13 +12,13 @@ from typing import Any, TextIO
 
 from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
+from studio.core.jobs import JobContext
 
 
 def dequantized(model: str, line: ProgressLine) -> str:
     """The float32 Hugging Face folder made (once, cached) from the GGUF ``model``; other models as given."""
     if not str(model).lower().endswith(".gguf"):
         return model
-    from studio.core.jobs import JobContext
     from studio.core.model.gguf_source import hf_folder_for
 
     return hf_folder_for(model, JobContext(on_progress=line.fraction, min_interval=0.2))

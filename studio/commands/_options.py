@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES
+
 
 def add_json(parser: Any, what: str = "one JSON object instead of text") -> None:
     """``--json``: print ``what`` (on stdout) instead of the text output."""
@@ -24,8 +26,6 @@ def add_allow_pickle(parser: Any) -> None:
 
 def add_extra_buffers(parser: Any, what: str) -> None:
     """``--llama-extra-buffers {auto,on,off}``: llama.cpp's weight repacking for ``what``."""
-    from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES
-
     parser.add_argument(
         "--llama-extra-buffers",
         choices=EXTRA_BUFFER_CHOICES,

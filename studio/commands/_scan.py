@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
+from studio.commands._common import read_text
 from studio.core.errors import StudioError
+from studio.core.paths import user_cache_dir
 
 
 def default_cache_dir() -> Path:
-    """Where scans are kept between runs: ``$QUANT_STUDIO_CACHE`` or the user's cache folder."""
-    env = os.environ.get("QUANT_STUDIO_CACHE")
-    if env:
-        return Path(env).expanduser() / "sensitivity"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "quant-studio" / "sensitivity"
+    """Where scans are kept between runs: ``sensitivity`` in the user's cache folder (``paths``)."""
+    return user_cache_dir() / "sensitivity"
 
 
 def _types(spec: str | None) -> tuple[str, ...] | None:
@@ -76,9 +76,6 @@ def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
 
 def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
     """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``)."""
-    import dataclasses
-    import hashlib
-
     from studio.core.calib.calibrate import calibrate, load_tokenizer
     from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
     from studio.core.calib.imatrix import imatrix_from_stats, read_imatrix, write_imatrix
@@ -119,13 +116,10 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
 
 def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
     """The scan the arguments ask for: read from ``--scan``, or run (cached unless ``--no-cache``)."""
-    from studio.commands._common import read_text
     from studio.core.calib.data import BUILTIN
     from studio.core.calib.sensitivity import Sensitivity, scan_sensitivity
 
     if getattr(args, "scan", None):
-        import json
-
         try:
             scan = Sensitivity.from_dict(json.loads(read_text(args.scan, "sensitivity scan")))
         except ValueError:
@@ -182,7 +176,7 @@ def _candidates(args: argparse.Namespace, types: tuple[str, ...]) -> tuple[str, 
 def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = None) -> Any:
     """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning;
     returns the all-F16 allocation when the budget holds the F16 file (then nothing needs a scan)."""
-    from studio.core.quant.allocate import check_budget, parse_budget
+    from studio.core.plan.allocate import check_budget, parse_budget
     from studio.core.quant.types import QTYPES
 
     budget = parse_budget(args.budget, ctx_len=args.ctx)
@@ -199,7 +193,7 @@ def allocation(
     args: argparse.Namespace, info: Any, scan: Any, imatrix: Any, method: str | None, ctx: Any
 ) -> Any:
     """The budget plan for ``--budget`` (with ``--exclude`` and ``--measure``)."""
-    from studio.core.quant.allocate import allocate, parse_budget
+    from studio.core.plan.allocate import allocate, parse_budget
 
     budget = parse_budget(args.budget, ctx_len=args.ctx)
     cands = _candidates(args, scan.types)
@@ -213,8 +207,6 @@ def allocation(
         exclude=_types(args.exclude) or (),
     )
     if args.measure:
-        import dataclasses
-
         from studio.core.calib.data import BUILTIN
         from studio.core.calib.sensitivity import measure_plans
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
+from studio.core.jobs import JobContext
 
 
 def register(subparsers: Any) -> None:
@@ -60,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     from studio.core.calib.data import BUILTIN
     from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
     from studio.core.gguf.writer import check_output_path
-    from studio.core.jobs import JobContext
     from studio.core.model import open_model
 
     out = Path(args.output).expanduser()

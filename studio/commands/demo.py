@@ -7,6 +7,7 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json
+from studio.core.jobs import JobContext
 
 
 def register(subparsers: Any) -> None:
@@ -27,7 +28,6 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``demo``."""
     from studio.core.demo import DEMO_NAME, DEMO_QUESTION, DEMO_TENSOR, demo_model_path, demo_source
-    from studio.core.jobs import JobContext
 
     with ProgressLine() as line:
         path = demo_model_path(ctx=JobContext(on_progress=line.fraction, min_interval=0.2))

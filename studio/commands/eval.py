@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             kv_types=args.kv_type,
         )
     from studio.core.evaluate.record import save_records
-    from studio.core.lab.verdict import judge
+    from studio.core.evaluate.verdict import judge
 
     notes = save_records(report)  # beside each variant, for the model card of an upload
     failed = [v for v in report.variants if v.error]

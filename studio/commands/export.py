@@ -8,8 +8,16 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
-from studio.commands._scan import add_budget_args, add_scan_args
+from studio.commands._scan import (
+    add_budget_args,
+    add_scan_args,
+    allocation,
+    calibration,
+    check_budget_args,
+    run_scan,
+)
 from studio.core.errors import StudioError
+from studio.core.jobs import JobContext
 from studio.core.units import format_bytes
 
 
@@ -70,7 +78,9 @@ def register(subparsers: Any) -> None:
         "--backend", default="studio", choices=("studio", "llama.cpp"), help="quantizer (default studio)"
     )
     p.add_argument(
-        "--verify", action="store_true", help="compare the result with the original model afterwards"
+        "--verify",
+        action="store_true",
+        help="compare the file with the original model before it gets its final name",
     )
     options.add_extra_buffers(p, "--verify")
     p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
@@ -121,7 +131,7 @@ def _parse_keep(spec: str) -> tuple[int, str]:
 
 def build_plan(args: argparse.Namespace, info: Any) -> Any:
     """The plan the arguments describe, for the model ``info``: made by the core's plan verbs."""
-    from studio.core.quant.plan import (
+    from studio.core.plan.plan import (
         Override,
         Plan,
         plan_first_last,
@@ -129,7 +139,7 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
         plan_uniform,
         with_overrides,
     )
-    from studio.core.quant.presets import PRESETS
+    from studio.core.plan.presets import PRESETS
 
     overrides = []
     for o in args.override:
@@ -158,8 +168,8 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
 
 def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
     """The plan with ``--method`` applied, and the calibration arguments checked against it."""
+    from studio.core.plan.plan import with_method
     from studio.core.quant.methods import check_method
-    from studio.core.quant.plan import with_method
 
     if args.method:
         plan = with_method(plan, info, check_method(args.method))
@@ -188,7 +198,6 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
 def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
     """Refuse what does not go with ``--budget`` before any work (a malformed budget included); the
     all-F16 allocation when the budget holds the F16 file (no calibration or scan is needed then)."""
-    from studio.commands._scan import check_budget_args
     from studio.core.quant.methods import check_method
 
     if args.keep_first_last or args.override:
@@ -212,8 +221,6 @@ def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
 def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any]:
     """The allocation for ``--budget`` and the imatrix the export weights its search with (None when the
     method collects its own statistics): the scan is weighted by the calibration text's imatrix."""
-    from studio.commands._scan import allocation, calibration, run_scan
-
     method = args.method or "imatrix"
     if imatrix is None:
         imatrix = calibration(args, info, ctx)
@@ -222,7 +229,7 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
     return allocation(args, info, scan, own, method, ctx), own
 
 
-def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any) -> Any:
+def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
     from studio.core.calib.data import BUILTIN
     from studio.core.calib.quantize import CalibOptions, export_calibrated
     from studio.core.quant.gptq import GptqOptions
@@ -240,6 +247,7 @@ def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any) -> Any
         device=args.device,
         options=opts,
         ctx=ctx,
+        validate=validate,
         allow_pickle=args.allow_pickle,
     )
 
@@ -256,8 +264,8 @@ def _gguf_source(ck: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
-    from studio.core.gguf.export import check_exportable, export_gguf
-    from studio.core.jobs import JobContext
+    from studio.core.export.job import export_and_verify, verify_here
+    from studio.core.export.run import check_exportable, export_gguf
     from studio.core.model import open_model
 
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
@@ -267,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
-        from studio.core.verify import check_verifiable
+        from studio.core.export.verify import check_verifiable
 
         check_verifiable(info.path)  # refuse before a long export, not after it
     imatrix = None
@@ -283,7 +291,6 @@ def run(args: argparse.Namespace) -> int:
         plan = _with_method(args, build_plan(args, info), info)
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
-    calibration = None
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         if args.budget:
@@ -292,20 +299,32 @@ def run(args: argparse.Namespace) -> int:
             plan = alloc.plan
             if args.save_plan:
                 write_text(args.save_plan, plan.to_json(), "plan")
-        if plan.calibrated and imatrix is None:
-            calibration = _calibrated(args, info, plan, ctx)
-            res = calibration.export
-        else:
-            res = export_gguf(
+
+        def write(c: JobContext, validate: Any) -> Any:
+            if plan.calibrated and imatrix is None:
+                return _calibrated(args, info, plan, c, validate)
+            return export_gguf(
                 info.path,
                 args.output,
                 plan,
                 device=args.device,
                 backend=args.backend,
-                ctx=ctx,
+                ctx=c,
+                validate=validate,
                 allow_pickle=args.allow_pickle,
                 imatrix=imatrix,
             )
+
+        # the window's job: the partial file is verified before it is renamed into place
+        verify = None
+        if args.verify:
+            verify = verify_here(
+                args.device,
+                extra_buffers=args.llama_extra_buffers,
+                on_start=lambda: line.log("verifying against the original model ..."),
+            )
+        outcome = export_and_verify(ctx, info.path, write, verify=verify)
+    res, calibration = outcome.result, outcome.calibration
     out: dict[str, Any] = {
         "output": str(res.path),
         "backend": res.backend,
@@ -329,10 +348,9 @@ def run(args: argparse.Namespace) -> int:
     if calibration is not None:
         out["calibration"] = calibration.to_dict()
     if args.verify:
-        from studio.core.verify import verify_gguf
-
-        print("verifying against the original model ...", file=sys.stderr)
-        v = verify_gguf(res.path, info.path, device=args.device, extra_buffers=args.llama_extra_buffers)
+        if outcome.verify_error:
+            raise StudioError(outcome.verify_error)
+        v = outcome.verification
         print_notes(v.notes)
         out["verify"] = {
             "tokens": v.n_tokens,

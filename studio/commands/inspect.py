@@ -39,16 +39,16 @@ def register(subparsers: Any) -> None:
 
 def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[str, Any]:
     """The inspect report as a JSON-ready dict (what ``--json`` prints)."""
-    from studio.core.estimate import estimate_presets
     from studio.core.hardware import detect
     from studio.core.model import open_model
+    from studio.core.plan.estimate import estimate_presets
 
     if ctx_len <= 0:
         raise StudioError(f"--ctx must be a positive number of tokens, not {ctx_len}.")
     with open_model(model, allow_pickle=allow_pickle) as ck:
         info = ck.info
         stored = _stored_as(ck)
-    from studio.core.gguf.arch import export_route
+    from studio.core.gguf.layout import export_route
 
     hw = detect(probe_torch=False)
     via, why = export_route(info) if info.format.value != "gguf" else (None, None)

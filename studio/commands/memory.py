@@ -7,13 +7,13 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import format_table, print_json
-from studio.core.errors import StudioError
+from studio.core.errors import ModelOpenError, StudioError
+from studio.core.llamacpp.kvcache import KV_TYPES
+from studio.core.units import format_mib
 
 
 def register(subparsers: Any) -> None:
     """Add the ``memory`` subcommand."""
-    from studio.core.lab.kvcache import KV_TYPES
-
     p = subparsers.add_parser(
         "memory",
         help="memory calculator: weights, KV cache and overhead per precision, and which GPU it fits",
@@ -48,7 +48,6 @@ def _shape(args: argparse.Namespace) -> Any:
     if args.model is not None:
         if any(d is not None for d in dims):
             raise StudioError("Give either MODEL or --params/--layers/--kv-heads/--head-dim, not both.")
-        from studio.core.errors import ModelOpenError
         from studio.core.model import open_model
 
         try:
@@ -68,7 +67,6 @@ def _shape(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``memory``."""
     from studio.core.lab.memory import FORMULAS, GPU_SIZES_GB, memory_report
-    from studio.core.units import format_mib
 
     report = memory_report(_shape(args), args.ctx, args.kv_type)
     if args.json:

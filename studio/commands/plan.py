@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from studio.commands import _options as options
@@ -15,6 +16,7 @@ from studio.commands._scan import (
     check_budget_args,
     run_scan,
 )
+from studio.core.jobs import JobContext
 from studio.core.units import format_bytes
 
 
@@ -47,9 +49,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``plan``."""
-    from studio.core.gguf.export import check_exportable
+    from studio.core.export.run import check_exportable
     from studio.core.gguf.writer import check_output_path
-    from studio.core.jobs import JobContext
     from studio.core.model import open_model
     from studio.core.quant.methods import check_method
 
@@ -59,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
     check_exportable(info)
     # a malformed or too small budget is refused before any work; one above F16 needs no scan
     alloc = check_budget_args(args, info, method)
-    from pathlib import Path
 
     check_output_path(Path(args.output).expanduser())
     scan = None

@@ -9,6 +9,7 @@ from typing import Any
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json, write_text
 from studio.commands._scan import add_scan_args, calibration, run_scan
+from studio.core.jobs import JobContext
 from studio.core.units import format_bytes
 
 
@@ -37,8 +38,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``sensitivity``."""
-    from studio.core.gguf.export import check_exportable
-    from studio.core.jobs import JobContext
+    from studio.core.export.run import check_exportable
     from studio.core.model import open_model
 
     with open_model(args.model) as ck:

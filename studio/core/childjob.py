@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,8 +47,6 @@ def _child_main(out: Any, cancel_event: Any, target: Callable[..., Any], kwargs:
     except StudioError as err:
         out.put(("error", str(err)))
     except BaseException as err:  # one sentence for the user; the traceback goes to the child's stderr
-        import traceback
-
         traceback.print_exc()
         detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
         out.put(("crash", f"{type(err).__name__}: {detail}" if detail else type(err).__name__))

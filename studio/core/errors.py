@@ -49,3 +49,14 @@ class ChildProcessError_(StudioError):
 
 class EvaluationError(StudioError):
     """An evaluation could not be run (text too short, tokenizer mismatch, context too small)."""
+
+
+class CalibrationError(StudioError):
+    """Calibration cannot run or its result cannot be used (bad text, NaN activations, wrong model)."""
+
+
+def unexpected_error_sentence(title: str, err: BaseException) -> str:
+    """One sentence for an exception that is not a ``StudioError`` (a bug or an environment problem)."""
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    what = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
+    return f"{title} failed with an unexpected error ({what}); the details are in the log."

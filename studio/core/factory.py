@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
+import inspect
 import io
 import itertools
 import json
@@ -18,9 +19,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import safetensors
+import sentencepiece as spm
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
@@ -196,8 +201,6 @@ def _train_spm(flavour: str, vocab_size: int) -> bytes:
 
     Cached per process because every test model of the same flavour shares it.
     """
-    import sentencepiece as spm
-
     ids: dict[str, int | str] = {"unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": -1}
     user_symbols: list[str] = []
     add_dummy_prefix = True
@@ -263,8 +266,6 @@ def _char_coverage(lines: list[str], room: int) -> float:
 @functools.lru_cache(maxsize=16)
 def _train_bpe(flavour: str, vocab_size: int) -> str:
     """Train a byte-level BPE (Qwen2 or GPT-2 pre-tokenization); returns the tokenizer JSON."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     if flavour == "bpe-qwen":
         tok.normalizer = normalizers.NFC()
@@ -289,8 +290,6 @@ def _train_bpe(flavour: str, vocab_size: int) -> str:
 @functools.lru_cache(maxsize=16)
 def _train_wordpiece(vocab_size: int) -> str:
     """Train a BERT WordPiece vocabulary; returns the tokenizer JSON."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -309,8 +308,6 @@ def _spm_vocab_and_merges(model_bytes: bytes) -> tuple[dict[str, int], list[tupl
     A merge (left, right) is ranked by the id of the piece it makes, which is how SentencePiece
     orders BPE pieces (score = -id), so the tokenizers BPE gives the same ids.
     """
-    import sentencepiece as spm
-
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     mergeable = {
@@ -338,10 +335,6 @@ def _special_ids(tok: Any) -> dict[str, int | None]:
 
 def _add_specials(tok: Any, extra: list[str], **named: str) -> None:
     """Append special tokens after the learned vocabulary (transformers 5 calls them "extra", 4 "additional")."""
-    import inspect
-
-    from tokenizers import AddedToken
-
     # Add in the given order first: add_special_tokens would add named tokens (eos, pad) before the rest.
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra], special_tokens=True)
     params = inspect.signature(tok.add_special_tokens).parameters
@@ -679,11 +672,10 @@ def _expected_out_energy(w: torch.Tensor, gain: torch.Tensor, axis: int) -> torc
 
 def _reshard(folder: Path, shards: int) -> None:
     """Split the single model.safetensors into ``shards`` files of similar size plus the index json."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # imports torch
 
     single = folder / "model.safetensors"
-    with safe_open(str(single), framework="pt") as f:
+    with safetensors.safe_open(str(single), framework="pt") as f:
         names = list(f.keys())
         tensors = {n: f.get_tensor(n) for n in names}
         metadata = f.metadata() or {"format": "pt"}
@@ -715,7 +707,6 @@ def _save_tokenizer(tok: Any, folder: Path, spm_bytes: bytes | None, template: s
     if spm_bytes is not None:
         # llama.cpp's converter and SentencePiece users read this file; keep it next to tokenizer.json.
         (folder / "tokenizer.model").write_bytes(spm_bytes)
-        import sentencepiece as spm
 
         base = spm.SentencePieceProcessor(model_proto=spm_bytes).get_piece_size()
         added = {t: i for t, i in sorted(tok.get_added_vocab().items(), key=lambda kv: kv[1]) if i >= base}
@@ -861,8 +852,6 @@ def make_tiny_model(
 
 
 def _info_to_json(info: FactoryInfo) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(info).items()}
 
 

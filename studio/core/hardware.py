@@ -7,6 +7,7 @@ present, with a short timeout) for CUDA devices without importing torch.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import shutil
@@ -124,8 +125,6 @@ def _ram_linux(
 
 
 def _ram_windows() -> tuple[int, int] | None:  # pragma: no cover - exercised on Windows only
-    import ctypes
-
     class MemoryStatusEx(ctypes.Structure):
         _fields_ = [
             ("dwLength", ctypes.c_ulong),

@@ -21,7 +21,6 @@ class CancelFlag(Protocol):
     """What cancellation is read from: a ``threading.Event``, or a ``multiprocessing`` one a child shares."""
 
     def set(self) -> None: ...
-
     def is_set(self) -> bool: ...
 
 
@@ -66,6 +65,40 @@ class JobContext:
         """Raise ``JobCancelled`` if the job has been asked to stop."""
         if self.cancel_flag.is_set():
             raise JobCancelled()
+
+    def span(self, lo: float, hi: float) -> JobContext:
+        """A context for one step of this job: its progress fills the ``[lo, hi)`` fraction of this
+        job's (reported in ``SPAN_STEPS`` units); it logs here and shares this job's cancellation."""
+        return _Span(self, lo, hi)
+
+
+SPAN_STEPS = 1000  # units of a job's progress as its spans report it
+
+
+class _Span(JobContext):
+    """``JobContext.span``: maps a step's progress onto part of the parent's; shares its cancel flag."""
+
+    def __init__(self, parent: JobContext, lo: float, hi: float) -> None:
+        super().__init__()
+        self._parent = parent
+        self._lo, self._hi = lo, hi
+
+    def report(self, done: int, total: int, msg: str = "") -> None:
+        frac = min(1.0, done / total) if total > 0 else 0.0
+        self._parent.report(int(SPAN_STEPS * (self._lo + (self._hi - self._lo) * frac)), SPAN_STEPS, msg)
+
+    def log(self, msg: str) -> None:
+        self._parent.log(msg)
+
+    def cancel(self) -> None:
+        self._parent.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._parent.cancelled
+
+    def check_cancelled(self) -> None:
+        self._parent.check_cancelled()
 
 
 def null_context() -> JobContext:

@@ -4,7 +4,7 @@ A scheme is what a preview applies: a qtype (``"Q4_K"``, ``"Q8_0"``, ...), throu
 ``studio.core.quant.blocks``, byte-identical to llama.cpp, on the tensor as llama.cpp stores it
 (rows = output channels); or a generic INT/FP8 scheme, through ``studio.core.quant.generic``
 (named like ``"INT4 sym g128"`` or ``"FP8 E4M3 channel"``). Error numbers come from
-``studio.core.stats.metrics``.
+``studio.core.quant.metrics``.
 
 With an importance matrix (mean x² per input column, ``studio.core.calib.imatrix``) the block types
 are quantized with it as llama-quantize does (Q8_0 and the generic schemes ignore it), and the result
@@ -23,8 +23,11 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import QuantizationError
+from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, null_context
-from studio.core.stats.metrics import ErrorMetrics, error_metrics
+from studio.core.quant import generic
+from studio.core.quant.metrics import ErrorMetrics, error_metrics
+from studio.core.quant.types import QTYPES, fallback_type, row_bytes
 from studio.core.stats.tensor_stats import (
     DEFAULT_BINS,
     Histogram,
@@ -89,8 +92,6 @@ class PreviewResult:
 
 def block_schemes() -> list[str]:
     """The qtypes the preview can apply (all but F32), in the registry's menu order."""
-    from studio.core.quant.types import QTYPES
-
     return [q for q in QTYPES if q != "F32"]
 
 
@@ -144,7 +145,6 @@ def _roundtrip_block(
     x: np.ndarray, qtype: str, weights: np.ndarray | None, ctx: JobContext
 ) -> tuple[np.ndarray, float]:
     from studio.core.quant.blocks import dequantize, quantize
-    from studio.core.quant.types import row_bytes
 
     rows, cols = x.shape
     y = np.empty_like(x)
@@ -178,8 +178,6 @@ def _weighted_mse(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> float:
 
 
 def _roundtrip_generic(x: np.ndarray, scheme: str, ctx: JobContext) -> tuple[np.ndarray, float]:
-    from studio.core.quant import generic
-
     m = _GENERIC_RE.match(scheme.strip())
     if m is None:
         raise QuantizationError(
@@ -238,7 +236,6 @@ def preview_array(
             f"Tensor {name or '?'} holds {bad} NaN or infinite value(s), so it cannot be quantized.",
             hint="Fix or exclude the tensor before quantizing.",
         )
-    from studio.core.quant.types import QTYPES, fallback_type
 
     weights = _row_weights(imatrix, rows, cols, name)
     upper = scheme.upper()
@@ -296,7 +293,6 @@ def imatrix_entry(imatrix: Mapping[str, Any], info: Any, name: str) -> np.ndarra
     """The importance values of tensor ``name`` (HF name) in ``imatrix``, keyed by GGUF or HF names."""
     if name in imatrix:
         return np.asarray(imatrix[name], dtype=np.float32)
-    from studio.core.gguf.arch import layout
 
     tm = layout(info).by_hf().get(name)
     if tm is None or tm.gguf_name not in imatrix:

@@ -16,7 +16,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
 
-from studio.core.errors import StudioError
+from studio.core.errors import StudioError, unexpected_error_sentence
 from studio.core.jobs import JobCancelled, JobContext
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,6 @@ class JobState(str, Enum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-def unexpected_error_sentence(title: str, err: BaseException) -> str:
-    """One sentence for an exception that is not a ``StudioError`` (a bug or an environment problem)."""
-    detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    what = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
-    return f"{title} failed with an unexpected error ({what}); the details are in the log."
 
 
 class JobSignals(QObject):

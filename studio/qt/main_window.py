@@ -27,10 +27,12 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QMessageBox, QTabWidget, QToolBar, QWidget
 
+from studio import __version__
 from studio.qt.estimates import PresetEstimates
 from studio.qt.fmt import describe_hardware
 from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
+from studio.qt.llama_setting import install_extra_buffers_menu
 from studio.qt.opener import ModelOpener, RecentMenu
 from studio.qt.pages import Pages
 from studio.qt.panels import ask_yes_no
@@ -211,7 +213,6 @@ class MainWindow(QMainWindow):
 
         self.edit_menu = bar.addMenu("&Edit")
         self.edit_menu.addAction(self.act_filter)
-        from studio.qt.llama_setting import install_extra_buffers_menu
 
         self.extra_buffers_menu = install_extra_buffers_menu(self.edit_menu, self.settings, self)
 
@@ -606,8 +607,6 @@ class MainWindow(QMainWindow):
         return dlg
 
     def _about(self) -> None:
-        from studio import __version__
-
         QMessageBox.about(
             self,
             f"About {APP_TITLE}",

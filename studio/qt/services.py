@@ -42,7 +42,7 @@ def _detect_hardware() -> Any:
 
 
 def _estimate_presets(info: Any, hw: Any, ctx_len: int) -> tuple[Any, ...]:
-    from studio.core.estimate import estimate_presets
+    from studio.core.plan.estimate import estimate_presets
 
     return tuple(estimate_presets(info, hw, ctx_len=ctx_len))
 

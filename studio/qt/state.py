@@ -6,6 +6,7 @@ of value (named in its comment; the classes are not imported here, so the window
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from studio.core.calib.collect import ActivationStats
     from studio.core.calib.imatrix import Imatrix
     from studio.core.evaluate import EvalReport
-    from studio.qt.panels.export_dialog import ExportOutcome
+    from studio.core.export.job import ExportOutcome
 
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -197,6 +198,4 @@ def _close_quietly(checkpoint: Any) -> None:
     try:
         close()
     except Exception:  # closing a file must never break switching models
-        import logging
-
         logging.getLogger(__name__).exception("closing %r failed", checkpoint)

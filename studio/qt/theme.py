@@ -70,7 +70,7 @@ def set_plot_defaults(dark: bool) -> None:
     pg.setConfigOptions(background=c["bg"], foreground=c["fg"])
 
 
-# By role value (studio.core.model.types.Role), so that this module imports nothing of the core.
+# By role value (studio.core.modelinfo.Role), so that this module imports nothing of the core.
 _ROLE_COLORS = {
     "token_embd": "#7f7f7f",
     "attn_q": "#1f77b4",
@@ -134,7 +134,7 @@ def verdict_colour(verdict: Any) -> QColor:
     return QColor(*rgb, 90)
 
 
-# The lab's perplexity verdicts (studio.core.lab.verdict.Verdict values), by their text.
+# The lab's perplexity verdicts (studio.core.evaluate.verdict.Verdict values), by their text.
 _QUALITY_RGB = {
     "excellent": (40, 170, 70),
     "good": (120, 175, 40),

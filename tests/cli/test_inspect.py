@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from studio.cli import main
-from studio.core.model.types import Role
+from studio.core.modelinfo import Role
 
 R = Role
 MODELS = [

@@ -74,7 +74,7 @@ def test_export_verify_retries_once(preset, crashing, chat_model, tmp_path, caps
     v = json.loads(captured.out)["verify"]
     (note,) = _notes(captured.err)
     assert "SIGSEGV" in note and out.name in note and v["notes"] == [note.removeprefix("note: ")]
-    from studio.core.verify import verify_gguf
+    from studio.core.export.verify import verify_gguf
 
     ref = verify_gguf(out, chat_model, extra_buffers="off")  # the file as written, run without extra buffers
     assert ref.notes == () and (v["top1_agreement"], v["mean_kl"]) == (ref.top1_agreement, ref.mean_kl)

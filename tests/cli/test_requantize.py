@@ -7,8 +7,8 @@ import json
 import numpy as np
 
 from studio.cli import main
-from tests.core import test_requantize as _rq
 from tests.core.chat import fixtures as _fixtures
+from tests.core.export import test_requantize as _rq
 
 chat_model = _fixtures.chat_model
 f32_gguf = _fixtures.f32_gguf

@@ -6,6 +6,8 @@ import pkgutil
 import subprocess
 import sys
 
+import grimp
+
 import studio.core
 
 
@@ -41,3 +43,55 @@ def test_core_sources_never_name_qt() -> None:
             ):
                 offenders.append(f"{path.name}: {s}")
     assert not offenders, offenders
+
+
+def _cycles(graph, package: str) -> list[list[str]]:
+    """Every import circle among the modules of ``package``, as one closed chain each."""
+    mods = sorted(m for m in graph.modules if m == package or m.startswith(package + "."))
+    inside = set(mods)
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m) & inside) for m in mods}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    comps: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for m in mods:
+        if m not in index:
+            visit(m)
+    chains = []
+    for comp in comps:  # name each circle by one closed chain through it: a -> b -> ... -> a
+        a, b = comp[0], next(w for w in edges[comp[0]] if w in comp)
+        back = graph.find_shortest_chain(importer=b, imported=a)
+        chains.append([a, *back])
+    return chains
+
+
+def test_no_import_cycles_in_core_or_qt() -> None:
+    """No circle of imports in studio.core or studio.qt, function-local imports included (grimp sees
+    every import statement); a failure names each circle as a chain of modules."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
+    graph = grimp.build_graph("studio", cache_dir=None)
+    found = [" -> ".join(c) for p in ("studio.core", "studio.qt") for c in _cycles(graph, p)]
+    assert not found, "import cycles:\n" + "\n".join(found)

@@ -26,7 +26,7 @@ def test_probe_torch_false_never_imports_torch():
     code = (
         "import sys; from studio.core.hardware import detect; "
         "hw = detect(probe_torch=False); "
-        "import studio.core.model, studio.core.estimate; "
+        "import studio.core.model, studio.core.plan.estimate; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

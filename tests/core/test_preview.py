@@ -9,7 +9,7 @@ from studio.core.errors import QuantizationError
 from studio.core.preview import generic_schemes, preview_array, preview_schemes, preview_tensor
 from studio.core.quant.blocks import dequantize, quantize
 from studio.core.quant.generic import quantize_fp8, quantize_int
-from studio.core.stats.metrics import error_metrics
+from studio.core.quant.metrics import error_metrics
 
 
 def _w(rows=32, cols=512, seed=0):

@@ -105,7 +105,7 @@ def test_selecting_a_tensor_in_the_tree_selects_it_in_the_state(qtbot, make_wind
 
 
 def test_summary_shows_the_estimates_and_the_context_length_recomputes(qtbot, make_window, tiny_models):
-    from studio.core.estimate import estimate_presets
+    from studio.core.plan.estimate import estimate_presets
 
     win = make_window()
     _open(qtbot, win, tiny_models("llama"))

@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from studio.core.factory import read_factory_info
 from studio.core.quant.blocks import dequantize, quantize
-from studio.core.stats.metrics import error_metrics
+from studio.core.quant.metrics import error_metrics
 from studio.qt.jobs import JobState
 from studio.qt.panels.export_dialog import ExportDialog
 

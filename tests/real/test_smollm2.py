@@ -58,7 +58,7 @@ def test_f16_export_answers_with_the_original_tokens(answers):
 
 
 def test_f32_export_matches_transformers_logits(demo_dir, demo_export):
-    from studio.core.verify import verify_gguf
+    from studio.core.export.verify import verify_gguf
 
     v = verify_gguf(demo_export("F32"), demo_dir, max_tokens=48)
     assert v.n_tokens >= 40 and v.top1_agreement == 1.0
@@ -79,9 +79,9 @@ def test_kl_is_ordered_q8_q4km_q2k(demo_dir, demo_export):
 
 
 def test_requantizing_from_a_gguf_is_exact(demo_source, demo_export, tmp_path):
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
     from studio.core.llamacpp import LlamaWorker
-    from tests.core.test_requantize import llama_quantize, read
+    from tests.core.export.test_requantize import llama_quantize, read
 
     with LlamaWorker(label="llama.cpp (real tier)") as wk:
         # from an F32 GGUF: Q8_0 equals llama-quantize's, tensor for tensor

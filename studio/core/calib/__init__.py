@@ -52,7 +52,6 @@ from studio.core.calib.accumulators import HessianAccumulator, HiddenStats, Inpu
 from studio.core.calib.calibrate import calibrate, prepare_input
 from studio.core.calib.collect import ActivationCollector, ActivationStats
 from studio.core.calib.data import BUILTIN, CalibrationText, Chunks
-from studio.core.calib.errors import CalibrationError
 from studio.core.calib.imatrix import (
     Imatrix,
     check_for_model,
@@ -61,6 +60,7 @@ from studio.core.calib.imatrix import (
     write_imatrix,
 )
 from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunInfo, RunnerMode, RunSpec, run_model
+from studio.core.errors import CalibrationError
 
 __all__ = [
     "BUILTIN",

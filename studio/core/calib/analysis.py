@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from studio.core.calib.accumulators import InputStats, hist_edges
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
+from studio.core.stats.tensor_stats import is_transposed, row_reader
 
 
 class FeatureRuleKind(str, Enum):
@@ -177,8 +178,6 @@ class WeightColumns:
 
 def weight_columns(checkpoint: Any, name: str, *, chunk_rows: int = 4096) -> WeightColumns:
     """Stream the weight ``name`` of an opened checkpoint and reduce it per input channel."""
-    from studio.core.stats.tensor_stats import is_transposed, row_reader
-
     info = checkpoint.info.tensor(name)
     if len(info.shape) != 2:
         raise CalibrationError(f"{name} is not a matrix (shape {tuple(info.shape)}).")

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from studio.core.quant.gptq import output_error
+
 AWQ_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """config.json model types whose decoder layers have the module names of ``GROUPS``."""
 
@@ -132,7 +134,6 @@ def _quant_error(w: Any, s: Any, h: Any, qtype: str, imatrix: np.ndarray | None)
     import torch
 
     from studio.core.quant.blocks import dequantize, quantize
-    from studio.core.quant.gptq import output_error
 
     ws = w * s[None, :]
     qw = None if imatrix is None else (imatrix / (s.double().cpu().numpy() ** 2)).astype(np.float32)

@@ -24,9 +24,12 @@ from studio.core.calib.data import (
     make_chunks,
     tokenize,
 )
-from studio.core.calib.errors import CalibrationError
 from studio.core.calib.runner import Consumer, run_model
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model import open_model
+from studio.core.modelinfo import CheckpointFormat
+from studio.core.stats.cache import checkpoint_key
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,6 @@ def prepare_input(
 
 
 def _open(model: str | os.PathLike[str], allow_pickle: bool) -> Any:
-    from studio.core.model import open_model
-    from studio.core.model.types import CheckpointFormat
-
     ckpt = open_model(model, allow_pickle=allow_pickle)
     if ckpt.info.format == CheckpointFormat.GGUF:
         ckpt.close()
@@ -128,7 +128,6 @@ def calibrate(
 
         if cache is None or consumers:
             return run()
-        from studio.core.stats.cache import checkpoint_key
 
         variant = (
             f"calib:{inp.data.digest}:{inp.chunks.n_ctx}:{inp.chunks.n_chunks}:{device}:{dtype}:"

@@ -19,8 +19,8 @@ from studio.core.calib.accumulators import (
     InputStats,
     Reduction,
 )
-from studio.core.calib.errors import CalibrationError
 from studio.core.calib.runner import Consumer, LinearSite, RunInfo, RunSpec
+from studio.core.errors import CalibrationError
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.calib.errors import CalibrationError
+from studio.core.chat import template
+from studio.core.chat.template import fallback_text
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext
 from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
 from studio.paths import resource_path
@@ -164,12 +166,11 @@ def render_chats(
     chats: Sequence[Sequence[dict[str, str]]], fmt: ChatFormat, ctx: JobContext | None = None
 ) -> tuple[list[str], list[str]]:
     """Each conversation rendered through the model's chat template (sandboxed); returns (texts, warnings)."""
-    from studio.core.chat.template import fallback_text, render_chat
 
     texts, warnings = [], []
     for msgs in chats:
         if fmt.template:
-            r = render_chat(
+            r = template.render_chat(
                 fmt.template,
                 msgs,
                 bos_token=fmt.bos_token,

@@ -1,9 +1,7 @@
-"""The one error calibration raises: a sentence for the user, naming the file, layer or tensor."""
+"""The one error calibration raises (``studio.core.errors.CalibrationError``, kept importable here)."""
 
 from __future__ import annotations
 
-from studio.core.errors import StudioError
+from studio.core.errors import CalibrationError
 
-
-class CalibrationError(StudioError):
-    """Calibration cannot run or its result cannot be used (bad text, NaN activations, wrong model)."""
+__all__ = ["CalibrationError"]

@@ -32,7 +32,11 @@ from typing import Any
 import numpy as np
 
 from studio.core.atomic import write_atomic
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError, CorruptFileError, ExportError
+from studio.core.gguf import writer
+from studio.core.gguf.layout import layout
+from studio.core.gguf.read import read_gguf
+from studio.core.gguf.writer import AtomicGGUFWriter
 
 GGUF_MAGIC = b"GGUF"
 KV_DATASETS = "imatrix.datasets"
@@ -171,9 +175,6 @@ def _expert_gguf_names(site_name: str, layer: int) -> list[str]:
 
 def gguf_names(stats: Any, info: Any) -> dict[str, list[str]]:
     """For each site of ``stats``: the GGUF weight names its input feeds (empty when llama.cpp has none)."""
-    from studio.core.errors import ExportError
-    from studio.core.gguf.arch import layout
-
     try:
         by_hf = {t.hf_name: t.gguf_name for t in layout(info).tensors}
     except ExportError as err:
@@ -223,12 +224,13 @@ def imatrix_from_stats(stats: Any, info: Any, *, process_output: bool = False) -
 
 def write_gguf(imatrix: Imatrix, out: str | os.PathLike[str]) -> Path:
     """Write ``imatrix`` as llama.cpp's GGUF imatrix (atomically: ``OUT.partial`` then rename)."""
-    from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
 
     p = Path(out).expanduser()
     if imatrix.legacy:
         imatrix = to_gguf_form(imatrix)
-    check_output_path(p, need_bytes=sum(e.sums.nbytes + e.counts.nbytes for e in imatrix.entries.values()))
+    writer.check_output_path(
+        p, need_bytes=sum(e.sums.nbytes + e.counts.nbytes for e in imatrix.entries.values())
+    )
     with AtomicGGUFWriter(p, "") as w:
         # llama-imatrix writes no architecture: its file is not a model
         for kv in w.kv.kv_data:
@@ -270,10 +272,9 @@ def to_gguf_form(imatrix: Imatrix) -> Imatrix:
 
 def write_dat(imatrix: Imatrix, out: str | os.PathLike[str]) -> Path:
     """Write ``imatrix`` in llama-imatrix's legacy ``.dat`` format (atomically)."""
-    from studio.core.gguf.writer import check_output_path
 
     p = Path(out).expanduser()
-    check_output_path(p)
+    writer.check_output_path(p)
     chunk = int(imatrix.chunk_size) or 1
     parts: list[bytes] = []
     stored = []
@@ -334,9 +335,6 @@ def read_imatrix(path: str | os.PathLike[str]) -> Imatrix:
 
 
 def _read_gguf(p: Path) -> Imatrix:
-    from studio.core.errors import CorruptFileError
-    from studio.core.gguf.read import read_gguf
-
     try:
         g = read_gguf(p)
     except CorruptFileError as err:
@@ -452,9 +450,6 @@ def _read_dat(p: Path) -> Imatrix:
 
 def check_for_model(imatrix: Imatrix, info: Any, *, label: str | None = None) -> None:
     """Refuse, in one sentence, an imatrix whose names or sizes do not fit the model ``info``."""
-    from studio.core.errors import ExportError
-    from studio.core.gguf.arch import layout
-
     label = label or (Path(imatrix.path).name if imatrix.path else "The imatrix")
     model = Path(str(info.path)).name
     try:

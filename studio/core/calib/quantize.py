@@ -23,6 +23,7 @@ and leaves no file under the final name.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -32,12 +33,20 @@ from typing import Any
 
 import numpy as np
 
+from studio.core.calib import awq
+from studio.core.calib.calibrate import _open, prepare_input
 from studio.core.calib.collect import ActivationCollector
 from studio.core.calib.data import BUILTIN, CalibrationText
-from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunInfo, RunSpec
+from studio.core.calib.imatrix import imatrix_from_stats
+from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunInfo, RunSpec, run_model
+from studio.core.calib.spool import TensorSpool
+from studio.core.export.run import _resolve_plan, check_exportable, export_gguf
+from studio.core.gguf import writer
+from studio.core.gguf.arch import Transform, apply_transform, head_counts, permute_rows
+from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, null_context
-from studio.core.quant.gptq import GptqOptions
-from studio.core.quant.methods import SiteStats, method_info
+from studio.core.quant.gptq import GptqOptions, HessianError
+from studio.core.quant.methods import SiteStats, imatrix, method_info
 from studio.core.quant.types import FLOAT_TYPES
 
 CALIB_SHARE = 0.9  # of the progress bar; the export takes the rest
@@ -84,7 +93,7 @@ class LayerReport:
 class CalibratedExport:
     """What a calibrated export wrote and how the calibration went."""
 
-    export: Any  # studio.core.gguf.export.ExportResult
+    export: Any  # studio.core.export.run.ExportResult
     method: str
     dataset: str
     n_ctx: int
@@ -163,8 +172,6 @@ class _Span(JobContext):
 
 
 def _free(device: Any) -> None:
-    import gc
-
     import torch
 
     gc.collect()
@@ -291,8 +298,6 @@ class MethodConsumer(Consumer):
     ) -> tuple[dict[str, Any], list[tuple[str, float]], set[str]]:
         """Search and fold the AWQ scales of the layer's groups; (column scales per site, α per group,
         layer-relative paths of the parameters that changed)."""
-        from studio.core.calib import awq
-
         if not any(self._method(s.name).awq for s in sites):
             return {}, [], set()
         groups, why = awq.layer_groups(view.module, self.model_type, self.config)
@@ -328,7 +333,6 @@ class MethodConsumer(Consumer):
         return scales, alphas, changed
 
     def _spool_float(self, tm: Any, x: np.ndarray) -> None:
-        from studio.core.gguf.arch import apply_transform
         from studio.core.quant.blocks import quantize
 
         qtype = self.plan.type_of(tm.hf_name)
@@ -353,7 +357,6 @@ class MethodConsumer(Consumer):
         """Quantize one weight with its method, spool it, and (in a layer) give the layer its dequantized values."""
         import torch
 
-        from studio.core.gguf.arch import Transform, head_counts, permute_rows
         from studio.core.quant.blocks import dequantize
 
         t0 = time.monotonic()
@@ -394,9 +397,6 @@ class MethodConsumer(Consumer):
     def _round(self, method: Any, w: Any, stats: SiteStats, qtype: str) -> tuple[Any, str]:
         """The method's encoding, with the faults handled: OOM retries, singular Hessians."""
         import torch
-
-        from studio.core.quant.gptq import HessianError
-        from studio.core.quant.methods import imatrix
 
         dev = w.device
         try:
@@ -462,12 +462,6 @@ def export_calibrated(
     ``device``: where layers run and GPTQ sweeps (auto, cpu, cuda, mps); ``dtype``: the precision of
     the layer forward passes (float32 by default: the Hessians are as exact as the data allows).
     """
-    from studio.core.calib.calibrate import _open, prepare_input
-    from studio.core.calib.runner import run_model
-    from studio.core.calib.spool import TensorSpool
-    from studio.core.gguf.arch import layout
-    from studio.core.gguf.export import _resolve_plan, check_exportable, export_gguf
-    from studio.core.gguf.writer import check_output_path
 
     ctx = ctx or null_context()
     t0 = time.monotonic()
@@ -476,7 +470,7 @@ def export_calibrated(
     try:
         info = ckpt.info
         check_exportable(info)
-        check_output_path(out_p, inputs=tuple({t.file for t in info.tensors}) + (info.path,))
+        writer.check_output_path(out_p, inputs=tuple({t.file for t in info.tensors}) + (info.path,))
         plan = _resolve_plan(plan, info)
         export_device = _export_device(device)
         if not plan.calibrated:
@@ -546,11 +540,6 @@ def _export_with_imatrix(
     warnings: list[str],
 ) -> CalibratedExport:
     """``imatrix`` (and ``rtn``) tensors only: the float model's statistics, as llama-imatrix collects them."""
-    from studio.core.calib.imatrix import imatrix_from_stats
-    from studio.core.calib.runner import run_model
-    from studio.core.gguf.arch import layout
-    from studio.core.gguf.export import export_gguf
-
     info = ckpt.info
     collector = ActivationCollector(histogram=False, dataset=inp.data.name)
     run = run_model(ckpt, inp.chunks, [collector], device=device, dtype=dtype, ctx=calib)

@@ -26,9 +26,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from studio.core import hardware
 from studio.core.calib.data import Chunks
-from studio.core.calib.errors import CalibrationError
+from studio.core.chat import hf_backend
+from studio.core.chat.hf_backend import resolve_dtype
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.hf_progress import no_hf_progress_bars
 
 # config.json model types that are encoders: built with AutoModel, never with a causal LM head.
 _ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2"})
@@ -753,9 +757,7 @@ class _Materializer:
 
 
 def _resolve(device: str, dtype: str) -> tuple[str, Any]:
-    from studio.core.chat.hf_backend import resolve_device, resolve_dtype
-
-    dev = resolve_device(device)
+    dev = hf_backend.resolve_device(device)
     return dev, resolve_dtype(dtype, dev)
 
 
@@ -1038,9 +1040,8 @@ def _free_bytes(dev: str) -> int:
         import torch
 
         return int(torch.cuda.mem_get_info(torch.device(dev))[0])
-    from studio.core.hardware import ram
 
-    return int(ram()[1])
+    return int(hardware.ram()[1])
 
 
 def _run_whole(
@@ -1055,8 +1056,6 @@ def _run_whole(
     why: str,
 ) -> RunInfo:
     import torch
-
-    from studio.core.model.hf_progress import no_hf_progress_bars
 
     blocked = [type(c).__name__ for c in consumers if c.needs_layerwise]
     if blocked:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from studio.core.model.types import Role
+from studio.core.modelinfo import Role
 from studio.core.quant.types import QTYPES
 
 __all__ = ["SensitivityGrid", "kl_at", "ranked_tensors", "sensitivity_grid"]

@@ -9,6 +9,7 @@ GGUF export print the same text for the same tokens.
 from __future__ import annotations
 
 import codecs
+import inspect
 import json
 import re
 from collections.abc import Generator, Sequence
@@ -20,6 +21,7 @@ from studio.core.chat.sampling import choose, make_rng
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ModelOpenError, RemoteCodeError
 from studio.core.jobs import JobContext
+from studio.core.model.hf_folder import transformers_folder
 from studio.core.model.hf_progress import no_hf_progress_bars
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -182,7 +184,6 @@ class TransformersBackend(BaseBackend):
                 f"{folder} needs custom Python code from its repository, which Quant Studio does not run.",
                 hint="Use a model supported by transformers itself.",
             )
-        from studio.core.model.hf_folder import transformers_folder
 
         # never from_pretrained on pickle weights here: refused, or their safetensors conversion
         weights = transformers_folder(folder, allow_pickle=self.allow_pickle, ctx=ctx)
@@ -243,8 +244,6 @@ class TransformersBackend(BaseBackend):
     def _cache_arg(self) -> str:
         # transformers renamed past_key_values to cache; use whichever this version's forward takes
         if self._cache_name is None:
-            import inspect
-
             params = inspect.signature(self._model.forward).parameters
             self._cache_name = "cache" if "cache" in params else "past_key_values"
         return self._cache_name

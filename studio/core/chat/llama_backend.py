@@ -11,25 +11,29 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import signal
 from collections.abc import Callable, Generator, Sequence
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from studio.core.chat.backend import BaseBackend, StopCheck
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
+from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext
+from studio.core.llamacpp.kvcache import kv_type as check_kv_type
 from studio.core.llamacpp.options import ExtraBuffers, LoadOptions
 from studio.core.llamacpp.runner import LlamaRunner
+from studio.core.model.gguf_source import check_tokenizer
 
 CHAT_OPS = "studio.core.chat.llama_ops"
 MIN_CTX = 256
 
 
 def _gguf_header(path: Path) -> Any:
-    from studio.core.gguf.read import read_gguf
-    from studio.core.model.gguf_source import check_tokenizer
-
     header = read_gguf(path)
     check_tokenizer(header)  # no vocabulary: one sentence, instead of llama.cpp's "failed to load"
     return header
@@ -84,10 +88,8 @@ class LlamaCppBackend(BaseBackend):
         self.n_threads = n_threads
         self.f32_kv = f32_kv
         if kv_type:
-            from studio.core.lab.kvcache import kv_type as check_kv_type
-
             kv_type = check_kv_type(kv_type).name  # an unknown name fails here, before a child starts
-        self.kv_type = kv_type  # a ``studio.core.lab.kvcache`` type; None keeps ``f32_kv``
+        self.kv_type = kv_type  # a ``studio.core.llamacpp.kvcache`` type; None keeps ``f32_kv``
         self.logits_all = logits_all
         self.extra_ops = extra_ops
         self.options = LoadOptions(
@@ -339,15 +341,11 @@ class LlamaCppBackend(BaseBackend):
 
 def np_integer() -> type:
     """numpy's integer base class (header values may be numpy scalars)."""
-    import numpy as np
-
     return np.integer
 
 
 def _make_flag() -> Any:
     try:
-        from multiprocessing import shared_memory
-
         return shared_memory.SharedMemory(create=True, size=8)
     except Exception:  # noqa: BLE001 - without shared memory Stop still works, one message later
         return None
@@ -361,8 +359,6 @@ def _exit_how(worker: Any) -> str:
             proc.join(timeout=1.0)
     code = getattr(proc, "exitcode", None)
     if isinstance(code, int) and code < 0:
-        import signal
-
         try:
             return f"signal {signal.Signals(-code).name}"
         except ValueError:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator
+from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 
 from studio.core.chat.sampling import choose, make_rng
+from studio.core.llamacpp.worker import _OPS, _need, before_decode
 
 PROMPT_BATCH = 256  # prompt tokens evaluated between two checks of the stop flag
 
@@ -42,8 +44,6 @@ def _disable_llamacpp_templates() -> None:
 
 
 def _op_chat_load(state: Any, path: str, **kwargs: Any) -> dict[str, Any]:
-    from studio.core.llamacpp.worker import _OPS
-
     _disable_llamacpp_templates()
     state.chat_flag = None
     info = _OPS["load"](state, path=path, **kwargs)
@@ -59,7 +59,6 @@ def _flag(state: Any, name: str | None) -> Any:
     cached = getattr(state, "chat_flag", None)
     if cached is not None and cached[0] == name:
         return cached[1]
-    from multiprocessing import shared_memory
 
     # the parent made it before starting this child, so both share one resource tracker and the
     # parent's unlink settles it
@@ -92,8 +91,6 @@ def _op_chat_generate(
 ) -> Iterator[dict[str, Any]]:
     """Stream ``{"id", "b", "p"}`` per token, then one ``{"end": reason}``."""
     import llama_cpp
-
-    from studio.core.llamacpp.worker import _need, before_decode
 
     llm = _need(state)
     before_decode(state)

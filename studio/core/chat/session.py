@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.chat.backend import ChatBackend, StopCheck
+from studio.core.chat.hf_backend import TransformersBackend
+from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.chat.types import GenerationResult, Message, Prompt, Sampling, StopReason, TokenEvent
 from studio.core.errors import StudioError
 from studio.core.jobs import JobCancelled, JobContext
@@ -44,8 +46,6 @@ def open_backend(
     """
     p = Path(path).expanduser()
     if p.suffix.lower() == ".gguf":
-        from studio.core.chat.llama_backend import LlamaCppBackend
-
         return LlamaCppBackend(
             p,
             n_ctx=n_ctx,
@@ -54,7 +54,6 @@ def open_backend(
             extra_buffers=extra_buffers,
             kv_type=kv_type,
         )
-    from studio.core.chat.hf_backend import TransformersBackend
 
     return TransformersBackend(
         p, n_ctx=n_ctx, device=device, dtype=dtype, label=label, allow_pickle=allow_pickle

@@ -21,6 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import jinja2
+import jinja2.compiler
+import jinja2.ext
+import jinja2.nodes
+from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+
 from studio.core.jobs import JobCancelled, JobContext
 
 DEFAULT_TIME_BUDGET_S = 2.0
@@ -119,12 +126,6 @@ class _BudgetRange:
 
 
 def _environment(budget: _Budget) -> Any:
-    import jinja2
-    import jinja2.compiler
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
-
     class _Generation(jinja2.ext.Extension):
         # HF templates may mark assistant text with {% generation %}; render its body unchanged.
         tags = {"generation"}
@@ -310,16 +311,6 @@ def render_chat(
     if max_chars is None:
         max_chars = max(MIN_OUTPUT_CHARS, 4 * sum(len(m["content"]) for m in msgs) + 100_000)
     budget = _Budget(time_budget_s, max_chars, ctx)
-    try:
-        import jinja2
-        from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
-    except ImportError:  # pragma: no cover - jinja2 is a dependency
-        return RenderedChat(
-            fallback_text(messages, add_generation_prompt),
-            "fallback",
-            f"The chat template of {source} cannot be rendered because jinja2 is missing; a plain format is used instead.",
-        )
-    del jinja2
     try:
         env = _environment(budget)
         compiled = env.from_string(template)

@@ -14,6 +14,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,6 @@ def fingerprint(path: str | os.PathLike[str]) -> tuple[int, str]:
 
 def runtime_version() -> str:
     """The llama.cpp build that runs variants: llama-cpp-python's version (it pins llama.cpp)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return f"llama-cpp-python {version('llama-cpp-python')}"
     except PackageNotFoundError:

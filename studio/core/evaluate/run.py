@@ -8,6 +8,7 @@ memory-mapped file when large) so each variant is loaded alone, compared, and cl
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from studio.core.chat.hf_backend import TransformersBackend
+from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.errors import EvaluationError, StudioError
 from studio.core.evaluate.metrics import (
     chunk_starts,
@@ -30,7 +33,11 @@ from studio.core.evaluate.metrics import (
     token_nll,
 )
 from studio.core.evaluate.texts import EvalText, load_text
-from studio.core.jobs import JobContext, null_context
+from studio.core.evaluate.verdict import judge
+from studio.core.gguf.read import read_gguf
+from studio.core.jobs import JobCancelled, JobContext, null_context
+from studio.core.lab.memory import gguf_kv_cache_bytes
+from studio.core.llamacpp.kvcache import kv_type
 
 IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
 
@@ -66,7 +73,7 @@ class VariantScore:
     bpw: float
     n_scored: int
     error: str | None = None
-    kv_type: str = "f32"  # the variant's KV-cache type in llama.cpp (``studio.core.lab.kvcache``)
+    kv_type: str = "f32"  # the variant's KV-cache type in llama.cpp (``studio.core.llamacpp.kvcache``)
     kv_cache_bytes: int = 0  # what that cache takes at the evaluation's context
 
     def delta_ppl_pct(self, original_ppl: float) -> float:
@@ -104,7 +111,6 @@ class EvalReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (NaN becomes None); each variant has its ``verdict`` in plain words."""
-        from studio.core.lab.verdict import judge
 
         def variant(v: VariantScore) -> dict[str, Any]:
             j = None if v.error else judge(self.original.ppl, v.ppl)
@@ -152,8 +158,6 @@ def _clean(x: Any) -> Any:
 
 def gguf_size(path: str | Path) -> tuple[int, float]:
     """(file bytes, bits per weight of the tensor data) of a GGUF file."""
-    from studio.core.gguf.read import read_gguf
-
     h = read_gguf(path)
     n = sum(t.n_elements for t in h.tensors)
     b = sum(t.nbytes for t in h.tensors)
@@ -177,14 +181,10 @@ def _model_dims(path: Path) -> tuple[int, int] | None:
     """(layers, hidden width) from a GGUF header or a checkpoint's config.json; None when unknown."""
     try:
         if path.suffix.lower() == ".gguf":
-            from studio.core.gguf.read import read_gguf
-
             meta = read_gguf(path).metadata
             arch = str(meta.get("general.architecture", ""))
             layers, width = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.embedding_length")
         else:
-            import json
-
             cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
             cfg = cfg.get("text_config") or cfg
             layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
@@ -239,8 +239,6 @@ def _llama_scorer(
     on_note: Callable[[str], None],
     kv_type: str | None = None,
 ) -> Any:
-    from studio.core.chat.llama_backend import LlamaCppBackend
-
     return LlamaCppBackend(
         path,
         n_ctx=n_ctx,
@@ -264,7 +262,6 @@ def _open_scorer(
 ) -> Any:
     if path.suffix.lower() == ".gguf":
         return _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note)
-    from studio.core.chat.hf_backend import TransformersBackend
 
     return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
@@ -302,8 +299,6 @@ def evaluate(
     if max_chunks is not None and max_chunks < 1:
         raise EvaluationError(f"At least one chunk must be evaluated, not {max_chunks}.")
     if kv_types:
-        from studio.core.lab.kvcache import kv_type
-
         kv_types = tuple(dict.fromkeys(kv_type(t).name for t in kv_types))  # unknown names fail here
     et = text if isinstance(text, EvalText) else load_text(text)
     orig_path = Path(original).expanduser()
@@ -424,8 +419,6 @@ def _score_variant(
     on_note: Callable[[str], None] | None = None,
     kv_type: str | None = None,
 ) -> VariantScore:
-    from studio.core.jobs import JobCancelled
-
     sl = scored_positions(n_ctx)
     nan = float("nan")
     label = path.name if kv_type is None else f"{path.name} [KV {kv_type}]"
@@ -439,7 +432,6 @@ def _score_variant(
         file_bytes, bpw = gguf_size(path)
         if identity is not None:
             identity.check_dims(path)
-        from studio.core.lab.memory import gguf_kv_cache_bytes
 
         kv["kv_cache_bytes"] = gguf_kv_cache_bytes(path, n_ctx, kv_type or "f32")
     except StudioError as err:

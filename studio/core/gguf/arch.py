@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.errors import ExportError
-from studio.core.model.types import ModelInfo, Role
+from studio.core.modelinfo import ModelInfo, Role
 
 # config.json model_type → GGUF architecture name (llama.cpp's LLM_ARCH names).
 _ARCHES: dict[str, str] = {
@@ -127,8 +128,6 @@ def head_counts(config: dict[str, Any]) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=16)  # building one walks every name pattern x block; maps are only read
 def _tensor_name_map(arch: str, n_blocks: int) -> Any:
-    import gguf  # heavy-ish import kept local
-
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     return gguf.get_tensor_name_map(arch_enum, n_blocks)
 
@@ -145,28 +144,20 @@ def studio_converts(info: ModelInfo) -> bool:
     return str(info.model_type).lower() in _ARCHES
 
 
-def export_route(info: ModelInfo) -> tuple[str | None, str | None]:
-    """Who converts ``info`` to GGUF: ("studio", None), ("llama.cpp", None) for llama.cpp's
-    converter, or (None, the one sentence saying why neither can). A GGUF original is the studio's
-    (requantized with its own names)."""
-    try:
-        return layout(info).source, None
-    except ExportError as err:
-        return None, err.message
+def gguf_layout(info: Any) -> Any:
+    """The identity ``Layout`` of a GGUF file: every tensor keeps its name and stored shape."""
+    maps = []
+    for t in info.tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        maps.append(TensorMap(t.name, t.name, tuple(t.shape), Transform.NONE, int(m.group(1)) if m else None))
+    arch = str(info.config.get("model_type") or info.model_type)
+    names = {t.name for t in info.tensors}
+    return Layout(arch, tuple(maps), (), "output.weight" not in names)
 
 
-def layout(info: ModelInfo) -> Layout:
-    """Map every tensor of ``info`` to its GGUF name, shape and transform: a GGUF original keeps its
-    own names; the studio's own mapping covers its families, llama.cpp's converter every other
-    architecture; ExportError (one sentence naming the architecture) when neither converts it."""
-    if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original keeps its own names
-        from studio.core.requantize import gguf_layout
-
-        return gguf_layout(info)
-    if not studio_converts(info):
-        from studio.core.gguf import llama_converter
-
-        return llama_converter.converter_layout(info)
+def studio_layout(info: ModelInfo) -> Layout:
+    """The studio's own mapping of a checkpoint of one of its families (``studio_converts``): every
+    tensor's GGUF name, shape and transform; ``layout.layout`` chooses between it and the others."""
     arch = gguf_arch(info)
     mt = str(info.model_type).lower()
     cfg = info.config

@@ -19,20 +19,24 @@ from; a bundle for another version than the installed runtime is refused with on
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import functools
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -79,8 +83,6 @@ def bundle_dir() -> Path:
 
 def runtime_version() -> str | None:
     """The installed llama-cpp-python version, or None when it is not installed."""
-    from importlib import metadata
-
     try:
         return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
@@ -282,8 +284,6 @@ def _install_finder(root: Path) -> None:
 def _known(root: str) -> frozenset[str]:
     # conversion/__init__.py maps HF architecture names to its modules in a literal dict; reading it
     # with ast tells what the converter supports without importing torch
-    import ast
-
     tree = ast.parse((Path(root) / "conversion" / "__init__.py").read_text(encoding="utf-8"))
     for node in tree.body:
         target = (
@@ -305,7 +305,6 @@ def known_architectures() -> frozenset[str]:
 @functools.lru_cache(maxsize=4)
 def _load_gguf(root: str) -> Any:
     _install_finder(Path(root))
-    import importlib
 
     with _quiet_converter_logging():
         return importlib.import_module(GGUF_MODULE)
@@ -326,8 +325,6 @@ def _load(root: str) -> LoadedConverter:
         raise ExportError(f"No llama.cpp converter in {root}.")
     _install_finder(Path(root))
     with _quiet_converter_logging():
-        import importlib
-
         gguf = importlib.import_module(GGUF_MODULE)
         conversion = importlib.import_module(CONVERSION_MODULE)
     return LoadedConverter(b, gguf, conversion)
@@ -351,8 +348,6 @@ def converter_available() -> tuple[bool, str | None]:
 def _quiet_converter_logging() -> Any:
     # the converter logs every tensor at INFO and warns through the root logger's last resort;
     # a run's warnings are collected by the caller, never printed
-    import logging
-
     log = logging.getLogger("hf-to-gguf")
     gl = logging.getLogger(GGUF_MODULE)
     old = (log.level, log.propagate, gl.level)

@@ -21,19 +21,28 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from studio.core.errors import ExportError
-from studio.core.jobs import JobContext, null_context
-from studio.core.model.types import ModelInfo, Role
+from studio.core.errors import ExportError, RemoteCodeError
+from studio.core.gguf.arch import Layout, TensorMap, Transform
+from studio.core.gguf.converter_bundle import (
+    GGUF_MODULE,
+    converter_available,
+    known_architectures,
+    load_bundle_gguf,
+    load_converter,
+)
+from studio.core.gguf.vocab import pre_tokenizer_name
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role
 
 CHUNK_BYTES = 16 << 20  # float32 bytes per block of rows handed to the quantizers
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -89,15 +98,12 @@ def hf_architecture(info: ModelInfo) -> str:
 
 def converter_knows(info: ModelInfo) -> bool:
     """Whether llama.cpp's converter (when installed) has a text model class for this checkpoint."""
-    from studio.core.gguf.converter_bundle import known_architectures
-
     return hf_architecture(info) in known_architectures()
 
 
 @functools.lru_cache(maxsize=2)
-def _role_table(root: str) -> dict[str, Role]:
-    from studio.core.gguf.converter_bundle import load_bundle_gguf
-
+def role_table(root: str) -> dict[str, Role]:
+    """GGUF tensor-name pattern → role, from the tensor map of llama.cpp's converter at ``root``."""
     g = load_bundle_gguf()
     tnm = g.TensorNameMap
     table: dict[str, Role] = {}
@@ -118,30 +124,8 @@ def _role_table(root: str) -> dict[str, Role]:
 _DIGITS = re.compile(r"\.\d+\.")
 
 
-def converter_adapter(hf_arch: str) -> Any:
-    """An adapter whose roles come from llama.cpp's converter's tensor map, for an architecture only
-    the converter knows; None when it does not know ``hf_arch`` (or is not installed)."""
-    from studio.core.gguf.converter_bundle import bundle_dir
-
-    return _converter_adapter(hf_arch, str(bundle_dir()))
-
-
-@functools.lru_cache(maxsize=64)  # asked once per tensor by some callers; the bundle does not change
-def _converter_adapter(hf_arch: str, where: str) -> Any:
-    from studio.core.gguf.converter_bundle import find_bundle, known_architectures
-    from studio.core.model.adapters import MappedAdapter
-
-    if hf_arch not in known_architectures():
-        return None
-    b, _ = find_bundle()
-    assert b is not None
-    return MappedAdapter("llama.cpp converter", (), table=_role_table(str(b.path)))
-
-
 def unknown_architecture_error(info: ModelInfo) -> ExportError:
     """The one sentence for an architecture neither the studio nor the converter converts."""
-    from studio.core.gguf.converter_bundle import converter_available, load_converter
-
     arch = hf_architecture(info)
     ok, why = converter_available()
     if ok:
@@ -280,8 +264,6 @@ def _collect_warnings(sink: list[str]) -> Iterator[None]:
             if msg and not msg.startswith("*") and record.levelno >= logging.WARNING:
                 sink.append(msg)
 
-    from studio.core.gguf.converter_bundle import GGUF_MODULE
-
     h = _H(logging.WARNING)
     logs = [logging.getLogger("hf-to-gguf"), logging.getLogger(GGUF_MODULE)]
     saved = [(lg.level, lg.propagate) for lg in logs]
@@ -307,10 +289,6 @@ def _pre_fallback(model: Any, folder: Path, notes: list[str]) -> None:
         try:
             return str(original(tokenizer))
         except NotImplementedError:
-            import json
-
-            from studio.core.gguf.vocab import pre_tokenizer_name
-
             tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
             if ((tj.get("model") or {}).get("type")) == "WordPiece":
                 name = "default"
@@ -330,11 +308,6 @@ def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
     in this process, not in the studio's memory-limited child), and no custom code: some of its tokenizer
     paths let transformers run a repository's own code, so a folder that asks for any (``auto_map``) is
     refused here, before the converter sees it."""
-    import json
-
-    from studio.core.errors import RemoteCodeError
-    from studio.core.model.types import CheckpointFormat
-
     if info.format is not CheckpointFormat.SAFETENSORS:
         raise ExportError(
             f"{info.path.name} is a {info.format.value} checkpoint; llama.cpp's converter path exports "
@@ -357,8 +330,6 @@ def start_run(info: ModelInfo, *, out_path: Path | None = None, metadata: bool =
     """Instantiate the converter for ``info`` and run its tensor preparation (lazy, no data read);
     with ``metadata`` also its hyper-parameters, general.* keys and vocabulary."""
     import torch
-
-    from studio.core.gguf.converter_bundle import converter_available, load_converter
 
     if not converter_available()[0]:
         raise unknown_architecture_error(info)
@@ -513,8 +484,6 @@ def converter_layout(info: ModelInfo) -> Any:
 
 
 def _build_layout(info: ModelInfo) -> Any:
-    from studio.core.gguf.arch import Layout, TensorMap, Transform
-
     run = start_run(info)
     tensors = list(run.tensors.values())
     # a checkpoint tensor feeding exactly one GGUF tensor, alone, keeps its own name as the plan
@@ -555,138 +524,6 @@ def _build_layout(info: ModelInfo) -> Any:
     )
 
 
-# ------------------------------------------------------------------------------------- export
-
-
-def export_converted(
-    info: ModelInfo,
-    lay: Any,
-    out: Path,
-    plan: Any,
-    *,
-    device: str,
-    imatrix: Mapping[str, Any] | None,
-    ctx: JobContext | None,
-    validate: Callable[[Path], None] | None,
-    encode: Callable[[np.ndarray, str, str, np.ndarray | None], np.ndarray],
-    float_only: bool = False,
-) -> dict[str, Any]:
-    """Write ``out`` atomically: llama.cpp's converter metadata, vocabulary and tensor values, our
-    plan's types and quantizers (``encode(rows, qtype, device, imatrix)``), one tensor at a time.
-
-    ``float_only``: write every tensor as F32 (the llama.cpp back end's input), the plan still
-    recorded in the metadata."""
-    import gguf
-
-    from studio.core.gguf.metadata import _studio_version
-    from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
-    from studio.core.quant.types import tensor_bytes
-
-    ctx = ctx or null_context()
-    ctx.report(0, 1, "Running llama.cpp's converter")
-    run = start_run(info, out_path=out, metadata=True)
-    got = {n: t.shape for n, t in run.tensors.items()}
-    want = {tm.gguf_name: tm.shape for tm in lay.tensors}
-    if got != want:
-        diff = sorted(set(got) ^ set(want)) or sorted(n for n in got if got[n] != want.get(n))
-        raise ExportError(
-            f"llama.cpp's converter produced other tensors for {info.path.name} than its layout said "
-            f"(first: {diff[0]}); the checkpoint changed while exporting?"
-        )
-    by_gguf = {tm.gguf_name: tm for tm in lay.tensors}
-    types = {n: ("F32" if float_only else plan.type_of(by_gguf[n].hf_name)) for n in run.tensors}
-    sizes = {n: tensor_bytes(types[n], run.tensors[n].shape) for n in run.tensors}
-    total = sum(sizes.values())
-    check_output_path(out, need_bytes=total)
-    with AtomicGGUFWriter(out, run.gguf_arch) as w:
-        for key, value, vtype, sub in run.key_values():
-            if key == gguf.Keys.General.ARCHITECTURE:
-                continue  # the writer starts with it
-            if key == gguf.Keys.General.FILE_TYPE:
-                value = int(plan.ftype)
-            w.kv.add_key_value(
-                key, value, gguf.GGUFValueType(vtype), gguf.GGUFValueType(sub) if sub is not None else None
-            )
-        if gguf.Keys.General.FILE_TYPE not in w.kv.kv_data[0]:
-            w.kv.add_file_type(int(plan.ftype))
-        w.kv.add_string("quant_studio.version", _studio_version())
-        w.kv.add_string("quant_studio.plan", plan.to_json())
-        # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix): llama-quantize's keys
-        for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
-            if isinstance(value, str):
-                w.kv.add_string(key, value)
-            else:
-                w.kv.add_uint32(key, int(value))
-        for n, t in run.tensors.items():
-            w.add_tensor_info(n, t.shape, types[n], sizes[n])
-        w.begin()
-        done = 0
-        for n, t in run.tensors.items():
-            ctx.check_cancelled()
-            qw = _imatrix_rows(imatrix, by_gguf[n], t)
-            w.write_tensor_chunks(n, _encoded(run, n, t, types[n], device, qw, encode, ctx, info))
-            done += sizes[n]
-            ctx.report(done, total, f"Wrote {n} ({types[n]})")
-        ctx.check_cancelled()
-        ctx.report(total, total, "Validating")
-        w.commit(validate=validate)
-    return {
-        "types": types,
-        "tensor_bytes": total,
-        "tokenizer": None,
-        "notes": tuple(run.notes) + tuple(f"llama.cpp's converter: {m}" for m in run.warnings),
-    }
-
-
-def _imatrix_rows(imatrix: Mapping[str, Any] | None, tm: Any, t: ConvertedTensor) -> np.ndarray | None:
-    """The importance values of one tensor: (n_per_row,) or, for experts, (n_expert, n_per_row)."""
-    if not imatrix:
-        return None
-    v = imatrix.get(tm.hf_name)
-    if v is None:
-        v = imatrix.get(t.name)
-    if v is None:
-        return None
-    v = np.asarray(v, dtype=np.float32)
-    n = t.shape[-1]
-    n_exp = t.shape[0] if len(t.shape) == 3 else 1
-    if v.size == n:
-        return v.reshape(n)
-    if v.size == n * n_exp and n_exp > 1:
-        return v.reshape(n_exp, n)
-    raise ExportError(
-        f"The importance matrix for {t.name} has {v.size} values; its rows have {n}"
-        + (f" (x {n_exp} experts)." if n_exp > 1 else ".")
-    )
-
-
-def _encoded(
-    run: ConverterRun,
-    name: str,
-    t: ConvertedTensor,
-    qtype: str,
-    device: str,
-    qw: np.ndarray | None,
-    encode: Callable[[np.ndarray, str, str, np.ndarray | None], np.ndarray],
-    ctx: JobContext,
-    info: ModelInfo,
-) -> Iterator[np.ndarray]:
-    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
-
-    per_expert = t.shape[1] if len(t.shape) == 3 else 0
-    row = 0
-    for block in run.rows(name):
-        nan, inf = count_nonfinite(block)
-        if nan or inf:
-            raise nonfinite_error(name, nan, inf, info.path)
-        w = qw
-        if qw is not None and qw.ndim == 2:
-            w = qw[row // per_expert]  # blocks never cross an expert
-        yield encode(block, qtype, device, w)
-        row += block.shape[0]
-        ctx.check_cancelled()
-
-
 def reference_convert(info: ModelInfo, out: Path) -> Path:
     """llama.cpp's converter writing its own F32 GGUF file with its own (non-atomic) writer, as
     ``convert_hf_to_gguf.py --outtype f32`` does: the reference the conformance tests compare with
@@ -704,10 +541,8 @@ def reference_convert(info: ModelInfo, out: Path) -> Path:
 __all__ = [
     "ConvertedTensor",
     "ConverterRun",
-    "converter_adapter",
     "converter_knows",
     "converter_layout",
-    "export_converted",
     "gguf_layer",
     "gguf_role",
     "hf_architecture",

@@ -8,19 +8,19 @@ import re
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
+from studio import __version__
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, head_counts, hparam
-from studio.core.model.types import ModelInfo
+from studio.core.modelinfo import ModelInfo
 
 GGML_QUANT_VERSION = 2  # general.quantization_version llama.cpp writes
 
 
 def _studio_version() -> str:
     try:
-        from studio import __version__
-
         return str(__version__)
     except Exception:  # pragma: no cover - package metadata missing in odd installs
         return "0"
@@ -85,7 +85,6 @@ def add_arch_metadata(w: Any, info: ModelInfo) -> None:
         w.add_rope_freq_base(float(theta))
     rope_type = str(rope.get("rope_type") or "").lower()
     factor = rope.get("factor")
-    import gguf
 
     if rope_type == "linear" and factor is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -110,8 +109,6 @@ def add_arch_metadata(w: Any, info: ModelInfo) -> None:
 
 
 def _bert_pooling(info: ModelInfo) -> Any:
-    import gguf
-
     modules = info.path / "modules.json" if info.path.is_dir() else None
     if modules is not None and modules.is_file():
         try:
@@ -182,8 +179,6 @@ def converter_metadata(info: ModelInfo, n_params: int, source_repo: str | None =
     settings and the folder name (basename, size label, finetune, version). A model from the Hub cache
     is named after its repository instead of its snapshot folder, as if cloned under the repo's name.
     """
-    import gguf
-
     folder = info.path if info.path.is_dir() else info.path.parent
     card = folder / "README.md"
     try:
@@ -221,8 +216,6 @@ def add_general_metadata(
     (``general.source.repo_url``, ``general.source.url``), a local folder only its name.
     ``n_params`` counts the weights of every tensor written (the size label is made from it).
     """
-    import gguf
-
     w.add_type(gguf.GGUFType.MODEL)
     meta = converter_metadata(info, n_params, source_repo)
     if source_repo:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.errors import CorruptFileError
@@ -95,8 +96,6 @@ class GGUFFile:
 
 def _ggml_types() -> dict[int, tuple[str, int, int]]:
     """ggml type id -> (name, block size, bytes per block), from gguf-py's tables."""
-    import gguf  # lazy: keeps studio.core.model cheap to import for the GUI
-
     out = {}
     for qtype, (block, size) in gguf.GGML_QUANT_SIZES.items():
         out[int(qtype)] = (qtype.name, int(block), int(size))

@@ -9,9 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
+from sentencepiece import SentencePieceProcessor
+from tokenizers import Tokenizer
+
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, hparam
-from studio.core.model.types import ModelInfo
+from studio.core.modelinfo import ModelInfo
 
 # llama.cpp token types (llama_token_type / gguf.TokenType values).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -178,8 +182,6 @@ def _add_tokenizer(w: Any, info: ModelInfo) -> TokenizerSummary:
 
 
 def _llama_hf_vocab(w: Any, folder: Path, arch: str) -> TokenizerSummary:
-    import gguf
-
     log = logging.getLogger("gguf")
     old = log.level
     log.setLevel(logging.ERROR)
@@ -207,8 +209,6 @@ def _llama_hf_vocab(w: Any, folder: Path, arch: str) -> TokenizerSummary:
 
 def _special_vocab(folder: Path, n_vocab: int, *, merges: bool) -> Any:
     """Special token ids, add_bos/add_eos, merges and the chat template via gguf-py."""
-    import gguf
-
     # gguf-py logs at INFO/WARNING; keep it out of the user's terminal unless they ask for logs
     log = logging.getLogger("gguf")
     old = log.level
@@ -233,8 +233,6 @@ def _fast_tokenizer(folder: Path) -> Any:
     transformers' AutoTokenizer when there is no tokenizer.json."""
     tj = folder / "tokenizer.json"
     if tj.is_file():
-        from tokenizers import Tokenizer
-
         return Tokenizer.from_file(str(tj))
     return None
 
@@ -281,8 +279,6 @@ def _chat_template(folder: Path) -> str | None:
 
 def write_special_vocab(w: Any, sv: Any) -> bool:
     """Add a SpecialVocab's keys to ``w``; True when a chat template was written."""
-    import gguf
-
     log = logging.getLogger("gguf")
     old = log.level
     log.setLevel(logging.ERROR)
@@ -297,8 +293,6 @@ def write_special_vocab(w: Any, sv: Any) -> bool:
 
 def _spm_vocab(folder: Path, n_vocab: int) -> tuple[list[bytes], list[float], list[int]]:
     """Tokens, scores and types of a SentencePiece model plus the HF added tokens (as the converter)."""
-    from sentencepiece import SentencePieceProcessor
-
     sp = SentencePieceProcessor()
     sp.LoadFromFile(str(folder / "tokenizer.model"))
     size = n_vocab or sp.vocab_size()

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.errors import CorruptFileError, ExportError
+from studio.core.gguf.read import read_gguf
 from studio.core.units import format_bytes
 
 PARTIAL_SUFFIX = ".partial"
@@ -30,6 +32,14 @@ try:  # POSIX advisory lock: tells the stale-file cleaner that a partial file is
     import fcntl
 except ImportError:  # pragma: no cover - Windows: an open file cannot be deleted anyway
     fcntl = None  # type: ignore[assignment]
+
+
+def llama_order(name: str) -> tuple[int, str]:
+    """The sort key of the tensor ``name`` in llama.cpp's files: block number, then name; others first."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
+        return int(parts[1]), name
+    return -1, name
 
 
 def partial_path(out: Path) -> Path:
@@ -146,8 +156,6 @@ class AtomicGGUFWriter:
     """
 
     def __init__(self, out: Path, arch: str) -> None:
-        import gguf
-
         self.out = Path(out)
         self.partial = partial_path(self.out)
         self._gguf = gguf
@@ -342,8 +350,6 @@ def validate_written(path: Path, planned: list[PlannedTensor], crcs: dict[str, i
     tensors (name, shape, type, size, inside the file); with ``crcs``, re-read each tensor's bytes
     and compare checksums. CorruptFileError on any mismatch
     (tests/core/export/test_export_faults.py::test_writer_bug_fails_validation_and_deletes)."""
-    from studio.core.gguf.read import read_gguf
-
     g = read_gguf(path)
     if len(g.tensors) != len(planned):
         raise CorruptFileError(f"{path.name} declares {len(g.tensors)} tensors, {len(planned)} were written.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import importlib
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -17,9 +18,11 @@ from itertools import islice
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from studio import __version__
 from studio.core.errors import HubError
 from studio.core.hub.errors import AuthRequired, NetworkError, OfflineError, RateLimited, RepoNotFound
 from studio.core.hub.gguf_quant import quant_type_from_name
+from studio.core.hub.http import open_url
 from studio.core.hub.paths import check_repo_id, is_offline, safe_repo_path
 from studio.core.hub.retry import (
     DEFAULT_POLICY,
@@ -413,8 +416,6 @@ def search(
 
 def _without_hf_retry_warnings(fn: Callable[[], T]) -> T:
     """Run ``fn`` with huggingface_hub's per-retry warnings off (our own error says what failed)."""
-    import logging
-
     log = logging.getLogger("huggingface_hub.utils._http")
     level = log.level
     log.setLevel(logging.ERROR)
@@ -561,8 +562,6 @@ def fetch_bytes(
     ctx: JobContext | None = None,
 ) -> bytes:
     """A small file's bytes straight from the Hub (not cached), refusing anything over ``max_bytes``."""
-    from studio.core.hub.http import open_url
-
     check_repo_id(repo_id)
     safe_repo_path(filename)
     url = resolve_url(repo_id, filename, revision)
@@ -664,8 +663,6 @@ def resolve_url(repo_id: str, filename: str, revision: str | None) -> str:
 
 def auth_headers(token: str | None) -> dict[str, str]:
     """Request headers, with the token when there is one."""
-    from studio import __version__
-
     headers = {"User-Agent": f"quant-studio/{__version__}", "Accept-Encoding": "identity"}
     if token:
         headers["Authorization"] = f"Bearer {token}"

@@ -23,7 +23,7 @@ def _keyring():  # noqa: ANN202
     try:
         import keyring
         from keyring.backends.fail import Keyring as FailKeyring
-    except ImportError:
+    except ImportError:  # keyring is optional: without it tokens come from the environment or the HF file
         return None
     try:
         backend = keyring.get_keyring()

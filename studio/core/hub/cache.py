@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from studio.core.errors import HubError
 from studio.core.hub.errors import OfflineError
 from studio.core.hub.paths import (
@@ -227,8 +229,6 @@ def find_leftovers(cache_dir: str | os.PathLike[str] | None = None) -> list[Left
 
 def remove_leftovers(items: list[Leftover], *, older_than: float = 0.0) -> int:
     """Remove leftovers that no running download holds (and older than ``older_than`` seconds); bytes freed."""
-    from filelock import FileLock, Timeout
-
     freed = 0
     now = time.time()
     for item in items:

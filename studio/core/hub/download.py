@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from filelock import FileLock, Timeout
+
 from studio.core.atomic import write_atomic
 from studio.core.errors import HubError
 from studio.core.hub.api import (
@@ -497,7 +499,6 @@ def _hasher(f: RepoFileInfo):  # noqa: ANN202
 
 
 def _lock(cache: Path, repo_id: str, blob_name: str):  # noqa: ANN202
-    from filelock import FileLock
 
     # Same place huggingface_hub locks its own downloads, so its tools and ours exclude each other too.
     path = cache / ".locks" / repo_cache_path(cache, repo_id).name / f"{blob_name}.lock"
@@ -519,8 +520,6 @@ def _download_blob(
     policy: RetryPolicy,
 ) -> int:
     """Fetch one blob (resuming its partial), verify it and move it in place; returns bytes fetched."""
-    from filelock import Timeout
-
     _makedirs(blob.parent)
     partial = blob.with_name(blob.name + PARTIAL_SUFFIX)
     expected = int(f.size or 0)

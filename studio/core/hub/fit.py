@@ -1,6 +1,6 @@
 """Fit badges: would a Hub model, quantized with a preset, run on this machine?
 
-Built on ``studio.core.estimate.estimate_from_config`` from the repository's config.json and its
+Built on ``studio.core.plan.estimate.estimate_from_config`` from the repository's config.json and its
 parameter count, so the Hub panel and the planner agree on every number.
 """
 
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from studio.core.errors import HubError
+from studio.core.hub.api import fetch_json
 from studio.core.jobs import JobContext
+from studio.core.plan.estimate import Verdict, estimate_from_config, verdict_for
 
 # The preset the badge speaks for when the user has not picked one: the usual llama.cpp default.
 BADGE_PRESET = "Q4_K_M"
@@ -49,7 +51,6 @@ def fit_badge(
     """The fit badge for a model known by its config and parameter count, or None if they are unknown."""
     if not n_params:
         return None
-    from studio.core.estimate import Verdict, estimate_from_config
 
     estimates = tuple(estimate_from_config(dict(config or {}), int(n_params), hw, ctx_len=ctx_len))
     if not estimates:
@@ -63,8 +64,6 @@ def fit_badge(
 
 def gguf_fit(file_bytes: int, hw: Any) -> str:
     """A rough verdict for an already-quantized GGUF file: its size plus ~15 % for context and buffers."""
-    from studio.core.estimate import verdict_for
-
     return verdict_for(int(file_bytes * 1.15), hw).value
 
 
@@ -79,8 +78,6 @@ def fit_for_repo(
     ctx: JobContext | None = None,
 ) -> FitBadge | None:
     """Fetch a repository's config.json and compute its fit badge (None when it cannot be told)."""
-    from studio.core.hub.api import fetch_json
-
     if not n_params:
         return None
     try:

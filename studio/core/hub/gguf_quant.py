@@ -15,6 +15,8 @@ import re
 import struct
 from pathlib import Path
 
+from studio.core.quant.types import ftype_name
+
 # Longest names first so "Q4_K_M" wins over "Q4_K" and "IQ2_XXS" over "IQ2_XS".
 _QUANT_NAMES = (
     "IQ2_XXS IQ3_XXS IQ1_S IQ1_M IQ2_XS IQ2_S IQ2_M IQ3_XS IQ3_S IQ3_M IQ4_XS IQ4_NL "
@@ -47,8 +49,6 @@ def quant_type_from_name(filename: str) -> str | None:
 
 def file_type_name(file_type: int) -> str | None:
     """The name of a ``general.file_type`` value (e.g. 15 -> ``Q4_K_M``), as the type registry gives it."""
-    from studio.core.quant.types import ftype_name  # gguf-py is imported only when a header is read
-
     return ftype_name(file_type)
 
 

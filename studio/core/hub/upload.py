@@ -36,9 +36,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from studio.core.errors import CorruptFileError, HubError
-from studio.core.hub.api import endpoint, transport_errors
+from studio.core.evaluate.record import last_evaluation
+from studio.core.gguf.read import read_gguf
+from studio.core.hub.api import _license, endpoint, fetch_text, get_model_info, transport_errors
 from studio.core.hub.auth import redact
-from studio.core.hub.errors import UploadError
+from studio.core.hub.errors import RepoNotFound, UploadError
+from studio.core.hub.model_card import card_facts, is_studio_card, merge_card
 from studio.core.hub.paths import check_repo_id
 from studio.core.hub.retry import (
     DEFAULT_POLICY,
@@ -283,9 +286,6 @@ def _repo_has(api: Any, repo_id: str, name: str, sha256: str, ctx: JobContext) -
 
 
 def _existing_card(repo_id: str, token: str, ctx: JobContext) -> str | None:
-    from studio.core.hub.api import fetch_text
-    from studio.core.hub.errors import RepoNotFound
-
     try:
         return fetch_text(repo_id, "README.md", revision="main", token=token, ctx=ctx)
     except RepoNotFound:
@@ -321,8 +321,6 @@ def _hf_log_to(ctx: JobContext, token: str) -> Iterator[None]:
 
 def source_license(repo_id: str, revision: str | None, token: str | None, ctx: JobContext) -> str | None:
     """The license the source repository declares, or None when the Hub cannot say."""
-    from studio.core.hub.api import _license, get_model_info
-
     try:
         return _license(get_model_info(repo_id, revision=revision, token=token, ctx=ctx))
     except HubError:
@@ -341,10 +339,6 @@ def upload_gguf(
     ctx: JobContext | None = None,
 ) -> UploadResult:
     """Upload the GGUF at ``path`` to the model repository ``repo_id`` with a generated README card."""
-    from studio.core.evaluate.record import last_evaluation
-    from studio.core.gguf.read import read_gguf
-    from studio.core.hub.model_card import card_facts, is_studio_card, merge_card
-
     ctx = ctx or JobContext()
     p = Path(path).expanduser()
     check_repo_id(repo_id)

@@ -16,8 +16,8 @@ Bits per weight: a format's own storage (FP16 16, Q8_0 34 bytes per 32 values = 
 = 6.5625, Q4_0 18 per 32 = 4.5) or, for llama.cpp's mixed presets (Q5_K_M, Q4_K_M, Q3_K_M, Q2_K),
 the average those presets reach on 7-8B Llama models. When the model itself is known (its tensors),
 every GGUF preset's weights are instead the sum over its tensors of the bytes of the type llama.cpp's
-rules give each one (``studio.core.estimate``), and bits per weight is 8 × that ÷ parameters, so the
-first formula still holds. "This machine" is ``studio.core.estimate.verdict_for`` on the total.
+rules give each one (``studio.core.plan.estimate``), and bits per weight is 8 × that ÷ parameters, so the
+first formula still holds. "This machine" is ``studio.core.plan.estimate.verdict_for`` on the total.
 """
 
 from __future__ import annotations
@@ -26,13 +26,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from studio.core import hardware
 from studio.core.errors import StudioError
-from studio.core.lab.kvcache import KV_TYPES, kv_type
+from studio.core.gguf.read import read_gguf
+from studio.core.hub import api
+from studio.core.llamacpp.kvcache import KV_TYPES, kv_type
+from studio.core.model.checkpoint import gguf_config
+from studio.core.modelinfo import config_int as _cfg_int
+from studio.core.plan import memory as memory_model  # the one memory model (this module has its own names)
+from studio.core.plan.estimate import _TYPICAL_BPW as typical
+from studio.core.plan.estimate import estimate_preset, verdict_for
+from studio.core.plan.estimate import kv_cache_bytes as f16_kv
+from studio.core.quant.types import qtype_info
+from studio.core.units import format_mib
 
 if TYPE_CHECKING:
     from studio.core.hardware import HardwareInfo
     from studio.core.jobs import JobContext
-    from studio.core.model.types import ModelInfo
+    from studio.core.modelinfo import ModelInfo
 
 __all__ = [
     "CONTEXTS",
@@ -79,14 +90,10 @@ class Precision:
 
 
 def _format_bpw(type_name: str) -> float:
-    from studio.core.quant.types import qtype_info
-
     return qtype_info(type_name).bits_per_weight
 
 
 def _precisions() -> tuple[Precision, ...]:
-    from studio.core.estimate import _TYPICAL_BPW as typical  # the Hub's fit badges use the same
-
     return (
         Precision("FP32", 32.0, "format", None, "training precision"),
         Precision("FP16/BF16", 16.0, "format", "F16"),
@@ -133,9 +140,6 @@ def shape_from_config(
     config: Mapping[str, Any], params: int, *, name: str = "model", info: ModelInfo | None = None
 ) -> ModelShape:
     """The shape from a config.json (or a GGUF's ``gguf_config``) and a parameter count."""
-    from studio.core.estimate import _cfg_int  # the same config keys as the estimates
-    from studio.core.estimate import kv_cache_bytes as f16_kv
-
     cfg = dict(config.get("text_config") or config)
     layers = _cfg_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _cfg_int(cfg, "hidden_size", "n_embd", "d_model")
@@ -156,8 +160,6 @@ def shape_from_config(
 
 def shape_from_info(info: ModelInfo) -> ModelShape:
     """The shape of an opened checkpoint (``studio.core.model.open_model(...).info``); exact sizes."""
-    from studio.core.estimate import _cfg_int
-
     cfg = dict(info.config)
     if info.n_layers and not _cfg_int(cfg, "num_hidden_layers", "n_layer", "num_layers"):
         cfg["num_hidden_layers"] = info.n_layers
@@ -166,9 +168,8 @@ def shape_from_info(info: ModelInfo) -> ModelShape:
 
 def shape_from_hub(repo_id: str, *, token: str | None = None, ctx: JobContext | None = None) -> ModelShape:
     """The shape of a Hub model from its config.json and parameter count (no weights downloaded)."""
-    from studio.core.hub.api import model_details
 
-    d = model_details(repo_id, token=token, with_card=False, ctx=ctx)
+    d = api.model_details(repo_id, token=token, with_card=False, ctx=ctx)
     if not d.params or not d.config:
         raise StudioError(
             f"The Hub does not say how many parameters {repo_id} has, or it has no config.json.",
@@ -186,19 +187,17 @@ def kv_cache_bytes(shape: ModelShape, ctx_len: int, kv: str = "f16") -> int:
     """2 × layers × KV heads × head dim × allocated context × bytes per value (0 without a cache)."""
     if ctx_len <= 0:
         raise StudioError(f"The context must be a positive number of tokens, not {ctx_len}.")
-    t = kv_type(kv)
+    kv_type(kv)  # an unknown type is refused also for a model without a cache
     if not shape.has_kv_cache:
         return 0
-    values = 2 * shape.layers * shape.kv_heads * shape.head_dim * allocated_context(ctx_len)
-    return values * t.block_bytes // t.block_size
+    return memory_model.kv_bytes(
+        [allocated_context(ctx_len)] * shape.layers, shape.kv_heads, shape.head_dim, kv
+    )
 
 
 def overhead_bytes(weights: int, shape: ModelShape) -> int:
     """5 % of the weights + 64 MiB + vocabulary × 512 × 4 bytes (no logits term without a cache)."""
-    from studio.core.estimate import OVERHEAD_BATCH_TOKENS, OVERHEAD_FIXED_BYTES, OVERHEAD_FRACTION
-
-    vocab = shape.vocab if shape.has_kv_cache else 0
-    return int(OVERHEAD_FRACTION * weights) + OVERHEAD_FIXED_BYTES + vocab * OVERHEAD_BATCH_TOKENS * 4
+    return memory_model.overhead_bytes(weights, shape.vocab if shape.has_kv_cache else 0)
 
 
 def fits_card(total: int, size_gb: int) -> bool:
@@ -257,8 +256,6 @@ class MemoryReport:
 
     def worked(self, precision: str) -> str:
         """The formulas with this report's numbers filled in, for one precision."""
-        from studio.core.units import format_mib
-
         r = self.row(precision)
         s = self.shape
         t = kv_type(self.kv_type)
@@ -304,7 +301,6 @@ def _plan_weights(shape: ModelShape, preset: str, hw: HardwareInfo) -> int | Non
     """Tensor bytes of ``preset`` by the exporter's per-tensor rules, when the tensors are known."""
     if shape.info is None:
         return None
-    from studio.core.estimate import estimate_preset
 
     return estimate_preset(shape.info, preset, hw, CTX_PADDING).tensor_bytes
 
@@ -313,12 +309,8 @@ def memory_report(
     shape: ModelShape, ctx_len: int, kv: str = "f16", hw: HardwareInfo | None = None
 ) -> MemoryReport:
     """Every precision of ``PRECISIONS`` for ``shape`` at ``ctx_len`` tokens with a ``kv`` cache."""
-    from studio.core.estimate import verdict_for
-
     if hw is None:
-        from studio.core.hardware import detect
-
-        hw = detect(probe_torch=False)
+        hw = hardware.detect(probe_torch=False)
     kv = str(kv).lower()
     if kv not in KV_TYPES:
         kv_type(kv)  # raises the StudioError naming the choices
@@ -351,9 +343,6 @@ def memory_report(
 
 def gguf_kv_cache_bytes(path: Any, ctx_len: int, kv: str = "f16") -> int:
     """The KV cache llama.cpp allocates for the GGUF at ``path`` (dims from its header), by the formula."""
-    from studio.core.gguf.read import read_gguf
-    from studio.core.model.checkpoint import gguf_config
-
     header = read_gguf(path)
     params = sum(t.n_elements for t in header.tensors) or 1
     shape = shape_from_config(gguf_config(header.metadata), params, name=str(path))

@@ -34,9 +34,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.errors import QuantizationError, StudioError
 from studio.core.evaluate.texts import EvalText, load_text
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.hf_progress import no_hf_progress_bars
 
 __all__ = ["QatResult", "fake_quantize", "qat_in_child", "quantized_linears", "run_qat"]
 
@@ -223,8 +225,6 @@ def run_qat(
     import torch
     from torch.nn.utils import parametrize
 
-    from studio.core.chat.hf_backend import TransformersBackend
-
     ctx = ctx or null_context()
     t0 = time.monotonic()
     if not 2 <= bits <= 8:
@@ -356,7 +356,6 @@ def _save(net: Any, tok: Any, src: Path, out_dir: Path, result: QatResult) -> No
         src_dtype = cfg.get("dtype") or cfg.get("torch_dtype")
         if src_dtype in ("float16", "bfloat16"):
             net = net.to(getattr(torch, src_dtype))
-        from studio.core.model.hf_progress import no_hf_progress_bars
 
         with no_hf_progress_bars():
             net.save_pretrained(str(tmp), safe_serialization=True)

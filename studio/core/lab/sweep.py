@@ -4,7 +4,7 @@ Every INT width in ``SWEEP_BITS`` is tried per tensor, per output channel and pe
 ``SWEEP_GROUPS`` values along the input axis, symmetric and asymmetric (``studio.core.quant.generic``),
 then FP8 (E4M3, E5M2) and every GGUF type at its own bits per weight (``studio.core.quant.blocks``,
 byte-identical to llama.cpp, with llama.cpp's fallback when a row does not fit the type's block).
-Each row gets MSE, SNR and cosine from ``studio.core.stats.metrics``.
+Each row gets MSE, SNR and cosine from ``studio.core.quant.metrics``.
 
 The cliff: on each INT series (one granularity, one symmetry) it is where the SNR falls below
 ``CLIFF_SNR_DB``. At 12 dB the error carries 1/16 of the weights' energy (cosine ≈ 0.97). Measured on
@@ -25,7 +25,9 @@ import numpy as np
 
 from studio.core.errors import QuantizationError
 from studio.core.jobs import JobContext, null_context
-from studio.core.stats.metrics import error_metrics
+from studio.core.quant import generic
+from studio.core.quant.metrics import error_metrics
+from studio.core.quant.types import QTYPES, fallback_type, row_bytes
 from studio.core.stats.tensor_stats import as_matrix_shape, is_transposed
 
 __all__ = [
@@ -138,7 +140,6 @@ def _int_label(bits: int, symmetric: bool, granularity: str, group: int | None) 
 
 def _gguf_row(x: np.ndarray, qtype: str, ctx: JobContext) -> SweepRow:
     from studio.core.quant.blocks import dequantize, quantize
-    from studio.core.quant.types import QTYPES, fallback_type, row_bytes
 
     rows, cols = x.shape
     applied = fallback_type(qtype, cols).qtype
@@ -194,9 +195,6 @@ def sweep_array(
 
     ``gguf_types`` defaults to every quantized GGUF type the studio writes (F16 and BF16 included).
     """
-    from studio.core.quant import generic
-    from studio.core.quant.types import QTYPES
-
     ctx = ctx or null_context()
     t0 = time.monotonic()
     arr = np.asarray(x, dtype=np.float32)

@@ -15,8 +15,11 @@ import platform
 import secrets
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from studio.core.paths import user_cache_dir
 
 MEMORY_NAME = "llama-extra-buffers.json"
 FORMAT = 1
@@ -36,7 +39,6 @@ def memory_path(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The JSON file holding the remembered choices."""
     if cache_dir is not None:
         return Path(cache_dir) / MEMORY_NAME
-    from studio.core.demo import user_cache_dir
 
     return user_cache_dir() / MEMORY_NAME
 
@@ -53,8 +55,6 @@ def _cpu_model() -> str:
 
 
 def _llama_cpp_version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:

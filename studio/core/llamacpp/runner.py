@@ -22,6 +22,7 @@ from studio.core.errors import ChildProcessError_
 from studio.core.llamacpp.cpu import amx_in_system_info, cpu_has_amx
 from studio.core.llamacpp.memory import MachineChoice, remember_choice, remembered_choice
 from studio.core.llamacpp.options import ExtraBuffers, LoadOptions, requested_extra_buffers
+from studio.core.llamacpp.worker import LlamaWorker
 
 DECODE_OPS = frozenset({"eval_logits", "embed", "chat", "generate_stream", "chat_generate"})
 """Ops that run the model (a crash in the first of these after a load is retried)."""
@@ -120,8 +121,6 @@ class LlamaRunner:
         if self._factory is not None:
             self._worker = self._factory(label=self.label, extra_ops=self.extra_ops)
         else:
-            from studio.core.llamacpp.worker import LlamaWorker
-
             self._worker = LlamaWorker(label=self.label, extra_ops=self.extra_ops)
         return self._worker
 

@@ -15,14 +15,20 @@ embed, chat, generate_stream, quantize. Other modules may add ops by passing
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import importlib
 import multiprocessing as mp
+import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Iterator
 from typing import Any
 
+from studio.core import errors
 from studio.core.errors import ChildProcessError_
+from studio.core.llamacpp.kvcache import llama_kwargs
 
 _CTX = mp.get_context("spawn")
 
@@ -163,7 +169,6 @@ class LlamaWorker:
 def _unwrap(msg: dict[str, Any]) -> Any:
     if msg.get("ok"):
         return msg.get("result")
-    from studio.core import errors
 
     cls = getattr(errors, str(msg.get("kind", "")), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.StudioError)):
@@ -186,8 +191,6 @@ def _serve(conn: Any, extra_ops: str | None) -> None:
     """Child main loop: answer requests until told to exit or the pipe closes."""
     ops = dict(_OPS)
     if extra_ops:
-        import importlib
-
         ops.update(importlib.import_module(extra_ops).OPS)
     state = _State()
     log_callback = _quiet_llamacpp()  # noqa: F841 - ctypes needs it alive while the child runs
@@ -224,9 +227,6 @@ _GGML_LOG_CONT = 5
 
 def _log_filter() -> Any:
     """A ggml log callback that writes only errors (and their continuation lines) to stderr."""
-    import ctypes
-    import sys
-
     import llama_cpp
 
     last = [0]
@@ -285,8 +285,6 @@ def model_params(extra_buffers: bool) -> Iterator[None]:
 
 
 def _test_crash(state: _State, when: str) -> None:
-    import os
-
     if state.extra_buffers and os.environ.get(TEST_CRASH_ENV) == when:
         os.kill(os.getpid(), signal.SIGSEGV)
 
@@ -341,8 +339,6 @@ def _op_load(
         kwargs["n_threads"] = n_threads
         kwargs["n_threads_batch"] = n_threads
     if kv_type:  # the lab's KV-cache precision (f32, f16, q8_0, q4_0); a quantized V needs flash attention
-        from studio.core.lab.kvcache import llama_kwargs
-
         kwargs.update(llama_kwargs(kv_type))
     elif f32_kv:
         kwargs["type_k"] = 0  # GGML_TYPE_F32: the default F16 cache alone moves logits by ~1e-2
@@ -397,7 +393,7 @@ def _op_detokenize(state: _State, ids: list[int]) -> str:
 
 
 def _op_eval_logits(state: _State, ids: list[int]) -> Any:
-    import numpy as np
+    import numpy as np  # child side: numpy stays out of the parent (the window starts without it)
 
     llm = _need(state)
     before_decode(state)
@@ -407,7 +403,7 @@ def _op_eval_logits(state: _State, ids: list[int]) -> Any:
 
 
 def _op_embed(state: _State, text: str) -> dict[str, Any]:
-    import numpy as np
+    import numpy as np  # child side: numpy stays out of the parent (the window starts without it)
 
     llm = _need(state)
     before_decode(state)
@@ -472,11 +468,9 @@ def _op_quantize(
 ) -> int:
     """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type;
     ``allow_requantize``: accept an already quantized source (llama-quantize --allow-requantize)."""
-    import ctypes
-
-    import gguf
+    import gguf  # child side: gguf-py stays out of the parent
     import llama_cpp
-    import numpy as np
+    import numpy as np  # child side: numpy stays out of the parent (the window starts without it)
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = int(nthread)
@@ -522,8 +516,6 @@ def _op_quantize(
 
 def _op_crash(state: _State, how: str = "segv") -> None:
     """Test hook: die the way llama.cpp does on a bad file."""
-    import os
-
     os.kill(os.getpid(), signal.SIGSEGV if how == "segv" else signal.SIGABRT)
 
 

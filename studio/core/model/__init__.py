@@ -14,7 +14,7 @@ from studio.core.model.checkpoint import (
     resolve_model_path,
 )
 from studio.core.model.pickle_loader import PickleOptions
-from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo
 
 __all__ = [
     "Checkpoint",

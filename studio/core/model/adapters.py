@@ -9,11 +9,15 @@ rest stay ``UNKNOWN``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from studio.core.model.types import Role
+from studio.core.gguf.converter_bundle import bundle_dir, find_bundle, known_architectures
+from studio.core.gguf.llama_converter import role_table
+from studio.core.modelinfo import Role
 
 # `.layers.N.` (Llama & co.), `.h.N.` (GPT-2), `.layer.N.` (BERT), `.blocks.N.`; `blk.N.` is GGUF.
 _DIGITS_RE = re.compile(r"\.\d+\.")
@@ -222,6 +226,21 @@ _BY_ARCH_PREFIX = (
 KNOWN_MODEL_TYPES = frozenset(_BY_MODEL_TYPE) - {"gguf"}
 
 
+def converter_adapter(hf_arch: str) -> Any:
+    """An adapter whose roles come from llama.cpp's converter's tensor map, for an architecture only
+    the converter knows; None when it does not know ``hf_arch`` (or is not installed)."""
+    return _converter_adapter(hf_arch, str(bundle_dir()))
+
+
+@functools.lru_cache(maxsize=64)  # asked once per tensor by some callers; the bundle does not change
+def _converter_adapter(hf_arch: str, where: str) -> Any:
+    if hf_arch not in known_architectures():
+        return None
+    b, _ = find_bundle()
+    assert b is not None
+    return MappedAdapter("llama.cpp converter", (), table=role_table(str(b.path)))
+
+
 def adapter_for(model_type: str, architecture: str = "") -> Adapter:
     """The adapter for a config's ``model_type`` (or architecture class name); for an architecture
     only llama.cpp's converter knows, one from its tensor map; GENERIC if neither knows it."""
@@ -231,8 +250,6 @@ def adapter_for(model_type: str, architecture: str = "") -> Adapter:
         if architecture.startswith(prefix):
             return adapter
     if architecture and architecture != "unknown":
-        from studio.core.gguf.llama_converter import converter_adapter
-
         mapped = converter_adapter(architecture)
         if mapped is not None:
             return mapped

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
 
 from studio.core.errors import (
     CorruptFileError,
@@ -26,11 +27,13 @@ from studio.core.errors import (
     StudioError,
     UnsafeFileError,
 )
+from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext
 from studio.core.model import adapters
+from studio.core.model.gguf_source import dequantize_tensor
 from studio.core.model.pickle_loader import PickleOptions, convert_pickles, skipped_tensors
 from studio.core.model.st_header import StEntry, read_header
-from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo
 
 MAX_CONFIG_BYTES = 16_000_000
 MAX_INDEX_BYTES = 100_000_000
@@ -192,10 +195,8 @@ class SafetensorsCheckpoint(Checkpoint):
         with self._lock:
             h = self._handles.get((file, framework))
             if h is None:
-                from safetensors import safe_open
-
                 try:
-                    h = safe_open(str(file), framework=framework)
+                    h = safetensors.safe_open(str(file), framework=framework)
                 except Exception as err:  # SafetensorError is not importable by name everywhere
                     raise CorruptFileError(
                         f"{file.name} cannot be opened by safetensors: {err}.",
@@ -292,8 +293,6 @@ class GGUFCheckpoint(Checkpoint):
         return raw.reshape(rows, -1) if rows else raw
 
     def _read_f32(self, t: TensorInfo) -> np.ndarray:
-        from studio.core.model.gguf_source import dequantize_tensor  # our decoders or gguf-py's
-
         g = self._t[t.name]
         return dequantize_tensor(self._read_raw(t), g.type_name, t.shape, tensor=t.name, file=t.file.name)
 
@@ -758,8 +757,6 @@ def gguf_config(metadata: dict[str, Any]) -> dict[str, Any]:
 
 
 def _open_gguf(file: Path, ctx: JobContext) -> Checkpoint:
-    from studio.core.gguf.read import read_gguf
-
     ctx.report(0, 1, f"reading header of {file.name}")
     g = read_gguf(file)
     ctx.report(1, 1, "header read")

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.model.types import ModelInfo, Role
+from studio.core.errors import QuantizationError, StudioError
+from studio.core.gguf.layout import layout
+from studio.core.modelinfo import ModelInfo, Role, experts_of
 
 EXPERT_ROLES = frozenset({Role.FFN_GATE_EXPS, Role.FFN_UP_EXPS, Role.FFN_GATE_UP_EXPS, Role.FFN_DOWN_EXPS})
 """Roles of expert weights (merged 3-D GGUF tensors and the per-expert checkpoint tensors)."""
@@ -59,10 +61,6 @@ class ExpertLayout:
 
 def expert_layout(info: ModelInfo) -> ExpertLayout | None:
     """The expert structure of ``info`` (None for a dense model or one the exporter cannot map)."""
-    from studio.core.errors import StudioError
-    from studio.core.estimate import experts_of
-    from studio.core.gguf.arch import layout
-
     try:
         lay = layout(info)
     except StudioError:
@@ -132,8 +130,6 @@ def merge_expert_imatrix(
             v, n = per_expert[name]
             v = np.asarray(v, dtype=np.float32).reshape(-1)
             if v.size != t.n_per_row:
-                from studio.core.errors import QuantizationError
-
                 raise QuantizationError(
                     f"The statistics for {name} have {v.size} values; expert {e} of {t.gguf_name} has "
                     f"{t.n_per_row} input columns."

@@ -28,10 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 from studio.core.errors import ModelOpenError, StudioError
+from studio.core.gguf.arch import Transform, head_counts
+from studio.core.gguf.layout import layout
+from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.hf_progress import no_hf_progress_bars
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, TensorInfo
+from studio.core.paths import user_cache_dir
+from studio.core.units import format_bytes
 
 HF_FORMAT_VERSION = 1
 """Bump when the folder written from a GGUF changes, so cached folders are rebuilt."""
@@ -59,7 +67,6 @@ def can_decode(type_name: str) -> bool:
     """Whether tensors of GGML type ``type_name`` can be read as float32 here."""
     if type_name in _OWN_DECODERS or type_name in _PLAIN or type_name in ("F32", "F16", "BF16"):
         return True
-    import gguf
 
     qt = getattr(gguf.GGMLQuantizationType, type_name, None)
     if qt is None:
@@ -98,7 +105,6 @@ def dequantize_tensor(
         from studio.core.quant.blocks import dequantize
 
         return dequantize(np.asarray(raw), type_name, shape)
-    import gguf
 
     qt = getattr(gguf.GGMLQuantizationType, type_name, None)
     if qt is None:
@@ -206,8 +212,6 @@ def check_tokenizer(gguf_file: Any) -> None:
 def copy_metadata(kv: Any, gguf_file: Any, *, skip: Iterable[str] = ()) -> list[str]:
     """Add every metadata key of ``gguf_file`` to the gguf-py writer ``kv``, in file order and with its
     stored value type (what llama-quantize's copy keeps); returns the keys that could not be copied."""
-    import gguf
-
     skipped = set(skip)
     kv.kv_data[0].clear()  # general.architecture is written where the source has it
     lost = []
@@ -242,8 +246,6 @@ _BIG_ARRAYS = (
 def _metadata_only_copy(gguf_file: Any, folder: Path) -> Path:
     """A tensor-less GGUF with the file's metadata minus the vocabulary arrays: transformers reads its
     config from that in milliseconds instead of parsing 100k token strings with gguf-py's reader."""
-    import gguf
-
     out = folder / "metadata-only.gguf"
     arch = str(gguf_file.metadata.get("general.architecture", "llama"))
     w = gguf.GGUFWriter(str(out), arch)
@@ -270,8 +272,6 @@ def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _undo_transform(x: np.ndarray, tm: Any, config: dict[str, Any]) -> np.ndarray:
-    from studio.core.gguf.arch import Transform, head_counts
-
     if tm.transform is Transform.NONE:
         return x
     if tm.transform is Transform.TRANSPOSE:
@@ -286,9 +286,6 @@ def _hf_layout(src: Path, config: Any, gguf_file: Any) -> tuple[Any, str]:
     """The exporter's HF→GGUF layout for the transformers model ``config`` describes, and its class name."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from studio.core.gguf.arch import layout
-    from studio.core.model.types import CheckpointFormat, ModelInfo, TensorInfo
 
     try:
         with torch.device("meta"):
@@ -435,8 +432,6 @@ def _check_space(folder: Path, need: int, target: Path) -> None:
     except OSError:
         return
     if free < need:
-        from studio.core.units import format_bytes
-
         raise StudioError(
             f"Not enough disk space for {target} (needs {format_bytes(need)}, {format_bytes(free)} free).",
             hint="Free some space or set QUANT_STUDIO_CACHE to a folder on another disk.",
@@ -455,9 +450,6 @@ def write_hf_folder(
     ``sha256`` (of ``src``, when the caller knows it) is recorded in the marker file so that a cache
     can tell whether the folder was made from this very file.
     """
-    from studio.core.gguf.read import read_gguf
-    from studio.core.model.hf_progress import no_hf_progress_bars
-
     ctx = ctx or null_context()
     src, dst = Path(src), Path(dst)
     g = read_gguf(src)  # bounded: before gguf-py's reader (inside transformers) trusts any count
@@ -541,8 +533,6 @@ def hf_folder_for(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """The (cached) Hugging Face folder of any GGUF file: made once per file content, then reused."""
-    from studio.core.demo import user_cache_dir
-
     src = Path(src).expanduser().resolve()
     try:
         st = src.stat()

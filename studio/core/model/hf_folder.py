@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from studio.core.jobs import JobContext, null_context
+from studio.core.model import open_model
 from studio.core.model.pickle_loader import pickle_cache_dir
 
 WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors", ".ckpt", ".h5", ".msgpack")
@@ -59,7 +60,6 @@ def transformers_folder(
     src = Path(folder)
     if not holds_only_pickles(src):
         return src
-    from studio.core.model import open_model
 
     ctx = ctx or null_context()
     with open_model(src, ctx, allow_pickle=allow_pickle) as ck:

@@ -16,16 +16,23 @@ import hashlib
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import secrets
 import struct
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from studio.core import hardware
 from studio.core.errors import ChildProcessError_, CorruptFileError, ModelOpenError, UnsafeFileError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.st_header import read_header
+from studio.core.paths import user_cache_dir
 
 CACHE_FORMAT = 1
 """Bump when the converted files' layout changes so stale conversions are not reused."""
@@ -78,7 +85,6 @@ def pickle_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The folder holding converted pickle checkpoints (under the user cache unless given)."""
     if cache_dir is not None:
         return Path(cache_dir)
-    from studio.core.demo import user_cache_dir
 
     return user_cache_dir() / "pickle-safetensors"
 
@@ -99,10 +105,9 @@ def cache_key(file: Path) -> str:
 
 def memory_budget(cap: int | None = None) -> int:
     """Bytes the child may allocate: ``RAM_FRACTION`` of available RAM, at most ``cap``."""
-    from studio.core.hardware import ram
 
     cap = DEFAULT_MEMORY_CAP if cap is None else cap
-    avail = ram()[1]
+    avail = hardware.ram()[1]
     return min(int(avail * RAM_FRACTION), cap) if avail > 0 else cap
 
 
@@ -121,8 +126,6 @@ def _private_dir(path: Path) -> Path:
 
 def _cached(target: Path) -> bool:
     """Whether ``target`` exists with a valid header; a damaged cache entry is removed."""
-    from studio.core.model.st_header import read_header
-
     if not target.is_file():
         return False
     try:
@@ -194,8 +197,6 @@ def _died(exitcode: int | None, file: Path, budget: int) -> Exception:
 
 def _finish(partial: Path, target: Path) -> None:
     """Validate the child's output and move it under its final name."""
-    from studio.core.model.st_header import read_header
-
     read_header(partial)  # the child handled hostile data: check its output like any input
     if os.name == "posix":
         os.chmod(partial, 0o600)
@@ -330,8 +331,6 @@ def _is_zip(path: str) -> bool:
 
 def torch_load_weights_only(file: str | os.PathLike[str]) -> Any:
     """``torch.load`` with ``weights_only=True`` passed explicitly (memory-mapped when the file allows)."""
-    import warnings
-
     import torch
 
     with warnings.catch_warnings():  # torch warns about pickle protocols; our error says enough
@@ -362,7 +361,6 @@ def write_safetensors(tensors: dict[str, Any], out: str, source_name: str) -> No
     ``safetensors.torch.save_file`` builds every tensor's bytes in memory at once and refuses shared
     storage (tied weights), so a memory-mapped multi-GB state dict would need twice its size in RAM.
     """
-    import numpy as np
     import torch
 
     header: dict[str, Any] = {}
@@ -420,7 +418,6 @@ def _child_main(conn: Any, jobs: list[tuple[str, str]], budget: int) -> None:
         )
         return
     torch.set_num_threads(1)  # no thread pools: fewer mappings under the limit, nothing to gain here
-    import pickle
 
     _limit_memory(budget, sum(os.path.getsize(s) for s, _ in jobs if _is_zip(s)))
     for src, partial in jobs:

@@ -7,12 +7,13 @@ qtype
     of their facts is ``studio.core.quant.types``.
 preset
     One of llama.cpp's named mixtures (``Q4_K_M``, ``Q8_0``): rules that give each tensor of a model
-    a qtype (``presets``). Its llama_ftype number is its ``ftype``.
+    a qtype (``studio.core.plan.presets``). Its llama_ftype number is its ``ftype``.
 plan
-    The qtype of every tensor of one model (``plan.Plan``), made by a preset or uniformly and then
-    changed by the plan verbs (``with_types``, ``keep_first_last``, ``with_overrides``).
+    The qtype of every tensor of one model (``studio.core.plan.plan.Plan``), made by a preset or
+    uniformly and then changed by the plan verbs (``with_types``, ``keep_first_last``, ``with_overrides``).
 recipe
-    How a plan was made (``plan.Recipe``), saved with it, so it can be remade for another model.
+    How a plan was made (``studio.core.plan.plan.Recipe``), saved with it, so it can be remade for
+    another model.
 method
     How the codes and scales of one qtype are chosen: round-to-nearest (``rtn``, what llama.cpp
     does) today; calibrated methods (imatrix, GPTQ, AWQ) choose other codes in the same format.
@@ -20,7 +21,7 @@ variant
     One quantized result of a model: a GGUF file written from a plan.
 
 The names below are re-exported lazily, so importing one module of the package (the generic
-quantizers, plans) pays neither for numba (the block kernels) nor for gguf-py (the registry).
+quantizers, the type registry) pays neither for numba (the block kernels) nor for gguf-py (the registry).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from studio.core.errors import QuantizationError
-from studio.core.stats.metrics import real_numpy
+from studio.core.quant.metrics import real_numpy
 
 __all__ = ["FP8_FORMATS", "GenericResult", "quantize_fp8", "quantize_int"]
 

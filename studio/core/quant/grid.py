@@ -16,7 +16,6 @@ Codes here are indices into ``BlockGrid.levels`` (increasing): Q8_0's stored int
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import QuantizationError
-from studio.core.quant.types import IQ4NL_LEVELS, QTYPES, row_bytes
+from studio.core.quant.types import IQ4NL_LEVELS, QTYPES, k4_scales, row_bytes
 
 __all__ = [
     "GRID_TYPES",
@@ -223,16 +222,6 @@ class BlockGrid:
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[:, at : at + 2]).view("<f2").astype(np.float32)[:, 0]
-
-
-def k4_scales(s: Any, cat: Callable[..., Any] = np.concatenate) -> tuple[Any, Any]:
-    """Q4_K's and Q5_K's 12 bytes of 6-bit scales and mins, unpacked: (B, 12) -> (B, 8) scales, (B, 8) mins.
-
-    ``s`` is int32: a numpy array, or a torch tensor with ``cat=torch.cat``.
-    """
-    sc = cat([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], 1)
-    mn = cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], 1)
-    return sc, mn
 
 
 def _q3_scales(s: np.ndarray) -> np.ndarray:

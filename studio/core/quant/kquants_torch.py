@@ -12,9 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from studio.core.quant.grid import k4_scales
 from studio.core.quant.torch_ops import EPS, div, fp16, nearest_int, qx_search, seq_sum, sqrt
-from studio.core.quant.types import QK_K, QTYPES, row_bytes
+from studio.core.quant.types import QK_K, QTYPES, k4_scales, row_bytes
 
 __all__ = ["dequantize_rows_torch", "quantize_rows_torch"]
 

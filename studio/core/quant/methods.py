@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import QuantizationError
+from studio.core.quant import gptq as gptq_module  # the gptq method below shadows the name
 
 DEFAULT_METHOD = "rtn"
 
@@ -88,11 +89,11 @@ def imatrix(weights: Any, stats: SiteStats, qtype: str, ctx: Any = None) -> Enco
 
 def gptq(weights: Any, stats: SiteStats, qtype: str, ctx: Any = None) -> Encoded:
     """GPTQ onto ``qtype``'s grid (``studio.core.quant.gptq``); raises HessianError when it cannot run."""
-    from studio.core.quant.gptq import gptq_quantize
-
     if stats.hessian is None:
         raise QuantizationError(f"GPTQ of {stats.name} needs the Hessian of its inputs; none was collected.")
-    r = gptq_quantize(weights, stats.hessian, qtype, imatrix=stats.imatrix, options=stats.options, ctx=ctx)
+    r = gptq_module.gptq_quantize(
+        weights, stats.hessian, qtype, imatrix=stats.imatrix, options=stats.options, ctx=ctx
+    )
     return Encoded(r.data, qtype, r.error, r.rtn_error, r.notes)
 
 

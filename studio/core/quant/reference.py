@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
+import os
 import sys
 import threading
 from pathlib import Path
 
+import gguf
 import numpy as np
 
 from studio.core.errors import QuantizationError
@@ -50,8 +53,6 @@ _LOAD_LOCK = threading.Lock()
 
 
 def _lib_dir() -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         raise ReferenceUnavailable(
@@ -75,8 +76,6 @@ def _lib() -> ctypes.CDLL:
         base = _lib_dir()
         errors: list[str] = []
         if sys.platform == "win32":
-            import os
-
             os.add_dll_directory(str(base))
         for path in _candidates(base):
             if not path.exists():
@@ -122,8 +121,6 @@ def available() -> bool:
 @functools.lru_cache(maxsize=64)
 def type_id(qtype: str) -> int:
     """ggml's numeric type id for a type name such as ``"Q4_K"`` (as in gguf.GGMLQuantizationType)."""
-    import gguf
-
     try:
         return int(gguf.GGMLQuantizationType[qtype.upper()])
     except KeyError:

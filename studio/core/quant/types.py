@@ -15,7 +15,7 @@ live here too. Importing this module costs gguf-py and numpy, never numba or tor
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -38,6 +38,7 @@ __all__ = [
     "fallback_type",
     "ftype_name",
     "ftype_of",
+    "k4_scales",
     "qtype_info",
     "row_bytes",
     "tensor_bytes",
@@ -208,3 +209,13 @@ def ftype_name(ftype: int) -> str | None:
     for prefix in ("MOSTLY_", "ALL_"):
         name = name.removeprefix(prefix)
     return name.removesuffix("_MOE")
+
+
+def k4_scales(s: Any, cat: Callable[..., Any] = np.concatenate) -> tuple[Any, Any]:
+    """Q4_K's and Q5_K's 12 bytes of 6-bit scales and mins, unpacked: (B, 12) -> (B, 8) scales, (B, 8) mins.
+
+    ``s`` is int32: a numpy array, or a torch tensor with ``cat=torch.cat``.
+    """
+    sc = cat([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], 1)
+    mn = cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], 1)
+    return sc, mn

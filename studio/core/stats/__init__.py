@@ -1,5 +1,5 @@
 """Statistics over tensors: quantization error metrics and friends."""
 
-from studio.core.stats.metrics import ErrorMetrics, error_metrics
+from studio.core.quant.metrics import ErrorMetrics, error_metrics
 
 __all__ = ["ErrorMetrics", "error_metrics"]

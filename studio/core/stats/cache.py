@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from studio.core.jobs import JobContext
-from studio.core.model.types import TensorInfo
+from studio.core.modelinfo import TensorInfo
 
 __all__ = ["CacheKey", "StatsCache", "cache_key", "checkpoint_key"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.jobs import JobContext, null_context
-from studio.core.model.types import Role, TensorInfo
+from studio.core.modelinfo import Role, TensorInfo
 from studio.core.stats.cache import StatsCache
 from studio.core.stats.tensor_stats import OutlierRule, TensorStats, tensor_stats
 

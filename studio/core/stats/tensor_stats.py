@@ -11,6 +11,7 @@ import functools
 import math
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -19,6 +20,8 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.adapters import adapter_for
+from studio.core.model.checkpoint import bf16_to_f32
 from studio.core.stats.cache import StatsCache, cache_key
 
 __all__ = [
@@ -326,7 +329,6 @@ def _histogram_compiled(kernel: Any, flat: np.ndarray, edges: np.ndarray, thread
         counts = np.zeros(bins, np.int64)
         kernel(flat, lo, scale, edges, counts)
         return counts
-    from concurrent.futures import ThreadPoolExecutor
 
     parts = np.array_split(flat, n_threads)
     outs = [np.zeros(bins, np.int64) for _ in parts]
@@ -594,8 +596,6 @@ def row_reader(checkpoint: Any, name: str) -> RowReader:
         if raw.size == rows * cols:
             m = raw.reshape(rows, cols)
             if info.dtype == "BF16":
-                from studio.core.model.checkpoint import bf16_to_f32
-
                 return lambda r0, r1: bf16_to_f32(m[r0:r1])
             return lambda r0, r1: np.asarray(m[r0:r1], dtype=np.float32)  # F32: a view of the map, no copy
     full = checkpoint.read(name).reshape(rows, cols)
@@ -611,8 +611,6 @@ def is_transposed(checkpoint: Any, name: str) -> bool:
     if getattr(info.format, "value", info.format) == "gguf":
         return False
     try:
-        from studio.core.model.adapters import adapter_for
-
         return bool(adapter_for(info.model_type, info.architecture).is_transposed(name))
     except Exception:  # an adapter problem must not block statistics; the layout is then as stored
         return False

@@ -16,7 +16,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication, QThread
+from PySide6.QtCore import QCoreApplication, QObject, Qt, QThread, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QVBoxLayout,
+)
 
 _LAZY = {
     "CalibratePanel": "studio.qt.panels.calibrate_panel",
@@ -72,8 +83,6 @@ def assert_gui_thread(what: str = "A UI method") -> None:
 
 def ask_yes_no(parent: Any, title: str, text: str) -> bool:
     """Ask a Yes/No question in a modal box (No is the default button); True when the answer is Yes."""
-    from PySide6.QtWidgets import QMessageBox
-
     answer = QMessageBox.question(
         parent,
         title,
@@ -94,8 +103,6 @@ def choose(combo: Any, value: str, *, by_text: bool = False) -> bool:
 
 def labelled_row(parent: Any, pairs: Any, *, stretch: bool = True) -> Any:
     """A row of (label text, widget) pairs, each widget after its label, ending in a stretch."""
-    from PySide6.QtWidgets import QHBoxLayout, QLabel
-
     row = QHBoxLayout()
     for text, widget in pairs:
         row.addWidget(QLabel(text, parent))
@@ -107,8 +114,6 @@ def labelled_row(parent: Any, pairs: Any, *, stretch: bool = True) -> Any:
 
 def read_only_table(parent: Any, columns: Any) -> Any:
     """An empty ``QTableWidget`` with ``columns`` as its header, no row numbers, and cells not editable."""
-    from PySide6.QtWidgets import QAbstractItemView, QTableWidget
-
     table = QTableWidget(0, len(columns), parent)
     table.setHorizontalHeaderLabels(list(columns))
     table.verticalHeader().setVisible(False)
@@ -119,8 +124,6 @@ def read_only_table(parent: Any, columns: Any) -> Any:
 def run_controls(panel: Any, run_text: str) -> tuple[Any, Any, Any, Any]:
     """A job panel's Run and Cancel buttons (wired to ``panel.start`` / ``panel.cancel``), its hidden
     progress bar and its status line."""
-    from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton
-
     run = QPushButton(run_text, panel)
     run.clicked.connect(panel.start)
     cancel = QPushButton("Cancel", panel)
@@ -143,9 +146,6 @@ def show_job_progress(bar: Any, job: Any) -> None:
 
 def page_layout(panel: Any, top: Any, status: Any, main: Any, side: Any, stretch: int) -> None:
     """A page's layout: a row of controls, a status line, then ``main`` and ``side`` at ``stretch``:1."""
-    from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QSplitter, QVBoxLayout
-
     split = QSplitter(Qt.Orientation.Horizontal, panel)
     split.addWidget(main)
     split.addWidget(side)
@@ -165,7 +165,6 @@ def make_array_feed(parent: Any = None) -> Any:
     GUI only ever receives a snapshot that nobody else holds.
     """
     import numpy as np
-    from PySide6.QtCore import QObject, Signal
 
     class ArrayFeed(QObject):
         arrays = Signal(object)

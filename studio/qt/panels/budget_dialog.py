@@ -5,7 +5,7 @@ plan editor. After the plan is exported (or on Measure) a job measures its KL wi
 at once, and the dialog shows it next to the prediction, as a point on the front.
 
 A thin face over ``studio.core.calib.sensitivity`` (the scan and the measurement, in a job),
-``studio.core.calib.sensitivity_map`` (the map and the ranking) and ``studio.core.quant.allocate`` (the
+``studio.core.calib.sensitivity_map`` (the map and the ranking) and ``studio.core.plan.allocate`` (the
 front, the presets' points and the plan for a budget, instant).
 """
 
@@ -305,7 +305,7 @@ class BudgetDialog(JobPanel, QDialog):
 
     def set_scan(self, scan: Any, imatrix: Any = None) -> None:
         """Show ``scan``'s size/KL front and the presets on it, and plan for the budget field (or the middle)."""
-        from studio.core.quant.allocate import pareto_front, preset_points
+        from studio.core.plan.allocate import pareto_front, preset_points
 
         info = self.state.info
         self.scan, self.imatrix = scan, imatrix
@@ -364,7 +364,7 @@ class BudgetDialog(JobPanel, QDialog):
         """The plan for the budget field from the scan (no model runs); a bad budget is one sentence."""
         if self.scan is None:
             return
-        from studio.core.quant.allocate import allocate, parse_budget
+        from studio.core.plan.allocate import allocate, parse_budget
 
         info = self.state.info
         ex = self._exclude()

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.calib.data import BUILTIN
-from studio.core.errors import StudioError
+from studio.core.errors import CalibrationError, StudioError
 from studio.core.stats.cache import StatsCache
 from studio.qt import widgets
 from studio.qt.jobs import Job, JobManager
@@ -272,7 +272,6 @@ class CalibratePanel(JobPanel, QWidget):
 
     def save_imatrix(self, path: str | Path, fmt: str | None = None) -> bool:
         """Write the current imatrix (format from the suffix: ``.dat`` legacy, else GGUF); False on error."""
-        from studio.core.calib.errors import CalibrationError
         from studio.core.calib.imatrix import write_imatrix
 
         im = self.state.imatrix

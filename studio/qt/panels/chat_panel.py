@@ -40,7 +40,7 @@ from studio.qt.panels import assert_gui_thread
 from studio.qt.state import StudioState
 
 if TYPE_CHECKING:
-    from studio.qt.panels.export_dialog import ExportOutcome
+    from studio.core.export.job import ExportOutcome
 
 __all__ = ["ChatColumn", "ChatPanel", "TokenView"]
 

@@ -33,7 +33,7 @@ from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, quality_colour, set_status, style_plot
 
 if TYPE_CHECKING:
-    from studio.qt.panels.export_dialog import ExportOutcome
+    from studio.core.export.job import ExportOutcome
 
 __all__ = ["COLUMNS", "EvalPanel"]
 
@@ -268,8 +268,8 @@ class EvalPanel(JobPanel, QWidget):
 
     def show_report(self, report: Any) -> None:
         """Fill the table (with each variant's verdict badge), the hierarchy line and the plot from an ``EvalReport``."""
+        from studio.core.evaluate.verdict import judge
         from studio.core.lab.hierarchy import hierarchy
-        from studio.core.lab.verdict import judge
 
         assert_gui_thread("EvalPanel.show_report")
         self.report = report

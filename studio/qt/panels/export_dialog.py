@@ -1,7 +1,7 @@
 """The Export dialog: the open model → a GGUF file, with a preset or the current plan, then verified.
 
-The export runs as one background job (``studio.core.gguf.export.export_gguf``); with "Verify" on, the
-finished file is checked by ``studio.core.verify.verify_gguf`` (in a child process) *before* it gets
+The export runs as one background job (``studio.core.export.run.export_gguf``); with "Verify" on, the
+finished file is checked by ``studio.core.export.verify.verify_gguf`` (in a child process) *before* it gets
 its final name, so Cancel at any point leaves no output file. With a calibrated method (imatrix,
 gptq, awq, awq+gptq) the job is Calibrate & Quantize (``studio.core.calib.quantize.export_calibrated``):
 the calibration text runs through the model layer by layer, the progress line names the layer, the
@@ -12,9 +12,7 @@ export away.
 
 from __future__ import annotations
 
-import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,53 +32,27 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.jobs import JobCancelled, JobContext
+from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
+from studio.core.jobs import JobContext
+from studio.core.plan.plan import Plan
+from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import METHODS
-from studio.core.quant.plan import Plan
-from studio.core.quant.presets import PRESETS
 from studio.qt import widgets
 from studio.qt.fmt import human_bytes, model_display_name
-from studio.qt.jobs import Job, JobManager, unexpected_error_sentence
+from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import ask_yes_no, choose
+from studio.qt.panels.device_selector import device_choices
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
-
-log = logging.getLogger(__name__)
 
 __all__ = ["ExportDialog", "ExportOutcome", "CURRENT_PLAN", "run_export"]
 
 CURRENT_PLAN = "__current_plan__"
 DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
-EXPORT_SHARE = 0.8  # of the progress bar when verification follows; the rest is verification
 PROGRESS_STEPS = 1000
-
-
-@dataclass(frozen=True)
-class ExportOutcome:
-    """A finished export: what was written, and how close it is to the original (when verified)."""
-
-    result: Any  # studio.core.gguf.export.ExportResult
-    verification: Any = None  # studio.core.verify.VerifyResult, or None when not verified
-    verify_error: str = ""  # why verification could not run ("" when it ran or was not asked for)
-    calibration: Any = None  # studio.core.calib.quantize.CalibratedExport of a calibrated method
-
-    def summary(self) -> str:
-        """One line for the status bar."""
-        r = self.result
-        text = f"Exported {r.path.name}: {human_bytes(r.file_bytes)}, {r.bpw:.2f} bits per weight"
-        if self.calibration is not None:
-            text += f", {self.calibration.method}"
-        v = self.verification
-        if v is not None and v.top1_agreement is not None:
-            text += f"; top-1 agreement {100 * v.top1_agreement:.1f} %, mean KL {v.mean_kl:.2e}"
-        elif v is not None and v.mean_cosine is not None:
-            text += f"; mean cosine {v.mean_cosine:.5f}"
-        elif self.verify_error:
-            text += "; not verified"
-        return text + "."
 
 
 def _exportable(info: Any) -> bool:
@@ -99,58 +71,6 @@ def _requantize_warning(checkpoint: Any) -> str:
     return f"Stored as {s.describe()}." + (f"\n⚠ {s.warning}" if s.warning else "")
 
 
-class _Share(JobContext):
-    """Maps a step's progress onto the ``[lo, hi)`` part of the parent job's bar; shares its cancel flag."""
-
-    def __init__(self, parent: JobContext, lo: float, hi: float) -> None:
-        super().__init__()
-        self._parent = parent
-        self._lo, self._hi = lo, hi
-
-    def report(self, done: int, total: int, msg: str = "") -> None:
-        frac = min(1.0, done / total) if total > 0 else 0.0
-        self._parent.report(
-            int(PROGRESS_STEPS * (self._lo + (self._hi - self._lo) * frac)), PROGRESS_STEPS, msg
-        )
-
-    def log(self, msg: str) -> None:
-        self._parent.log(msg)
-
-    def cancel(self) -> None:
-        self._parent.cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._parent.cancelled
-
-    def check_cancelled(self) -> None:
-        self._parent.check_cancelled()
-
-
-def verify_in_child(
-    gguf: Path, source: Path, *, device: str = "cpu", ctx: JobContext, poll_s: float = 0.1
-) -> Any:
-    """``studio.core.verify.verify_gguf`` in a child process; returns its ``VerifyResult``.
-
-    torch and transformers load the original model there, not in the GUI's process: importing them in
-    a worker thread holds the GIL long enough to freeze the window (~0.5 s), and a crash or an
-    out-of-memory kill of the child becomes an error sentence. Cancel terminates the child.
-    """
-    from studio.core.childjob import call_in_child
-    from studio.qt.verify_child import verify_child
-
-    # the child is not a daemon: the verification starts llama.cpp in a child process of its own
-    return call_in_child(
-        verify_child,
-        {"gguf": str(gguf), "source": str(source), "device": device},
-        what="verification",
-        ctx=ctx,
-        poll_s=poll_s,
-        process_name="verify",
-        cancel_grace_s=0.0,  # Cancel terminates the child at once: nothing it would finish is kept
-    )
-
-
 def run_export(
     ctx: JobContext,
     source: Path,
@@ -165,58 +85,43 @@ def run_export(
     calib_chunks: int | None = None,
     imatrix: Any = None,
 ) -> ExportOutcome:
-    """Export ``source`` to ``out`` and (optionally) verify it before it is renamed into place.
+    """Export ``source`` to ``out`` and (optionally) verify it in a child process before it is renamed
+    into place (``studio.core.export.job.export_and_verify``, the job ``export --verify`` runs too).
 
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (None: the built-in text; the
     first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first.
     """
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
-    verified: dict[str, Any] = {}
-    share = EXPORT_SHARE if verify else 1.0
+    def write(c: JobContext, validate: Any) -> Any:
+        if isinstance(plan, Plan) and plan.calibrated:
+            from studio.core.calib.data import BUILTIN
+            from studio.core.calib.quantize import export_calibrated
 
-    def check(partial: Path) -> None:
-        ctx.check_cancelled()
-        ctx.report(int(PROGRESS_STEPS * share), PROGRESS_STEPS, "Verifying against the original model")
-        try:
-            verified["result"] = verify_in_child(partial, source, device=device, ctx=_Share(ctx, share, 1.0))
-        except JobCancelled:
-            raise  # the writer deletes the partial file: Cancel leaves nothing behind
-        except StudioError as err:
-            verified["error"] = str(err)
-        except Exception as err:  # verification is advisory: its failure must not lose the export
-            log.exception("verifying %s failed", out)
-            verified["error"] = unexpected_error_sentence("Verification", err)
-        ctx.check_cancelled()
-
-    if isinstance(plan, Plan) and plan.calibrated:
-        from studio.core.calib.data import BUILTIN
-        from studio.core.calib.quantize import export_calibrated
-
-        cal = export_calibrated(
+            return export_calibrated(
+                source,
+                out,
+                plan,
+                text=calib_text or BUILTIN,
+                n_chunks=calib_chunks,
+                device=device,
+                ctx=c,
+                validate=validate,
+                allow_pickle=allow_pickle,
+            )
+        return export_gguf(
             source,
             out,
             plan,
-            text=calib_text or BUILTIN,
-            n_chunks=calib_chunks,
             device=device,
-            ctx=_Share(ctx, 0.0, share),
-            validate=check if verify else None,
+            backend=backend,
+            ctx=c,
+            validate=validate,
             allow_pickle=allow_pickle,
+            imatrix=imatrix,
         )
-        return ExportOutcome(cal.export, verified.get("result"), verified.get("error", ""), cal)
-    result = export_gguf(
-        source,
-        out,
-        plan,
-        device=device,
-        backend=backend,
-        ctx=_Share(ctx, 0.0, share),
-        validate=check if verify else None,
-        allow_pickle=allow_pickle,
-        imatrix=imatrix,
-    )
-    return ExportOutcome(result, verified.get("result"), verified.get("error", ""))
+
+    return export_and_verify(ctx, source, write, verify=verify_in_child(device) if verify else None)
 
 
 class ExportDialog(JobPanel, QDialog):
@@ -405,7 +310,7 @@ class ExportDialog(JobPanel, QDialog):
 
     def final_plan(self) -> Plan | str | None:
         """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
-        from studio.core.quant.plan import plan_from_preset, with_method
+        from studio.core.plan.plan import plan_from_preset, with_method
 
         plan, info, method = self.chosen_plan(), self.state.info, self.method
         if plan is None or info is None:
@@ -656,8 +561,6 @@ class ExportDialog(JobPanel, QDialog):
         self.upload_dialog = open_upload_dialog(self, self.outcome, self.jobs)
 
     def _fill_devices(self, wanted: str) -> None:
-        from studio.qt.panels.device_selector import device_choices
-
         self.device_combo.blockSignals(True)
         self.device_combo.clear()
         for dev, label in device_choices(self.state.hardware):

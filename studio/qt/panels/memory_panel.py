@@ -26,7 +26,6 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.lab.kvcache import KV_TYPES
 from studio.core.lab.memory import (
     CONTEXTS,
     FORMULAS,
@@ -37,6 +36,7 @@ from studio.core.lab.memory import (
     memory_report,
     shape_from_info,
 )
+from studio.core.llamacpp.kvcache import KV_TYPES
 from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread, choose, labelled_row, read_only_table
@@ -421,7 +421,7 @@ def _short(precision: str) -> str:
 
 def _machine_verdict(text: str) -> str:
     """The ``estimate.Verdict`` name of its value (the table keeps the words)."""
-    from studio.core.estimate import Verdict
+    from studio.core.plan.estimate import Verdict
 
     try:
         return Verdict(text).name

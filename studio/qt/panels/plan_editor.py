@@ -1,8 +1,8 @@
 """Precision plan editor: layers × tensor roles, a GGUF type per cell, presets, rules, undo/redo, JSON.
 
-Plans are ``studio.core.quant.plan.Plan`` objects, changed only through the core's plan verbs
+Plans are ``studio.core.plan.plan.Plan`` objects, changed only through the core's plan verbs
 (``with_types``, ``keep_first_last``, ``with_overrides``), the same the CLI uses; sizes come from
-``Plan.summary`` and the fit verdict from ``studio.core.estimate``. Every change makes a new
+``Plan.summary`` and the fit verdict from ``studio.core.plan.estimate``. Every change makes a new
 (immutable) plan, pushed on a ``QUndoStack`` and announced through ``StudioState.set_plan``.
 """
 
@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (
 
 from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
-from studio.core.model.types import Role
-from studio.core.quant.plan import (
+from studio.core.modelinfo import Role
+from studio.core.plan.plan import (
     Override,
     Plan,
     keep_first_last,
@@ -41,7 +41,7 @@ from studio.core.quant.plan import (
     with_overrides,
     with_types,
 )
-from studio.core.quant.presets import PRESETS, Fallback, allows_quantization
+from studio.core.plan.presets import PRESETS, Fallback, allows_quantization
 from studio.core.quant.types import PLAN_TYPES
 from studio.qt import widgets
 from studio.qt.fmt import human_bytes
@@ -540,7 +540,7 @@ class PlanEditorPanel(QWidget):
 
     @Slot(object)
     def _on_model_opened(self, checkpoint: Any) -> None:
-        from studio.core.gguf.arch import layout
+        from studio.core.gguf.layout import layout
 
         info = checkpoint.info
         self._info = info
@@ -623,8 +623,9 @@ class _EmptyLayout:
 
 
 def _fit(info: Any, plan: Plan, summary: Any, hw: Any, ctx_len: int) -> dict[str, Any]:
-    """Memory and verdict of ``plan`` on ``hw`` through studio.core.estimate (its preset formula)."""
-    from studio.core import estimate as est
+    """Memory and verdict of ``plan`` on ``hw`` through studio.core.plan.estimate (its preset formula)."""
+    from studio.core.plan import estimate as est
+    from studio.core.plan.memory import overhead_bytes
 
     direct = getattr(est, "estimate_plan", None)
     if direct is not None and hw is not None:
@@ -637,11 +638,7 @@ def _fit(info: Any, plan: Plan, summary: Any, hw: Any, ctx_len: int) -> dict[str
     n_layers = info.n_layers or 0
     kv = est.kv_cache_bytes(info.config, n_layers, ctx_len)
     vocab = info.config.get("vocab_size") if isinstance(info.config.get("vocab_size"), int) else 0
-    overhead = (
-        int(est.OVERHEAD_FRACTION * summary.total_bytes)
-        + est.OVERHEAD_FIXED_BYTES
-        + vocab * est.OVERHEAD_BATCH_TOKENS * 4
-    )
+    overhead = overhead_bytes(summary.total_bytes, vocab)
     memory = summary.total_bytes + kv + overhead
     if hw is None:
         return {

@@ -269,7 +269,7 @@ class QatPanel(JobPanel, QWidget):
 
     def show_result(self, result: Any) -> None:
         """Show a ``QatResult``: the three losses, their verdicts and levels on the chart."""
-        from studio.core.lab.verdict import judge
+        from studio.core.evaluate.verdict import judge
 
         assert_gui_thread("QatPanel.show_result")
         self.result = result

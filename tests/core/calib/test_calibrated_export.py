@@ -26,7 +26,7 @@ def llama_worker():
 @pytest.fixture(scope="module")
 def plan_of(llama_model):
     from studio.core.model import open_model
-    from studio.core.quant.plan import plan_from_preset, with_method
+    from studio.core.plan.plan import plan_from_preset, with_method
 
     with open_model(llama_model) as ck:
         info = ck.info
@@ -78,7 +78,8 @@ def _hf_with_file_weights(model_dir: Path, gguf: Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from studio.core.gguf.arch import Transform, head_counts, layout
+    from studio.core.gguf.arch import Transform, head_counts
+    from studio.core.gguf.layout import layout
     from studio.core.model import open_model
     from studio.core.quant.blocks import dequantize
 
@@ -107,7 +108,7 @@ def test_calibrated_file_is_standard_and_decodes_as_the_studio_does(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.llamacpp import LoadOptions
     from studio.core.quant.blocks import dequantize
     from studio.core.quant.reference import ggml_dequantize
@@ -166,7 +167,7 @@ def test_plain_imatrix_method_matches_an_export_with_the_calibration_imatrix(
 ) -> None:
     from studio.core.calib import calibrate, imatrix_from_stats
     from studio.core.calib.quantize import export_calibrated
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     plan, info = plan_of("imatrix")
     res = export_calibrated(llama_model, tmp_path / "a.gguf", plan, text=calib_text, n_ctx=CTX, n_chunks=6)
@@ -179,7 +180,7 @@ def test_plain_imatrix_method_matches_an_export_with_the_calibration_imatrix(
 
 def _plan(llama_model, method):
     from studio.core.model import open_model
-    from studio.core.quant.plan import plan_from_preset, with_method
+    from studio.core.plan.plan import plan_from_preset, with_method
 
     with open_model(llama_model) as ck:
         info = ck.info
@@ -272,8 +273,8 @@ def test_nan_activations_stop_the_run_in_one_sentence(llama_model, calib_text, t
 
     from safetensors.numpy import load_file, save_file
 
-    from studio.core.calib.errors import CalibrationError
     from studio.core.calib.quantize import export_calibrated
+    from studio.core.errors import CalibrationError
 
     bad = tmp_path / "nan-llama"
     shutil.copytree(llama_model, bad)

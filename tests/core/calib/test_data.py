@@ -19,7 +19,7 @@ from studio.core.calib.data import (
     read_chats,
     tokenize,
 )
-from studio.core.calib.errors import CalibrationError
+from studio.core.errors import CalibrationError
 
 
 def _one_sentence(err: BaseException) -> str:

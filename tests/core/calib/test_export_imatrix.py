@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from studio.core.calib.imatrix import read_imatrix
-from studio.core.gguf.export import export_gguf
+from studio.core.export.run import export_gguf
 from studio.core.model import open_model
-from studio.core.quant.plan import Override, plan_uniform
+from studio.core.plan.plan import Override, plan_uniform
 from studio.core.quant.reference import ggml_quantize
 
 # One export covers every type the plan can name: each blk.* matrix of the tiny llama gets another type.

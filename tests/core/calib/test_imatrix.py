@@ -8,7 +8,6 @@ import gguf
 import numpy as np
 import pytest
 
-from studio.core.calib.errors import CalibrationError
 from studio.core.calib.imatrix import (
     Imatrix,
     ImatrixEntry,
@@ -17,6 +16,7 @@ from studio.core.calib.imatrix import (
     read_imatrix,
     write_imatrix,
 )
+from studio.core.errors import CalibrationError
 from studio.core.model import open_model
 
 from .conftest import CHUNKS, CTX, llama_tool
@@ -126,7 +126,7 @@ def test_damaged_files_are_refused(llama_imatrix_file, tmp_path, llama_model):
     with pytest.raises(CalibrationError, match="neither a GGUF imatrix nor"):
         read_imatrix(tmp_path / "junk.dat")
     # a model GGUF is not an imatrix
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     model = export_gguf(llama_model, tmp_path / "model.gguf", "F32").path
     with pytest.raises(CalibrationError, match="without imatrix metadata"):
@@ -136,7 +136,7 @@ def test_damaged_files_are_refused(llama_imatrix_file, tmp_path, llama_model):
 def test_llama_imatrix_computes_the_same(llama_model, llama_imatrix_file, calib_text, tmp_path):
     """llama.cpp's own llama-imatrix on our F32 export of the same model and text agrees with ours."""
     tool = llama_tool("llama-imatrix")
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     f32 = export_gguf(llama_model, tmp_path / "f32.gguf", "F32").path
     out = tmp_path / "theirs.gguf"

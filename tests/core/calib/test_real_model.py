@@ -36,7 +36,7 @@ def real_stats(real_model):
 def test_imatrix_lowers_kl_on_unseen_text(real_model, real_stats, tmp_path_factory):
     from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
     from studio.core.evaluate import evaluate
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
     from studio.core.model import open_model
 
     tmp = tmp_path_factory.mktemp("real")

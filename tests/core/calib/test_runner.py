@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from studio.core.calib import ActivationCollector, Consumer, calibrate, prepare_input, run_model
-from studio.core.calib.errors import CalibrationError
 from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.runner import RunnerMode
+from studio.core.errors import CalibrationError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.model import open_model
 
@@ -59,7 +59,7 @@ def test_imatrix_equals_plain_transformers_hooks(tiny_model, calib_text, arch):
     )
     by_hf = {s.name: s for s in stats.sites}
     assert set(ref) == set(by_hf)  # every linear of every layer was observed, nothing else
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
 
     with open_model(model) as ck:
         gguf_of = {t.hf_name: t.gguf_name for t in layout(ck.info).tensors}

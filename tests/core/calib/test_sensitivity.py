@@ -175,7 +175,7 @@ def test_cancel_stops_the_scan_and_writes_nothing(llama_model, calib_text, untie
 
 
 def test_bad_input_is_one_sentence(llama_model, tmp_path):
-    from studio.core.calib.errors import CalibrationError
+    from studio.core.errors import CalibrationError
 
     short = tmp_path / "short.txt"
     short.write_text("Too short to calibrate anything.", encoding="utf-8")

@@ -20,7 +20,7 @@ PRESETS = ("F32", "Q8_0", "Q6_K", "Q4_K_M", "Q2_K")
 
 def export_once(model: Path, preset: str, root: Path) -> Path:
     """Export ``model`` with ``preset`` once per session (files under ``root``)."""
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     key = (str(model), preset)
     if key not in _CACHE:

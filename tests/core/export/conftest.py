@@ -22,7 +22,7 @@ def llama_worker() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """``exported(model, key, plan, **kw) -> Path``: export once per (model, key) for the session."""
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     root = tmp_path_factory.mktemp("exports")
     cache: dict[tuple[str, str], Path] = {}

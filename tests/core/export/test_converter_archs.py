@@ -105,9 +105,9 @@ def test_moe_preset_types_equal_llamacpp(arch, tiny_model, exported, llama_worke
     them (Mixtral's 8 experts trigger llama.cpp's 8-expert rules)."""
     import gguf
 
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.model import open_model
-    from studio.core.quant.presets import PRESETS, preset_types
+    from studio.core.plan.presets import PRESETS, preset_types
 
     model = new_arch_model(tiny_model, arch)
     f32 = exported(model, "F32", "F32")
@@ -127,7 +127,7 @@ def test_moe_preset_types_equal_llamacpp(arch, tiny_model, exported, llama_worke
 def test_moe_q4_k_m_with_expert_imatrix_equals_llamacpp(tiny_model, tmp_path):
     """One importance vector per expert (as llama-imatrix stores them): the studio's quantizers give
     the bytes llama_model_quantize gives with the same imatrix, through both export back ends."""
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
     from studio.core.model import open_model
     from studio.core.model.experts import expert_layout, merge_expert_imatrix
 
@@ -165,7 +165,7 @@ def test_calibration_counts_the_tokens_routed_to_each_expert(tiny_model, tmp_pat
 
     from studio.core.calib.calibrate import calibrate, prepare_input
     from studio.core.calib.imatrix import imatrix_from_stats
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
     from studio.core.model import open_model
 
     model = new_arch_model(tiny_model, "mixtral")
@@ -246,7 +246,7 @@ def test_calibrated_tensors_on_a_converter_architecture_are_refused_in_one_sente
     """GPTQ/AWQ tensors (studio.core.calib.quantize) are written by the studio's own layout only; an
     architecture that goes through llama.cpp's converter says so before anything is written."""
     from studio.core.errors import ExportError
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     model = new_arch_model(tiny_model, "olmo2")
     out = tmp_path / "c.gguf"

@@ -29,8 +29,8 @@ def _one_sentence(text: str) -> bool:
 
 @pytest.mark.parametrize("installed", [True, False])
 def test_unknown_architecture_gives_one_sentence_naming_it(installed, tiny_model, tmp_path, monkeypatch):
+    from studio.core.export.run import export_gguf
     from studio.core.gguf import converter_bundle
-    from studio.core.gguf.export import export_gguf
 
     if installed:
         need_converter()
@@ -72,9 +72,9 @@ def test_an_architecture_only_the_converter_knows(tmp_path, llama_worker):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
     from studio.core.model import open_model
-    from studio.core.model.types import Role
+    from studio.core.modelinfo import Role
 
     model = _starcoder2(tmp_path / "sc2")
     with open_model(model) as ck:
@@ -101,7 +101,7 @@ def test_expert_layout_names_every_expert(tiny_model):
     need_converter()
     from studio.core.model import open_model
     from studio.core.model.experts import expert_layout, merge_expert_imatrix
-    from studio.core.model.types import Role
+    from studio.core.modelinfo import Role
 
     with open_model(new_arch_model(tiny_model, "mixtral")) as ck:
         info = ck.info
@@ -131,11 +131,11 @@ def test_expert_layout_names_every_expert(tiny_model):
 
 def test_moe_estimates_count_every_expert_and_the_active_share(tiny_model, exported):
     need_converter()
-    from studio.core.estimate import estimate_preset
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
     from studio.core.gguf.read import read_gguf
     from studio.core.hardware import HardwareInfo
     from studio.core.model import open_model
+    from studio.core.plan.estimate import estimate_preset
 
     model = new_arch_model(tiny_model, "mixtral")
     with open_model(model) as ck:
@@ -152,7 +152,7 @@ def test_moe_estimates_count_every_expert_and_the_active_share(tiny_model, expor
 
 
 def test_sliding_window_layers_keep_a_smaller_kv_cache():
-    from studio.core.estimate import kv_cache_bytes, kv_cells, sliding_layers
+    from studio.core.plan.estimate import kv_cache_bytes, kv_cells, sliding_layers
 
     cfg = {
         "model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -174,7 +174,7 @@ def test_custom_tokenizer_code_is_never_run(tiny_model, tmp_path):
     """Some of the converter's tokenizer paths pass trust_remote_code=True: refused up front (FAULTS 8)."""
     need_converter()
     from studio.core.errors import RemoteCodeError
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     model = tmp_path / "m"
     shutil.copytree(new_arch_model(tiny_model, "olmo2"), model)
@@ -191,8 +191,8 @@ def test_custom_tokenizer_code_is_never_run(tiny_model, tmp_path):
 def test_a_hub_moe_config_is_estimated_with_all_its_experts():
     """Qwen3-30B-A3B's config alone (as the Hub panel has it): "30.5B in total and 3.3B activated"
     (its model card), every expert in the file size."""
-    from studio.core.estimate import estimate_from_config
     from studio.core.hardware import HardwareInfo
+    from studio.core.plan.estimate import estimate_from_config
 
     cfg = dict(
         model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=2048,

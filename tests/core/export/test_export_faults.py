@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from studio.core.errors import ChildProcessError_, ExportError, QuantizationError, StudioError
-from studio.core.gguf.export import export_gguf, llamacpp_validator
+from studio.core.export.run import export_gguf, llamacpp_validator
 from studio.core.gguf.read import read_gguf
 from studio.core.gguf.writer import AtomicGGUFWriter, remove_stale_partials, stale_partials
 from studio.core.jobs import JobCancelled, JobContext
@@ -84,9 +84,9 @@ def test_cancel_llamacpp_backend_leaves_nothing(llama_model, tmp_path):
 _SLOW_EXPORT = textwrap.dedent(
     """
     import sys, time
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
     from studio.core.jobs import JobContext
-    import studio.core.gguf.export as ex
+    import studio.core.export.run as ex
     ex.CHUNK_BYTES = 4096  # many small chunks, each followed by a progress report
     def slow(done, total, msg):
         print("progress", done, total, flush=True)
@@ -144,7 +144,7 @@ def test_full_disk_is_a_clear_error(llama_model, tmp_path, monkeypatch):
             export_gguf(llama_model, out, "F32")
         assert out.read_bytes() == OLD and sorted(p.name for p in mnt.iterdir()) == ["model.gguf"]
         # mid-write: skip the estimate, so the file system itself runs out (ENOSPC)
-        import studio.core.gguf.export as ex
+        import studio.core.export.run as ex
 
         monkeypatch.setattr(ex, "check_output_path", lambda out, inputs=(), need_bytes=0: out)
         with pytest.raises(
@@ -311,8 +311,8 @@ def test_rows_not_divisible_fall_back_visibly(odd_hidden_model, tmp_path):
 
 
 def test_crashing_llamacpp_child_is_an_error_not_a_crash(llama_model, tmp_path):
+    from studio.core.export.verify import verify_gguf
     from studio.core.llamacpp import LlamaWorker
-    from studio.core.verify import verify_gguf
 
     with LlamaWorker() as wk:
         with pytest.raises(ChildProcessError_, match="SIGSEGV"):

@@ -7,12 +7,12 @@ import json
 import gguf
 import pytest
 
-from studio.core.gguf.arch import layout
-from studio.core.gguf.export import export_gguf
+from studio.core.export.run import export_gguf
+from studio.core.gguf.layout import layout
 from studio.core.gguf.read import read_gguf
 from studio.core.llamacpp import LoadOptions
 from studio.core.model import open_model
-from studio.core.quant.plan import Override, plan_first_last
+from studio.core.plan.plan import Override, plan_first_last
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +105,8 @@ def test_export_chats_with_its_template(arch, request, exported, llama_worker):
 def test_imatrix_backends_identical_and_types_follow_llamacpp(llama8, exported, llama_worker, tmp_path):
     import numpy as np
 
-    from studio.core.quant.plan import plan_from_preset
-    from studio.core.quant.presets import allows_quantization, preset_types
+    from studio.core.plan.plan import plan_from_preset
+    from studio.core.plan.presets import allows_quantization, preset_types
 
     info = _info(llama8)
     rng = np.random.default_rng(1)
@@ -169,7 +169,7 @@ def test_export_from_the_hub_cache_records_the_source_repo(llama_model, tmp_path
 
     import gguf
 
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     snap = tmp_path / "hub" / "models--tiny-org--tiny-llama" / "snapshots" / ("a" * 40)
     shutil.copytree(llama_model, snap)

@@ -84,7 +84,7 @@ def test_spm_tokenizer_from_tokenizer_json_only(llama_model, tmp_path, llama_wor
 
     from transformers import AutoTokenizer
 
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     model = tmp_path / "llama-json"
     shutil.copytree(llama_model, model)

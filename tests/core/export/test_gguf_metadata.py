@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from studio.core.gguf.export import export_gguf
+from studio.core.export.run import export_gguf
 from studio.core.gguf.read import read_gguf
 from tests.core.export import converter_metadata as cm
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from studio.core.gguf.arch import layout
+from studio.core.gguf.layout import layout
 from studio.core.model import open_model
-from studio.core.quant.presets import PRESETS, preset_choice, preset_types
+from studio.core.plan.presets import PRESETS, preset_choice, preset_types
 
 MODELS = ["llama8", "odd_hidden", "qwen2", "phi3", "gpt2", "gemma", "bert"]
 PRESET_NAMES = ["Q4_K_M", "Q3_K_M", "Q5_K_M", "Q4_K_S", "Q3_K_L", "Q2_K", "Q6_K", "Q8_0", "Q4_0", "F16"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from studio.core.verify import compare_logits, verify_gguf
+from studio.core.export.verify import compare_logits, verify_gguf
 
 
 def test_f32_export_verifies_as_identical(llama_model, exported):

@@ -24,7 +24,7 @@ REPO = "alice/tiny-llama-GGUF"
 @pytest.fixture(scope="module")
 def q4(tmp_path_factory, llama_model) -> Path:
     """The tiny Llama as Q4_K_M, exported as if it came from the Hub repo tiny-org/tiny-llama."""
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     out = tmp_path_factory.mktemp("upload") / "tiny-llama-Q4_K_M.gguf"
     export_gguf(llama_model, out, "Q4_K_M", source_repo="tiny-org/tiny-llama")

@@ -9,7 +9,7 @@ from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.chat.types import Message
 from studio.core.errors import StudioError
 from studio.core.evaluate import evaluate
-from studio.core.lab.kvcache import kv_type, llama_kwargs
+from studio.core.llamacpp.kvcache import kv_type, llama_kwargs
 
 CTX = 128
 

@@ -89,7 +89,7 @@ def test_qat_beats_ptq_and_exports_the_rounded_weights(llama_model, texts, tmp_p
     assert again.float_loss == pytest.approx(r.qat_loss, abs=1e-4)
     assert again.ptq_loss == pytest.approx(r.qat_loss, abs=1e-4)  # already on the grid: rounding is a no-op
     # and the normal exporter takes the folder
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
     from studio.core.gguf.read import read_gguf
 
     res = export_gguf(out, tmp_path / "qat.gguf", "Q8_0")

@@ -11,7 +11,7 @@ from studio.core.errors import QuantizationError
 from studio.core.lab.sweep import SWEEP_BITS, SweepRow, find_cliffs, sweep_array, sweep_tensor
 from studio.core.model import open_model
 from studio.core.quant import generic
-from studio.core.stats.metrics import error_metrics
+from studio.core.quant.metrics import error_metrics
 
 DOWN = "model.layers.0.mlp.down_proj.weight"  # (256, 768): every group size divides its rows
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from studio.core.model.adapters import adapter_for, gguf_adapter, parse_layer
-from studio.core.model.types import Role
+from studio.core.modelinfo import Role
 
 R = Role
 

@@ -163,7 +163,7 @@ def test_checkpoint_stats_stream_and_cache(llama_model, tmp_path):
 
 
 def test_cache_key_changes_with_the_file(tmp_path):
-    from studio.core.model.types import Role, TensorInfo
+    from studio.core.modelinfo import Role, TensorInfo
 
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"x" * 10)

@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from studio.core.model import open_model
-from studio.core.quant.allocate import allocate, parse_budget
+from studio.core.plan.allocate import allocate, parse_budget
 from studio.qt.jobs import JobManager
 from studio.qt.panels.budget_dialog import BudgetDialog
 from studio.qt.state import StudioState
@@ -156,8 +156,8 @@ def test_an_exported_budget_plan_is_measured_in_a_job_and_shown_beside_the_predi
     dialog, qtbot, tmp_path
 ):
     from studio.core.calib.sensitivity import ScanSettings, measure_plans
-    from studio.core.gguf.export import export_gguf
-    from studio.qt.panels.export_dialog import ExportOutcome
+    from studio.core.export.job import ExportOutcome
+    from studio.core.export.run import export_gguf
 
     state, d = dialog
     d.set_scan(synthetic_scan(state.info, KL))

@@ -156,7 +156,7 @@ def test_a_q8_0_export_writes_the_file_and_shows_the_verification(qtbot, make_wi
 def test_the_current_plan_from_the_plan_editor_is_exported_tensor_by_tensor(
     qtbot, make_window, llama_model, tmp_path
 ):
-    from studio.core.gguf.arch import layout
+    from studio.core.gguf.layout import layout
 
     win = make_window()
     _open(qtbot, win, llama_model)
@@ -277,7 +277,7 @@ def test_cancel_during_verification_stops_the_child_and_leaves_no_file(
 def test_a_quantized_gguf_opens_for_export_with_its_warning_and_is_requantized_and_verified(
     qtbot, make_window, llama_model, tmp_path
 ):
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     folder = tmp_path / "models"
     folder.mkdir()
@@ -304,8 +304,8 @@ def test_the_calibrate_pages_imatrix_is_what_the_export_quantizes_with(
 ):
     from gguf import GGUFReader
 
+    from studio.core.export.run import export_gguf
     from studio.core.factory import sample_text
-    from studio.core.gguf.export import export_gguf
 
     win = make_window()
     _open(qtbot, win, llama_model)

@@ -7,9 +7,9 @@ import json
 import pytest
 from PySide6.QtCore import QItemSelectionModel, Qt
 
-from studio.core.gguf.arch import layout
+from studio.core.gguf.layout import layout
 from studio.core.model import open_model
-from studio.core.quant.plan import (
+from studio.core.plan.plan import (
     Override,
     Plan,
     keep_first_last,
@@ -17,7 +17,7 @@ from studio.core.quant.plan import (
     plan_uniform,
     with_overrides,
 )
-from studio.core.quant.presets import PRESETS
+from studio.core.plan.presets import PRESETS
 from studio.core.quant.types import tensor_bytes
 from studio.qt.jobs import JobManager
 from studio.qt.panels.plan_editor import PlanEditorPanel

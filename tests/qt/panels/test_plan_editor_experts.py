@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from studio.core.model import open_model
-from studio.core.quant.plan import plan_from_preset
+from studio.core.plan.plan import plan_from_preset
 from studio.core.quant.types import tensor_bytes
 from studio.qt.jobs import JobManager
 from studio.qt.state import StudioState
@@ -48,8 +48,8 @@ def test_summary_shows_experts_and_active_weights(qtbot, tiny_models):
     from tests.core.export.converter_fixtures import need_converter
 
     need_converter()
-    from studio.core.estimate import estimate_presets
     from studio.core.hardware import HardwareInfo
+    from studio.core.plan.estimate import estimate_presets
     from studio.qt.panels.summary import SummaryPanel
 
     state = StudioState()

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 
 from studio.core.model import open_model
 from studio.core.quant.blocks import dequantize, quantize
-from studio.core.stats.metrics import error_metrics
+from studio.core.quant.metrics import error_metrics
 from studio.qt.jobs import JobManager
 from studio.qt.panels.preview import PreviewPanel, format_db
 from studio.qt.state import StudioState

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from studio.core.errors import QuantizationError
-from studio.core.stats import metrics
-from studio.core.stats.metrics import error_metrics
+from studio.core.quant import metrics
+from studio.core.quant.metrics import error_metrics
 
 
 def test_known_values() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from studio.core.gguf.export import export_gguf
-from studio.core.quant.presets import PRESETS
+from studio.core.export.run import export_gguf
+from studio.core.plan.presets import PRESETS
 from tests.core.chat import fixtures as _fixtures
 
 chat_model = _fixtures.chat_model
@@ -118,7 +118,7 @@ def test_llamacpp_backend_follows_the_plan_from_a_gguf(chat_model, gguf_of, tmp_
 
 
 def test_verification_of_a_requantized_file_runs_both_in_llama_cpp(chat_model, gguf_of, tmp_path):
-    from studio.core.verify import verify_gguf
+    from studio.core.export.verify import verify_gguf
 
     src = gguf_of(chat_model, "F32")
     out = export_gguf(src, tmp_path / "q8.gguf", "Q8_0").path

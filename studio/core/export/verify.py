@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from studio.core.errors import EvaluationError, StudioError
+from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext, null_context
+from studio.core.llamacpp import LlamaRunner, LoadOptions
 from studio.core.model.hf_progress import no_hf_progress_bars
 
 DEFAULT_TEXT = (
@@ -85,15 +88,10 @@ def verify_gguf(
 
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``.
     """
-    from studio.core.gguf.read import read_gguf
-    from studio.core.llamacpp import LlamaRunner, LoadOptions
-
     ctx = ctx or null_context()
     text = text or DEFAULT_TEXT
     folder = Path(checkpoint_path)
     if folder.suffix.lower() == ".gguf":
-        from studio.core.requantize import verify_against_gguf
-
         return verify_against_gguf(
             gguf_path, folder, text=text, max_tokens=max_tokens, ctx=ctx, extra_buffers=extra_buffers
         )
@@ -163,5 +161,37 @@ def verify_gguf(
             float(cos.mean()),
             notes,
         )
+    top1, kl, mx, rng = compare_logits(ref, got)
+    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
+
+
+def verify_against_gguf(
+    gguf_path: str | Path,
+    source: str | Path,
+    *,
+    text: str,
+    max_tokens: int = 128,
+    ctx: JobContext | None = None,
+    extra_buffers: str = "auto",
+) -> Any:
+    """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
+    F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
+    ctx = ctx or null_context()
+    read_gguf(gguf_path)
+    read_gguf(source)
+    ctx.report(0, 3, "Running the GGUF original in llama.cpp")
+    opts = LoadOptions(extra_buffers=extra_buffers, logits_all=True, n_ctx=max(64, max_tokens + 8))
+    with LlamaRunner(label="llama.cpp (verification)", on_note=ctx.log) as wk:
+        wk.load(source, opts)
+        ids = list(wk.request("tokenize", text=text, add_bos=True))[:max_tokens]
+        if len(ids) < 2:
+            raise EvaluationError("The verification text is too short after tokenization.")
+        ref = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
+        ctx.check_cancelled()
+        ctx.report(1, 3, "Running the export in llama.cpp")
+        wk.load(gguf_path, opts)
+        got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
+        notes = wk.notes
+    ctx.report(3, 3, "Compared")
     top1, kl, mx, rng = compare_logits(ref, got)
     return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)

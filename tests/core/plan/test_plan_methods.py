@@ -25,7 +25,7 @@ def test_registry_names_the_five_methods() -> None:
 
 
 def test_default_and_per_tensor_methods_survive_verbs_and_json(info) -> None:
-    from studio.core.quant.plan import (
+    from studio.core.plan.plan import (
         Override,
         Plan,
         keep_first_last,
@@ -58,7 +58,7 @@ def test_default_and_per_tensor_methods_survive_verbs_and_json(info) -> None:
 
 
 def test_methods_are_checked(info) -> None:
-    from studio.core.quant.plan import Plan, plan_from_preset, with_method
+    from studio.core.plan.plan import Plan, plan_from_preset, with_method
 
     plan = plan_from_preset(info, "Q4_K_M")
     with pytest.raises(QuantizationError, match="stays F32"):

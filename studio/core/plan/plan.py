@@ -36,9 +36,10 @@ from types import MappingProxyType
 from typing import Any
 
 from studio.core.errors import QuantizationError
-from studio.core.model.types import ModelInfo
+from studio.core.gguf.layout import layout
+from studio.core.modelinfo import ModelInfo
+from studio.core.plan.presets import PRESETS, Fallback, allows_quantization, preset_choice
 from studio.core.quant.methods import DEFAULT_METHOD, check_method, method_info
-from studio.core.quant.presets import PRESETS, Fallback, allows_quantization, preset_choice
 from studio.core.quant.types import FLOAT_TYPES, QTYPES, check_type, fallback_type, tensor_bytes
 
 PLAN_VERSION = 1
@@ -296,8 +297,6 @@ class Plan:
 
     def summary(self, info: ModelInfo) -> PlanSummary:
         """Bytes, bits per weight and tensor counts of this plan's output for ``info``."""
-        from studio.core.gguf.arch import layout
-
         total = params = 0
         by_type: dict[str, int] = {}
         bytes_by: dict[str, int] = {}
@@ -320,8 +319,6 @@ class Plan:
 def check_plan(plan: Plan, info: ModelInfo) -> None:
     """Raise QuantizationError unless ``plan`` covers exactly the tensors exported for ``info``
     with types their rows allow."""
-    from studio.core.gguf.arch import layout
-
     lay = layout(info)
     for tm in lay.tensors:
         if tm.hf_name not in plan.types:
@@ -379,8 +376,6 @@ def _finish(
     asked qtype cannot split. ``fallbacks`` recorded upstream stay listed for tensors no override
     re-asked, as long as the tensor really ended up at the fallback's qtype.
     """
-    from studio.core.gguf.arch import layout
-
     compiled = _compile(overrides)
     types: dict[str, str] = {}
     records = {f.tensor: f for f in fallbacks}
@@ -447,8 +442,6 @@ def plan_from_preset(
 
 def plan_uniform(info: ModelInfo, qtype: str, overrides: Sequence[Override] = ()) -> Plan:
     """Every quantizable tensor at ``qtype`` (e.g. Q8_0 for INT8, Q4_K or Q4_0 for INT4)."""
-    from studio.core.gguf.arch import layout
-
     qtype = check_type(qtype.upper())
     return _finish(
         info,
@@ -501,8 +494,6 @@ def plan_from_types(
     """The plan giving each tensor of ``types`` (HF name → qtype, every quantizable tensor named) its
     qtype, fallbacks applied; its file type is that of the qtype holding most bytes (llama.cpp names a
     mixed file after its main type)."""
-    from studio.core.gguf.arch import layout
-
     plan = _finish(info, types, name=name, ftype=1, recipe=recipe, method=method)
     by_bytes: dict[str, int] = {}
     for tm in layout(info).tensors:
@@ -522,8 +513,6 @@ def with_types(plan: Plan, info: ModelInfo, changes: Mapping[str, str]) -> Plan:
     A tensor llama.cpp never quantizes may only be asked for a float type; fallbacks are applied
     (and listed) where a row cannot take the asked qtype.
     """
-    from studio.core.gguf.arch import layout
-
     by_name = layout(info).by_hf()
     for name, qtype in changes.items():
         check_type(qtype, f"Tensor {name!r} is asked for the unknown type {qtype!r}.")
@@ -547,8 +536,6 @@ def with_types(plan: Plan, info: ModelInfo, changes: Mapping[str, str]) -> Plan:
 def first_last_tensors(info: ModelInfo, n: int) -> tuple[str, ...]:
     """HF names of the quantizable tensors ``keep_first_last`` raises: those of the first and last
     ``n`` layers, and those outside any layer (token embeddings, output)."""
-    from studio.core.gguf.arch import layout
-
     if n < 0:
         raise QuantizationError(f"The number of first/last layers must be 0 or more, not {n}.")
     lay = layout(info)
@@ -590,8 +577,6 @@ def keep_first_last(plan: Plan, info: ModelInfo, n: int, qtype: str) -> Plan:
 def tensors_matching(info: ModelInfo, pattern: str) -> tuple[str, ...]:
     """HF names of the quantizable tensors whose HF or GGUF name matches ``pattern`` (re.search),
     i.e. those an override with this pattern changes; QuantizationError for an invalid pattern."""
-    from studio.core.gguf.arch import layout
-
     rx = _compile([Override(pattern, "F32")])[0][0]
     return tuple(
         tm.hf_name

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from studio.core.lab.verdict import REFERENCE_PPL, Verdict, judge
+from studio.core.evaluate.verdict import REFERENCE_PPL, Verdict, judge
 
 E, G, A, W = Verdict.EXCELLENT, Verdict.GOOD, Verdict.ACCEPTABLE, Verdict.WRONG
 

@@ -43,6 +43,8 @@ def kv_type(name: str) -> KVType:
     key = str(name).strip().lower()
     if key not in KV_TYPES:
         raise StudioError(f"Unknown KV-cache type {name!r}; choose one of {', '.join(KV_TYPES)}.")
+
+    # kept local: gguf-py and numpy (~0.3 s), which the CLI's --help and the window's start do not need
     from studio.core.quant.types import qtype_info
 
     info = qtype_info(key.upper())

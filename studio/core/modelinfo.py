@@ -95,3 +95,24 @@ class ModelInfo:
             if t.name == name:
                 return t
         raise KeyError(name)
+
+
+def config_int(cfg: dict[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` that ``cfg`` holds as a positive int (bools are not ints here); None if none."""
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def experts_of(config: dict[str, Any], params: Any = None) -> tuple[int, int]:
+    """(experts per layer, experts used per token) of a mixture-of-experts model; (0, 0) if dense."""
+    params = params or {}
+    n = params.get("expert_count") or config_int(
+        config, "num_local_experts", "num_experts", "n_routed_experts"
+    )
+    used = params.get("expert_used_count") or config_int(
+        config, "num_experts_per_tok", "num_experts_per_token", "top_k_experts"
+    )
+    return (int(n), int(used or 0)) if n and int(n) > 1 else (0, 0)

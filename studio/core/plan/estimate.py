@@ -1,7 +1,7 @@
 """File size and run-time memory per preset, and whether that fits this machine.
 
 File size: every exported tensor's bytes in the qtype the preset gives it (the qtypes come from
-``studio.core.quant.presets.preset_types``, which applies llama.cpp's per-tensor rules and its
+``studio.core.plan.presets.preset_types``, which applies llama.cpp's per-tensor rules and its
 fallbacks for rows that are not a multiple of the block size), plus a header allowance.
 
 Run-time memory (llama.cpp), stated model:
@@ -28,19 +28,21 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from studio.core.errors import StudioError
+from studio.core.gguf.layout import layout
 from studio.core.hardware import HardwareInfo
-from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo, experts_of
+from studio.core.modelinfo import config_int as _cfg_int
+from studio.core.plan.memory import kv_bytes, overhead_bytes  # the one memory model
+from studio.core.plan.presets import PRESETS as TYPES_OF
+from studio.core.plan.presets import preset_types
 from studio.core.quant.types import QTYPES, fallback_type
 
 if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never make one
-    from studio.core.quant.plan import Plan
+    from studio.core.plan.plan import Plan
 
 PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
-OVERHEAD_FRACTION = 0.05
-OVERHEAD_FIXED_BYTES = 64 * 1024**2
-OVERHEAD_BATCH_TOKENS = 512
-KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default F16 KV cache
 MPS_WORKING_SET_FRACTION = 0.75  # Metal lets the GPU wire about this share of unified RAM
 
 # Header allowance: fixed metadata, per-tensor info and the tokenizer arrays (a token string with its
@@ -112,9 +114,6 @@ def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
     For what the exporter cannot map (an unknown architecture, a GGUF file) every 2-D float tensor gets
     the preset's default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.
     """
-    from studio.core.errors import StudioError
-    from studio.core.quant.presets import preset_types
-
     if info.format is not CheckpointFormat.GGUF:
         try:
             return preset_types(info, preset), True
@@ -124,8 +123,6 @@ def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
 
 
 def _generic_types(info: ModelInfo, preset: str) -> dict[str, str]:
-    from studio.core.quant.presets import PRESETS as TYPES_OF
-
     base = TYPES_OF[preset].default_type
     out: dict[str, str] = {}
     for t in info.tensors:
@@ -142,14 +139,6 @@ _FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2"})
 
 
 # ------------------------------------------------------------------------------------- estimates
-
-
-def _cfg_int(cfg: dict[str, Any], *keys: str) -> int | None:
-    for k in keys:
-        v = cfg.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
 
 
 # llama.cpp's default sliding-window patterns when a config does not list its layer types: a layer
@@ -189,17 +178,7 @@ def kv_cache_bytes(config: dict[str, Any], n_layers: int, ctx_len: int) -> int:
     head_dim = _cfg_int(config, "head_dim") or (hidden // heads if hidden and heads else None)
     if not (kv_heads and head_dim and n_layers):
         return 0
-    return sum(kv_cells(config, n_layers, ctx_len)) * 2 * kv_heads * head_dim * KV_BYTES_PER_ELEMENT
-
-
-def experts_of(config: dict[str, Any], params: Any = None) -> tuple[int, int]:
-    """(experts per layer, experts used per token) of a mixture-of-experts model; (0, 0) if dense."""
-    params = params or {}
-    n = params.get("expert_count") or _cfg_int(config, "num_local_experts", "num_experts", "n_routed_experts")
-    used = params.get("expert_used_count") or _cfg_int(
-        config, "num_experts_per_tok", "num_experts_per_token", "top_k_experts"
-    )
-    return (int(n), int(used or 0)) if n and int(n) > 1 else (0, 0)
+    return kv_bytes(kv_cells(config, n_layers, ctx_len), kv_heads, head_dim)  # llama.cpp's default: F16
 
 
 def active_parameters(shapes: dict[str, tuple[int, ...]], n_experts: int, n_used: int) -> int:
@@ -217,7 +196,7 @@ def active_parameters(shapes: dict[str, tuple[int, ...]], n_experts: int, n_used
 def _overhead(weights: int, config: dict[str, Any]) -> int:
     # Encoder-only models have no LM head, so no logits scratch.
     vocab = 0 if config.get("model_type") in _ENCODER_ONLY else (_cfg_int(config, "vocab_size") or 0)
-    return int(OVERHEAD_FRACTION * weights) + OVERHEAD_FIXED_BYTES + vocab * OVERHEAD_BATCH_TOKENS * 4
+    return overhead_bytes(weights, vocab)
 
 
 def verdict_for(memory: int, hw: HardwareInfo) -> Verdict:
@@ -249,8 +228,6 @@ def _gpu_layers(verdict: Verdict, hw: HardwareInfo, n_layers: int, layer_bytes: 
 
 def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
     """The estimate for one preset (one of ``PRESETS``)."""
-    from studio.core.quant.presets import PRESETS as TYPES_OF
-
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     types, exact = _preset_types(info, preset)
@@ -258,7 +235,7 @@ def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int
 
 
 def estimate_plan(info: ModelInfo, plan: Plan, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
-    """The estimate for a per-tensor plan (``studio.core.quant.plan.Plan``) on ``hw``."""
+    """The estimate for a per-tensor plan (``studio.core.plan.plan.Plan``) on ``hw``."""
     return _estimate_types(info, plan.name, dict(plan.types), hw, ctx_len, None, True)
 
 
@@ -335,9 +312,6 @@ def _gguf_shapes(info: ModelInfo, exact: bool) -> _Shapes:
     out = _Shapes()
     out.params = {}
     if exact and info.format is not CheckpointFormat.GGUF:
-        from studio.core.errors import StudioError
-        from studio.core.gguf.arch import layout
-
         try:
             lay = layout(info)
         except StudioError:

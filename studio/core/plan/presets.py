@@ -13,7 +13,9 @@ import re
 from dataclasses import asdict, dataclass
 
 from studio.core.errors import QuantizationError
-from studio.core.model.types import ModelInfo
+from studio.core.gguf.arch import head_counts, hparam
+from studio.core.gguf.layout import layout
+from studio.core.modelinfo import ModelInfo
 from studio.core.quant.types import QTYPES, fallback_type, ftype_of
 
 
@@ -215,8 +217,6 @@ def _impl(ctx: _Ctx, new_type: str, name: str, cat: str, n_per_row: int, counter
 def preset_choice(info: ModelInfo, preset: str, *, imatrix: bool = False) -> PresetChoice:
     """Per-tensor qtypes of ``preset`` for ``info`` (keyed by HF name) and the fallbacks;
     ``imatrix``: whether an importance matrix will be used (it changes a few choices)."""
-    from studio.core.gguf.arch import head_counts, layout
-
     p = PRESETS.get(preset.upper()) if isinstance(preset, str) else None
     if p is None:
         raise QuantizationError(f"Unknown preset {preset!r}.", hint="Known: " + ", ".join(PRESETS) + ".")
@@ -274,8 +274,6 @@ def n_experts(info: ModelInfo, lay: object | None = None) -> int:
     params = getattr(lay, "params", None) or {}
     n = params.get("expert_count")
     if n is None:
-        from studio.core.gguf.arch import hparam
-
         n = hparam(info.config, "num_local_experts", "num_experts", "n_routed_experts", default=0)
     try:
         return int(n or 0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from studio.core.estimate import (
-    OVERHEAD_FIXED_BYTES,
+from studio.core.hardware import Backend, GpuInfo, HardwareInfo
+from studio.core.model import open_model
+from studio.core.plan.estimate import (
     PRESETS,
     Verdict,
     estimate_from_config,
@@ -14,8 +15,7 @@ from studio.core.estimate import (
     kv_cache_bytes,
     verdict_for,
 )
-from studio.core.hardware import Backend, GpuInfo, HardwareInfo
-from studio.core.model import open_model
+from studio.core.plan.memory import OVERHEAD_FIXED_BYTES
 from tests.core.model.test_model_helpers import llama_tensors, write_folder
 
 GIB = 1024**3
@@ -254,10 +254,10 @@ def test_estimate_plan_matches_preset_and_tracks_a_changed_tensor(llama_model) -
     """A plan made from a preset costs what the preset costs; retyping one tensor moves the size by its bytes."""
     import gguf
 
-    from studio.core.estimate import estimate_plan, estimate_preset, gguf_row
     from studio.core.hardware import detect
     from studio.core.model import open_model
-    from studio.core.quant.plan import Plan, plan_from_preset
+    from studio.core.plan.estimate import estimate_plan, estimate_preset, gguf_row
+    from studio.core.plan.plan import Plan, plan_from_preset
 
     hw = detect(probe_torch=False)
     with open_model(llama_model) as ck:

@@ -10,6 +10,7 @@ produce the same tensor types (and, without an imatrix, the same bytes).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -21,22 +22,33 @@ from typing import Any, Protocol
 import numpy as np
 
 from studio.core.errors import ExportError, QuantizationError
-from studio.core.gguf.arch import Layout, TensorMap, Transform, apply_transform, head_counts, layout
-from studio.core.gguf.metadata import add_arch_metadata, add_general_metadata, extra_tensors
-from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
+from studio.core.export.converter import export_converted
+from studio.core.export.imatrix import imatrix_for
+from studio.core.export.requantize import requantize_gguf
+from studio.core.gguf.arch import Layout, Transform, apply_transform, head_counts
+from studio.core.gguf.layout import layout
+from studio.core.gguf.metadata import extra_tensors
+from studio.core.gguf.read import read_gguf
+from studio.core.gguf.vocab import TokenizerSummary
 from studio.core.gguf.writer import (
     PARTIAL_SUFFIX,
     AtomicGGUFWriter,
     PlannedTensor,
     check_output_path,
     disk_full_error,
+    llama_order,
     validate_written,
 )
 from studio.core.jobs import JobCancelled, JobContext, null_context
+from studio.core.llamacpp import LlamaRunner, LlamaWorker, LoadOptions
+from studio.core.model import hub_repo_id, open_model
+from studio.core.plan.gguf_file import PlannedItem as _Item
+from studio.core.plan.gguf_file import export_file_bytes
+from studio.core.plan.gguf_file import planned_items as _items
+from studio.core.plan.gguf_file import write_metadata as _write_metadata
+from studio.core.plan.plan import Plan, check_plan, plan_from_preset
+from studio.core.plan.presets import Fallback, allows_quantization
 from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
-from studio.core.quant.plan import Plan, check_plan, plan_from_preset
-from studio.core.quant.presets import Fallback
-from studio.core.quant.types import tensor_bytes
 
 # Rows are converted and quantized in chunks of about this many float32 bytes.
 CHUNK_BYTES = 16 << 20
@@ -47,11 +59,8 @@ class Precomputed(Protocol):
     """Tensors already in their GGUF form, keyed by HF name (``studio.core.calib.spool.TensorSpool``)."""
 
     def __contains__(self, name: object) -> bool: ...
-
     def __len__(self) -> int: ...
-
     def qtype_of(self, name: str) -> str: ...
-
     def get(self, name: str) -> np.ndarray: ...
 
 
@@ -80,31 +89,6 @@ class ExportResult:
         return 8.0 * self.tensor_bytes / self.n_weights if self.n_weights else 0.0
 
 
-def llama_order(name: str) -> tuple[int, str]:
-    """The sort key of the tensor ``name`` in llama.cpp's files: block number, then name; others first."""
-    parts = name.split(".")
-    if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
-        return int(parts[1]), name
-    return -1, name
-
-
-@dataclass(frozen=True)
-class _Item(PlannedTensor):
-    """A tensor to write (GGUF name, numpy shape, type, bytes) and where its values come from."""
-
-    tm: TensorMap | None  # None for generated tensors
-    data: np.ndarray | None = None  # generated tensors only
-
-
-def _items(plan: Plan, lay: Layout, extras: list[tuple[str, np.ndarray]]) -> list[_Item]:
-    items = [_Item(n, tuple(a.shape), "F32", a.nbytes, None, a) for n, a in extras]
-    for tm in lay.tensors:
-        t = plan.type_of(tm.hf_name)
-        items.append(_Item(tm.gguf_name, tm.shape, t, tensor_bytes(t, tm.shape), tm))
-    items.sort(key=lambda it: llama_order(it.name))
-    return items
-
-
 def _resolve_plan(plan: Plan | str, info: Any) -> Plan:
     if isinstance(plan, Plan):
         check_plan(plan, info)
@@ -115,23 +99,9 @@ def _resolve_plan(plan: Plan | str, info: Any) -> Plan:
 
 
 def _imatrix_for(imatrix: Mapping[str, Any] | None, it: _Item) -> np.ndarray | None:
-    if not imatrix or it.tm is None:
+    if it.tm is None:
         return None
-    v = imatrix.get(it.tm.hf_name)
-    if v is None:
-        v = imatrix.get(it.name)
-    if v is None:
-        return None
-    v = np.asarray(v, dtype=np.float32).reshape(-1)
-    n_exp = it.tm.n_experts
-    if n_exp > 1 and v.size in (it.tm.n_per_row, it.tm.n_per_row * n_exp):
-        # merged experts: llama.cpp takes one vector per expert, expert after expert
-        return v if v.size == it.tm.n_per_row * n_exp else np.tile(v, n_exp)
-    if v.size != it.tm.n_per_row:
-        raise QuantizationError(
-            f"The importance matrix for {it.tm.hf_name!r} has {v.size} values; its rows have {it.tm.n_per_row}."
-        )
-    return v
+    return imatrix_for(imatrix, (it.tm.hf_name, it.name), it.tm.n_per_row, max(1, it.tm.n_experts))
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -237,8 +207,6 @@ def export_gguf(
     ``precomputed`` holds tensors already in their GGUF form (a calibrated run's ``TensorSpool``, keyed
     by HF name): they are written as they are instead of being read and quantized (studio back end).
     """
-    from studio.core.model import hub_repo_id, open_model
-
     ctx = ctx or null_context()
     if backend not in BACKENDS:
         raise ExportError(f"Unknown export back end {backend!r}; use one of {', '.join(BACKENDS)}.")
@@ -271,8 +239,6 @@ def export_gguf(
                     "written through llama.cpp's converter); use rtn or imatrix."
                 )
         if info.format.value == "gguf":  # a GGUF original: llama-quantize --allow-requantize semantics
-            from studio.core.requantize import requantize_gguf
-
             result = requantize_gguf(
                 ckpt, out, plan, backend=backend, device=device, imatrix=imatrix, ctx=ctx, validate=validate
             )
@@ -306,40 +272,9 @@ def export_gguf(
     )
 
 
-def export_file_bytes(
-    info: Any, plan: Plan, *, imatrix: Mapping[str, Any] | None = None, source_repo: str | None = None
-) -> int:
-    """The exact size of the file ``export_gguf`` writes for ``plan`` (studio back end, or a calibrated
-    export): the same metadata and tensor infos serialized in memory, plus the aligned tensor data."""
-    import types
-
-    import gguf
-
-    from studio.core.model import hub_repo_id
-
-    check_plan(plan, info)
-    lay = layout(info)
-    if source_repo is None:
-        source_repo = hub_repo_id(info.path)
-    kv = gguf.GGUFWriter(None, lay.arch)
-    items = _items(plan, lay, extra_tensors(info))
-    n_params = sum(math.prod(it.shape) for it in items)
-    _write_metadata(types.SimpleNamespace(kv=kv), info, plan, plan.ftype, source_repo, n_params, imatrix)
-    align = kv.data_alignment
-    n = 4 + 4 + 8 + 8  # magic, version, tensor count, key count
-    for key, val in kv.kv_data[0].items():
-        n += len(kv._pack_val(key, gguf.GGUFValueType.STRING, add_vtype=False))
-        n += len(kv._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type))
-    for it in items:
-        n += len(kv._pack_val(it.name, gguf.GGUFValueType.STRING, add_vtype=False))
-        n += 4 + 8 * len(it.shape) + 4 + 8
-    n += -n % align
-    return n + sum(it.nbytes + (-it.nbytes % align) for it in items)
-
-
 def check_exportable(info: Any) -> None:
     """Raise an ExportError when ``info`` cannot be exported at all (every format we open can be:
-    a GGUF original is requantized, see ``studio.core.requantize``)."""
+    a GGUF original is requantized, see ``studio.core.export.requantize``)."""
     if not info.tensors:
         raise ExportError(f"{info.path} contains no tensors to export.")
 
@@ -361,29 +296,6 @@ def _check_device(device: str) -> str:
     if not (device.startswith("cuda") or device == "mps"):
         raise ExportError(f"Unknown device {device!r}; use cpu, cuda or mps.")
     return device
-
-
-def _write_metadata(
-    w: AtomicGGUFWriter,
-    info: Any,
-    plan: Plan,
-    ftype: int,
-    source_repo: str | None,
-    n_params: int,
-    imatrix: Mapping[str, Any] | None = None,
-) -> TokenizerSummary:
-    add_general_metadata(
-        w.kv, info, ftype=ftype, plan_json=plan.to_json(), source_repo=source_repo, n_params=n_params
-    )
-    add_arch_metadata(w.kv, info)
-    tok = add_tokenizer(w.kv, info)
-    # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix) is recorded as llama-quantize does
-    for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
-        if isinstance(value, str):
-            w.kv.add_string(key, value)
-        else:
-            w.kv.add_uint32(key, int(value))
-    return tok
 
 
 def _export_studio(
@@ -449,8 +361,6 @@ def _export_converted(
 ) -> dict[str, Any]:
     # architectures llama.cpp's converter maps: its metadata, vocabulary and values, our plan,
     # quantizers and writer (studio.core.gguf.llama_converter)
-    from studio.core.gguf.llama_converter import export_converted
-
     return export_converted(
         info, lay, out, plan, device=device, imatrix=imatrix, ctx=ctx, validate=validate,
         encode=_encode, float_only=float_only,
@@ -486,8 +396,6 @@ def _encoded_chunks(
 
 def llamacpp_overrides(plan: Plan, lay: Layout) -> list[tuple[str, str]]:
     """One exact-name regex override per quantizable tensor, so llama.cpp follows the plan."""
-    from studio.core.quant.presets import allows_quantization
-
     out = []
     for tm in lay.tensors:
         if allows_quantization(tm.gguf_name, len(tm.shape)):
@@ -506,9 +414,6 @@ def _export_llamacpp(
     source_repo: str | None,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    from studio.core.gguf.read import read_gguf
-    from studio.core.llamacpp import LlamaWorker
-
     info = ckpt.info
     items = _items(plan, lay, [] if lay.converted else extra_tensors(info))
     total = sum(it.nbytes for it in items)
@@ -572,8 +477,6 @@ def _export_llamacpp(
         os.replace(partial, out)
         ctx.report(total, total, f"Wrote {out.name}")
     except OSError as err:
-        import errno
-
         if err.errno == errno.ENOSPC:
             raise disk_full_error(out, total + f32_total) from err
         raise ExportError(f"Exporting {out} failed: {err.strerror or err}.") from err
@@ -606,8 +509,6 @@ def _hold_lock(p: Path) -> int | None:
 def llamacpp_validator(path: Path) -> None:
     """Post-write check: llama.cpp loads the file's vocabulary in a child process
     (test_llamacpp_validation_rejects_unloadable_file in tests/core/export/test_export_faults.py)."""
-    from studio.core.llamacpp import LlamaRunner, LoadOptions
-
     with LlamaRunner(label="llama.cpp (validation)") as wk:
         try:
             wk.load(path, LoadOptions(vocab_only=True), timeout=120)

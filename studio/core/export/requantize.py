@@ -12,6 +12,7 @@ process with one override per tensor. Plans for a GGUF are keyed by its own tens
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -21,9 +22,25 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.errors import EvaluationError, ExportError
-from studio.core.gguf.export import llama_order
+from studio.core.errors import ExportError
+from studio.core.export.imatrix import imatrix_for
+from studio.core.gguf import writer
+from studio.core.gguf.metadata import _studio_version
+from studio.core.gguf.read import read_gguf
+from studio.core.gguf.writer import (
+    PARTIAL_SUFFIX,
+    AtomicGGUFWriter,
+    PlannedTensor,
+    disk_full_error,
+    llama_order,
+    validate_written,
+)
 from studio.core.jobs import JobContext, null_context
+from studio.core.llamacpp import LlamaWorker
+from studio.core.model.gguf_source import check_decodable, copy_metadata, source_summary
+from studio.core.plan.presets import allows_quantization
+from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
+from studio.core.quant.types import tensor_bytes
 
 # llama-quantize drops these (one output file, whatever the input's splits were).
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
@@ -32,22 +49,7 @@ GGML_QNT_VERSION = 2
 FLOAT_TARGETS = ("F32", "F16", "BF16")
 
 
-def gguf_layout(info: Any) -> Any:
-    """The identity ``Layout`` of a GGUF file: every tensor keeps its name and stored shape."""
-    from studio.core.gguf.arch import Layout, TensorMap, Transform
-
-    maps = []
-    for t in info.tensors:
-        m = re.match(r"blk\.(\d+)\.", t.name)
-        maps.append(TensorMap(t.name, t.name, tuple(t.shape), Transform.NONE, int(m.group(1)) if m else None))
-    arch = str(info.config.get("model_type") or info.model_type)
-    names = {t.name for t in info.tensors}
-    return Layout(arch, tuple(maps), (), "output.weight" not in names)
-
-
 def _source_notes(ckpt: Any) -> list[str]:
-    from studio.core.model.gguf_source import source_summary
-
     s = source_summary(ckpt.gguf)
     notes = [f"Source {ckpt.info.path.name}: {s.describe()}."]
     if s.warning:
@@ -83,8 +85,6 @@ def _target(plan: Any, t: Any) -> str:
 
 
 def _bytes_of(qtype: str, t: Any) -> int:
-    from studio.core.quant.types import tensor_bytes
-
     return t.nbytes if qtype == t.type_name else tensor_bytes(qtype, tuple(t.shape))
 
 
@@ -97,9 +97,6 @@ def _requantize_studio(
     ctx: JobContext,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    from studio.core.gguf.writer import AtomicGGUFWriter, check_output_path
-    from studio.core.model.gguf_source import check_decodable, copy_metadata
-
     g = ckpt.gguf
     src = Path(g.path)
     tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
@@ -107,7 +104,7 @@ def _requantize_studio(
     check_decodable([t for t in tensors if targets[t.name] != t.type_name], src)
     sizes = {t.name: _bytes_of(targets[t.name], t) for t in tensors}
     total = sum(sizes.values())
-    check_output_path(out, inputs=(src,), need_bytes=total)
+    writer.check_output_path(out, inputs=(src,), need_bytes=total)
     notes = _source_notes(ckpt)
     arch = str(g.metadata.get("general.architecture", ckpt.info.model_type))
     done = 0
@@ -146,8 +143,6 @@ def _requantize_studio(
 
 
 def _add_studio_keys(kv: Any, plan: Any) -> None:
-    from studio.core.gguf.metadata import _studio_version
-
     kv.add_string("quant_studio.version", _studio_version())
     kv.add_string("quant_studio.plan", plan.to_json())
 
@@ -165,8 +160,6 @@ def _copy_chunks(src: Path, t: Any, chunk: int = 16 << 20):
 
 
 def _convert(ckpt: Any, t: Any, qtype: str, device: str, imatrix: Mapping[str, Any] | None) -> np.ndarray:
-    from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
-
     x = ckpt.read(t.name)  # float32, decoded from the stored type
     nan, inf = count_nonfinite(x)
     if nan or inf:
@@ -179,15 +172,7 @@ def _convert(ckpt: Any, t: Any, qtype: str, device: str, imatrix: Mapping[str, A
         return x2.astype(np.float16)
     from studio.core.quant import blocks
 
-    qw = None
-    if imatrix:
-        v = imatrix.get(t.name)
-        if v is not None:
-            qw = np.asarray(v, dtype=np.float32).reshape(-1)
-            if qw.size != n:
-                raise ExportError(
-                    f"The importance matrix for {t.name!r} has {qw.size} values; its rows have {n}."
-                )
+    qw = imatrix_for(imatrix, (t.name,), n)
     if device != "cpu":
         import torch
 
@@ -203,23 +188,12 @@ def _requantize_llamacpp(
     ctx: JobContext,
     validate: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    from studio.core.gguf.read import read_gguf
-    from studio.core.gguf.writer import (
-        PARTIAL_SUFFIX,
-        PlannedTensor,
-        check_output_path,
-        disk_full_error,
-        validate_written,
-    )
-    from studio.core.llamacpp import LlamaWorker
-    from studio.core.quant.presets import allows_quantization
-
     g = ckpt.gguf
     src = Path(g.path)
     tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
     targets = {t.name: _target(plan, t) for t in tensors}
     total = sum(_bytes_of(targets[t.name], t) for t in tensors)
-    check_output_path(out, inputs=(src,), need_bytes=total)
+    writer.check_output_path(out, inputs=(src,), need_bytes=total)
     overrides = [
         ("^" + re.escape(t.name) + "$", targets[t.name])
         for t in tensors
@@ -254,8 +228,6 @@ def _requantize_llamacpp(
         os.replace(partial, out)
         ctx.report(total, total, f"Wrote {out.name}")
     except OSError as err:
-        import errno
-
         if err.errno == errno.ENOSPC:
             raise disk_full_error(out, total) from err
         raise ExportError(f"Exporting {out} failed: {err.strerror or err}.") from err
@@ -268,48 +240,9 @@ def _requantize_llamacpp(
     return {"types": targets, "tensor_bytes": total, "tokenizer": None, "notes": _source_notes(ckpt)}
 
 
-# ------------------------------------------------------------------------------------------ verify
-
-
-def verify_against_gguf(
-    gguf_path: str | Path,
-    source: str | Path,
-    *,
-    text: str,
-    max_tokens: int = 128,
-    ctx: JobContext | None = None,
-    extra_buffers: str = "auto",
-) -> Any:
-    """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
-    F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
-    from studio.core.gguf.read import read_gguf
-    from studio.core.llamacpp import LlamaRunner, LoadOptions
-    from studio.core.verify import VerifyResult, compare_logits
-
-    ctx = ctx or null_context()
-    read_gguf(gguf_path)
-    read_gguf(source)
-    ctx.report(0, 3, "Running the GGUF original in llama.cpp")
-    opts = LoadOptions(extra_buffers=extra_buffers, logits_all=True, n_ctx=max(64, max_tokens + 8))
-    with LlamaRunner(label="llama.cpp (verification)", on_note=ctx.log) as wk:
-        wk.load(source, opts)
-        ids = list(wk.request("tokenize", text=text, add_bos=True))[:max_tokens]
-        if len(ids) < 2:
-            raise EvaluationError("The verification text is too short after tokenization.")
-        ref = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
-        ctx.check_cancelled()
-        ctx.report(1, 3, "Running the export in llama.cpp")
-        wk.load(gguf_path, opts)
-        got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
-        notes = wk.notes
-    ctx.report(3, 3, "Compared")
-    top1, kl, mx, rng = compare_logits(ref, got)
-    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
-
-
 def n_weights(info: Any) -> int:
     """Weights of every tensor of a GGUF original (what bits per weight are counted over)."""
     return sum(math.prod(t.shape) for t in info.tensors)
 
 
-__all__ = ["gguf_layout", "n_weights", "requantize_gguf", "verify_against_gguf"]
+__all__ = ["n_weights", "requantize_gguf"]

@@ -10,13 +10,14 @@ K-quant's super-block does not divide was scanned at llama.cpp's fallback), plus
 
 Budgets (``parse_budget``): file bytes (``105454336``, ``4.5GB``, ``800MiB``), bits per weight of the
 tensor data (``4.8bpw``), or run-time memory for a context (``vram=8GB``, ``gpu`` for this GPU's free
-memory) through ``studio.core.estimate``'s model of weights + KV cache + overhead. A file budget is
+memory) through ``studio.core.plan.estimate``'s model of weights + KV cache + overhead. A file budget is
 met exactly: the plan's file size is computed as the export writes it (``export_file_bytes``),
 header and alignment included, and the limit is tightened until the file fits.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -24,7 +25,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from studio.core import hardware as hardware_module  # tests patch hardware.detect
 from studio.core.errors import QuantizationError
+from studio.core.gguf.layout import layout
+from studio.core.plan.estimate import _overhead, kv_cache_bytes
+from studio.core.plan.gguf_file import export_file_bytes
+from studio.core.plan.memory import OVERHEAD_FRACTION
+from studio.core.plan.plan import Recipe, RecipeKind, plan_from_preset, plan_from_types
+from studio.core.plan.presets import allows_quantization
+from studio.core.plan.scan import sizes_only
+from studio.core.quant.methods import DEFAULT_METHOD
 from studio.core.quant.types import tensor_bytes
 from studio.core.units import format_bytes
 
@@ -103,9 +113,7 @@ def parse_budget(text: str, *, ctx_len: int = 4096, hardware: Any = None) -> Bud
         return Budget(BudgetKind.BPW, v, t, ctx_len)
     if low == "gpu":
         if hardware is None:
-            from studio.core.hardware import detect
-
-            hardware = detect()
+            hardware = hardware_module.detect()
         if not hardware.gpus:
             raise QuantizationError(
                 "No GPU was found to size the plan for.",
@@ -161,8 +169,6 @@ def hull(choices: Iterable[Choice]) -> list[Choice]:
 def solve(items: Sequence[Sequence[Choice]], limit: int) -> list[Choice] | None:
     """One choice per item with Σ bytes ≤ ``limit`` and a small Σ KL (None when even the smallest
     choices do not fit): the Lagrangian greedy on the hulls, then the best single jump into the slack."""
-    import heapq
-
     hulls = [hull(c) for c in items]
     pos = [0] * len(hulls)
     used = sum(h[0].bytes for h in hulls)
@@ -219,7 +225,7 @@ class CurvePoint:
 class Allocation:
     """A budget plan and what it is predicted to cost."""
 
-    plan: Any  # studio.core.quant.plan.Plan
+    plan: Any  # studio.core.plan.plan.Plan
     budget: Budget
     limit_bytes: int  # the bound the plan had to meet, in the budget's own measure (file or memory bytes)
     file_bytes: int  # the exact size of the file the export writes
@@ -277,9 +283,6 @@ def _model(
     keep: Mapping[str, str],
     exclude: Collection[str] = (),
 ) -> _Model:
-    from studio.core.gguf.arch import layout
-    from studio.core.quant.presets import allows_quantization
-
     allowed = set(candidates) if candidates is not None else None
     by_name = {t.name: t for t in scan.tensors}
     items: list[tuple[str, list[Choice]]] = []
@@ -318,8 +321,6 @@ def _model(
 
 
 def _plan_of(m: _Model, chosen: Sequence[Choice], name: str, recipe: Any, notes: Sequence[str]) -> Any:
-    from studio.core.quant.plan import plan_from_types
-
     types = dict(m.fixed)
     for (tname, _), c in zip(m.items, chosen, strict=True):
         types[tname] = c.qtype
@@ -327,8 +328,6 @@ def _plan_of(m: _Model, chosen: Sequence[Choice], name: str, recipe: Any, notes:
 
 
 def _memory_of(info: Any, tensor_total: int, ctx_len: int) -> int:
-    from studio.core.estimate import _overhead, kv_cache_bytes
-
     n_layers = int(info.n_layers or 0)
     return (
         tensor_total + kv_cache_bytes(info.config, n_layers, ctx_len) + _overhead(tensor_total, info.config)
@@ -337,8 +336,6 @@ def _memory_of(info: Any, tensor_total: int, ctx_len: int) -> int:
 
 def _sizes(m: _Model, plan: Any, budget: Budget, imatrix: Any) -> tuple[int, int, int]:
     """(file bytes, tensor bytes, memory bytes) of ``plan``."""
-    from studio.core.gguf.export import export_file_bytes
-
     tensor_total = plan.summary(m.info).total_bytes
     return (
         export_file_bytes(m.info, plan, imatrix=imatrix),
@@ -384,9 +381,6 @@ def allocate(
     a super-block does not divide); ``keep`` pins tensors to qtypes; ``imatrix`` is the one the export will record (its metadata counts
     in the file size); ``method`` is written into the plan (``studio.core.quant.methods``).
     """
-    from studio.core.quant.methods import DEFAULT_METHOD
-    from studio.core.quant.plan import Recipe, RecipeKind
-
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
     unknown = [q for q in cands if q not in scan.types]
     if unknown:
@@ -447,8 +441,6 @@ def check_budget(
     """Judge ``budget`` before any scan, from the shapes alone: refuse one below the smallest plan of
     ``candidates`` (QuantizationError naming the minimum); return the all-F16 allocation (with its note)
     when the budget holds the F16 file, since no scan can change that plan; None otherwise."""
-    from studio.core.calib.sensitivity import sizes_only
-
     sizes = sizes_only(info, candidates)
     alloc = allocate(info, sizes, budget, candidates=candidates, keep=keep, exclude=exclude, method=method)
     # only the above-F16 answer leaves every scanned tensor in F16 (any smaller budget quantizes one)
@@ -457,8 +449,6 @@ def check_budget(
 
 def _memory_limit(m: _Model, bound: int, budget: Budget) -> int:
     """Item bytes whose plan's memory estimate stays within ``bound`` (the overhead grows with the weights)."""
-    from studio.core.estimate import OVERHEAD_FRACTION
-
     base = _memory_of(m.info, 0, budget.ctx_len)
     weights = (bound - base) / (1 + OVERHEAD_FRACTION)
     return int(weights) - m.fixed_bytes
@@ -500,8 +490,6 @@ def pareto_front(
 ) -> tuple[CurvePoint, ...]:
     """Predicted KL against file size for budgets from the smallest plan to the Q8_0-sized one (the
     header counted as in the smallest plan's file): the curve a budget slider moves along."""
-    from studio.core.gguf.export import export_file_bytes
-
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
     m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
     smallest = [min(c, key=lambda x: (x.bytes, x.kl)) for _, c in m.items]
@@ -525,9 +513,6 @@ def preset_points(
     info: Any, scan: Any, presets: Sequence[str], *, imatrix: bool = True
 ) -> tuple[CurvePoint, ...]:
     """llama.cpp's presets on the same axes: their exact file size and the KL the scan predicts for them."""
-    from studio.core.gguf.export import export_file_bytes
-    from studio.core.quant.plan import plan_from_preset
-
     out = []
     for p in presets:
         plan = plan_from_preset(info, p, imatrix=imatrix)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from studio.core.errors import QuantizationError
-from studio.core.gguf.arch import layout
+from studio.core.gguf.layout import layout
 from studio.core.model import open_model
-from studio.core.quant.plan import (
+from studio.core.plan.plan import (
     PLAN_VERSION,
     Override,
     Plan,
@@ -25,7 +25,7 @@ from studio.core.quant.plan import (
     with_overrides,
     with_types,
 )
-from studio.core.quant.presets import PRESETS, preset_types
+from studio.core.plan.presets import PRESETS, preset_types
 from studio.core.quant.types import tensor_bytes
 
 

@@ -9,7 +9,7 @@ import pytest
 from studio.core.calib.sensitivity import Sensitivity, TypeCost
 from studio.core.errors import QuantizationError
 from studio.core.model import open_model
-from studio.core.quant.allocate import (
+from studio.core.plan.allocate import (
     BudgetKind,
     Choice,
     allocate,
@@ -87,7 +87,7 @@ def test_solve_matches_brute_force_on_small_instances():
 
 
 def test_a_file_budget_is_met_to_the_byte(info, llama_model, tmp_path):
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     scan = synthetic_scan(info, {q: KL[q] for q in TYPES})
     front = pareto_front(info, scan)
