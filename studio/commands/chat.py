@@ -55,6 +55,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Generate with every model and print the replies."""
     from studio.core.chat import ChatSession, Sampling, first_divergence, open_backend
+    from studio.core.chat import threads as chat_threads
 
     sampling = Sampling(
         max_tokens=args.max_tokens,
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         for p in paths
     ]
     session = ChatSession(backends, system=args.system)
+    share = chat_threads.apply(backends)
+    set_torch_threads(chat_threads.torch_threads(backends))  # this process runs only this chat
     try:
         outcomes = session.send(args.prompt, sampling, truncate=args.truncate)
     finally:
@@ -105,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
                 prompt_tokens=r.prompt_tokens,
                 stop_reason=r.stop_reason.value,
                 ttft_s=round(r.ttft_s, 4),
+                load_s=_load_s(backends[out.column]),
+                threads=share.threads,
                 tokens_per_s=round(r.tokens_per_s, 2),
                 template=r.prompt.template if r.prompt else None,
                 warning=r.prompt.warning if r.prompt else None,
@@ -116,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         print_json({"prompt": args.prompt, "sampling": sampling.as_dict(), "models": rows})
     else:
         for row in rows:
-            print(f"=== {row['label']}")
+            load = f"loaded in {row['load_s']:.1f} s · " if row.get("load_s") is not None else ""
+            print(f"=== {row['label']} ({load}{share.describe()})")
             if row["error"]:
                 print("failed (the error is below)")
                 continue
@@ -144,3 +150,18 @@ def run(args: argparse.Namespace) -> int:
         if row["error"]:
             print(f"error: {row['error']}", file=sys.stderr)
     return 2 if any(row["error"] for row in rows) else 0
+
+
+def _load_s(backend: Any) -> float | None:
+    from studio.core.chat.loading import load_seconds
+
+    s = load_seconds(backend)
+    return round(s, 3) if s is not None else None
+
+
+def set_torch_threads(n: int | None) -> None:
+    """``torch.set_num_threads(n)`` when a transformers column runs here (None leaves torch alone)."""
+    if n:
+        import torch
+
+        torch.set_num_threads(n)

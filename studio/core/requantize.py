@@ -279,12 +279,13 @@ def verify_against_gguf(
     max_tokens: int = 128,
     ctx: JobContext | None = None,
     extra_buffers: str = "auto",
+    text_name: str = "the given text",
 ) -> Any:
     """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
     F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
     from studio.core.gguf.read import read_gguf
     from studio.core.llamacpp import LlamaRunner, LoadOptions
-    from studio.core.verify import VerifyResult, compare_logits
+    from studio.core.verify import causal_result
 
     ctx = ctx or null_context()
     read_gguf(gguf_path)
@@ -303,8 +304,7 @@ def verify_against_gguf(
         got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
         notes = wk.notes
     ctx.report(3, 3, "Compared")
-    top1, kl, mx, rng = compare_logits(ref, got)
-    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
+    return causal_result(list(ids), ref, got, tuple(notes), text_name)
 
 
 def n_weights(info: Any) -> int:

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core.chat import threads as chat_threads
 from studio.core.chat.backend import ChatBackend, StopCheck
+from studio.core.chat.loading import forget as forget_load
+from studio.core.chat.loading import load_timed
 from studio.core.chat.types import GenerationResult, Message, Prompt, Sampling, StopReason, TokenEvent
 from studio.core.errors import StudioError
 from studio.core.jobs import JobCancelled, JobContext
@@ -180,9 +183,13 @@ class ColumnOutcome:
 class ChatSession:
     """Several back ends answering the same user turns; each column keeps its own replies."""
 
-    def __init__(self, backends: Sequence[ChatBackend], *, system: str | None = None) -> None:
+    def __init__(
+        self, backends: Sequence[ChatBackend], *, system: str | None = None, cores: int | None = None
+    ) -> None:
         self.backends = list(backends)
         self.system = system
+        self.cores = cores  # None: the cores this process may use
+        self.share = chat_threads.share(len(self.backends), cores)  # threads per column (ThreadShare)
         self.user_turns: list[str] = []
         self.replies: list[list[str]] = [[] for _ in self.backends]
         self._notes_told = [0] * len(self.backends)  # notes of each back end already in an outcome
@@ -209,7 +216,7 @@ class ChatSession:
 
         def run(i: int, b: ChatBackend) -> None:
             try:
-                b.load(ctx)
+                load_timed(b, ctx)  # waits for a load the column started when it was added
             except JobCancelled:
                 errors[i] = "Loading was cancelled."
             except StudioError as err:
@@ -236,6 +243,8 @@ class ChatSession:
         prompts: list[Prompt | None] = [None] * n
         # every column sees the conversation as it stood before this turn
         convs = [self.messages(i, text) for i in range(n)]
+        # every column generates at once: an equal share of the cores each, no oversubscription
+        self.share = chat_threads.apply(self.backends, self.cores)
         load_errors = self.load_all(ctx)  # loading is not part of the time to first token
         for i, err in enumerate(load_errors):
             if err is not None:
@@ -306,6 +315,7 @@ class ChatSession:
     def close(self) -> None:
         """Close every back end."""
         for b in self.backends:
+            forget_load(b)
             try:
                 b.close()
             except Exception:  # noqa: BLE001 - closing must go on for the others

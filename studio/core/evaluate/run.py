@@ -31,6 +31,7 @@ from studio.core.evaluate.metrics import (
 )
 from studio.core.evaluate.texts import EvalText, load_text
 from studio.core.jobs import JobContext, null_context
+from studio.core.quality import MeasuredOn
 
 IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
 
@@ -119,6 +120,9 @@ class EvalReport:
                 "original": asdict(self.original),
                 "variants": [variant(v) for v in self.variants],
                 "text": self.text_name,
+                "measured_on": MeasuredOn(
+                    self.text_name, self.original.n_scored, self.n_ctx, self.n_chunks
+                ).to_dict(),
                 "ctx": self.n_ctx,
                 "chunks": self.n_chunks,
                 "tokens": self.n_tokens,

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
+from studio.core.evaluate.verification import judgement, verification_line
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.quant.methods import METHODS
 from studio.core.quant.plan import Plan
@@ -75,7 +76,9 @@ class ExportOutcome:
             text += f", {self.calibration.method}"
         v = self.verification
         if v is not None and v.top1_agreement is not None:
-            text += f"; top-1 agreement {100 * v.top1_agreement:.1f} %, mean KL {v.mean_kl:.2e}"
+            text += f"; quick check: top-1 agreement {100 * v.top1_agreement:.1f} %, mean KL {v.mean_kl:.2e}"
+            j = judgement(v)
+            text += f", {j.verdict.value}" if j is not None else ""
         elif v is not None and v.mean_cosine is not None:
             text += f"; mean cosine {v.mean_cosine:.5f}"
         elif self.verify_error:
@@ -608,12 +611,8 @@ class ExportDialog(JobPanel, QDialog):
         if v is None:
             return "Not verified."
         notes = "".join(f" {n}" for n in getattr(v, "notes", ()))  # e.g. a llama.cpp restart
-        if v.top1_agreement is not None:
-            return (
-                f"Verified on {v.n_tokens} tokens: top-1 agreement {100 * v.top1_agreement:.1f} %, "
-                f"mean KL divergence {v.mean_kl:.3g} nats (max logit difference {v.max_abs_diff:.3g}).{notes}"
-            )
-        return f"Verified on {v.n_tokens} tokens: mean cosine similarity of hidden states {v.mean_cosine:.5f}.{notes}"
+        # Evaluate's definitions and verdict rule, and what the quick check was measured on
+        return f"Verified: {verification_line(v)} (max logit difference {v.max_abs_diff:.3g}).{notes}"
 
     # -- helpers ----------------------------------------------------------------------------------
 
