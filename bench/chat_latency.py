@@ -76,10 +76,24 @@ def _rate(stamps: list[float]) -> float:
 # -- the direct calls, each in its own process ---------------------------------------------------
 
 
-def _direct_llama(path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any) -> dict:
+def _direct_llama(
+    path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any, extra_buffers: bool
+) -> dict:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    from studio.core.llamacpp.worker import model_params
+
+    # the same extra-buffer decision and F32 KV cache as the studio's child, so both do the same work
+    with model_params(extra_buffers):
+        llm = Llama(
+            model_path=path,
+            n_ctx=2048,
+            n_threads=threads,
+            n_threads_batch=threads,
+            type_k=0,
+            type_v=0,
+            verbose=False,
+        )
     go()
     ttft, tps = [], []
     for r in range(rounds):
@@ -92,7 +106,9 @@ def _direct_llama(path: str, ids: list[list[int]], threads: int, tokens: int, ro
     return {"ttft": ttft[1:], "tps": tps[1:]}
 
 
-def _direct_hf(path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any) -> dict:
+def _direct_hf(
+    path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any, extra_buffers: bool
+) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.generation.streamers import BaseStreamer
@@ -139,7 +155,9 @@ def child_main(spec: dict) -> None:
         sys.stdin.readline()
 
     fn = _direct_llama if spec["kind"] == "llama_cpp" else _direct_hf
-    res = fn(spec["path"], spec["ids"], spec["threads"], spec["tokens"], spec["rounds"], go)
+    res = fn(
+        spec["path"], spec["ids"], spec["threads"], spec["tokens"], spec["rounds"], go, spec["extra_buffers"]
+    )
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -217,6 +235,7 @@ def run_studio(
                 "tps": _median(p["tps"][1:]),
                 "load": getattr(b, "load_seconds", float("nan")),
                 "threads": session.share.threads,
+                "extra_buffers": bool(getattr(getattr(b, "runner", None), "extra_buffers", False)),
             }
             for p, b in zip(per, backends, strict=True)
         ], ids
@@ -274,6 +293,7 @@ def main() -> int:
     def spec(kind: str, path: Path, t: int) -> dict:
         return {
             "kind": kind,
+            "extra_buffers": together[1]["extra_buffers"],  # the decision the studio's child made
             "path": str(path),
             "ids": ids,
             "threads": t,
