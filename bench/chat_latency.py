@@ -201,20 +201,20 @@ def run_studio(
     paths: list[Path], tokens: int, rounds: int, cores: int | None
 ) -> tuple[list[dict], list[list[int]]]:
     """Load every column (timed apart), then ``rounds`` Sends; per column the medians after the warm-up."""
+    import torch
+
     from studio.core.chat import Sampling
+    from studio.core.chat import threads as chat_threads
     from studio.core.chat.session import ChatSession, open_backend
 
     backends = [open_backend(p, n_ctx=2048, device="cpu") for p in paths]
-    session = ChatSession(backends, cores=cores)
+    # as the Chat page does: torch's threads are the face's to set, on each Send
+    session = ChatSession(backends, cores=cores, set_torch_threads=torch.set_num_threads)
     try:
-        from studio.core.chat import threads as chat_threads
-
         chat_threads.apply(backends, cores)  # as the Chat page does when a column is added
         n = chat_threads.torch_threads(backends)
-        if n:  # as the Chat page does in its jobs: torch's threads are the face's to set
-            import torch
-
-            torch.set_num_threads(n)
+        if n:
+            torch.set_num_threads(n)  # the page's loading job does this before it loads
         errors = session.load_all()
         if any(errors):
             raise RuntimeError(f"loading failed: {errors}")

@@ -55,7 +55,6 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Generate with every model and print the replies."""
     from studio.core.chat import ChatSession, Sampling, first_divergence, open_backend
-    from studio.core.chat import threads as chat_threads
 
     sampling = Sampling(
         max_tokens=args.max_tokens,
@@ -82,13 +81,13 @@ def run(args: argparse.Namespace) -> int:
         )
         for p in paths
     ]
-    session = ChatSession(backends, system=args.system)
-    share = chat_threads.apply(backends)
-    set_torch_threads(chat_threads.torch_threads(backends))  # this process runs only this chat
+    # this process runs only this chat: the CLI may set torch's threads to the columns' share
+    session = ChatSession(backends, system=args.system, set_torch_threads=set_torch_threads)
     try:
         outcomes = session.send(args.prompt, sampling, truncate=args.truncate)
     finally:
         session.close()
+    share = session.share
     ref = outcomes[0].result
     rows: list[dict[str, Any]] = []
     for path, out in zip(paths, outcomes, strict=False):
@@ -159,9 +158,8 @@ def _load_s(backend: Any) -> float | None:
     return round(s, 3) if s is not None else None
 
 
-def set_torch_threads(n: int | None) -> None:
-    """``torch.set_num_threads(n)`` when a transformers column runs here (None leaves torch alone)."""
-    if n:
-        import torch
+def set_torch_threads(n: int) -> None:
+    """``torch.set_num_threads(n)``: the transformers columns' share of the cores."""
+    import torch
 
-        torch.set_num_threads(n)
+    torch.set_num_threads(n)

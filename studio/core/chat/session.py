@@ -184,11 +184,19 @@ class ChatSession:
     """Several back ends answering the same user turns; each column keeps its own replies."""
 
     def __init__(
-        self, backends: Sequence[ChatBackend], *, system: str | None = None, cores: int | None = None
+        self,
+        backends: Sequence[ChatBackend],
+        *,
+        system: str | None = None,
+        cores: int | None = None,
+        set_torch_threads: Callable[[int], None] | None = None,
     ) -> None:
         self.backends = list(backends)
         self.system = system
         self.cores = cores  # None: the cores this process may use
+        # torch's thread count is global state the core never sets: the face that owns the process
+        # passes ``torch.set_num_threads``, called with the transformers columns' share on each Send
+        self.set_torch_threads = set_torch_threads
         self.share = chat_threads.share(len(self.backends), cores)  # threads per column (ThreadShare)
         self.user_turns: list[str] = []
         self.replies: list[list[str]] = [[] for _ in self.backends]
@@ -245,6 +253,9 @@ class ChatSession:
         convs = [self.messages(i, text) for i in range(n)]
         # every column generates at once: an equal share of the cores each, no oversubscription
         self.share = chat_threads.apply(self.backends, self.cores)
+        n_torch = chat_threads.torch_threads(self.backends)
+        if n_torch and self.set_torch_threads is not None:
+            self.set_torch_threads(n_torch)  # on this thread; the column threads started below take it
         load_errors = self.load_all(ctx)  # loading is not part of the time to first token
         for i, err in enumerate(load_errors):
             if err is not None:

@@ -320,6 +320,7 @@ class ChatPanel(JobPanel, QWidget):
         self.init_task(state, jobs, "chat", keep_partial=True)
         self.backend_factory: BackendFactory = _default_factory(self.n_ctx, lambda: self.kv_type)
         self.columns: list[ChatColumn] = []
+        self.thread_share: chat_threads.ThreadShare | None = None  # what the headers say
         self._backends: dict[str, Any] = {}
         self._session: ChatSession | None = None
         self._turn = 0
@@ -421,7 +422,10 @@ class ChatPanel(JobPanel, QWidget):
     def _share_threads(self) -> None:
         """Give every column an equal share of the cores and say so in each header."""
         backends = [self._backends[str(c.path)] for c in self.columns if str(c.path) in self._backends]
-        share = chat_threads.apply(backends)
+        self._show_share(chat_threads.apply(backends))
+
+    def _show_share(self, share: chat_threads.ThreadShare) -> None:
+        self.thread_share = share
         for col in self.columns:
             col.set_threads(share.describe())
 
@@ -520,7 +524,9 @@ class ChatPanel(JobPanel, QWidget):
 
     def _ensure_session(self) -> ChatSession:
         if self._session is None:
-            self._session = ChatSession([self._backend_of(col) for col in self.columns])
+            self._session = ChatSession(
+                [self._backend_of(col) for col in self.columns], set_torch_threads=_set_torch_threads
+            )
         return self._session
 
     @Slot()
@@ -542,9 +548,6 @@ class ChatPanel(JobPanel, QWidget):
         bridge = self._bridge
 
         def work(ctx: Any) -> list[ColumnOutcome]:
-            # the window's process runs the transformers columns: torch gets their share of the cores
-            chat_threads.apply(session.backends, session.cores)
-            _set_torch_threads(chat_threads.torch_threads(session.backends))
             return session.send(
                 text,
                 sampling,
@@ -598,6 +601,8 @@ class ChatPanel(JobPanel, QWidget):
                 if b is not None and b.loaded and not col.load_state.startswith("loaded"):
                     col.set_loaded(load_seconds(b))  # loaded by this Send (an earlier load had failed)
                 col.finish(out, stopped)
+        if self._session is not None and self._session.share != self.thread_share:
+            self._show_share(self._session.share)  # the share this turn ran with (the load moved)
         self._update_divergence()
         self.update_controls()
         self.turnFinished.emit(outcomes)

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from studio.core.chat import threads as chat_threads
 from studio.core.chat.session import open_backend
 from studio.qt.jobs import JobManager
 from studio.qt.panels.chat_panel import ChatPanel
@@ -40,7 +39,8 @@ def test_models_load_when_added_and_the_load_is_shown_apart_from_the_first_token
     hf, gg = panel.columns
     # loading started at once, before any Send
     assert all(c.load_info.text().startswith("loading…") for c in panel.columns)
-    share = chat_threads.share(2)
+    share = panel.thread_share
+    assert share.columns == 2 and 1 <= share.threads <= max(1, share.cores // 2)
     assert all(share.describe() in c.load_info.text() for c in panel.columns)
     qtbot.waitUntil(lambda: all("loaded in" in c.load_info.text() for c in panel.columns), timeout=120_000)
     backends = [panel._backends[str(c.path)] for c in panel.columns]
@@ -68,10 +68,13 @@ def test_models_load_when_added_and_the_load_is_shown_apart_from_the_first_token
         assert col.load_info.text().startswith("loaded in")
     import torch
 
-    assert torch.get_num_threads() == share.threads  # the page set torch's share for its columns
+    assert torch.get_num_threads() == panel._session.share.threads  # the page set torch's share
     # no second load happened during Send
     assert [b.load_seconds for b in backends] == loads
-    # the llama.cpp child now really runs on the share
+    # the share the turn ran with is in the headers, and the llama.cpp child really runs on it
+    share = panel.thread_share
+    assert all(share.describe() in c.load_info.text() for c in panel.columns)
+    assert backends[1]._threads_in_child == share.threads
     assert backends[1]._call("chat_threads", n=share.threads) == share.threads
 
 
@@ -80,8 +83,9 @@ def test_removing_a_column_gives_its_cores_to_the_others(qtbot, panel, f32_gguf,
     qtbot.waitUntil(lambda: all("loaded in" in c.load_info.text() for c in panel.columns), timeout=120_000)
     panel.remove_column(panel.columns[1])
     (col,) = panel.columns
-    assert chat_threads.share(1).describe() in col.load_info.text()
-    assert panel._backends[str(col.path)].n_threads == chat_threads.share(1).threads
+    share = panel.thread_share
+    assert share.columns == 1 and share.describe() in col.load_info.text()
+    assert panel._backends[str(col.path)].n_threads == share.threads
 
 
 def test_a_column_whose_model_cannot_load_says_so_before_send(qtbot, panel, tmp_path):
