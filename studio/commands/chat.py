@@ -120,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
         print_json({"prompt": args.prompt, "sampling": sampling.as_dict(), "models": rows})
     else:
         for row in rows:
-            load = f"loaded in {row['load_s']:.1f} s · " if row.get("load_s") is not None else ""
-            print(f"=== {row['label']} ({load}{share.describe()})")
+            print(f"=== {row['label']}")
             if row["error"]:
                 print("failed (the error is below)")
                 continue
@@ -139,9 +138,11 @@ def run(args: argparse.Namespace) -> int:
                 same = ""
             else:
                 same = " · same as the first model" if div is None else f" · differs from token {div}"
+            load = f", loaded in {row['load_s']:.1f} s before" if row.get("load_s") is not None else ""
             print(
                 f"--- {len(row['tokens'])} tokens, {row['tokens_per_s']:.1f} tokens/s, "
-                f"first token after {row['ttft_s'] * 1000:.0f} ms, ended: {row['stop_reason']}{same}"
+                f"first token after {row['ttft_s'] * 1000:.0f} ms{load}, {share.describe()}, "
+                f"ended: {row['stop_reason']}{same}"
             )
     sys.stdout.flush()
     print_notes(n for row in rows for n in row["notes"])

@@ -24,6 +24,6 @@ def test_chat_reports_load_time_and_thread_share(f32_gguf, gguf_of, chat_model, 
         assert row["load_s"] > 0 and row["ttft_s"] > 0  # the first token counts from Send, the load apart
     assert main([*argv, "--ctx", "128"]) == 0
     out = capsys.readouterr().out
-    headers = [line for line in out.splitlines() if line.startswith("=== ")]
-    assert len(headers) == 2
-    assert all("(loaded in " in h and f" of {cores} core" in h for h in headers)
+    stats = [line for line in out.splitlines() if line.startswith("--- ")]
+    assert len(stats) == 2
+    assert all(", loaded in " in s and f" of {cores} core" in s and "first token after" in s for s in stats)
