@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from studio import __version__
+from studio.commands._check import check_args
 from studio.core.errors import StudioError
 
 # Subcommand modules, in the order they are listed in --help.
@@ -54,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        check_args(args)  # paths and numbers before any model is loaded (studio.commands._check)
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe must not surface at interpreter exit
         return code

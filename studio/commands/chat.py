@@ -81,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
         )
         for p in paths
     ]
-    session = ChatSession(backends, system=args.system)
+    # this process runs only this chat: the CLI may set torch's threads to the columns' share
+    session = ChatSession(backends, system=args.system, set_torch_threads=set_torch_threads)
     try:
         outcomes = session.send(args.prompt, sampling, truncate=args.truncate)
     finally:
         session.close()
+    share = session.share
     ref = outcomes[0].result
     rows: list[dict[str, Any]] = []
     for path, out in zip(paths, outcomes, strict=False):
@@ -105,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
                 prompt_tokens=r.prompt_tokens,
                 stop_reason=r.stop_reason.value,
                 ttft_s=round(r.ttft_s, 4),
+                load_s=_load_s(backends[out.column]),
+                threads=share.threads,
                 tokens_per_s=round(r.tokens_per_s, 2),
                 template=r.prompt.template if r.prompt else None,
                 warning=r.prompt.warning if r.prompt else None,
@@ -134,9 +138,11 @@ def run(args: argparse.Namespace) -> int:
                 same = ""
             else:
                 same = " · same as the first model" if div is None else f" · differs from token {div}"
+            load = f", loaded in {row['load_s']:.1f} s before" if row.get("load_s") is not None else ""
             print(
                 f"--- {len(row['tokens'])} tokens, {row['tokens_per_s']:.1f} tokens/s, "
-                f"first token after {row['ttft_s'] * 1000:.0f} ms, ended: {row['stop_reason']}{same}"
+                f"first token after {row['ttft_s'] * 1000:.0f} ms{load}, {share.describe()}, "
+                f"ended: {row['stop_reason']}{same}"
             )
     sys.stdout.flush()
     print_notes(n for row in rows for n in row["notes"])
@@ -144,3 +150,17 @@ def run(args: argparse.Namespace) -> int:
         if row["error"]:
             print(f"error: {row['error']}", file=sys.stderr)
     return 2 if any(row["error"] for row in rows) else 0
+
+
+def _load_s(backend: Any) -> float | None:
+    from studio.core.chat.loading import load_seconds
+
+    s = load_seconds(backend)
+    return round(s, 3) if s is not None else None
+
+
+def set_torch_threads(n: int) -> None:
+    """``torch.set_num_threads(n)``: the transformers columns' share of the cores."""
+    import torch
+
+    torch.set_num_threads(n)

@@ -8,6 +8,7 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
+from studio.commands._fallbacks import fallback_lines
 from studio.commands._scan import (
     add_budget_args,
     add_scan_args,
@@ -115,6 +116,9 @@ def register(subparsers: Any) -> None:
         "columns by decreasing activation energy, which measured better)",
     )
     options.add_allow_pickle(p)
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="list every fallback tensor (default: one summary line)"
+    )
     add_budget_args(p)
     add_scan_args(p, calib_text=False)
     options.add_json(p)
@@ -351,6 +355,8 @@ def run(args: argparse.Namespace) -> int:
         if outcome.verify_error:
             raise StudioError(outcome.verify_error)
         v = outcome.verification
+        from studio.core.evaluate.verification import verification_dict, verification_line
+
         print_notes(v.notes)
         out["verify"] = {
             "tokens": v.n_tokens,
@@ -360,7 +366,9 @@ def run(args: argparse.Namespace) -> int:
             "relative_max_diff": v.relative_max_diff,
             "mean_cosine": v.mean_cosine,
             "notes": list(v.notes),
+            **verification_dict(v),  # Evaluate's definitions, verdict and what it was measured on
         }
+        verify_text = verification_line(v)
     if args.json:
         print_json(out)
         return 0
@@ -382,8 +390,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         print_notes(alloc.notes)
-    for f in res.fallbacks:
-        print(f"fallback: {f.tensor}: {f.wanted} → {f.got} ({f.reason})")
+    for line in fallback_lines(res.fallbacks, verbose=args.verbose):
+        print(line)
     if calibration is not None:
         c = calibration
         print(
@@ -393,13 +401,5 @@ def run(args: argparse.Namespace) -> int:
         for w in c.warnings:
             print(f"warning: {w}")
     if "verify" in out:
-        v = out["verify"]
-        if v["top1_agreement"] is not None:
-            print(
-                f"verify: top-1 agreement {100 * v['top1_agreement']:.1f}%, mean KL {v['mean_kl']:.5f} over {v['tokens']} tokens"
-            )
-        else:
-            print(
-                f"verify: mean cosine {v['mean_cosine']:.6f}, max diff {v['max_abs_diff']:.3g} over {v['tokens']} tokens"
-            )
+        print(f"verify: {verify_text}")
     return 0

@@ -46,9 +46,12 @@ def test_eval_table_and_bad_variant(chat_model, f32_gguf, tmp_path, capsys):
     missing = tmp_path / "nope.gguf"
     rc = main(_eval_argv(chat_model, f32_gguf, missing))
     captured = capsys.readouterr()
-    assert rc == 2
+    # issue 26: a missing variant is refused before the original is evaluated, not after
+    assert rc == 2 and captured.out == ""
+    assert "nope.gguf" in captured.err and "does not exist" in captured.err
+    assert main(_eval_argv(chat_model, f32_gguf)) == 0
+    captured = capsys.readouterr()
     assert "KL mean" in captured.out and f32_gguf.name[:28] in captured.out
-    assert "nope.gguf" in captured.err
 
 
 def test_chat_compare_greedy_gives_identical_text(chat_model, f32_gguf, capsys):
@@ -141,10 +144,12 @@ def test_eval_bad_original_is_one_line_on_its_own(make, message, f32_gguf, tmp_p
 def test_eval_zero_chunks_and_failed_variant_printed_once(chat_model, tmp_path, capfd):
     assert main(["eval", "--original", str(chat_model), "--chunks", "0"]) == 2
     assert "At least one chunk" in capfd.readouterr().err
-    rc = main(_eval_argv(chat_model, tmp_path / "gone.gguf"))
+    broken = tmp_path / "gone.gguf"  # a GGUF header that passes the up-front check, then fails to load
+    broken.write_bytes(b"GGUF" + bytes(12))
+    rc = main(_eval_argv(chat_model, broken))
     out, err = capfd.readouterr()
     assert rc == 2 and "gone.gguf" in out and "failed" in out
-    assert (out + err).count("No such file") == 1  # the sentence once, on stderr
+    assert err.count("error: ") == 1 and "error: " not in out  # the sentence once, on stderr
     # transformers' own bar and its "longer than the maximum sequence length" warning stay out
     assert "Loading weights" not in err and "Token indices" not in err
 
@@ -164,9 +169,11 @@ def test_chat_text_compares_only_with_a_first_model_that_answered(f32_gguf, tmp_
     assert main([*args, "--model", str(f32_gguf), "--compare", str(f32_gguf)]) == 0
     first, second = capsys.readouterr().out.split("=== ")[1:]
     assert "same as the first model" not in first and "same as the first model" in second
-    assert main([*args, "--model", str(tmp_path / "gone.gguf"), "--compare", str(f32_gguf)]) == 2
+    broken = tmp_path / "gone.gguf"  # passes the up-front check (GGUF magic), fails to load
+    broken.write_bytes(b"GGUF" + bytes(12))
+    assert main([*args, "--model", str(broken), "--compare", str(f32_gguf)]) == 2
     out, err = capsys.readouterr()
-    assert "same as the first model" not in out and out.count("No such file") + err.count("No such file") == 1
+    assert "same as the first model" not in out and (out + err).count("error: ") == 1
 
 
 def test_chat_says_when_the_prompt_was_truncated(f32_gguf, capsys):

@@ -159,6 +159,12 @@ class TransformersBackend(BaseBackend):
         self._eos: set[int] = set()
         self._vocab: tuple[str, ...] | None = None
         self._cache_name: str | None = None
+        self.n_threads: int | None = None  # the column's share of the cores (None: torch's choice)
+
+    def set_threads(self, n: int | None) -> None:
+        """Record the column's share of the cores; torch's count is process-wide, so the face that owns
+        the process sets it (``studio.core.chat.threads.torch_threads``), never the core."""
+        self.n_threads = int(n) if n else None
 
     def load(self, ctx: JobContext | None = None) -> None:
         """Load tokenizer and model (never running code from the model's folder)."""

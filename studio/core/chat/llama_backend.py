@@ -111,6 +111,18 @@ class LlamaCppBackend(BaseBackend):
         self.n_vocab = 0
         self.header_warnings: tuple[str, ...] = ()
         self._vocab: tuple[str, ...] | None = None
+        self._threads_in_child: int | None = None  # what the loaded child runs with
+
+    def set_threads(self, n: int | None) -> None:
+        """llama.cpp's threads (generation and prompt) from the next load, or the next reply if loaded."""
+        self.n_threads = int(n) if n else None
+        self.options = self.options.replace(n_threads=self.n_threads)
+
+    def _sync_threads(self) -> None:
+        if self.n_threads is None or self.n_threads == self._threads_in_child or self.extra_ops != CHAT_OPS:
+            return
+        self._call("chat_threads", n=self.n_threads)
+        self._threads_in_child = self.n_threads
 
     # -- loading ------------------------------------------------------------------------------------
 
@@ -152,6 +164,7 @@ class LlamaCppBackend(BaseBackend):
             # made before the child starts, so the child shares the parent's resource tracker
             self._shm = _make_flag()
         attempts = gpu_attempts(self.n_gpu_layers_request, max(n_layers, 1), self.n_ctx)
+        threads_at_load = self.options.n_threads
         first_error: str | None = None
         for i, (layers, n_ctx) in enumerate(attempts):
             if ctx is not None:
@@ -192,6 +205,7 @@ class LlamaCppBackend(BaseBackend):
                     f"{self.path.name} did not load as asked ({first_error}); it was loaded with {where} and a context of {n_ctx}."
                 )
             self.n_gpu_layers = layers
+            self._threads_in_child = threads_at_load
             # llama.cpp pads a small context up (to 256) but llama-cpp-python's token buffers keep the
             # size asked for: writing past it failed with a numpy broadcast error, so keep the smaller
             self.n_ctx = min(int(info.get("n_ctx", n_ctx)), n_ctx)
@@ -245,6 +259,7 @@ class LlamaCppBackend(BaseBackend):
     ) -> Generator[TokenEvent, None, StopReason]:
         """Stream tokens from the child; Stop sets the shared flag, which the child checks per token."""
         self._require_loaded()
+        self._sync_threads()
         stop = self._stopper(should_stop)
         flag = self._shm
         if flag is not None:

@@ -140,7 +140,21 @@ def _op_chat_generate(
     yield {"end": "length"}
 
 
+def _op_chat_threads(state: Any, n: int) -> int:
+    """Run generation and prompt batches on ``n`` threads from now on (the chat's share of the cores)."""
+    import llama_cpp
+
+    from studio.core.llamacpp.worker import _need
+
+    llm = _need(state)
+    n = max(1, int(n))
+    llama_cpp.llama_set_n_threads(llm._ctx.ctx, n, n)
+    llm.n_threads = llm.n_threads_batch = n
+    return int(llama_cpp.llama_n_threads(llm._ctx.ctx))
+
+
 OPS = {
     "chat_load": _op_chat_load,
+    "chat_threads": _op_chat_threads,
     "chat_generate": _op_chat_generate,
 }

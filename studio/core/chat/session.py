@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core.chat import threads as chat_threads
 from studio.core.chat.backend import ChatBackend, StopCheck
 from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.chat.llama_backend import LlamaCppBackend
+from studio.core.chat.loading import forget as forget_load
+from studio.core.chat.loading import load_timed
 from studio.core.chat.types import GenerationResult, Message, Prompt, Sampling, StopReason, TokenEvent
 from studio.core.errors import StudioError
 from studio.core.jobs import JobCancelled, JobContext
@@ -179,9 +182,21 @@ class ColumnOutcome:
 class ChatSession:
     """Several back ends answering the same user turns; each column keeps its own replies."""
 
-    def __init__(self, backends: Sequence[ChatBackend], *, system: str | None = None) -> None:
+    def __init__(
+        self,
+        backends: Sequence[ChatBackend],
+        *,
+        system: str | None = None,
+        cores: int | None = None,
+        set_torch_threads: Callable[[int], None] | None = None,
+    ) -> None:
         self.backends = list(backends)
         self.system = system
+        self.cores = cores  # None: the cores this process may use
+        # torch's thread count is global state the core never sets: the face that owns the process
+        # passes ``torch.set_num_threads``, called with the transformers columns' share on each Send
+        self.set_torch_threads = set_torch_threads
+        self.share = chat_threads.share(len(self.backends), cores)  # threads per column (ThreadShare)
         self.user_turns: list[str] = []
         self.replies: list[list[str]] = [[] for _ in self.backends]
         self._notes_told = [0] * len(self.backends)  # notes of each back end already in an outcome
@@ -208,7 +223,7 @@ class ChatSession:
 
         def run(i: int, b: ChatBackend) -> None:
             try:
-                b.load(ctx)
+                load_timed(b, ctx)  # waits for a load the column started when it was added
             except JobCancelled:
                 errors[i] = "Loading was cancelled."
             except StudioError as err:
@@ -235,6 +250,11 @@ class ChatSession:
         prompts: list[Prompt | None] = [None] * n
         # every column sees the conversation as it stood before this turn
         convs = [self.messages(i, text) for i in range(n)]
+        # every column generates at once: an equal share of the cores each, no oversubscription
+        self.share = chat_threads.apply(self.backends, self.cores)
+        n_torch = chat_threads.torch_threads(self.backends)
+        if n_torch and self.set_torch_threads is not None:
+            self.set_torch_threads(n_torch)  # on this thread; the column threads started below take it
         load_errors = self.load_all(ctx)  # loading is not part of the time to first token
         for i, err in enumerate(load_errors):
             if err is not None:
@@ -305,6 +325,7 @@ class ChatSession:
     def close(self) -> None:
         """Close every back end."""
         for b in self.backends:
+            forget_load(b)
             try:
                 b.close()
             except Exception:  # noqa: BLE001 - closing must go on for the others

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-probabilities in float64."""
-    x = np.asarray(logits, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+# one set of definitions for Evaluate and export verification (issue 26)
+from studio.core.quality import (  # noqa: F401 - re-exported
+    kl_rows,
+    log_softmax,
+    perplexity,
+    scored_positions,
+    token_nll,
+)
 
 
 def chunk_starts(n_tokens: int, n_ctx: int, max_chunks: int | None = None) -> list[int]:
@@ -29,42 +31,12 @@ def chunk_starts(n_tokens: int, n_ctx: int, max_chunks: int | None = None) -> li
     return [i * n_ctx for i in range(n)]
 
 
-def scored_positions(n_ctx: int) -> slice:
-    """Rows of a chunk's logits that are scored: the second half, except the last row."""
-    return slice(n_ctx // 2, n_ctx - 1)
-
-
 def chunk_tokens(tokens: Sequence[int], start: int, n_ctx: int, bos: int | None) -> list[int]:
     """The ids a chunk is evaluated on: the slice, its first id replaced by BOS when given."""
     ids = [int(t) for t in tokens[start : start + n_ctx]]
     if bos is not None and ids:
         ids[0] = int(bos)
     return ids
-
-
-def token_nll(logits_rows: np.ndarray, targets: Sequence[int]) -> np.ndarray:
-    """Negative log-likelihood of each target under its row of logits."""
-    lp = log_softmax(logits_rows)
-    t = np.asarray(targets, dtype=np.int64)
-    return -lp[np.arange(t.size), t]
-
-
-def perplexity(nll: np.ndarray) -> tuple[float, float]:
-    """(perplexity, its standard error) from per-token negative log-likelihoods."""
-    nll = np.asarray(nll, dtype=np.float64)
-    if nll.size == 0:
-        return float("nan"), float("nan")
-    mean = float(nll.mean())
-    ppl = float(np.exp(mean))
-    err = ppl * float(nll.std(ddof=1) / np.sqrt(nll.size)) if nll.size > 1 else float("nan")
-    return ppl, err
-
-
-def kl_rows(base_logits: np.ndarray, other_logits: np.ndarray) -> np.ndarray:
-    """KL(base ‖ other) of each row's next-token distribution, in nats."""
-    lp = log_softmax(base_logits)
-    lq = log_softmax(other_logits)
-    return (np.exp(lp) * (lp - lq)).sum(axis=-1)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobCancelled, JobContext, null_context
 from studio.core.lab.memory import gguf_kv_cache_bytes
 from studio.core.llamacpp.kvcache import kv_type
+from studio.core.quality import MeasuredOn
 
 IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
 
@@ -125,6 +126,9 @@ class EvalReport:
                 "original": asdict(self.original),
                 "variants": [variant(v) for v in self.variants],
                 "text": self.text_name,
+                "measured_on": MeasuredOn(
+                    self.text_name, self.original.n_scored, self.n_ctx, self.n_chunks
+                ).to_dict(),
                 "ctx": self.n_ctx,
                 "chunks": self.n_chunks,
                 "tokens": self.n_tokens,

@@ -60,7 +60,7 @@ class ExportOutcome:
             text += f", {self.calibration.method}"
         v = self.verification
         if v is not None and v.top1_agreement is not None:
-            text += f"; top-1 agreement {100 * v.top1_agreement:.1f} %, mean KL {v.mean_kl:.2e}"
+            text += f"; quick check: top-1 agreement {100 * v.top1_agreement:.1f} %, mean KL {v.mean_kl:.2e}"
         elif v is not None and v.mean_cosine is not None:
             text += f"; mean cosine {v.mean_cosine:.5f}"
         elif self.verify_error:

@@ -1,6 +1,11 @@
 """Check an exported GGUF against the original: same token ids through llama.cpp (in a child
 process through ``LlamaRunner``, F32 KV cache) and through transformers (float32), then top-1
-agreement and mean KL (causal LMs) or the cosine of per-token hidden states (encoders)."""
+agreement and mean KL (causal LMs) or the cosine of per-token hidden states (encoders).
+
+A quick check: one chunk of ``max_tokens`` tokens of Evaluate's sample text by default, scored by the
+definitions Evaluate uses (``studio.core.quality``: second half of the chunk, KL(original ‖ GGUF) in
+nats per token, same top token, perplexity of both for the one verdict rule); ``measured_on`` says so.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +20,10 @@ from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext, null_context
 from studio.core.llamacpp import LlamaRunner, LoadOptions
 from studio.core.model.hf_progress import no_hf_progress_bars
+from studio.core.quality import Comparison, MeasuredOn, compare_chunk, scored_positions
+from studio.paths import resource_path
 
-DEFAULT_TEXT = (
-    "The quick brown fox jumps over the lazy dog. Der schnelle braune Fuchs springt. "
-    "Быстрая коричневая лиса прыгает. 敏捷的棕色狐狸跳过了懒狗。 🦊🐕 1234567890"
-)
+SAMPLE_NAME = "sample (resources/eval/sample_en.txt)"  # Evaluate's default text, so numbers compare
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class VerifyResult:
     notes: tuple[
         str, ...
     ] = ()  # how llama.cpp ran, when the user should know (a restart without extra buffers)
+    comparison: Comparison | None = None  # causal LMs: same top token, KL, both perplexities
+    measured_on: MeasuredOn | None = None  # the text, scored tokens and context; a quick check
 
     @property
     def relative_max_diff(self) -> float:
@@ -49,13 +55,36 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def compare_logits(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float, float]:
-    """(top-1 agreement, mean KL(ref‖got), max |diff|, range of ref) of two (n, vocab) arrays."""
+    """(top-1 agreement, mean KL(ref‖got), max |diff|, range of ref) of two (n, vocab) arrays.
+
+    Agreement and KL are over the scored rows (the second half, as Evaluate scores a chunk); the
+    largest difference is over every row (a bit-exactness check).
+    """
     if ref.shape != got.shape:
         raise EvaluationError(f"Logit shapes differ: original {ref.shape}, GGUF {got.shape}.")
-    lp, lq = _log_softmax(ref), _log_softmax(got)
+    sl = scored_positions(len(ref))
+    if sl.stop - sl.start < 1:
+        sl = slice(0, len(ref))
+    lp, lq = _log_softmax(ref[sl]), _log_softmax(got[sl])
     kl = float((np.exp(lp) * (lp - lq)).sum(-1).mean())
-    top1 = float((ref.argmax(-1) == got.argmax(-1)).mean())
+    top1 = float((ref[sl].argmax(-1) == got[sl].argmax(-1)).mean())
     return top1, kl, float(np.abs(ref - got).max()), float(ref.max() - ref.min())
+
+
+def default_text() -> str:
+    """The start of Evaluate's sample text (enough for ``max_tokens`` of any tokenizer)."""
+    with open(resource_path("eval", "sample_en.txt"), encoding="utf-8") as f:
+        return f.read(8192)
+
+
+def causal_result(
+    ids: list[int], ref: np.ndarray, got: np.ndarray, notes: tuple[str, ...], text_name: str
+) -> VerifyResult:
+    """The ``VerifyResult`` of a causal LM's logits on ``ids``, with its comparison and what it was on."""
+    top1, kl, mx, rng = compare_logits(ref, got)
+    c = compare_chunk(ref, got, ids)
+    on = MeasuredOn(text_name, c.n_scored, len(ids), 1, quick=True)
+    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes, comparison=c, measured_on=on)
 
 
 def check_verifiable(checkpoint_path: str | Path) -> None:
@@ -89,11 +118,18 @@ def verify_gguf(
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``.
     """
     ctx = ctx or null_context()
-    text = text or DEFAULT_TEXT
+    text_name = "the given text" if text else SAMPLE_NAME
+    text = text or default_text()
     folder = Path(checkpoint_path)
     if folder.suffix.lower() == ".gguf":
         return verify_against_gguf(
-            gguf_path, folder, text=text, max_tokens=max_tokens, ctx=ctx, extra_buffers=extra_buffers
+            gguf_path,
+            folder,
+            text=text,
+            max_tokens=max_tokens,
+            ctx=ctx,
+            extra_buffers=extra_buffers,
+            text_name=text_name,
         )
     check_verifiable(folder)
     if not folder.is_dir():  # a single .safetensors file: transformers wants its folder
@@ -161,8 +197,7 @@ def verify_gguf(
             float(cos.mean()),
             notes,
         )
-    top1, kl, mx, rng = compare_logits(ref, got)
-    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
+    return causal_result(list(ids), ref, got, tuple(notes), text_name)
 
 
 def verify_against_gguf(
@@ -173,6 +208,7 @@ def verify_against_gguf(
     max_tokens: int = 128,
     ctx: JobContext | None = None,
     extra_buffers: str = "auto",
+    text_name: str = "the given text",
 ) -> Any:
     """Run the same token ids through the requantized file and its GGUF source (both in llama.cpp,
     F32 KV cache) and compare the logits; returns ``verify.VerifyResult``."""
@@ -193,5 +229,4 @@ def verify_against_gguf(
         got = np.asarray(wk.request("eval_logits", ids=ids), dtype=np.float32)
         notes = wk.notes
     ctx.report(3, 3, "Compared")
-    top1, kl, mx, rng = compare_logits(ref, got)
-    return VerifyResult(len(ids), top1, kl, mx, rng, notes=notes)
+    return causal_result(list(ids), ref, got, tuple(notes), text_name)

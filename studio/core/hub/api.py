@@ -24,6 +24,7 @@ from studio.core.hub.errors import AuthRequired, NetworkError, OfflineError, Rat
 from studio.core.hub.gguf_quant import quant_type_from_name
 from studio.core.hub.http import open_url
 from studio.core.hub.paths import check_repo_id, is_offline, safe_repo_path
+from studio.core.hub.reach import check_reachable, unreachable_error, unreachable_reason
 from studio.core.hub.retry import (
     DEFAULT_POLICY,
     RETRYABLE_STATUS,
@@ -292,6 +293,7 @@ def call_hub(
             f"Offline mode is on (HF_HUB_OFFLINE), so '{repo_id}' cannot be looked up on the Hub; "
             "unset it or use a model from the local cache."
         )
+    check_reachable(endpoint())  # no name, no listener: one sentence now, not after 25 s of retries
     for attempt in range(1, policy.max_tries + 1):
         ctx.check_cancelled()
         try:
@@ -314,6 +316,8 @@ def call_hub(
                 cancellable_wait(ctx, wait, notify, reason)
                 continue
             if not status:
+                if (why := unreachable_reason(err)) is not None:
+                    raise unreachable_error(endpoint(), why) from None
                 raise NetworkError(
                     f"Talking to the Hub about '{repo_id}' failed: {_first_line(err)}."
                 ) from None
@@ -321,6 +325,8 @@ def call_hub(
                 status, headers, repo_id=repo_id, revision=revision, had_token=had_token
             ) from None
         except net_errs as err:
+            if (why := unreachable_reason(err)) is not None:
+                raise unreachable_error(endpoint(), why) from None
             if attempt < policy.max_tries:
                 cancellable_wait(ctx, backoff_delay(attempt, None, policy), notify, "network error")
                 continue
@@ -619,6 +625,7 @@ def retry_plain(
         raise OfflineError(
             f"Offline mode is on (HF_HUB_OFFLINE), so '{repo_id}' cannot be fetched from the Hub."
         )
+    check_reachable(endpoint())
     for attempt in range(1, policy.max_tries + 1):
         ctx.check_cancelled()
         try:
@@ -633,6 +640,8 @@ def retry_plain(
                 ctx, wait, notify, "rate-limited" if err.status == 429 else f"Hub answered {err.status}"
             )
         except (OSError, http.client.HTTPException) as err:
+            if (why := unreachable_reason(err)) is not None:
+                raise unreachable_error(endpoint(), why) from None
             if attempt >= policy.max_tries:
                 raise NetworkError(
                     f"Could not reach the Hub at {endpoint()} for '{repo_id}' ({_first_line(err)}); check the connection."

@@ -31,8 +31,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.chat import threads as chat_threads
+from studio.core.chat.loading import forget as forget_load
+from studio.core.chat.loading import load_seconds, load_timed
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
+from studio.core.errors import StudioError
 from studio.qt import theme, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
@@ -150,7 +154,14 @@ class ChatColumn(QFrame):
         self.remove_button.setText("✕")
         self.remove_button.setToolTip("Remove this model from the comparison")
         self.remove_button.clicked.connect(lambda: self.removeRequested.emit(self))
-        self.stats = QLabel("not loaded", self)
+        # the model's load (started when the column is added) and its share of the cores, apart from
+        # the reply's first-token time below
+        self.load_info = QLabel("not loaded", self)
+        self.load_info.setObjectName("ChatColumnLoad")
+        self.load_info.setWordWrap(True)
+        self.threads_text = ""
+        self.load_state = "not loaded"
+        self.stats = QLabel("", self)
         self.stats.setObjectName("ChatColumnStats")
         self.view = TokenView(self)
         top = QHBoxLayout()
@@ -159,8 +170,34 @@ class ChatColumn(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)
+        lay.addWidget(self.load_info)
         lay.addWidget(self.stats)
         lay.addWidget(self.view, 1)
+
+    def set_threads(self, text: str) -> None:
+        """Show the column's share of the cores (``1 thread of 2 cores …``) in its header."""
+        self.threads_text = text
+        self._show_load()
+
+    def set_loading(self) -> None:
+        """The model is loading (in the background, from the moment the column was added)."""
+        self.load_state = "loading…"
+        self._show_load()
+
+    def set_loaded(self, seconds: float | None) -> None:
+        """The model is ready: its load time, shown apart from every reply's first-token time."""
+        self.load_state = "loaded" if seconds is None else f"loaded in {seconds:.1f} s"
+        self._show_load()
+
+    def set_load_failed(self, message: str) -> None:
+        """Loading failed: the sentence in the header and the transcript."""
+        self.load_state = "not loaded"
+        self._show_load()
+        self.fail(message)
+
+    def _show_load(self) -> None:
+        parts = [self.load_state] + ([self.threads_text] if self.threads_text else [])
+        self.load_info.setText(" · ".join(parts))
 
     @property
     def text(self) -> str:
@@ -212,7 +249,7 @@ class ChatColumn(QFrame):
         end = "stopped" if stopped or r.stop_reason.value == "stopped" else r.stop_reason.value
         warn = f" ⚠ {r.prompt.warning}" if r.prompt is not None and r.prompt.warning else ""
         self.stats.setText(
-            f"{r.tokens_per_s:.1f} tokens/s · first token {r.ttft_s * 1000:.0f} ms · "
+            f"{r.tokens_per_s:.1f} tokens/s · first token {r.ttft_s * 1000:.0f} ms after Send · "
             f"{len(r.tokens)} tokens · {end}{warn}"
         )
         if warn:
@@ -249,6 +286,14 @@ class ChatColumn(QFrame):
 BackendFactory = Callable[[Path], Any]
 
 
+def _set_torch_threads(n: int | None) -> None:
+    """torch's threads for the transformers columns (process-wide, so the face sets it; on a job thread)."""
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
 def _default_factory(n_ctx: int, kv_type: Callable[[], str | None] = lambda: None) -> BackendFactory:
     def make(path: Path) -> Any:
         from studio.core.chat.session import open_backend
@@ -275,6 +320,7 @@ class ChatPanel(JobPanel, QWidget):
         self.init_task(state, jobs, "chat", keep_partial=True)
         self.backend_factory: BackendFactory = _default_factory(self.n_ctx, lambda: self.kv_type)
         self.columns: list[ChatColumn] = []
+        self.thread_share: chat_threads.ThreadShare | None = None  # what the headers say
         self._backends: dict[str, Any] = {}
         self._session: ChatSession | None = None
         self._turn = 0
@@ -362,7 +408,59 @@ class ChatPanel(JobPanel, QWidget):
         self.columns.append(col)
         self.splitter.addWidget(col)
         self._columns_changed()
+        self._preload(col)
         return col
+
+    def _backend_of(self, col: ChatColumn) -> Any:
+        key = str(col.path)
+        if key not in self._backends:
+            self._backends[key] = self.backend_factory(col.path)
+        b = self._backends[key]
+        b.label = col.label
+        return b
+
+    def _share_threads(self) -> None:
+        """Give every column an equal share of the cores and say so in each header."""
+        backends = [self._backends[str(c.path)] for c in self.columns if str(c.path) in self._backends]
+        self._show_share(chat_threads.apply(backends))
+
+    def _show_share(self, share: chat_threads.ThreadShare) -> None:
+        self.thread_share = share
+        for col in self.columns:
+            col.set_threads(share.describe())
+
+    def _preload(self, col: ChatColumn) -> None:
+        """Start loading the column's model now, so Send finds it ready (issue 26)."""
+        try:
+            b = self._backend_of(col)
+        except StudioError as err:
+            col.set_load_failed(str(err))
+            return
+        self._share_threads()
+        if b.loaded:
+            col.set_loaded(load_seconds(b))
+            return
+        col.set_loading()
+
+        def done(seconds: float, col: ChatColumn = col, b: Any = b) -> None:
+            if col in self.columns and self._backends.get(str(col.path)) is b:
+                col.set_loaded(seconds)  # its notes reach the column with the first reply, as before
+
+        def failed(message: str, col: ChatColumn = col, b: Any = b) -> None:
+            if col in self.columns and self._backends.get(str(col.path)) is b:
+                col.set_load_failed(message)
+
+        def load(ctx: Any, b: Any = b) -> float:
+            _set_torch_threads(chat_threads.torch_threads([b]))
+            return load_timed(b, ctx)
+
+        self.jobs.submit(
+            f"Load {col.label}",
+            load,
+            kind="chat-load",
+            on_success=done,
+            on_error=failed,
+        )
 
     def set_models(self, paths: Sequence[str | Path]) -> None:
         """Replace every column by one per path."""
@@ -379,10 +477,12 @@ class ChatPanel(JobPanel, QWidget):
         self.columns.remove(col)
         b = self._backends.pop(str(col.path), None)
         if b is not None:
+            forget_load(b)
             b.close()
         col.setParent(None)
         col.deleteLater()
         self._columns_changed()
+        self._share_threads()  # the others get the freed cores
 
     def _columns_changed(self) -> None:
         # a new set of columns starts a new conversation (the models stay loaded)
@@ -424,15 +524,9 @@ class ChatPanel(JobPanel, QWidget):
 
     def _ensure_session(self) -> ChatSession:
         if self._session is None:
-            backends = []
-            for col in self.columns:
-                key = str(col.path)
-                if key not in self._backends:
-                    self._backends[key] = self.backend_factory(col.path)
-                b = self._backends[key]
-                b.label = col.label
-                backends.append(b)
-            self._session = ChatSession(backends)
+            self._session = ChatSession(
+                [self._backend_of(col) for col in self.columns], set_torch_threads=_set_torch_threads
+            )
         return self._session
 
     @Slot()
@@ -502,7 +596,13 @@ class ChatPanel(JobPanel, QWidget):
         stopped = self._stopping
         for out in outcomes:
             if out.column < len(self.columns):
-                self.columns[out.column].finish(out, stopped)
+                col = self.columns[out.column]
+                b = self._backends.get(str(col.path))
+                if b is not None and b.loaded and not col.load_state.startswith("loaded"):
+                    col.set_loaded(load_seconds(b))  # loaded by this Send (an earlier load had failed)
+                col.finish(out, stopped)
+        if self._session is not None and self._session.share != self.thread_share:
+            self._show_share(self._session.share)  # the share this turn ran with (the load moved)
         self._update_divergence()
         self.update_controls()
         self.turnFinished.emit(outcomes)
@@ -540,6 +640,9 @@ class ChatPanel(JobPanel, QWidget):
         # The cache type is fixed when llama.cpp creates its context: reload the GGUF columns.
         self._close_backends(gguf_only=True)
         self.new_conversation()
+        for col in self.columns:
+            if col.path.suffix.lower() == ".gguf":
+                self._preload(col)
 
     def update_controls(self) -> None:
         busy = self.running
@@ -559,7 +662,9 @@ class ChatPanel(JobPanel, QWidget):
     def _close_backends(self, *, gguf_only: bool = False) -> None:
         for key in [k for k in self._backends if not gguf_only or k.lower().endswith(".gguf")]:
             try:
-                self._backends.pop(key).close()
+                b = self._backends.pop(key)
+                forget_load(b)
+                b.close()
             except Exception:  # noqa: BLE001 - closing goes on for the others
                 pass
         self._session = None

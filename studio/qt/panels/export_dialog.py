@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
+from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
 from studio.core.jobs import JobContext
 from studio.core.plan.plan import Plan
@@ -513,12 +514,8 @@ class ExportDialog(JobPanel, QDialog):
         if v is None:
             return "Not verified."
         notes = "".join(f" {n}" for n in getattr(v, "notes", ()))  # e.g. a llama.cpp restart
-        if v.top1_agreement is not None:
-            return (
-                f"Verified on {v.n_tokens} tokens: top-1 agreement {100 * v.top1_agreement:.1f} %, "
-                f"mean KL divergence {v.mean_kl:.3g} nats (max logit difference {v.max_abs_diff:.3g}).{notes}"
-            )
-        return f"Verified on {v.n_tokens} tokens: mean cosine similarity of hidden states {v.mean_cosine:.5f}.{notes}"
+        # Evaluate's definitions and verdict rule, and what the quick check was measured on
+        return f"Verified: {verification_line(v)} (max logit difference {v.max_abs_diff:.3g}).{notes}"
 
     # -- helpers ----------------------------------------------------------------------------------
 

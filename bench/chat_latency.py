@@ -1,0 +1,345 @@
+"""The chat's first token and tokens/s per column against llama_cpp and transformers called directly.
+
+    python bench/chat_latency.py [--model DEMO_FOLDER] [--gguf FILE | --preset Q4_K_M] [--tokens 32]
+                                 [--repeat 3] [--cores N]
+
+On the demo (SmolLM2-135M-Instruct: the float32 folder in transformers, and a GGUF export of it in
+llama.cpp; the export is made once with the CLI and cached), in one run:
+
+* studio, together: a ``ChatSession`` with both columns, as the Chat page runs them. Both models are
+  loaded first (the page loads a model when its column is added; the load time is printed apart),
+  then every Send streams both columns at once, each on its share of the cores
+  (``studio.core.chat.threads``). First token = Send → first token (rendering, tokenizing and the
+  prompt included); tokens/s = tokens after the first over the time after the first.
+* studio, alone: the same with one column at a time (the column then gets every core).
+* direct, alone: ``llama_cpp.Llama.create_completion`` (streamed) and transformers' ``model.generate``
+  (greedy, a streamer timestamping each token), each in a fresh process, on the same prompt ids, for
+  every thread count from 1 to the cores; the best thread setting is kept (lowest first-token time,
+  highest tokens/s, each on its own).
+* direct, together: both direct calls at the same moment in two processes, each with the same
+  thread count (1 … cores), best setting kept — what the studio's "together" is compared with.
+
+Every measurement is the median of ``--repeat`` rounds after one warm-up round. Acceptance (issue 26):
+studio first token ≤ 1.3 × direct, studio tokens/s ≥ 0.85 × direct best, for each column, alone
+against alone and together against together. ``uptime`` is printed before and after: on a shared
+machine the load moves every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+COUNTRIES = ("France", "Italy", "Spain", "Germany", "Poland", "Norway", "Greece", "Canada", "Japan", "Peru")
+
+
+def question(round_: int) -> str:
+    """A different question each round, of the same shape: llama.cpp may keep the chat template's
+    cached prefix (studio and direct alike) but evaluates each question afresh."""
+    return f"What is the capital of {COUNTRIES[round_ % len(COUNTRIES)]}?"
+
+
+TTFT_LIMIT = 1.3
+TPS_LIMIT = 0.85
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"load average {os.getloadavg()}"
+
+
+def _median(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _rate(stamps: list[float]) -> float:
+    return (
+        (len(stamps) - 1) / (stamps[-1] - stamps[0])
+        if len(stamps) >= 2 and stamps[-1] > stamps[0]
+        else float("nan")
+    )
+
+
+# -- the direct calls, each in its own process ---------------------------------------------------
+
+
+def _direct_llama(
+    path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any, extra_buffers: bool
+) -> dict:
+    from llama_cpp import Llama
+
+    from studio.core.llamacpp.worker import model_params
+
+    # the same extra-buffer decision and F32 KV cache as the studio's child, so both do the same work
+    with model_params(extra_buffers):
+        llm = Llama(
+            model_path=path,
+            n_ctx=2048,
+            n_threads=threads,
+            n_threads_batch=threads,
+            type_k=0,
+            type_v=0,
+            verbose=False,
+        )
+    go()
+    ttft, tps = [], []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        stamps = []
+        for _chunk in llm.create_completion(ids[r], max_tokens=tokens, temperature=0.0, stream=True):
+            stamps.append(time.perf_counter())
+        ttft.append(stamps[0] - t0 if stamps else float("nan"))
+        tps.append(_rate(stamps))
+    return {"ttft": ttft[1:], "tps": tps[1:]}
+
+
+def _direct_hf(
+    path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any, extra_buffers: bool
+) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+    class Stamps(BaseStreamer):
+        def __init__(self) -> None:
+            self.t: list[float] = []
+
+        def put(self, value: Any) -> None:
+            self.t.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    go()
+    ttft, tps = [], []
+    for r in range(rounds):
+        x = torch.tensor([ids[r]])
+        s = Stamps()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=tokens,
+                do_sample=False,
+                streamer=s,
+                pad_token_id=model.config.eos_token_id,
+            )
+        new = s.t[1:]  # the first put is the prompt
+        ttft.append(new[0] - t0 if new else float("nan"))
+        tps.append(_rate(new))
+    return {"ttft": ttft[1:], "tps": tps[1:]}
+
+
+def child_main(spec: dict) -> None:
+    """Run one direct measurement (``--child JSON``); prints ``ready`` when loaded, waits for a line."""
+
+    def go() -> None:
+        print("ready", flush=True)
+        sys.stdin.readline()
+
+    fn = _direct_llama if spec["kind"] == "llama_cpp" else _direct_hf
+    res = fn(
+        spec["path"], spec["ids"], spec["threads"], spec["tokens"], spec["rounds"], go, spec["extra_buffers"]
+    )
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def run_direct(specs: list[dict]) -> list[dict]:
+    """Start one child per spec, let them all load, then start them at the same moment."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(s["threads"] for s in specs))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--child", json.dumps(s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**env, "OMP_NUM_THREADS": str(s["threads"])},
+        )
+        for s in specs
+    ]
+    for p in procs:
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"a direct child failed to load: {line!r}")
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    out = []
+    for p in procs:
+        res = None
+        for line in p.stdout:
+            if line.startswith("RESULT "):
+                res = json.loads(line[7:])
+        p.wait()
+        if res is None:
+            raise RuntimeError("a direct child gave no result")
+        out.append({"ttft": _median(res["ttft"]), "tps": _median(res["tps"])})
+    return out
+
+
+# -- the studio ------------------------------------------------------------------------------------
+
+
+def run_studio(
+    paths: list[Path], tokens: int, rounds: int, cores: int | None
+) -> tuple[list[dict], list[list[int]]]:
+    """Load every column (timed apart), then ``rounds`` Sends; per column the medians after the warm-up."""
+    import torch
+
+    from studio.core.chat import Sampling
+    from studio.core.chat import threads as chat_threads
+    from studio.core.chat.session import ChatSession, open_backend
+
+    backends = [open_backend(p, n_ctx=2048, device="cpu") for p in paths]
+    # as the Chat page does: torch's threads are the face's to set, on each Send
+    session = ChatSession(backends, cores=cores, set_torch_threads=torch.set_num_threads)
+    try:
+        chat_threads.apply(backends, cores)  # as the Chat page does when a column is added
+        n = chat_threads.torch_threads(backends)
+        if n:
+            torch.set_num_threads(n)  # the page's loading job does this before it loads
+        errors = session.load_all()
+        if any(errors):
+            raise RuntimeError(f"loading failed: {errors}")
+        per: list[dict] = [{"ttft": [], "tps": []} for _ in paths]
+        ids: list[list[int]] = []
+        for r in range(rounds):
+            session.reset()
+            outs = session.send(question(r), Sampling(max_tokens=tokens))
+            ids.append(list(outs[0].result.prompt.ids) if outs[0].result is not None else [])
+            for i, o in enumerate(outs):
+                if o.error:
+                    raise RuntimeError(o.error)
+                per[i]["ttft"].append(o.result.ttft_s)
+                per[i]["tps"].append(o.result.tokens_per_s)
+        return [
+            {
+                "ttft": _median(p["ttft"][1:]),
+                "tps": _median(p["tps"][1:]),
+                "load": getattr(b, "load_seconds", float("nan")),
+                "threads": session.share.threads,
+                "extra_buffers": bool(getattr(getattr(b, "runner", None), "extra_buffers", False)),
+            }
+            for p, b in zip(per, backends, strict=True)
+        ], ids
+    finally:
+        session.close()
+
+
+def export_once(model: Path, preset: str, cache: Path) -> Path:
+    out = cache / f"{model.name}-{preset}.gguf"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        print(f"exporting {model.name} as {preset} (once, cached in {cache}) …", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "studio.cli", "export", str(model), "-o", str(out), "--preset", preset],
+            check=True,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="HF model folder (default: the demo)")
+    ap.add_argument("--gguf", type=Path, help="GGUF file for the llama.cpp column (default: an export)")
+    ap.add_argument("--preset", default="Q4_K_M", help="preset of the default export")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cores", type=int, default=None, help="cores to share (default: this process's)")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "quant-studio" / "bench")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child_main(json.loads(args.child))
+        return 0
+
+    from studio.core.chat.threads import cpu_cores
+
+    cores = args.cores or cpu_cores()
+    if args.model is None:
+        from studio.core.demo import demo_model_path
+
+        args.model = demo_model_path()
+    gguf = args.gguf or export_once(args.model, args.preset, args.cache)
+    rounds = args.repeat + 1
+    print(f"before: {_uptime()}")
+    print(
+        f"cores {cores}; {args.tokens} tokens; median of {args.repeat} rounds after a warm-up; prompts like {question(0)!r}"
+    )
+    kinds = [("transformers", args.model), ("llama_cpp", gguf)]
+
+    together, ids = run_studio([p for _, p in kinds], args.tokens, rounds, args.cores)
+    alone = [run_studio([p], args.tokens, rounds, args.cores)[0][0] for _, p in kinds]
+
+    def spec(kind: str, path: Path, t: int) -> dict:
+        return {
+            "kind": kind,
+            "extra_buffers": together[1]["extra_buffers"],  # the decision the studio's child made
+            "path": str(path),
+            "ids": ids,
+            "threads": t,
+            "tokens": args.tokens,
+            "rounds": rounds,
+        }
+
+    d_alone: list[dict] = [{"ttft": float("inf"), "tps": 0.0, "t_ttft": 0, "t_tps": 0} for _ in kinds]
+    d_tog: list[dict] = [{"ttft": float("inf"), "tps": 0.0, "t_ttft": 0, "t_tps": 0} for _ in kinds]
+    for t in range(1, cores + 1):
+        for i, (kind, path) in enumerate(kinds):
+            (r,) = run_direct([spec(kind, path, t)])
+            _keep(d_alone[i], r, t)
+        both = run_direct([spec(kind, path, t) for kind, path in kinds])
+        for i, r in enumerate(both):
+            _keep(d_tog[i], r, t)
+
+    ok = True
+    print()
+    print(
+        f"{'column':<13} {'mode':<9} {'threads':>7} {'load s':>7} {'1st ms':>8} {'direct':>8} {'(thr)':>5} "
+        f"{'ratio':>6} {'tok/s':>7} {'direct':>7} {'(thr)':>5} {'ratio':>6}  verdict"
+    )
+    for mode, studio_rows, direct_rows in (("alone", alone, d_alone), ("together", together, d_tog)):
+        for (kind, _), s, d in zip(kinds, studio_rows, direct_rows, strict=True):
+            r_ttft = s["ttft"] / d["ttft"]
+            r_tps = s["tps"] / d["tps"]
+            good = r_ttft <= TTFT_LIMIT and r_tps >= TPS_LIMIT
+            ok &= good
+            print(
+                f"{kind:<13} {mode:<9} {s['threads']:>7} {s['load']:>7.2f} {s['ttft'] * 1000:>8.0f} "
+                f"{d['ttft'] * 1000:>8.0f} {d['t_ttft']:>5} {r_ttft:>6.2f} {s['tps']:>7.1f} {d['tps']:>7.1f} "
+                f"{d['t_tps']:>5} {r_tps:>6.2f}  {'ok' if good else 'MISSED'}"
+            )
+    print(f"\nlimits: first token ≤ {TTFT_LIMIT} × direct, tokens/s ≥ {TPS_LIMIT} × direct best")
+    print(f"after: {_uptime()}")
+    print("all columns within the limits" if ok else "some column missed a limit")
+    return 0 if ok else 1
+
+
+def _keep(best: dict, r: dict, t: int) -> None:
+    if r["ttft"] < best["ttft"]:
+        best["ttft"], best["t_ttft"] = r["ttft"], t
+    if r["tps"] > best["tps"]:
+        best["tps"], best["t_tps"] = r["tps"], t
+
+
+if __name__ == "__main__":
+    sys.exit(main())
