@@ -30,5 +30,9 @@ def show_first_screen(window: Any) -> bool:
     chat = window.panel("chat")
     if chat is not None and not chat.prompt.toPlainText().strip():
         chat.prompt.setPlainText(DEMO_QUESTION)
-    window.statusBar().showMessage(FIRST_SCREEN_MESSAGE, 60000)
+    banner = getattr(window, "banner", None)
+    if banner is not None:
+        banner.show_text(FIRST_SCREEN_MESSAGE)  # stays until dismissed, never cut off
+    else:
+        window.statusBar().showMessage(FIRST_SCREEN_MESSAGE, 60000)
     return True

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
-from studio.qt import theme, widgets
+from studio.qt import folders, theme, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
@@ -392,13 +392,17 @@ class ChatPanel(JobPanel, QWidget):
         self.columnsChanged.emit()
 
     def _choose_gguf(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Add a GGUF model", folders.start_in(self.state), "GGUF models (*.gguf)"
+        )
         if path:
+            folders.remember(self.state, path)
             self.add_model(path)
 
     def _choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        path = QFileDialog.getExistingDirectory(self, "Add a model folder", folders.start_in(self.state))
         if path:
+            folders.remember(self.state, path)
             self.add_model(path)
 
     @Slot(object)

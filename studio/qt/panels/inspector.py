@@ -35,6 +35,7 @@ from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, page_layout, read_only_table
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import (
     MAIN_FILL_ALPHA,
@@ -248,6 +249,9 @@ class InspectorPanel(JobPanel, QWidget):
         pi.addItem(self.act_line_abs)
         pi.addItem(self.act_line_med)
         self._set_activation_titles("Activations: run Calibrate to see them")
+        self.act_plot.setXLink(None)
+        for plot in (self.act_plot, self.act_hist_plot):
+            set_placeholder(plot, "Run Calibrate to see activations")
 
         grid = QGridLayout()
         grid.addWidget(self.hist_plot, 0, 0)
@@ -424,7 +428,19 @@ class InspectorPanel(JobPanel, QWidget):
             else:
                 why = "Activations: no linear layer the run observed reads this tensor"
             self._set_activation_titles(why)
+            # a sentence instead of an empty pair of axes (unlinked: the weight's channel axis stays put)
+            self.act_plot.setXLink(None)
+            text = (
+                "Run Calibrate to see activations"
+                if acts is None
+                else "No calibrated layer reads this tensor"
+            )
+            for plot in (self.act_plot, self.act_hist_plot):
+                set_placeholder(plot, text)
             return
+        for plot in (self.act_plot, self.act_hist_plot):
+            set_placeholder(plot, None)
+        self.act_plot.setXLink(self.in_plot)
         w_in = stats.absmax_in if stats.absmax_in.size == st.n_cols else None
         prof = channel_profile(
             st, w_in, name=stats.name, abs_threshold=self.act_abs_spin.value(), k=self.act_k_spin.value()

@@ -20,6 +20,7 @@ from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
 from studio.core.stats.tensor_stats import OutlierKind
 from studio.qt import widgets
+from studio.qt.fmt import role_text
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
@@ -84,6 +85,11 @@ class OverviewPanel(JobPanel, QWidget):
         pi.addItem(self.scatter)
         self.selected_marker = pg.ScatterPlotItem(size=16, brush=None)  # its pen follows the theme
         pi.addItem(self.selected_marker)
+        # which colour is which role: one entry per role drawn (filled in _redraw)
+        self.legend = pi.addLegend(offset=(-10, 10))
+        if hasattr(self.legend, "setColumnCount"):
+            self.legend.setColumnCount(3)
+        self._legend_samples: list[Any] = []
 
         self.layer_outliers: tuple[LayerOutliers, ...] = ()
         self.act_plot = pg.PlotWidget(self)
@@ -186,9 +192,22 @@ class OverviewPanel(JobPanel, QWidget):
             for i, (t, v) in enumerate(zip(ov.tensors, finite, strict=True))
         ]
         self.scatter.setData(spots)
+        self._fill_legend(ov)
         self.plot.getPlotItem().setLabel("left", self.metric.label)
         self._set_layer_ticks(ov)
         self._mark_selected(self.state.selected_tensor)
+
+    def _fill_legend(self, ov: ModelOverview) -> None:
+        self.legend.clear()
+        self._legend_samples = []
+        for role in dict.fromkeys(t.role for t in ov.tensors):
+            sample = pg.ScatterPlotItem(size=9, brush=pg.mkBrush(role_color(role)), pen=pg.mkPen(None))
+            self._legend_samples.append(sample)
+            self.legend.addItem(sample, role_text(role))
+
+    def legend_labels(self) -> list[str]:
+        """The legend's entries, in order (one per role drawn)."""
+        return [label.text for _sample, label in self.legend.items]
 
     def _set_layer_ticks(self, ov: ModelOverview) -> None:
         ticks = []
@@ -265,3 +284,4 @@ class OverviewPanel(JobPanel, QWidget):
         c = plot_colors(dark)
         self.selected_marker.setPen(pg.mkPen(c["outlier"], width=2))
         self.act_bars.setOpts(brush=pg.mkBrush(c["second"]), pen=pg.mkPen(c["fg"]))
+        self.legend.setLabelTextColor(c["fg"])

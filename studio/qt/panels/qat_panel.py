@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.jobs import JobContext
-from studio.qt import widgets
+from studio.qt import folders, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls
@@ -181,13 +181,19 @@ class QatPanel(JobPanel, QWidget):
         self.train_combo.setItemText(self.train_combo.currentIndex(), f"Text file: {Path(path).name}")
 
     def _choose_model(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder")
+        path = QFileDialog.getExistingDirectory(
+            self, "Choose a Hugging Face model folder", folders.start_in(self.state)
+        )
+        folders.remember(self.state, path)
         if path:
             self.set_model(path)
 
     def _on_train_choice(self, index: int) -> None:
         if self.train_combo.itemData(index) == "file":
-            path, _ = QFileDialog.getOpenFileName(self, "Choose a text", "", "Text (*.txt);;All files (*)")
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Choose a text", folders.start_in(self.state), "Text (*.txt);;All files (*)"
+            )
+            folders.remember(self.state, path)
             if path:
                 self.set_train_file(path)
             else:
