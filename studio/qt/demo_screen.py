@@ -24,6 +24,9 @@ def show_first_screen(window: Any) -> bool:
     info = window.state.info
     if info is None or DEMO_TENSOR not in {t.name for t in info.tensors}:
         return False
+    inspector = window.panel("inspector")
+    if inspector is not None:  # the outlier named among the red dots
+        inspector.mark_input_channel(DEMO_TENSOR, DEMO_OUTLIER_CHANNEL, f"channel {DEMO_OUTLIER_CHANNEL}")
     window.state.select_tensor(DEMO_TENSOR)
     if window.panel("inspector") is not None:
         window.show_page("inspector")

@@ -10,6 +10,7 @@ shared ``StudioState``.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from studio.qt.banner import Banner
 from studio.qt.estimates import PresetEstimates
+from studio.qt.fit import scrolled
 from studio.qt.fmt import describe_hardware
 from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
@@ -62,6 +64,10 @@ LAYOUT_VERSION = 2  # bump when docks change incompatibly, so an old saved layou
 SHUTDOWN_WAIT_MS = 5000
 PANEL_BUILD_DELAY_MS = 150  # after the first paint, so the window appears before pyqtgraph and numba load
 STATUS_MS = 8000
+# How often a busy Python worker hands the GIL back. At CPython's 5 ms every Python call of the GUI
+# thread (pyqtgraph paints items in Python) waits up to 5 ms while a job plans or packs metadata in
+# Python, and a repaint of a few dozen items stalls for hundreds of ms (bench/gui_responsiveness.py).
+GIL_SWITCH_S = 0.0005
 
 
 class MainWindow(QMainWindow):
@@ -78,6 +84,7 @@ class MainWindow(QMainWindow):
     ) -> None:
         super().__init__(parent)
         self.setObjectName("MainWindow")
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.services = services
         # A bare QSettings (a script's INI file) is wrapped: the window only speaks AppSettings.
         self.settings = settings if isinstance(settings, AppSettings) else AppSettings(settings)
@@ -266,7 +273,11 @@ class MainWindow(QMainWindow):
         )
         self.tensor_panel = TensorPanel(state, jobs, self)
         tensor_dock = self.add_dock(
-            self.tensor_panel, "Tensor", "TensorDock", Qt.DockWidgetArea.BottomDockWidgetArea
+            # scrolled: its form may be taller than a laptop's bottom dock
+            scrolled(self.tensor_panel, self),
+            "Tensor",
+            "TensorDock",
+            Qt.DockWidgetArea.BottomDockWidgetArea,
         )
         self.jobs_panel = JobsPanel(state, jobs, self)
         self.add_dock(

@@ -148,7 +148,9 @@ class EvalPanel(JobPanel, QWidget):
         form.addRow(opts)
 
         self.table = read_only_table(self, COLUMNS)
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)  # numbers keep their width
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the name takes the rest
         self.plot = pg.PlotWidget(self)
         self.plot.setLabel("bottom", "file size", units="MB")
         self.plot.setLabel("left", "mean KL divergence (nats)")

@@ -104,12 +104,24 @@ class _ChannelPlot:
         item.addItem(self.outliers)
         self.threshold = pg.InfiniteLine(angle=0, movable=False)
         item.addItem(self.threshold)
+        self.note = pg.TextItem("", anchor=(0, 1))  # names one marked channel (the demo's outlier)
+        self.note.setZValue(50)
+        item.addItem(self.note, ignoreBounds=True)
         self.mask = np.zeros(0, bool)
+        self.values = np.zeros(0)
 
     def show(self, values: np.ndarray, rule: OutlierRule) -> None:
         x = np.arange(values.size, dtype=np.float64)
+        self.values = values
         self.curve.setData(x, values)
+        self.note.setText("")
         self.highlight(values, rule)
+
+    def mark(self, channel: int, text: str) -> None:
+        """Name ``channel`` on the plot with ``text``, beside its point (nothing if out of range)."""
+        if 0 <= channel < self.values.size:
+            self.note.setText(text)
+            self.note.setPos(float(channel), float(self.values[channel]))
 
     def highlight(self, values: np.ndarray, rule: OutlierRule) -> None:
         self.mask = rule.mask(values)
@@ -121,7 +133,9 @@ class _ChannelPlot:
     def clear(self) -> None:
         self.curve.setData([], [])
         self.outliers.setData(x=[], y=[])
+        self.note.setText("")
         self.mask = np.zeros(0, bool)
+        self.values = np.zeros(0)
 
     def recolor(self, dark: bool) -> None:
         c = plot_colors(dark)
@@ -129,6 +143,7 @@ class _ChannelPlot:
         self.curve.setPen(pg.mkPen(c["main"]))
         self.outliers.setBrush(pg.mkBrush(c["outlier"]))
         self.threshold.setPen(pg.mkPen(c["outlier"], style=Qt.PenStyle.DashLine))
+        self.note.setColor(c["outlier"])
 
 
 class _SmoothImageItem(pg.ImageItem):
@@ -169,6 +184,7 @@ class InspectorPanel(JobPanel, QWidget):
 
     def _build(self) -> None:
         self.title = QLabel("Select a tensor in the model tree to see its statistics.", self)
+        self.title.setWordWrap(True)  # a long name wraps instead of widening the page past the window
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.status = QLabel("", self)
         self.status.setWordWrap(True)
@@ -292,6 +308,17 @@ class InspectorPanel(JobPanel, QWidget):
         self.title.setText("Select a tensor in the model tree to see its statistics.")
         self.status.setText("")
 
+    def mark_input_channel(self, tensor: str, channel: int, text: str) -> None:
+        """Name input ``channel`` of ``tensor`` on its plot (now, or once its statistics are drawn)."""
+        self._mark = (tensor, channel, text)
+        if self.stats is not None:
+            self._apply_mark(self.stats)
+
+    def _apply_mark(self, stats: TensorStats) -> None:
+        mark = getattr(self, "_mark", None)
+        if mark is not None and mark[0] == stats.name:
+            self.in_channels.mark(mark[1], mark[2])
+
     def show_stats(self, stats: TensorStats, *, staged: bool = True) -> None:
         """Draw ``stats`` (GUI thread only); ``statsShown`` follows once every plot holds its data.
 
@@ -323,7 +350,7 @@ class InspectorPanel(JobPanel, QWidget):
         steps = [
             draw_hist,
             lambda: self.out_channels.show(stats.absmax_out, rule),
-            lambda: self.in_channels.show(stats.absmax_in, rule),
+            lambda: (self.in_channels.show(stats.absmax_in, rule), self._apply_mark(stats)),
             draw_heat,
             self._draw_activations,
             lambda: self._fill_table(stats, rule),

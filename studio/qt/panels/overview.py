@@ -25,6 +25,7 @@ from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, role_color, style_plot
 
@@ -90,6 +91,7 @@ class OverviewPanel(JobPanel, QWidget):
         if hasattr(self.legend, "setColumnCount"):
             self.legend.setColumnCount(3)
         self._legend_samples: list[Any] = []
+        set_placeholder(self.plot, "Press “Analyze all tensors” to see which tensors are hard to quantize")
 
         self.layer_outliers: tuple[LayerOutliers, ...] = ()
         self.act_plot = pg.PlotWidget(self)
@@ -149,6 +151,8 @@ class OverviewPanel(JobPanel, QWidget):
         self._names = []
         self.scatter.setData([])
         self.selected_marker.setData([])
+        self.legend.clear()
+        set_placeholder(self.plot, "Press “Analyze all tensors” to see which tensors are hard to quantize")
         self.status.setText("Analyze the model to see which tensors are hard to quantize.")
         self.update_controls()
 
@@ -156,6 +160,7 @@ class OverviewPanel(JobPanel, QWidget):
         """Draw ``overview`` (GUI thread only)."""
         assert_gui_thread("OverviewPanel.show_overview")
         self.overview = overview
+        set_placeholder(self.plot, None)
         self._redraw()
         worst = overview.worst(self.metric, 3)
         names = ", ".join(t.name for t in worst)

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QAction, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QBoxLayout,
     QFormLayout,
     QFrame,
     QGroupBox,
@@ -46,6 +47,7 @@ from studio.qt.theme import verdict_colour, warning_box_style
 ESTIMATE_COLUMNS = ("Preset", "File size", "Bits/weight", "Memory", "Verdict")
 ROLE_COLUMNS = ("Role", "Tensors", "Parameters")
 CTX_MIN, CTX_MAX = 128, 1 << 20
+STACK_BELOW_PX = 1100  # the two columns stack in a narrower panel
 
 
 def _cell(text: str, *, right: bool = False) -> QTableWidgetItem:
@@ -197,6 +199,7 @@ class SummaryPanel(QWidget):
         outer.addWidget(self.origin_label)
 
         columns = QHBoxLayout()
+        self._columns = columns  # side by side when wide, stacked when narrow (resizeEvent)
         outer.addLayout(columns, 1)
 
         # Left column: facts and tensors per role.
@@ -260,6 +263,15 @@ class SummaryPanel(QWidget):
         right.addStretch(1)
         columns.addLayout(right, 3)
         return scroll
+
+    def resizeEvent(self, event: Any) -> None:
+        # two columns need about 1000 px; narrower (a laptop with the tree open) they stack, so no
+        # text is cut off at the right edge
+        wide = event.size().width() >= STACK_BELOW_PX
+        want = QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom
+        if self._columns.direction() != want:
+            self._columns.setDirection(want)
+        super().resizeEvent(event)
 
     # -- state slots ------------------------------------------------------------------------------
 

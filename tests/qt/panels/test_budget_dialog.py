@@ -218,7 +218,9 @@ def counted_calibrations(monkeypatch, tmp_path):
     """Every call of the core's ``calibrate`` (the page's, the scan's, the dialog's), over an empty cache."""
     import importlib
 
-    cal = importlib.import_module("studio.core.calib.calibrate")  # the module (the package exports the function)
+    cal = importlib.import_module(
+        "studio.core.calib.calibrate"
+    )  # the module (the package exports the function)
 
     monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
     calls: list[object] = []
