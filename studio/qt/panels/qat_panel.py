@@ -32,6 +32,7 @@ from studio.qt import folders, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_badge, set_status, style_plot
 
@@ -141,6 +142,7 @@ class QatPanel(JobPanel, QWidget):
         self.plot.showGrid(x=True, y=True, alpha=0.3)
         self.curve = pg.PlotDataItem(symbol="o", symbolSize=4)
         self.plot.addItem(self.curve)
+        set_placeholder(self.plot, "Run QAT to see the training loss")
         self._levels: list[pg.InfiniteLine] = []
 
         box = QGroupBox("On the held-out text", self)
@@ -254,6 +256,8 @@ class QatPanel(JobPanel, QWidget):
     def _on_step(self, step: int, loss: float) -> None:
         if not self.running:
             return  # a late event of a run already ended or superseded
+        if not self.losses:
+            set_placeholder(self.plot, None)
         self.losses.append((step, loss))
         self.curve.setData([s for s, _ in self.losses], [x for _, x in self.losses])
 
@@ -279,6 +283,7 @@ class QatPanel(JobPanel, QWidget):
 
         assert_gui_thread("QatPanel.show_result")
         self.result = result
+        set_placeholder(self.plot, None)
         if not self.losses:
             self.losses = list(enumerate(result.train_losses, 1))
             self.curve.setData([s for s, _ in self.losses], [x for _, x in self.losses])
