@@ -280,6 +280,7 @@ class MainWindow(QMainWindow):
             Qt.DockWidgetArea.BottomDockWidgetArea,
         )
         self.jobs_panel = JobsPanel(state, jobs, self)
+        self.jobs_panel.setMinimumHeight(80)  # its splitter shrinks: a laptop's bottom dock stays low
         self.add_dock(
             self.jobs_panel,
             "Jobs",

@@ -104,7 +104,7 @@ class _ChannelPlot:
         item.addItem(self.outliers)
         self.threshold = pg.InfiniteLine(angle=0, movable=False)
         item.addItem(self.threshold)
-        self.note = pg.TextItem("", anchor=(0, 1))  # names one marked channel (the demo's outlier)
+        self.note = pg.TextItem("", anchor=(0, 0))  # names one marked channel (the demo's outlier), below-right
         self.note.setZValue(50)
         item.addItem(self.note, ignoreBounds=True)
         self.mask = np.zeros(0, bool)
@@ -280,6 +280,7 @@ class InspectorPanel(JobPanel, QWidget):
         plots.setLayout(grid)
 
         self.table = read_only_table(self, ["statistic", "value"])
+        self.table.setMinimumWidth(240)  # values stay readable when the window is narrow
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
 
         page_layout(self, top, self.status, plots, self.table, 4)
