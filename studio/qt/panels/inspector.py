@@ -104,7 +104,9 @@ class _ChannelPlot:
         item.addItem(self.outliers)
         self.threshold = pg.InfiniteLine(angle=0, movable=False)
         item.addItem(self.threshold)
-        self.note = pg.TextItem("", anchor=(0, 0))  # names one marked channel (the demo's outlier), below-right
+        self.note = pg.TextItem(
+            "", anchor=(0, 0)
+        )  # names one marked channel (the demo's outlier), below-right
         self.note.setZValue(50)
         item.addItem(self.note, ignoreBounds=True)
         self.mask = np.zeros(0, bool)
