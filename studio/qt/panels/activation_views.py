@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
 from studio.core.calib.analysis import Saliency, SmoothQuantResult, awq_saliency, smoothquant
 from studio.qt import widgets
+from studio.qt.panels.plot_axes import thin_log_ticks
 from studio.qt.placeholder import set_placeholder
 from studio.qt.theme import plot_colors, style_plot
 
@@ -33,6 +34,7 @@ def _channel_plot(parent: QWidget, title: str, left: str) -> pg.PlotWidget:
     item.setLabel("bottom", "input channel")
     item.setLabel("left", left)
     item.setLogMode(y=True)  # channels span orders of magnitude: outliers stand out on a log axis
+    thin_log_ticks(item.getAxis("left"))  # 1-2-5 labels: the minor ticks' labels would overlap
     item.setDownsampling(auto=True, mode="peak")
     item.setClipToView(True)
     item.addLegend(offset=(-10, 10))

@@ -96,7 +96,7 @@ class EvalPanel(JobPanel, QWidget):
         orig_row = widgets.path_row(self.original_edit, browse)
 
         self.variant_list = QListWidget(self)
-        self.variant_list.setMaximumHeight(110)
+        self.variant_list.setMaximumHeight(72)  # three rows; the table and plot need the height
         self.add_button = widgets.button("Add GGUF…", self, self._choose_variants)
         self.remove_button = widgets.button("Remove", self, self._remove_selected)
         vbtn = QVBoxLayout()

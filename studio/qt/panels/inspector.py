@@ -493,7 +493,7 @@ class InspectorPanel(JobPanel, QWidget):
         self.act_line_med.setValue(prof.kmedian_threshold)
         # short titles (a quarter of the window wide); the table lists the channels
         self.act_plot.getPlotItem().setTitle(
-            f"Activation absmax per input channel ({prof.outliers_abs.size} + {prof.outliers_kmedian.size} marked)"
+            f"Activation absmax ({prof.outliers_abs.size} + {prof.outliers_kmedian.size} marked)"
         )
         self.act_hist_plot.getPlotItem().setTitle(
             f"Activation |x|: {100 * h.share_above(prof.abs_threshold):.3g} % ≥ {prof.abs_threshold:g}"

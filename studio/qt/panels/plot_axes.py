@@ -8,7 +8,7 @@ from typing import Any
 
 import pyqtgraph as pg
 
-__all__ = ["BpwAxis", "SizeAxis", "decimals", "nice_step"]
+__all__ = ["BpwAxis", "SizeAxis", "decimals", "nice_step", "thin_log_ticks"]
 
 
 def decimals(step: float) -> int:
@@ -96,3 +96,18 @@ class BpwAxis(pg.AxisItem):
         """Bits per weight with the step's decimals."""
         places = min(3, decimals(spacing * self.slope))
         return [f"{self.bpw(v):.{places}f}" for v in values]
+
+
+def thin_log_ticks(axis: pg.AxisItem) -> None:
+    """Ticks of a log ``axis`` at 1, 2 and 5 times each power of ten only: pyqtgraph labels every
+    minor tick (0.3, 0.4 … 0.9), and in a plot a few hundred pixels tall those labels overlap."""
+
+    def log_ticks(minVal: float, maxVal: float, size: float, stdTicks: Any) -> list[tuple[Any, list[float]]]:  # noqa: N803
+        lo, hi = math.floor(minVal), math.ceil(maxVal)
+        marks = [e + math.log10(k) for e in range(lo, hi + 1) for k in (1, 2, 5)]
+        inside = [m for m in marks if minVal <= m <= maxVal]
+        if len(inside) > max(2, int(size / 25)):  # too many for the height: the decades only
+            inside = [m for m in inside if abs(m - round(m)) < 1e-9]
+        return [(None, inside)]
+
+    axis.logTickValues = log_ticks  # type: ignore[method-assign]
