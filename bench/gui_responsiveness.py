@@ -1,18 +1,22 @@
-"""GUI responsiveness benchmark: the longest the GUI thread is blocked while statistics or an export run.
+"""GUI responsiveness benchmark: the longest the GUI thread is blocked while any job of the window runs.
 
 Builds (once, cached) a factory Llama checkpoint with about 500 MB of float32 weights, opens it in the
 real main window (offscreen), and runs, one after the other:
 
 1. idle (the reference: the same timer with nothing running),
 2. the inspector's statistics of the largest weight matrix (selecting it, as a click in the tree does),
-3. an export through the Export dialog for each preset asked (verification off unless ``--verify``).
+3. a calibration on the Calibrate page,
+4. the budget dialog: its sensitivity scan (on the Calibrate page's importance matrix), then a user
+   editing the budget (typing budgets and pressing Enter, dragging the slider) while it re-plans,
+5. an export through the Export dialog for each preset asked (verification off unless ``--verify``),
+6. an evaluation of those exports on the Evaluate page.
 
 During each phase a 10 ms ``QTimer`` records the time between its ticks on the GUI thread; the worst
 interval is how long the GUI was unresponsive. Prints the worst and 99th-percentile gap per phase,
 the ratio to the idle reference measured in the same run, and the peak RSS.
 
     python bench/gui_responsiveness.py [--hidden 2048 --layers 2 --intermediate 8192]
-        [--presets Q8_0,Q4_K_M] [--verify] [--model-dir DIR]
+        [--presets Q8_0,Q4_K_M] [--verify] [--model-dir DIR] [--skip calibrate,budget,export,evaluate]
 """
 
 from __future__ import annotations
@@ -95,6 +99,38 @@ def _build_model(folder: Path, hidden: int, layers: int, intermediate: int) -> P
     return marker
 
 
+def _budget_phases(app, win, rec) -> list[tuple[str, dict[str, float], float]]:
+    """The budget dialog's scan, then edits: budgets typed with Enter, and slider moves, each re-planned."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    out = []
+    dlg = win.show_budget_dialog()
+    t0 = time.monotonic()
+    rec.start()
+    dlg.start_scan()
+    _wait(app, lambda: dlg.scan is not None and not dlg.running and not dlg.planning, 3600, "the scan")
+    how = "calibrated first" if dlg.calibrated else "on the Calibrate page's imatrix"
+    out.append((f"budget dialog: scan ({how}) and first plan", rec.stop(), time.monotonic() - t0))
+    t0 = time.monotonic()
+    rec.start()
+    for text in ("4.5bpw", "3.5bpw", "6bpw", "5bpw"):
+        dlg.budget_edit.setFocus()
+        dlg.budget_edit.selectAll()
+        QTest.keyClicks(dlg.budget_edit, text)  # typed as a user types, one key at a time
+        QTest.keyClick(dlg.budget_edit, Qt.Key.Key_Return)
+        _wait(app, lambda: not dlg.planning, 600, f"the plan for {text}")
+    n = len(dlg.front)
+    for i in list(range(n // 2, n)) + list(range(n - 1, 0, -3)):  # a drag right, then back left
+        dlg.slider.setValue(i)
+        end = time.monotonic() + 0.03
+        _wait(app, lambda end=end: time.monotonic() > end, 5, "the drag")
+    _wait(app, lambda: not dlg.planning, 600, "the plan after the drag")
+    out.append(("budget dialog: typing 4 budgets and dragging the slider", rec.stop(), time.monotonic() - t0))
+    dlg.hide()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=2048)
@@ -103,6 +139,10 @@ def main() -> int:
     parser.add_argument("--presets", default="Q8_0,Q4_K_M", help="comma-separated presets to export")
     parser.add_argument("--verify", action="store_true", help="also verify each export (llama.cpp vs torch)")
     parser.add_argument("--idle-s", type=float, default=2.0, help="length of the idle reference phase")
+    parser.add_argument("--calib-ctx", type=int, default=128, help="tokens per calibration chunk")
+    parser.add_argument("--calib-chunks", type=int, default=4, help="calibration chunks")
+    parser.add_argument("--eval-chunks", type=int, default=2, help="chunks the evaluation scores")
+    parser.add_argument("--skip", default="", help="phases to leave out: calibrate,budget,export,evaluate")
     parser.add_argument(
         "--model-dir", default=str(Path(tempfile.gettempdir()) / "quant-studio-bench"), help="model cache"
     )
@@ -157,8 +197,27 @@ def main() -> int:
             label = f"statistics of {big.name} ({big.n_elements / 1e6:.1f} M values)"
             results.append((label + (" [cold]" if i == 0 else ""), rec.stop(), time.monotonic() - t0))
 
-        # 3. exports through the dialog
-        for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
+        skip = {p.strip() for p in args.skip.split(",") if p.strip()}
+        # 3. calibration on the Calibrate page
+        if "calibrate" not in skip:
+            win.show_page("calibrate")
+            page = win.panel("calibrate")
+            page.set_run(ctx=args.calib_ctx, chunks=args.calib_chunks)
+            calibrated: list[object] = []
+            page.calibrated.connect(calibrated.append)
+            t0 = time.monotonic()
+            rec.start()
+            assert page.start() is not None, page.status.text()
+            _wait(app, lambda: bool(calibrated) and not page.running, 3600, "the calibration")
+            results.append(("calibrate (Calibrate page)", rec.stop(), time.monotonic() - t0))
+
+        # 4. the budget dialog: its scan, then a user editing the budget while it re-plans
+        if "budget" not in skip:
+            results.extend(_budget_phases(app, win, rec))
+
+        # 5. exports through the dialog
+        exported: list[Path] = []
+        for preset in [p.strip() for p in args.presets.split(",") if p.strip() and "export" not in skip]:
             dlg = win.show_export_dialog()
             dlg.set_plan_choice(preset)
             dlg.set_output_path(Path(tmp) / f"bench-{preset}.gguf")
@@ -178,7 +237,31 @@ def main() -> int:
                 raise SystemExit(f"the {preset} export failed: {done[0]}")
             label = f"export {preset}" + (" + verify" if args.verify else "")
             results.append((label, stats, time.monotonic() - t0))
-            Path(tmp, f"bench-{preset}.gguf").unlink(missing_ok=True)
+            exported.append(Path(tmp, f"bench-{preset}.gguf"))
+
+        # 6. the evaluation of those exports
+        if exported and "evaluate" not in skip:
+            win.show_page("evaluate")
+            ev = win.panel("evaluate")
+            for path in exported:
+                ev.add_variant(path)
+            ev.ctx_spin.setValue(128)
+            ev.chunks_spin.setValue(args.eval_chunks)
+            reports: list[object] = []
+            ev.reportShown.connect(reports.append)
+            errors: list[str] = []
+            ev.errorShown.connect(errors.append)
+            t0 = time.monotonic()
+            rec.start()
+            assert ev.start(), ev.status.text()
+            _wait(app, lambda: (bool(reports) or bool(errors)) and not ev.running, 3600, "the evaluation")
+            if errors:
+                raise SystemExit(f"the evaluation failed: {errors[0]}")
+            results.append(
+                (f"evaluate {len(exported)} exports (Evaluate page)", rec.stop(), time.monotonic() - t0)
+            )
+        for path in exported:
+            path.unlink(missing_ok=True)
         win.close()
 
     ref = next(st["worst_ms"] for label, st, _t in results if label.startswith("idle"))

@@ -12,6 +12,12 @@
 #
 #   packaging/screenshots.sh [MODEL]     (default: the demo model, as `quant-studio --demo`)
 #
+# With --pages it shoots instead every page (and every tab inside a page, and the Budget plan dialog) at
+# 1280×720 and at 1920×1080 into docs/screenshots/ (PAGE-WxH.png), after a short calibration, a Q2_K
+# export and its evaluation so the pages have something to show, and prints each plot's height:
+#
+#   packaging/screenshots.sh --pages [MODEL]
+#
 # Needs: xvfb-run, ImageMagick's `import` and `convert` (Debian: apt-get install xvfb imagemagick
 # libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1); openbox, if installed, draws the dialogs' title bars.
 # Settings, caches and exports go to a throw-away folder.
@@ -21,9 +27,18 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=resources/screenshots
 mkdir -p "$OUT"
 
+PAGES=0
+if [ "${1:-}" = "--pages" ]; then
+  PAGES=1
+  shift
+  OUT=docs/screenshots
+  mkdir -p "$OUT"
+fi
+
 if [ -z "${_QS_IN_XVFB:-}" ]; then
   export _QS_IN_XVFB=1
-  exec xvfb-run -a -s "-screen 0 1600x1000x24" "$0" "$@"
+  [ "$PAGES" = 1 ] && set -- --pages "$@"
+  exec xvfb-run -a -s "-screen 0 1920x1080x24" "$0" "$@"
 fi
 
 WORK=$(mktemp -d)
@@ -33,7 +48,7 @@ export QT_QPA_PLATFORM=xcb
 export QUANT_STUDIO_CACHE="$WORK/cache"
 # A neutral, reproducible look: Fusion style, no desktop theme, fixed font size.
 export QT_STYLE_OVERRIDE=Fusion QT_QPA_PLATFORMTHEME= QT_FONT_DPI=96
-export QS_WORK="$WORK" QS_OUT="$OUT" QS_MODEL="${1:-}"
+export QS_WORK="$WORK" QS_OUT="$OUT" QS_MODEL="${1:-}" QS_PAGES="$PAGES"
 export HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 
 # The driver is a file (not stdin) so the llama.cpp child processes can be spawned from it.
@@ -50,6 +65,7 @@ from pathlib import Path
 WORK, OUT, MODEL = Path(os.environ["QS_WORK"]), Path(os.environ["QS_OUT"]), os.environ.get("QS_MODEL", "")
 SIZE = (1600, 1000)
 MAX_BYTES = 300_000
+PAGE_SIZES = ((1280, 720), (1920, 1080))
 
 
 def main() -> int:
@@ -96,10 +112,11 @@ def main() -> int:
             app.processEvents()
             time.sleep(0.01)
 
-    def shot(name: str, settle: float = 1.0) -> None:
+    def shot(name: str, settle: float = 1.0, crop: tuple[int, int] | None = None) -> None:
         pump(settle)
         raw = WORK / f"{name}.raw.png"
-        subprocess.run(["import", "-window", "root", "-depth", "8", str(raw)], check=True)
+        area = ["-crop", f"{crop[0]}x{crop[1]}+0+0", "+repage"] if crop else []
+        subprocess.run(["import", "-window", "root", "-depth", "8", *area, str(raw)], check=True)
         target = OUT / f"{name}.png"
         # Palette-reduce so the PNG stays small without visible loss on flat UI colours.
         for colours in (192, 128, 96, 64):
@@ -117,6 +134,8 @@ def main() -> int:
         win.open_demo()
     wait(lambda: win.state.checkpoint is not None, "the model to open", 600)
     wait(lambda: bool(win.state.estimates), "the estimates")
+    if os.environ.get("QS_PAGES") == "1":
+        return every_page(app, win, shot, pump, wait, hub)
     win.show_page(0)  # the Summary (the demo itself opens on the Inspector, shot next)
     shot("main-window")
 
@@ -224,6 +243,99 @@ def main() -> int:
     win.close()
     hub.stop()
     return 0
+
+
+def every_page(app, win, shot, pump, wait, hub) -> int:
+    """Every page and inner tab at 1280×720 and 1920×1080, with data: a calibration, a Q2_K export and its
+    evaluation; the Budget plan dialog after a scan. Prints each visible plot's height."""
+    from PySide6.QtWidgets import QTabWidget
+
+    from studio.qt.fit import MIN_PLOT_HEIGHT, plot_heights
+
+    info = win.state.info
+    # something to show: activations (2 chunks), a Q2_K file, its evaluation, the outlier tensor
+    cal = win.panel("calibrate")
+    cal.set_run(ctx=128, chunks=2)
+    done: list[object] = []
+    cal.calibrated.connect(done.append)
+    cal.start()
+    wait(lambda: bool(done) and not cal.running, "the calibration", 900)
+    dlg = win.show_export_dialog()
+    dlg.set_plan_choice("Q2_K")
+    dlg.set_output_path(WORK / "demo-Q2_K.gguf")
+    dlg.verify_check.setChecked(False)
+    job = dlg.start()
+    assert job is not None, dlg.status.text()
+    wait(lambda: not job.active, "the Q2_K export", 900)
+    dlg.hide()
+    ev = win.panel("evaluate")
+    ev.ctx_spin.setValue(128)
+    ev.chunks_spin.setValue(2)
+    reports: list[object] = []
+    ev.reportShown.connect(reports.append)
+    if ev.start():
+        wait(lambda: bool(reports) or not ev.running, "the evaluation", 900)
+    from studio.core.demo import DEMO_TENSOR
+
+    names = {t.name for t in info.tensors}
+    target = DEMO_TENSOR if DEMO_TENSOR in names else next(t.name for t in info.tensors if len(t.shape) == 2)
+    win.state.select_tensor(target)
+    prev = win.panel("preview")
+    prev.start()
+    wait(lambda: not prev.running, "the preview", 300)
+    ov = win.panel("overview")
+    ov.start()
+    wait(lambda: not ov.running, "the overview", 900)
+    hp = win.panel("hub")
+    hp.search_edit.setText("llama")
+    hp.search()
+    wait(lambda: hp.results.rowCount() > 0, "the Hub search")
+    hp.results.selectRow(0)
+    wait(lambda: hp.files.rowCount() > 0 and "loading" not in hp.title_label.text(), "the model card")
+    budget = None
+    if os.environ.get("QS_BUDGET", "1") == "1":
+        budget = win.show_budget_dialog()
+        budget.start_scan()
+        wait(lambda: budget.scan is not None and not budget.running and not budget.planning, "the scan", 1800)
+        budget.hide()
+    small: list[str] = []
+    keys = ["summary"] + [k for k in ("inspector", "preview", "overview", "plan", "hub", "chat", "evaluate", "calibrate", "lab")]
+    for w, h in PAGE_SIZES:
+        win.showNormal()
+        win.setGeometry(0, 0, w, h)
+        pump(0.5)
+        win.fit_docks()
+        for key in keys:
+            win.show_page(0 if key == "summary" else key)
+            panel = win.summary if key == "summary" else win.panel(key)
+            tabs = [] if panel is None else [t for t in panel.findChildren(QTabWidget)]
+            views = [(key, None, 0)] + [(f"{key}-{t.tabText(i).lower().replace(' ', '-')}", t, i) for t in tabs for i in range(t.count()) if i]
+            for name, t, i in views:
+                if t is not None:
+                    t.setCurrentIndex(i)
+                name = "".join(ch for ch in name if ch.isalnum() or ch in "-_")
+                shot(f"{name}-{w}x{h}", 0.8, (w, h))
+                for plot, height in plot_heights(win):
+                    print(f"  {name} {w}x{h}: {plot} {height} px", flush=True)
+                    if height < MIN_PLOT_HEIGHT:
+                        small.append(f"{name} {w}x{h}: {plot} {height} px")
+            for t in tabs:
+                t.setCurrentIndex(0)
+        if budget is not None:
+            budget.show()
+            budget.setGeometry(40, 40, min(1100, w - 80), min(760, h - 80))
+            for i in range(budget.views.count()):
+                budget.views.setCurrentIndex(i)
+                shot(f"budget-{budget.views.tabText(i).split()[0].lower().replace('/', '-')}-{w}x{h}", 1.0, (w, h))
+                for plot, height in plot_heights(budget):
+                    print(f"  budget {w}x{h}: {plot} {height} px", flush=True)
+                    if height < MIN_PLOT_HEIGHT:
+                        small.append(f"budget {w}x{h}: {plot} {height} px")
+            budget.hide()
+    print("plots under the minimum height:", small or "none", flush=True)
+    win.close()
+    hub.stop()
+    return 1 if small else 0
 
 
 if __name__ == "__main__":

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from studio.commands._common import read_text
+from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
 from studio.core.errors import StudioError
-from studio.core.paths import user_cache_dir
-
-
-def default_cache_dir() -> Path:
-    """Where scans are kept between runs: ``sensitivity`` in the user's cache folder (``paths``)."""
-    return user_cache_dir() / "sensitivity"
 
 
 def _types(spec: str | None) -> tuple[str, ...] | None:
@@ -78,21 +72,16 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
     """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``)."""
     from studio.core.calib.calibrate import calibrate, load_tokenizer
     from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
-    from studio.core.calib.imatrix import imatrix_from_stats, read_imatrix, write_imatrix
-    from studio.core.stats.cache import checkpoint_key
+    from studio.core.calib.imatrix import imatrix_from_stats
 
     tok = load_tokenizer(info.path)
     data = load_calibration(args.calib_text or BUILTIN, ChatFormat.of_tokenizer(tok, info.path.name), ctx)
-    ck = checkpoint_key(info, "")
-    key = hashlib.sha256(
-        f"{info.path}|{ck.mtime_ns}|{ck.size}|{data.digest}|{args.calib_ctx}|{args.calib_chunks}".encode()
-    ).hexdigest()[:24]
-    cached = None if args.no_cache else default_cache_dir() / f"imatrix-{key}.gguf"
-    if cached is not None and cached.is_file():
-        try:
-            return dataclasses.replace(read_imatrix(cached), path=None)  # as a fresh one: no file recorded
-        except StudioError:
-            pass  # a damaged cache file: calibrate again
+    cached = (
+        None if args.no_cache else imatrix_cache_path(info, data.digest, args.calib_ctx, args.calib_chunks)
+    )
+    im = None if cached is None else cached_imatrix(cached)
+    if im is not None:
+        return im
     ctx.report(0, 1, "Calibrating (importance matrix)")
     stats = calibrate(
         info.path,
@@ -106,11 +95,7 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
     )
     im = imatrix_from_stats(stats, info)
     if cached is not None:
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            write_imatrix(im, cached)
-        except (OSError, StudioError):
-            pass  # without a cache the next run calibrates again
+        store_imatrix(im, cached)  # without a cache the next run calibrates again
     return im
 
 

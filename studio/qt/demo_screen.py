@@ -24,11 +24,18 @@ def show_first_screen(window: Any) -> bool:
     info = window.state.info
     if info is None or DEMO_TENSOR not in {t.name for t in info.tensors}:
         return False
+    inspector = window.panel("inspector")
+    if inspector is not None:  # the outlier named among the red dots
+        inspector.mark_input_channel(DEMO_TENSOR, DEMO_OUTLIER_CHANNEL, f"channel {DEMO_OUTLIER_CHANNEL}")
     window.state.select_tensor(DEMO_TENSOR)
     if window.panel("inspector") is not None:
         window.show_page("inspector")
     chat = window.panel("chat")
     if chat is not None and not chat.prompt.toPlainText().strip():
         chat.prompt.setPlainText(DEMO_QUESTION)
-    window.statusBar().showMessage(FIRST_SCREEN_MESSAGE, 60000)
+    banner = getattr(window, "banner", None)
+    if banner is not None:
+        banner.show_text(FIRST_SCREEN_MESSAGE)  # stays until dismissed, never cut off
+    else:
+        window.statusBar().showMessage(FIRST_SCREEN_MESSAGE, 60000)
     return True

@@ -10,6 +10,7 @@ shared ``StudioState``.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,21 @@ from PySide6.QtGui import (
     QKeySequence,
     QShowEvent,
 )
-from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QMessageBox, QTabWidget, QToolBar, QWidget
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QTabWidget,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
 
 from studio import __version__
+from studio.qt.banner import Banner
 from studio.qt.estimates import PresetEstimates
+from studio.qt.fit import scrolled
 from studio.qt.fmt import describe_hardware
 from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
@@ -54,6 +66,10 @@ LAYOUT_VERSION = 2  # bump when docks change incompatibly, so an old saved layou
 SHUTDOWN_WAIT_MS = 5000
 PANEL_BUILD_DELAY_MS = 150  # after the first paint, so the window appears before pyqtgraph and numba load
 STATUS_MS = 8000
+# How often a busy Python worker hands the GIL back. At CPython's 5 ms every Python call of the GUI
+# thread (pyqtgraph paints items in Python) waits up to 5 ms while a job plans or packs metadata in
+# Python, and a repaint of a few dozen items stalls for hundreds of ms (bench/gui_responsiveness.py).
+GIL_SWITCH_S = 0.0005
 
 
 class MainWindow(QMainWindow):
@@ -70,10 +86,12 @@ class MainWindow(QMainWindow):
     ) -> None:
         super().__init__(parent)
         self.setObjectName("MainWindow")
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.services = services
         # A bare QSettings (a script's INI file) is wrapped: the window only speaks AppSettings.
         self.settings = settings if isinstance(settings, AppSettings) else AppSettings(settings)
         self.state = state if state is not None else StudioState(self)
+        self.state.last_folder = self.state.last_folder or self.settings.last_folder
         self.jobs = jobs if jobs is not None else JobManager(parent=self)
         self.opener = ModelOpener(
             services, self.state, self.jobs, self.settings, self, before_announce=self.ensure_panels
@@ -240,7 +258,15 @@ class MainWindow(QMainWindow):
         self.summary = SummaryPanel(state, jobs, self)
         self.summary.set_welcome_actions((self.act_open_folder, self.act_open_gguf, self.act_open_demo))
         self.add_tab(self.summary, "Summary")
-        self.setCentralWidget(self.tabs)
+        # the pages under a dismissable banner (the demo's hint)
+        self.banner = Banner(self)
+        central = QWidget(self)
+        central_lay = QVBoxLayout(central)
+        central_lay.setContentsMargins(0, 0, 0, 0)
+        central_lay.setSpacing(2)
+        central_lay.addWidget(self.banner)
+        central_lay.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
 
         self.model_tree = ModelTreePanel(state, jobs, self)
         tree_dock = self.add_dock(
@@ -248,9 +274,14 @@ class MainWindow(QMainWindow):
         )
         self.tensor_panel = TensorPanel(state, jobs, self)
         tensor_dock = self.add_dock(
-            self.tensor_panel, "Tensor", "TensorDock", Qt.DockWidgetArea.BottomDockWidgetArea
+            # scrolled: its form may be taller than a laptop's bottom dock
+            scrolled(self.tensor_panel, self),
+            "Tensor",
+            "TensorDock",
+            Qt.DockWidgetArea.BottomDockWidgetArea,
         )
         self.jobs_panel = JobsPanel(state, jobs, self)
+        self.jobs_panel.setMinimumHeight(80)  # its splitter shrinks: a laptop's bottom dock stays low
         self.add_dock(
             self.jobs_panel,
             "Jobs",
@@ -564,9 +595,22 @@ class MainWindow(QMainWindow):
         super().showEvent(event)
         if not self._started:
             self._started = True
+            self.fit_docks()
             # After the first paint: nothing slow may delay the window appearing.
             QTimer.singleShot(0, self.detect_hardware)
             QTimer.singleShot(PANEL_BUILD_DELAY_MS, self.preload_panels)
+
+    def fit_docks(self) -> None:
+        """Size the tree and the bottom docks for the window's size (a laptop screen leaves the pages room)."""
+        # On a laptop screen (1280×720) the default docks would leave the pages a strip: the tree
+        # takes at most a quarter of the width and the bottom docks a fifth of the height.
+        if self.settings.window_state is not None:
+            return  # the user's own layout
+        tree, tensor = self.dock("ModelTreeDock"), self.dock("TensorDock")
+        width = min(530, max(260, self.width() // 4))
+        height = min(250, max(140, self.height() // 5))
+        self.resizeDocks([tree], [width], Qt.Orientation.Horizontal)
+        self.resizeDocks([tensor], [height], Qt.Orientation.Vertical)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         urls = event.mimeData().urls()
@@ -626,6 +670,9 @@ class MainWindow(QMainWindow):
         self._shut_down = True
         self.pages.stop()
         self.save_layout()
+        if self.state.last_folder:
+            self.settings.last_folder = self.state.last_folder  # the next session's dialogs start there
+            self.settings.sync()
         if self._export_dialog is not None:
             self._export_dialog.hide()
         for title, panel in self.pages.built_panels():

@@ -83,6 +83,7 @@ class ModelOpener(QObject):
         """Ask for a model folder and open it."""
         folder = QFileDialog.getExistingDirectory(self._window, "Open a model folder", self.last_dir())
         if folder:
+            self._state.last_folder = str(Path(folder).parent)
             self.open_path(folder)
 
     @Slot()
@@ -92,10 +93,14 @@ class ModelOpener(QObject):
             self._window, "Open a GGUF file", self.last_dir(), "GGUF files (*.gguf);;All files (*)"
         )
         if path:
+            self._state.last_folder = str(Path(path).parent)
             self.open_path(path)
 
     def last_dir(self) -> str:
-        """Where the file dialogs start: beside the most recent model, else the home folder."""
+        """Where the file dialogs start: where the user last was, beside the most recent model, or home."""
+        last = getattr(self._state, "last_folder", "")
+        if last and Path(last).is_dir():
+            return last
         recent = self._settings.recent_models
         return str(Path(recent[0]).parent) if recent else str(Path.home())
 

@@ -15,6 +15,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import QApplication, QLabel, QTabWidget, QVBoxLayout, QWidget
 
 from studio.core.jobs import JobContext
+from studio.qt.fit import fit_page, scrolled
 from studio.qt.jobs import Job, JobManager
 from studio.qt.state import StudioState
 from studio.qt.theme import set_plot_defaults
@@ -103,7 +104,8 @@ class LazyPanel(QWidget):
                 self.placeholder.setWordWrap(True)
                 return None
             self.placeholder.hide()
-            self._layout.addWidget(widget)
+            fit_page(widget)  # readable plots at 1280×720; the page scrolls when it needs more room
+            self._layout.addWidget(scrolled(widget, self))
             self._widget = widget
             self.built.emit(widget)
         return self._widget

@@ -22,6 +22,7 @@ CALIB_CHUNKS_KEY = "calibrate/chunks"
 CALIB_SOURCES = ("builtin", "text", "chat")
 LLAMA_EXTRA_BUFFERS_KEY = "llama/extra_buffers"
 UPLOAD_NAMESPACE_KEY = "hub/upload_namespace"
+LAST_FOLDER_KEY = "dialogs/last_folder"
 
 MAX_RECENT = 10
 THEMES = ("system", "light", "dark")
@@ -119,6 +120,9 @@ class AppSettings:
         ("auto", "on", "off"),
     )
     upload_namespace = _Text(UPLOAD_NAMESPACE_KEY, 'The user or organisation of the last Hub upload, or "".')
+    last_folder = _Text(
+        LAST_FOLDER_KEY, 'The folder the last file dialog ended in (the next starts there), or "".'
+    )
 
     def __init__(self, qsettings: QSettings | None = None) -> None:
         self.qsettings = qsettings if qsettings is not None else QSettings()

@@ -7,6 +7,7 @@ of value (named in its comment; the classes are not imported here, so the window
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,16 @@ if TYPE_CHECKING:
     from studio.core.export.job import ExportOutcome
 
 DEFAULT_CONTEXT_LENGTH = 4096
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """What the Calibrate page's last run used (the budget dialog reuses its imatrix for the same text)."""
+
+    text: str  # "builtin" or the text file's path
+    n_ctx: int
+    n_chunks: int | None  # None: every whole chunk
+    imatrix: Any  # the Imatrix that run made
 
 
 class StudioState(QObject):
@@ -49,6 +60,8 @@ class StudioState(QObject):
         self._dark = False
         self._activations: ActivationStats | None = None
         self._imatrix: Imatrix | None = None
+        self.calibration: CalibrationRun | None = None  # set by the Calibrate page with its statistics
+        self.last_folder = ""  # where the next file dialog opens (studio.qt.folders); kept in the settings
 
     # -- model ------------------------------------------------------------------------------------
 
@@ -77,6 +90,7 @@ class StudioState(QObject):
         # calibration results belong to the model they were made for
         self.set_activation_stats(None)
         self.set_imatrix(None)
+        self.calibration = None
         if old is not None:
             _close_quietly(old)
             self.modelClosed.emit()
@@ -131,6 +145,8 @@ class StudioState(QObject):
         """Share a calibration run's statistics (the inspector, views and overview draw them)."""
         if stats is not self._activations:
             self._activations = stats
+            if stats is None:
+                self.calibration = None
             self.activationsChanged.emit(stats)
 
     @property

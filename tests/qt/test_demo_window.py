@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from PySide6.QtCore import Qt
 
 from studio.core.demo import DEMO_OUTLIER_CHANNEL, DEMO_QUESTION, DEMO_TENSOR
 
@@ -30,7 +31,9 @@ def test_demo_opens_on_an_outlier_and_a_q2k_export_diverges_in_chat(
         win.open_demo()
     assert win.windowTitle().startswith(DEMO_NAME) and "SmolLM2" in DEMO_NAME
     assert win.tabs.currentIndex() == win.page_index("inspector")
-    assert win.statusBar().currentMessage() == FIRST_SCREEN_MESSAGE
+    assert win.banner.isVisible() and win.banner.text() == FIRST_SCREEN_MESSAGE  # a banner, not a status
+    qtbot.mouseClick(win.banner.close_button, Qt.MouseButton.LeftButton)
+    assert not win.banner.isVisible()
     marked = np.flatnonzero(win.panel("inspector").in_channels.mask)
     assert DEMO_OUTLIER_CHANNEL in marked
     assert win.panel("inspector").table_value("outlier input channels") == f"{len(marked)} of 576"

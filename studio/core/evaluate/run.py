@@ -287,6 +287,7 @@ def evaluate(
     allow_pickle: bool = False,
     ctx: JobContext | None = None,
     kv_types: Sequence[str] = (),
+    on_score: Callable[[Any], None] | None = None,
 ) -> EvalReport:
     """Score ``original`` and every variant on ``text``; see the module docstring for the method.
 
@@ -295,6 +296,8 @@ def evaluate(
     (``open_model``'s cached safetensors) instead of refused; it is never unpickled in this process.
     ``kv_types``: score every variant once per llama.cpp KV-cache type (``f32``, ``f16``, ``q8_0``,
     ``q4_0``), labelled ``name [KV q8_0]``; empty keeps the exact F32 cache, labelled by name.
+    ``on_score`` is called (on the caller's thread) with the original's ``ModelScore`` and then with each
+    ``VariantScore`` as soon as it is measured, so a window can show rows before the report is complete.
     """
     ctx = ctx or null_context()
     t0 = time.monotonic()
@@ -368,6 +371,8 @@ def evaluate(
             str(orig_path), orig_path.name, scorer.kind, ppl, err, int(nll.size), size, bpw
         )
         scorer.close()
+        if on_score is not None:
+            on_score(orig_score)
 
         scores: list[VariantScore] = []
         for vi, (vpath, kv) in enumerate(runs):
@@ -390,6 +395,8 @@ def evaluate(
                     kv,
                 )
             )
+            if on_score is not None:
+                on_score(scores[-1])
         return EvalReport(
             orig_score,
             tuple(scores),

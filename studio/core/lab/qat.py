@@ -39,6 +39,7 @@ from studio.core.errors import QuantizationError, StudioError
 from studio.core.evaluate.texts import EvalText, load_text
 from studio.core.jobs import JobContext, null_context
 from studio.core.model.hf_progress import no_hf_progress_bars
+from studio.core.units import format_eta
 
 __all__ = ["QatResult", "fake_quantize", "qat_in_child", "quantized_linears", "run_qat"]
 
@@ -185,6 +186,26 @@ def _mean_loss(model: Any, chunks: list[list[int]], device: str, ctx: JobContext
     return total / len(chunks)  # equal-length chunks: the mean over every scored token
 
 
+def _cancel_hooks(modules: list[Any], ctx: JobContext) -> list[Any]:
+    """Hooks that check for Cancel at every quantized linear, forward and backward (a step of a real
+    model takes seconds; checking only between steps made Cancel wait for the step)."""
+
+    def check_grad(grad: Any) -> Any:
+        ctx.check_cancelled()
+        return grad
+
+    def before(_m: Any, _args: Any) -> None:
+        ctx.check_cancelled()
+
+    def after(_m: Any, _args: Any, out: Any) -> None:
+        if getattr(out, "requires_grad", False):
+            out.register_hook(check_grad)
+
+    return [m.register_forward_pre_hook(before) for m in modules] + [
+        m.register_forward_hook(after) for m in modules
+    ]
+
+
 def _peak_rss() -> int | None:
     try:
         import resource
@@ -261,6 +282,7 @@ def run_qat(
             :max_eval_chunks
         ]
         layers = quantized_linears(net, group)
+        hooks = _cancel_hooks([m for _, m in layers], ctx)  # Cancel within a layer, not after a whole step
         n_evals = 4
         total = steps + n_evals
         ctx.report(0, total, "float loss")
@@ -274,7 +296,9 @@ def run_qat(
             ste.append(m.parametrizations.weight[0])
             m.parametrizations.weight.original.requires_grad_(True)
         ctx.report(1, total, "PTQ loss")
+        t_eval = time.monotonic()
         ptq_loss = _mean_loss(net, eval_chunks, dev, ctx)
+        eval_seconds = time.monotonic() - t_eval
 
         params = [m.parametrizations.weight.original for _, m in layers]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -286,13 +310,23 @@ def run_qat(
             ids = torch.tensor(rows, device=dev)
             loss = net(input_ids=ids, labels=ids).loss
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            try:
+                loss.backward()
+            except Exception:
+                ctx.check_cancelled()  # a Cancel raised inside autograd's hooks arrives as the job's cancel
+                raise
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             train_losses.append(float(loss.detach()))
             if on_step is not None:
                 on_step(step + 1, train_losses[-1])
-            ctx.report(2 + step, total, f"QAT step {step + 1}/{steps}: loss {train_losses[-1]:.3f}")
+            per_step = (time.monotonic() - t_train) / (step + 1)
+            left = per_step * (steps - step - 1) + 2 * eval_seconds  # the steps left, then two evaluations
+            ctx.report(
+                2 + step,
+                total,
+                f"QAT step {step + 1}/{steps}: loss {train_losses[-1]:.3f} · ETA {format_eta(left)}",
+            )
         train_seconds = time.monotonic() - t_train
         del opt
 
@@ -304,6 +338,8 @@ def run_qat(
         for s in ste:
             s.enabled = True
         ctx.report(total, total, "QAT done")
+        for h in hooks:
+            h.remove()
 
         result = QatResult(
             bits=bits,

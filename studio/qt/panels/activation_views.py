@@ -17,11 +17,14 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
 from studio.core.calib.analysis import Saliency, SmoothQuantResult, awq_saliency, smoothquant
 from studio.qt import widgets
+from studio.qt.panels.plot_axes import thin_log_ticks
+from studio.qt.placeholder import set_placeholder
 from studio.qt.theme import plot_colors, style_plot
 
 __all__ = ["SaliencyView", "SmoothQuantView"]
 
 _NO_DATA = "Calibrate the model, then select a linear weight to see its input channels."
+_PLACEHOLDER = "Run Calibrate to see activations"
 
 
 def _channel_plot(parent: QWidget, title: str, left: str) -> pg.PlotWidget:
@@ -31,6 +34,7 @@ def _channel_plot(parent: QWidget, title: str, left: str) -> pg.PlotWidget:
     item.setLabel("bottom", "input channel")
     item.setLabel("left", left)
     item.setLogMode(y=True)  # channels span orders of magnitude: outliers stand out on a log axis
+    thin_log_ticks(item.getAxis("left"))  # 1-2-5 labels: the minor ticks' labels would overlap
     item.setDownsampling(auto=True, mode="peak")
     item.setClipToView(True)
     item.addLegend(offset=(-10, 10))
@@ -101,6 +105,7 @@ class SaliencyView(_ChannelView):
         top.addWidget(self.share_spin)
         top.addStretch(1)
         self._arrange(top, self.plot)
+        set_placeholder(self.plot, _PLACEHOLDER)
 
     @property
     def share(self) -> float:
@@ -114,7 +119,9 @@ class SaliencyView(_ChannelView):
             self.curve.setData([], [])
             self.top.setData([], [])
             self.label.setText(_NO_DATA)
+            set_placeholder(self.plot, _PLACEHOLDER)
             return
+        set_placeholder(self.plot, None)
         self.saliency = awq_saliency(columns, stats, name=name)
         self._redraw()
 
@@ -173,6 +180,8 @@ class SmoothQuantView(_ChannelView):
         top.addWidget(self.alpha_label)
         self._arrange(top, self.act_plot, self.w_plot)
         self._show_alpha()
+        for plot in (self.act_plot, self.w_plot):
+            set_placeholder(plot, _PLACEHOLDER)
 
     @property
     def alpha(self) -> float:
@@ -190,7 +199,11 @@ class SmoothQuantView(_ChannelView):
             for c in (self.act_before, self.act_after, self.w_before, self.w_after):
                 c.setData([], [])
             self.label.setText(_NO_DATA)
+            for plot in (self.act_plot, self.w_plot):
+                set_placeholder(plot, _PLACEHOLDER)
             return
+        for plot in (self.act_plot, self.w_plot):
+            set_placeholder(plot, None)
         self._act, self._w, self._name = stats.channel_absmax, columns.absmax, name
         self._redraw()
 

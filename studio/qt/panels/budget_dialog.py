@@ -12,15 +12,19 @@ front, the presets' points and the plan for a budget, instant).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QColor
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
+    QGridLayout,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QProgressBar,
@@ -37,23 +41,58 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
+from studio.core.units import format_bytes, format_eta
 from studio.qt.jobs import JobManager
-from studio.qt.panel_job import JobPanel
+from studio.qt.panel_job import JobPanel, PanelJob
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, set_status, style_plot
 
-__all__ = ["PLAN_TYPES", "BudgetDialog", "Measured", "bits_colour"]
+__all__ = ["PLAN_TYPES", "BudgetDialog", "Measured", "Planned", "bits_colour"]
 
 PRESETS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 PLAN_TYPES = "plan"  # the map's choice "each tensor at the plan's type"
 DEFAULT_MAP_TYPE = "Q4_K"
 TOP_N = 20  # bars of the ranked chart by default
 KL_FLOOR = 1e-9  # a KL of 0 (all F16) on the front's log axis
+SLIDER_PLAN_MS = 150  # the slider re-plans once it rests this long
+ETA_WINDOW_S = 20.0  # the scan's ETA follows its rate over the last seconds of the current phase
+ETA_MIN_S = 3.0  # no ETA before the phase has run this long
 
 
 def _log(kl: float) -> float:
     """The front's y: log10 KL (the axis shows it as KL)."""
     return math.log10(max(kl, KL_FLOOR))
+
+
+def _imatrix_of(info: Any, text: str, settings: Any, ctx: JobContext) -> tuple[Any, bool]:
+    """(the imatrix of ``text`` for ``info``'s model, whether it had to calibrate): the CLI's cached one
+    when there is one, else calibrated now (and cached for the CLI and the next dialog)."""
+    from studio.core.calib.calibrate import calibrate, load_tokenizer
+    from studio.core.calib.data import ChatFormat, load_calibration
+    from studio.core.calib.imatrix import imatrix_from_stats
+    from studio.core.calib.scan_cache import cached_imatrix, imatrix_cache_path, store_imatrix
+
+    ctx.report(0, 1, "Reading the calibration text")
+    tok = load_tokenizer(info.path)
+    data = load_calibration(text, ChatFormat.of_tokenizer(tok, Path(info.path).name), ctx)
+    path = imatrix_cache_path(info, data.digest, settings.calib_ctx, settings.calib_chunks)
+    im = cached_imatrix(path)
+    if im is not None:
+        return im, False
+    ctx.report(0, 1, "Calibrating (importance matrix), step 1 of 2")
+    stats = calibrate(
+        info.path,
+        data,
+        n_ctx=settings.calib_ctx,
+        n_chunks=settings.calib_chunks,
+        device="cpu",
+        dtype="float32",
+        histogram=False,
+        ctx=ctx,
+    )
+    im = imatrix_from_stats(stats, info)
+    store_imatrix(im, path)
+    return im, True
 
 
 def bits_colour(bpw: float) -> QColor:
@@ -90,39 +129,91 @@ class Measured:
         return text + "."
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What a planning job computed: the front and presets (when asked) and the plan for a budget."""
+
+    budget: str  # the budget text planned for
+    front: tuple[Any, ...] | None  # None: the front drawn already stands
+    presets: tuple[Any, ...] | None
+    allocation: Any  # the Allocation, or None when the budget was refused
+    error: str = ""  # the one sentence of a refused budget
+
+
 class BudgetDialog(JobPanel, QDialog):
-    """Scan, then choose a budget; ``Use plan`` makes the allocation the window's plan."""
+    """Scan, then choose a budget; ``Use plan`` makes the allocation the window's plan.
+
+    The scan reuses the Calibrate page's importance matrix when it was made from the same text, else
+    the one the CLI cached for that text, and calibrates only when neither exists; scans are kept in
+    the CLI's scan cache and, for this window, in memory. Planning (the front, the presets' points and
+    the plan for a budget) runs in a job of its own, so the window never waits for it.
+    """
 
     errorShown = Signal(str)
     planChosen = Signal(object)  # the Allocation handed to the plan editor
+    planShown = Signal(object)  # the Allocation now shown (after a budget edit or a slider move)
     tensorOpened = Signal(str)  # a heat map cell or bar was clicked: the window shows the inspector
     measuredShown = Signal(object)  # a Measured
 
     def __init__(self, state: StudioState, jobs: JobManager, parent: Any = None) -> None:
         QDialog.__init__(self, parent)
         self.init_task(state, jobs, "sensitivity", progress=True)
+        self.plan_task = PanelJob(
+            jobs, "budget plan", self, on_done=self._show_planned, on_error=self._plan_failed
+        )
         self.setWindowTitle("Budget plan")
-        self.resize(1100, 760)
+        screen = QGuiApplication.primaryScreen()
+        room = screen.availableGeometry() if screen is not None else None
+        # a laptop's 1280×720 holds the whole dialog; a larger screen gets the comfortable size
+        self.resize(
+            min(1100, room.width() - 40) if room else 1100, min(760, room.height() - 40) if room else 760
+        )
         self.scan: Any = None
         self.imatrix: Any = None
         self.scan_text: Any = "builtin"
+        self.scan_settings: Any = None
+        self.calibrated = False  # whether the last scan had to calibrate (it reuses an imatrix when it can)
+        self._scans: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # this window's scans: key → (scan, imatrix)
         self.front: tuple[Any, ...] = ()
         self.presets: tuple[Any, ...] = ()
         self.allocation: Any = None
         self.measured: Measured | None = None
         self._used: set[str] = set()  # names of the plans handed to the window (their exports are measured)
         self._queued: Any = None  # a measurement asked for while another job ran
-        self.text_edit = QLineEdit(self, placeholderText="calibration text file (empty: the built-in text)")
-        self.exclude_edit = QLineEdit(self, placeholderText="types not to choose, e.g. Q4_1,Q5_1")
+        self._phase_start: tuple[float, int] = (0.0, 0)  # (when, total) of the scan's current phase
+        self._samples: list[tuple[float, int]] = []  # (when, done) of the phase's recent progress reports
+        self._scan_key: tuple[Any, ...] = ()
+        self._scan_note = ""  # how the shown scan was made (reused, calibrated), kept in the status line
+        self.text_edit = QLineEdit(self, placeholderText="empty: the built-in text (or the Calibrate page's)")
+        self.text_edit.setToolTip("The calibration text the scan measures on (UTF-8, or a .jsonl of chats)")
+        self.browse_button = QPushButton("Browse…", self)
+        self.exclude_edit = QLineEdit(self, placeholderText="e.g. Q4_1,Q5_1")
+        self.exclude_edit.setToolTip(
+            "Quantization types the plan may not use, even as another type's fallback (Enter re-plans)"
+        )
         self.scan_button = QPushButton("Scan", self)
-        self.budget_edit = QLineEdit(self, placeholderText="105454336, 4.5GB, 4.8bpw, vram=8GB")
+        self.budget_edit = QLineEdit(self, placeholderText="80MB, 4.5GB, 4.8bpw, vram=8GB")
+        self.budget_edit.setToolTip("A file size, bits per weight, or memory (vram=…) the plan must fit in")
         self.slider = QSlider(Qt.Orientation.Horizontal, self)
+        self.slider.setToolTip("Move along the predicted front: left smaller, right more faithful")
         self.use_button = QPushButton("Use plan", self)
         self.measure_button = QPushButton("Measure", self)
         self.measure_button.setToolTip(
             "Measure the plan's KL with every tensor quantized at once, on the scan's chunks (a job)"
         )
         self.cancel_button = QPushButton("Cancel", self)
+        self.close_button = QPushButton("Close", self)
+        for button in (
+            self.browse_button,
+            self.scan_button,
+            self.use_button,
+            self.measure_button,
+            self.cancel_button,
+            self.close_button,
+        ):
+            # Enter in a field must not press a button (it re-plans the budget or the exclusions instead)
+            button.setAutoDefault(False)
+            button.setDefault(False)
         self.progress = QProgressBar(self)
         self.result = QLabel(self)
         self.result.setWordWrap(True)
@@ -130,14 +221,24 @@ class BudgetDialog(JobPanel, QDialog):
         self.measured_label.setWordWrap(True)
         self.status = QLabel(self)
         self.status.setWordWrap(True)
-        self.table = QTableWidget(0, 3, self)
-        self.table.setHorizontalHeaderLabels(["tensor", "type", "bits/weight"])
+        self.table = QTableWidget(0, 4, self)
+        self.table.setHorizontalHeaderLabels(["tensor", "type", "bits/weight", "size"])
+        self.table.setTextElideMode(Qt.TextElideMode.ElideNone)  # full names: the column grows, it scrolls
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         import pyqtgraph as pg
 
+        from studio.qt.panels.plot_axes import BpwAxis, SizeAxis
         from studio.qt.panels.sensitivity_views import RankedBars, SensitivityHeatMap
 
-        # y is log10 KL (the front spans three decades), the left axis labels it as powers of ten
-        self.plot = pg.PlotWidget(self, labels={"bottom": "file bytes", "left": "KL"})
+        # x is the file's bytes (labelled in MB/GB, bits per weight on top); y is log10 KL (the front
+        # spans three decades), the left axis labels it as powers of ten
+        self.size_axis, self.bpw_axis = SizeAxis("bottom"), BpwAxis("top")
+        self.plot = pg.PlotWidget(self, axisItems={"bottom": self.size_axis, "top": self.bpw_axis})
+        self.plot.setMinimumHeight(200)
+        self.plot.getPlotItem().showAxis("top")
+        self.plot.setLabel("left", "KL divergence (nats per token)")
         left = self.plot.getPlotItem().getAxis("left")
         left.setLogMode(False, True)
         left.enableAutoSIPrefix(False)  # "0.02", not "2·10¹ (×0.001)"
@@ -157,33 +258,18 @@ class BudgetDialog(JobPanel, QDialog):
         self.views.addTab(self.plot, "Size/KL front")
         self.views.addTab(self._sensitivity_page(), "Sensitivity")
         self.views.addTab(self.table, "Plan table")
-        row = QHBoxLayout()
-        row.addWidget(self.text_edit)
-        row.addWidget(self.exclude_edit)
-        row.addWidget(self.scan_button)
-        brow = QHBoxLayout()
-        brow.addWidget(QLabel("Budget", self))
-        brow.addWidget(self.budget_edit)
-        brow.addWidget(self.use_button)
-        brow.addWidget(self.measure_button)
-        prow = QHBoxLayout()
-        prow.addWidget(self.progress, 1)
-        prow.addWidget(self.cancel_button)
-        lay = QVBoxLayout(self)
-        for w in (row, brow):
-            lay.addLayout(w)
-        lay.addWidget(self.slider)
-        lay.addWidget(self.views, 1)
-        for widget in (self.result, self.measured_label):
-            lay.addWidget(widget)
-        lay.addLayout(prow)
-        lay.addWidget(self.status)
+        self._plan_timer = QTimer(self, singleShot=True, interval=SLIDER_PLAN_MS)
+        self._plan_timer.timeout.connect(self.replan)
+        self._build_layout()
         self.scan_button.clicked.connect(self.start_scan)
-        self.budget_edit.editingFinished.connect(self.replan)
+        self.browse_button.clicked.connect(self._browse_text)
+        self.budget_edit.editingFinished.connect(self._budget_edited)
+        self.exclude_edit.editingFinished.connect(self._exclusions_edited)
         self.slider.valueChanged.connect(self._slid)
         self.use_button.clicked.connect(self.use_plan)
         self.measure_button.clicked.connect(self.measure_plan)
         self.cancel_button.clicked.connect(self.cancel)
+        self.close_button.clicked.connect(self.close)
         self.map_type.currentIndexChanged.connect(self.redraw_sensitivity)
         self.top_n.valueChanged.connect(self.redraw_sensitivity)
         self.heat.tensorClicked.connect(self.open_tensor)
@@ -192,13 +278,61 @@ class BudgetDialog(JobPanel, QDialog):
         state.modelOpened.connect(self.clear)
         state.modelClosed.connect(self.clear)
         follow_theme(state, self._apply_theme)
+        self._default_exclusions()
         self.update_controls()
+
+    def _default_exclusions(self) -> None:
+        # a model dequantized from a GGUF (the demo) loses nothing at its own type: never choose it
+        from studio.qt.origin import inherited_types
+
+        info = self.state.info
+        self.exclude_edit.setText(",".join(inherited_types(info)) if info is not None else "")
+
+    def _build_layout(self) -> None:
+        """Labelled fields on top, the views in the middle, progress and the buttons at the bottom."""
+        fields = QGridLayout()
+
+        def label(text: str, buddy: QWidget, row: int, col: int) -> None:
+            lab = QLabel(text, self)
+            lab.setBuddy(buddy)
+            fields.addWidget(lab, row, col)
+
+        label("Calibration &text:", self.text_edit, 0, 0)
+        fields.addWidget(self.text_edit, 0, 1)
+        fields.addWidget(self.browse_button, 0, 2)
+        label("Types &not to choose:", self.exclude_edit, 0, 3)
+        fields.addWidget(self.exclude_edit, 0, 4)
+        fields.addWidget(self.scan_button, 0, 5)
+        label("&Budget:", self.budget_edit, 1, 0)
+        fields.addWidget(self.budget_edit, 1, 1)
+        label("Along the &front:", self.slider, 1, 3)
+        fields.addWidget(self.slider, 1, 4)
+        buttons = QHBoxLayout()
+        buttons.setContentsMargins(0, 0, 0, 0)
+        buttons.addWidget(self.use_button)
+        buttons.addWidget(self.measure_button)
+        fields.addLayout(buttons, 1, 5)
+        fields.setColumnStretch(1, 3)
+        fields.setColumnStretch(4, 2)
+        prow = QHBoxLayout()
+        prow.addWidget(self.progress, 1)
+        prow.addWidget(self.cancel_button)
+        prow.addWidget(self.close_button)
+        lay = QVBoxLayout(self)
+        lay.addLayout(fields)
+        lay.addWidget(self.views, 1)
+        for widget in (self.result, self.measured_label):
+            lay.addWidget(widget)
+        lay.addLayout(prow)
+        lay.addWidget(self.status)
 
     def _apply_theme(self, dark: bool) -> None:
         import pyqtgraph as pg
 
         c = plot_colors(dark)
         style_plot(self.plot, dark)
+        self.bpw_axis.setPen(pg.mkPen(c["fg"]))
+        self.bpw_axis.setTextPen(pg.mkPen(c["fg"]))
         self.curve.setPen(pg.mkPen(c["main"]))
         self.curve.setSymbolBrush(pg.mkBrush(c["main"]))
         self.preset_dots.setBrush(pg.mkBrush(c["second"]))
@@ -212,10 +346,11 @@ class BudgetDialog(JobPanel, QDialog):
     def _sensitivity_page(self) -> QWidget:
         page = QWidget(self)
         top = QHBoxLayout()
-        top.addWidget(QLabel("KL at", page))
-        top.addWidget(self.map_type)
-        top.addWidget(QLabel("most sensitive", page))
-        top.addWidget(self.top_n)
+        for text, field in (("KL at", self.map_type), ("Most sensitive:", self.top_n)):
+            label = QLabel(text, page)
+            label.setBuddy(field)
+            top.addWidget(label)
+            top.addWidget(field)
         hint = QLabel("Click a cell or a bar to open that tensor in the inspector.", page)
         hint.setEnabled(False)
         top.addWidget(hint, 1)
@@ -231,34 +366,103 @@ class BudgetDialog(JobPanel, QDialog):
 
     # ------------------------------------------------------------------ scan (a job)
 
+    def _scan_text(self) -> str:
+        """The text field's file, else the Calibrate page's text, else the built-in text."""
+        typed = self.text_edit.text().strip()
+        if typed:
+            return str(Path(typed).expanduser())
+        run = self.state.calibration
+        return run.text if run is not None else "builtin"
+
+    def _reusable(self, text: str) -> Any:
+        """The Calibrate page's run when it calibrated ``text`` (its imatrix serves the scan), else None."""
+        run = self.state.calibration
+        if run is None or run.imatrix is None:
+            return None
+        if run.text == text or (
+            "builtin" not in (run.text, text) and Path(run.text).resolve() == Path(text).resolve()
+        ):
+            return run
+        return None
+
     @Slot()
     def start_scan(self) -> None:
-        """Calibrate (imatrix) and scan the open model in the background."""
+        """Scan the open model in the background, calibrating only when no imatrix of the text exists."""
+        from studio.core.calib.sensitivity import ScanSettings
+
         info = self.state.info
         if info is None:
             self.show_error("Open a model first.")
             return
-        text = self.text_edit.text().strip() or "builtin"
+        text = self._scan_text()
+        run = self._reusable(text)
+        settings = ScanSettings()
+        if run is not None:  # the page's chunking (the imatrix is keyed by it); scan chunks fit inside
+            n_ctx = min(settings.n_ctx, run.n_ctx)
+            settings = ScanSettings(n_ctx=n_ctx, calib_ctx=run.n_ctx, calib_chunks=run.n_chunks)
+        key = (str(info.path), text, settings, None if run is None else id(run.imatrix))
+        self.scan_text, self.scan_settings = text, settings
+        if key in self._scans:  # scanned in this window already: nothing runs
+            self.calibrated = False
+            self._scan_note = "The scan of this text, kept in this window."
+            self.set_scan(*self._scans[key])
+            set_status(self.status, self._scan_note)
+            return
+        reused = None if run is None else run.imatrix
 
-        def work(ctx: JobContext) -> tuple[Any, Any]:
-            from studio.core.calib import calibrate, imatrix_from_stats
-            from studio.core.calib.sensitivity import ScanSettings, scan_sensitivity
+        def work(ctx: JobContext) -> tuple[Any, Any, bool]:
+            from studio.core.calib.scan_cache import default_cache_dir
+            from studio.core.calib.sensitivity import scan_sensitivity
 
-            stats = calibrate(info.path, text, device="cpu", dtype="float32", histogram=False, ctx=ctx)
-            im = imatrix_from_stats(stats, info)
-            return scan_sensitivity(info.path, text, ScanSettings(), imatrix=im, ctx=ctx), im
+            im, calibrated = reused, False
+            if im is None:
+                im, calibrated = _imatrix_of(info, text, settings, ctx)
+            scan = scan_sensitivity(
+                info.path, text, settings, imatrix=im, cache_dir=default_cache_dir(), ctx=ctx
+            )
+            return scan, im, calibrated
 
-        self.scan_text = text
-        set_status(self.status, "Scanning …")
+        self._scan_key = key
+        self._phase_start, self._samples = (0.0, 0), []
+        set_status(
+            self.status,
+            "Scanning with the Calibrate page's importance matrix (no calibration) …"
+            if reused is not None
+            else "Scanning …",
+        )
         self.task.start("Sensitivity scan", work)
         self.update_controls()
+
+    def on_progress(self, job: Any) -> None:
+        """The scan's bar, with an ETA from the recent rate of the current phase (not since the job began)."""
+        if job.total <= 0:
+            return
+        now = time.monotonic()
+        if not self._samples or job.total != self._phase_start[1] or job.done < self._samples[-1][1]:
+            self._phase_start, self._samples = (now, job.total), []  # a new phase: its own rate
+        self._samples.append((now, job.done))
+        self._samples = [p for p in self._samples if now - p[0] <= ETA_WINDOW_S] or self._samples[-1:]
+        (t0, d0), (t1, d1) = self._samples[0], self._samples[-1]
+        message = job.message.split(" · ETA")[0]
+        eta = ""
+        if d1 > d0 and now - self._phase_start[0] >= ETA_MIN_S:
+            eta = f" · about {format_eta((job.total - d1) * (t1 - t0) / (d1 - d0))} left"
+        self.progress.setRange(0, job.total)
+        self.progress.setValue(job.done)
+        self.progress.setFormat(f"%p% · {message}{eta}")
 
     def on_done(self, result: Any) -> None:
         """A scan finished (show its front) or a measurement did (show it beside the prediction)."""
         if isinstance(result, Measured):
             self.show_measured(result)
         else:
-            self.set_scan(*result)
+            scan, im, self.calibrated = result
+            self._scans[self._scan_key] = (scan, im)
+            self.progress.setFormat("%p%")
+            self.set_scan(scan, im)
+            how = "calibrated, then scanned" if self.calibrated else "scanned without calibrating"
+            self._scan_note = f"{Path(str(scan.model)).name}: {how} in {scan.seconds:.0f} s."
+            set_status(self.status, self._scan_note)
         self._start_queued()
 
     def on_error(self, message: str) -> None:
@@ -279,15 +483,19 @@ class BudgetDialog(JobPanel, QDialog):
         self.cancel_button.setEnabled(self.running)
         for w in (self.budget_edit, self.slider, self.use_button):
             w.setEnabled(self.scan is not None and not self.running)
+        self.use_button.setEnabled(self.use_button.isEnabled() and self.allocation is not None)
         self.measure_button.setEnabled(self.allocation is not None and not self.running)
 
     @Slot()
     def clear(self, *_: Any) -> None:
         """Forget the scan (another model was opened or the model closed)."""
         self.task.cancel(quiet=True)
+        self.plan_task.cancel(quiet=True)
         self.scan = self.imatrix = self.allocation = self.measured = self._queued = None
         self.front = self.presets = ()
+        self._scan_note = ""
         self._used.clear()
+        self._scans.clear()
         for item in (self.curve, self.preset_dots, self.chosen_dot, self.measured_dot):
             item.setData([], [])
         self._label_presets()
@@ -296,38 +504,121 @@ class BudgetDialog(JobPanel, QDialog):
         self.table.setRowCount(0)
         for label in (self.result, self.measured_label, self.status):
             label.setText("")
+        self._default_exclusions()
         self.update_controls()
 
-    # ------------------------------------------------------------------ budget (instant)
+    def _browse_text(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        from studio.qt import folders
+
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Calibration text", folders.start_in(self.state), "Text (*.txt *.md *.jsonl);;All files (*)"
+        )
+        if path:
+            folders.remember(self.state, path)
+            self.text_edit.setText(path)
+
+    # ------------------------------------------------------------------ budget (a job of its own)
 
     def _exclude(self) -> tuple[str, ...]:
         return tuple(t.strip().upper() for t in self.exclude_edit.text().split(",") if t.strip())
 
-    def set_scan(self, scan: Any, imatrix: Any = None) -> None:
-        """Show ``scan``'s size/KL front and the presets on it, and plan for the budget field (or the middle)."""
-        from studio.core.plan.allocate import pareto_front, preset_points
+    @property
+    def planning(self) -> bool:
+        """Whether a planning job (front, presets, plan) is queued or running."""
+        return self.plan_task.running or self._plan_timer.isActive()
 
-        info = self.state.info
+    def set_scan(self, scan: Any, imatrix: Any = None) -> None:
+        """Take ``scan``: its size/KL front, the presets on it and the plan for the budget field (or the
+        front's middle) are computed in a job and drawn when it ends (``planShown``)."""
         self.scan, self.imatrix = scan, imatrix
-        ex = self._exclude()
-        cands = tuple(q for q in scan.types if q not in ex)
-        self.front = pareto_front(info, scan, candidates=cands, exclude=ex)
-        self.presets = preset_points(info, scan, PRESETS)
-        self.curve.setData([p.file_bytes for p in self.front], [_log(p.kl) for p in self.front])
-        self.preset_dots.setData([{"pos": (p.file_bytes, _log(p.kl)), "data": p.label} for p in self.presets])
-        self._label_presets()
+        self.allocation = None
         self.measured_dot.setData([], [])
         self.measured = None
         self.measured_label.setText("")
         self._fill_map_types(scan)
+        self.update_controls()
+        self._plan(with_front=True)
+
+    def _plan(self, *, with_front: bool) -> None:
+        """Start the planning job (the previous one's end is dropped)."""
+        from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
+
+        if self.scan is None:
+            return
+        self._plan_timer.stop()
+        info, scan, imatrix, ex = self.state.info, self.scan, self.imatrix, self._exclude()
+        cands = tuple(q for q in scan.types if q not in ex)
+        typed = self.budget_edit.text().strip()
+
+        def work(ctx: JobContext) -> Planned:
+            front = presets = None
+            if with_front:
+                front = pareto_front(info, scan, candidates=cands, exclude=ex)
+                presets = preset_points(info, scan, PRESETS)
+            budget = typed or (str(front[len(front) // 2].file_bytes) if front else "")
+            try:
+                a = allocate(
+                    info,
+                    scan,
+                    parse_budget(budget),
+                    candidates=cands,
+                    exclude=ex,
+                    imatrix=imatrix,
+                    method="imatrix",
+                )
+            except StudioError as err:
+                return Planned(budget, front, presets, None, str(err))
+            return Planned(budget, front, presets, a)
+
+        set_status(self.status, "Planning …")
+        self.plan_task.start("Budget plan", work)
+
+    def _show_planned(self, p: Planned) -> None:
+        if p.front is not None:
+            self._show_front(p.front, p.presets or ())
+        if not self.budget_edit.text().strip() and p.budget:
+            self.budget_edit.setText(p.budget)
+        self.allocation = p.allocation
+        if p.allocation is None:
+            self.chosen_dot.setData([], [])
+            self.result.setText("")
+            self.update_controls()
+            self.show_error(p.error)
+            return
+        a = p.allocation
+        self.chosen_dot.setData([a.file_bytes], [_log(a.predicted_kl)])
+        self.result.setText(
+            f"{a.file_bytes:,} B ({format_bytes(a.file_bytes)}) file, {a.bpw:.2f} bits per weight, "
+            f"predicted KL {a.predicted_kl:.4f}"
+            + (f", measured {a.measured_kl:.4f}" if a.measured_kl is not None else "")
+        )
+        set_status(self.status, " ".join((self._scan_note, *a.notes)).strip())
+        self._fill_table(a)
+        self.update_controls()
+        if self.map_type.currentData() == PLAN_TYPES:
+            self.redraw_sensitivity()
+        self.planShown.emit(a)
+
+    def _plan_failed(self, message: str) -> None:
+        self.allocation = None
+        self.update_controls()
+        self.show_error(message)
+
+    def _show_front(self, front: tuple[Any, ...], presets: tuple[Any, ...]) -> None:
+        """Draw the front and the presets; the slider moves along the front."""
+        self.front, self.presets = tuple(front), tuple(presets)
+        self.curve.setData([p.file_bytes for p in self.front], [_log(p.kl) for p in self.front])
+        self.preset_dots.setData([{"pos": (p.file_bytes, _log(p.kl)), "data": p.label} for p in self.presets])
+        points = [*self.front, *self.presets]
+        self.size_axis.set_extent(max((p.file_bytes for p in points), default=0))
+        self.bpw_axis.set_map([(p.file_bytes, p.bpw) for p in points])
+        self._label_presets()
         self.slider.blockSignals(True)
         self.slider.setRange(0, max(0, len(self.front) - 1))
         self.slider.setValue(len(self.front) // 2)
         self.slider.blockSignals(False)
-        if not self.budget_edit.text().strip() and self.front:
-            self.budget_edit.setText(str(self.front[len(self.front) // 2].file_bytes))
-        self.update_controls()
-        self.replan()
         self.redraw_sensitivity()
 
     def _fill_map_types(self, scan: Any) -> None:
@@ -355,54 +646,41 @@ class BudgetDialog(JobPanel, QDialog):
 
     @Slot(int)
     def _slid(self, i: int) -> None:
+        # the field follows at once; the plan once the slider rests (a drag starts one job, not fifty)
         if 0 <= i < len(self.front):
             self.budget_edit.setText(str(self.front[i].file_bytes))
+            self._plan_timer.start()
+
+    @Slot()
+    def _budget_edited(self) -> None:
+        if self.scan is not None and self.budget_edit.isModified():
+            self.budget_edit.setModified(False)
             self.replan()
 
     @Slot()
-    def replan(self) -> None:
-        """The plan for the budget field from the scan (no model runs); a bad budget is one sentence."""
-        if self.scan is None:
-            return
-        from studio.core.plan.allocate import allocate, parse_budget
+    def _exclusions_edited(self) -> None:
+        # Enter here re-plans (the front changes with the types allowed); it never starts a scan
+        if self.scan is not None and self.exclude_edit.isModified():
+            self.exclude_edit.setModified(False)
+            self._plan(with_front=True)
 
-        info = self.state.info
-        ex = self._exclude()
-        try:
-            a = allocate(
-                info,
-                self.scan,
-                parse_budget(self.budget_edit.text()),
-                candidates=tuple(q for q in self.scan.types if q not in ex),
-                exclude=ex,
-                imatrix=self.imatrix,
-                method="imatrix",
-            )
-        except StudioError as err:
-            self.allocation = None
-            self.update_controls()
-            self.show_error(str(err))
-            return
-        self.allocation = a
-        self.chosen_dot.setData([a.file_bytes], [_log(a.predicted_kl)])
-        self.result.setText(
-            f"{a.file_bytes:,} B file, {a.bpw:.2f} bpw, predicted KL {a.predicted_kl:.4f}"
-            + (f", measured {a.measured_kl:.4f}" if a.measured_kl is not None else "")
-        )
-        set_status(self.status, " ".join(a.notes))
-        self._fill_table(a)
-        self.update_controls()
-        if self.map_type.currentData() == PLAN_TYPES:
-            self.redraw_sensitivity()
+    @Slot()
+    def replan(self) -> None:
+        """Plan for the budget field from the scan (no model runs), in a job; a bad budget is one sentence."""
+        self._plan(with_front=False)
 
     def _fill_table(self, a: Any) -> None:
         from studio.core.quant.types import QTYPES
 
-        rows = [(t.name, a.plan.types[t.name]) for t in self.scan.tensors]
+        rows = [(t, a.plan.types[t.name]) for t in self.scan.tensors]
         self.table.setRowCount(len(rows))
-        for r, (name, q) in enumerate(rows):
+        for r, (t, q) in enumerate(rows):
             bpw = QTYPES[q].bits_per_weight
-            items = (QTableWidgetItem(name), QTableWidgetItem(q), QTableWidgetItem(f"{bpw:.2f}"))
+            cost = t.by_type.get(q) or next((c for c in t.by_type.values() if c.effective == q), None)
+            size = format_bytes(cost.bytes) if cost is not None else ""
+            items = (QTableWidgetItem(t.name), QTableWidgetItem(q), QTableWidgetItem(f"{bpw:.2f}"))
+            items += (QTableWidgetItem(size),)
+            items[0].setToolTip(f"{t.name} (in the GGUF file: {t.gguf_name})")
             for c, it in enumerate(items):
                 it.setBackground(bits_colour(bpw))
                 self.table.setItem(r, c, it)
@@ -439,7 +717,7 @@ class BudgetDialog(JobPanel, QDialog):
             self.bars.set_rows((), {}, {})
             return
         self.heat.set_grid(sensitivity_grid(self.scan, types))
-        labels = {t.name: t.gguf_name for t in self.scan.tensors}
+        labels = {t.name: t.name for t in self.scan.tensors}  # Hugging Face names, as on every page
         roles = {t.name: t.role for t in self.scan.tensors}
         self.bars.set_rows(ranked_tensors(self.scan, types, self.top_n.value()), labels, roles)
 
@@ -477,6 +755,7 @@ class BudgetDialog(JobPanel, QDialog):
         self, what: str, types: dict[str, str], file_bytes: int, verify_kl: Any = None, verify_tokens: int = 0
     ) -> None:
         info, scan, imatrix, text = self.state.info, self.scan, self.imatrix, self.scan_text
+        settings = self.scan_settings
         if info is None or scan is None:
             return
         try:
@@ -487,7 +766,9 @@ class BudgetDialog(JobPanel, QDialog):
         def work(ctx: JobContext) -> Measured:
             from studio.core.calib.sensitivity import ScanSettings, measure_plans
 
-            (kl,) = measure_plans(info.path, [types], text, ScanSettings(), imatrix=imatrix, ctx=ctx)
+            (kl,) = measure_plans(
+                info.path, [types], text, settings or ScanSettings(), imatrix=imatrix, ctx=ctx
+            )
             return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens)
 
         if self.running:

@@ -14,6 +14,7 @@ the checkpoint in a second job.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,14 @@ from PySide6.QtWidgets import (
 from studio.core.calib.data import BUILTIN
 from studio.core.errors import CalibrationError, StudioError
 from studio.core.stats.cache import StatsCache
-from studio.qt import widgets
+from studio.qt import folders, widgets
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel, PanelJob
 from studio.qt.panels import assert_gui_thread, choose, read_only_table
 from studio.qt.panels.activation_views import SaliencyView, SmoothQuantView
 from studio.qt.panels.device_selector import DeviceSelector
 from studio.qt.settings import AppSettings
-from studio.qt.state import StudioState
+from studio.qt.state import CalibrationRun, StudioState
 from studio.qt.theme import follow_theme, set_status
 
 __all__ = ["CalibratePanel", "SOURCES"]
@@ -72,6 +73,7 @@ class CalibratePanel(JobPanel, QWidget):
             jobs, "statistics", self, on_done=self._columns_done, on_error=self._views_error
         )
         self._columns: Any = None  # WeightColumns of the weight the views show
+        self._run = CalibrationRun("builtin", 512, None, None)  # what the running calibration uses
         self._build()
         state.modelOpened.connect(self._on_model)
         state.modelClosed.connect(self._on_model)
@@ -263,6 +265,7 @@ class CalibratePanel(JobPanel, QWidget):
             )
             return stats, imatrix_from_stats(stats, info, process_output=process_output)
 
+        self._run = CalibrationRun(str(text), n_ctx, chunks, None)
         self.progress.setValue(0)
         self.progress_label.setText("Tokenizing the calibration text…")
         set_status(self.status, f"Calibrating {model.name} on {Path(str(text)).name}…")
@@ -318,6 +321,7 @@ class CalibratePanel(JobPanel, QWidget):
         self.progress_label.setText("")
         set_status(self.status, "")
         self.state.set_activation_stats(stats)  # draws the summary and the outliers (_on_activations)
+        self.state.calibration = dataclasses.replace(self._run, imatrix=im)  # the budget dialog reuses it
         self.state.set_imatrix(im)
         self.update_controls()
         self.calibrated.emit(stats)
@@ -473,22 +477,32 @@ class CalibratePanel(JobPanel, QWidget):
     def _browse_text(self) -> None:
         chat = self.source == "chat"
         filt = "Chats (*.jsonl);;All files (*)" if chat else "Text (*.txt *.md);;All files (*)"
-        path, _ = QFileDialog.getOpenFileName(self, "Calibration text", self.path_edit.text(), filt)
+        start = folders.start_in(
+            self.state, Path(self.path_edit.text()).parent if self.path_edit.text() else ""
+        )
+        path, _ = QFileDialog.getOpenFileName(self, "Calibration text", start, filt)
         if path:
+            folders.remember(self.state, path)
             self.path_edit.setText(path)
 
     def _save_dialog(self) -> None:
         name = f"{self.state.model_name or 'model'}.imatrix.gguf"
-        path, chosen = QFileDialog.getSaveFileName(self, "Save the importance matrix", name, IMATRIX_FILTERS)
+        start = str(Path(folders.start_in(self.state)) / name)
+        path, chosen = QFileDialog.getSaveFileName(self, "Save the importance matrix", start, IMATRIX_FILTERS)
         if path:
+            folders.remember(self.state, path)
             legacy = chosen.startswith("Legacy") or path.lower().endswith(".dat")
             self.save_imatrix(path, "dat" if legacy else "gguf")
 
     def _load_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Load an importance matrix", "", "llama.cpp imatrix (*.gguf *.dat);;All files (*)"
+            self,
+            "Load an importance matrix",
+            folders.start_in(self.state),
+            "llama.cpp imatrix (*.gguf *.dat);;All files (*)",
         )
         if path:
+            folders.remember(self.state, path)
             self.load_imatrix(path)
 
     @Slot(bool)

@@ -37,7 +37,7 @@ from studio.core.chat.loading import load_seconds, load_timed
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence
 from studio.core.chat.types import Sampling, TokenEvent
 from studio.core.errors import StudioError
-from studio.qt import theme, widgets
+from studio.qt import folders, theme, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
@@ -492,13 +492,17 @@ class ChatPanel(JobPanel, QWidget):
         self.columnsChanged.emit()
 
     def _choose_gguf(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Add a GGUF model", folders.start_in(self.state), "GGUF models (*.gguf)"
+        )
         if path:
+            folders.remember(self.state, path)
             self.add_model(path)
 
     def _choose_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        path = QFileDialog.getExistingDirectory(self, "Add a model folder", folders.start_in(self.state))
         if path:
+            folders.remember(self.state, path)
             self.add_model(path)
 
     @Slot(object)

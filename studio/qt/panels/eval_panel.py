@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.qt import widgets
+from studio.qt import folders, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, labelled_row, read_only_table, run_controls
@@ -58,10 +58,17 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
+class _ScoreFeed(QObject):
+    """Carries each score from the evaluation's worker thread to the panel (a queued signal)."""
+
+    scored = Signal(object)
+
+
 class EvalPanel(JobPanel, QWidget):
     """Pick an original, its GGUF variants and a text; evaluate in the background; show table and plot."""
 
     reportShown = Signal(object)  # the EvalReport just drawn
+    rowStreamed = Signal(int)  # a variant's row, shown as soon as it was measured (before the report)
     errorShown = Signal(str)
     cancelled_text = "Evaluation cancelled."
 
@@ -70,6 +77,9 @@ class EvalPanel(JobPanel, QWidget):
         self.init_task(state, jobs, "eval", progress=True)
         self.report: Any = None
         self._text_file: str | None = None
+        self._streamed: Any = None  # the original's score while the variants' rows arrive one by one
+        self._feed = _ScoreFeed(self)
+        self._feed.scored.connect(self._on_score)
         self._build()
         state.modelOpened.connect(self._on_model_opened)
         state.exported.connect(self._on_exported)
@@ -86,7 +96,7 @@ class EvalPanel(JobPanel, QWidget):
         orig_row = widgets.path_row(self.original_edit, browse)
 
         self.variant_list = QListWidget(self)
-        self.variant_list.setMaximumHeight(110)
+        self.variant_list.setMaximumHeight(72)  # three rows; the table and plot need the height
         self.add_button = widgets.button("Add GGUF…", self, self._choose_variants)
         self.remove_button = widgets.button("Remove", self, self._remove_selected)
         vbtn = QVBoxLayout()
@@ -138,7 +148,9 @@ class EvalPanel(JobPanel, QWidget):
         form.addRow(opts)
 
         self.table = read_only_table(self, COLUMNS)
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)  # numbers keep their width
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the name takes the rest
         self.plot = pg.PlotWidget(self)
         self.plot.setLabel("bottom", "file size", units="MB")
         self.plot.setLabel("left", "mean KL divergence (nats)")
@@ -191,12 +203,19 @@ class EvalPanel(JobPanel, QWidget):
         return str(data)
 
     def _choose_original(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Choose the original model folder")
+        path = QFileDialog.getExistingDirectory(
+            self, "Choose the original model folder", folders.start_in(self.state)
+        )
         if path:
+            folders.remember(self.state, path)
             self.set_original(path)
 
     def _choose_variants(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Add GGUF variants", "", "GGUF models (*.gguf)")
+        paths, _ = QFileDialog.getOpenFileNames(
+            self, "Add GGUF variants", folders.start_in(self.state), "GGUF models (*.gguf)"
+        )
+        if paths:
+            folders.remember(self.state, paths[0])
         for p in paths:
             self.add_variant(p)
 
@@ -208,9 +227,10 @@ class EvalPanel(JobPanel, QWidget):
     def _on_text_choice(self, index: int) -> None:
         if self.text_combo.itemData(index) == "file":
             path, _ = QFileDialog.getOpenFileName(
-                self, "Choose a text file", "", "Text (*.txt);;All files (*)"
+                self, "Choose a text file", folders.start_in(self.state), "Text (*.txt);;All files (*)"
             )
             if path:
+                folders.remember(self.state, path)
                 self.set_text_file(path)
             else:
                 self.text_combo.setCurrentIndex(0)
@@ -242,17 +262,28 @@ class EvalPanel(JobPanel, QWidget):
         chunks = self.chunks_spin.value() or None
         kv_types = tuple(self.kv_combo.currentData() or ())
 
+        feed = self._feed  # emitted on the worker thread, delivered on the GUI thread (queued)
+
         def work(ctx: Any) -> Any:
             from studio.core.evaluate.record import save_records
 
             report = evaluate(
-                original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx, kv_types=kv_types
+                original,
+                variants,
+                text=text,
+                n_ctx=n_ctx,
+                max_chunks=chunks,
+                ctx=ctx,
+                kv_types=kv_types,
+                on_score=feed.scored.emit,
             )
             for note in save_records(report):  # beside each variant, for the model card of an upload
                 ctx.log(note)
             return report
 
         self.status.setText("")
+        self.table.setRowCount(0)
+        self._streamed = None
         self.progress.setRange(0, 0)
         self.progress.show()
         self.task.start("Evaluate variants", work)
@@ -268,7 +299,6 @@ class EvalPanel(JobPanel, QWidget):
 
     def show_report(self, report: Any) -> None:
         """Fill the table (with each variant's verdict badge), the hierarchy line and the plot from an ``EvalReport``."""
-        from studio.core.evaluate.verdict import judge
         from studio.core.lab.hierarchy import hierarchy
 
         assert_gui_thread("EvalPanel.show_report")
@@ -277,59 +307,7 @@ class EvalPanel(JobPanel, QWidget):
         rows: list[Any] = [None, *report.variants]
         self.table.setRowCount(len(rows))
         for r, v in enumerate(rows):
-            if v is None:
-                cells = [
-                    f"{o.label} (original)",
-                    _fmt(o.ppl, ".4f"),
-                    "",
-                    "",
-                    "",
-                    "",
-                    _mb(o.file_bytes),
-                    _fmt(o.bpw, ".2f"),
-                    "",
-                    "",
-                ]
-            elif v.error:
-                cells = [
-                    v.label,
-                    "error",
-                    "",
-                    "",
-                    "",
-                    "",
-                    _mb(v.file_bytes) if v.file_bytes else "—",
-                    "",
-                    "",
-                    "",
-                ]
-            else:
-                cells = [
-                    v.label,
-                    _fmt(v.ppl, ".4f"),
-                    _fmt(v.delta_ppl_pct(o.ppl), "+.2f", " %"),
-                    _fmt(v.kld_mean, ".6f"),
-                    _fmt(v.kld_p99, ".6f"),
-                    _fmt(v.same_top_pct, ".2f", " %"),
-                    _mb(v.file_bytes),
-                    _fmt(v.bpw, ".2f"),
-                    f"{v.kv_type.upper()} · {_mb(v.kv_cache_bytes)}"
-                    if v.kv_cache_bytes
-                    else v.kv_type.upper(),
-                    judge(o.ppl, v.ppl).verdict.value,
-                ]
-            for c, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                if c:
-                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-                if v is not None and v.error:
-                    item.setToolTip(v.error)
-                elif v is not None and c == VERDICT_COLUMN:  # the badge: the rule of thumb's colour
-                    j = judge(o.ppl, v.ppl)
-                    item.setBackground(quality_colour(j.verdict))
-                    item.setToolTip(j.text)
-                    item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
-                self.table.setItem(r, c, item)
+            self._set_row(r, o, v)
         errors = [v for v in report.variants if v.error]
         set_status(
             self.status,
@@ -341,6 +319,77 @@ class EvalPanel(JobPanel, QWidget):
         self.hierarchy_label.setText(h.text if h is not None else "")
         self._draw(report)
         self.reportShown.emit(report)
+
+    @Slot(object)
+    def _on_score(self, score: Any) -> None:
+        """A row as soon as its model is measured: the original first, then each variant."""
+        if not self.running:
+            return  # a late signal of a cancelled run
+        if self._streamed is None:
+            self._streamed = score
+            self.table.setRowCount(1)
+            self._set_row(0, score, None)
+            return
+        r = self.table.rowCount()
+        self.table.setRowCount(r + 1)
+        self._set_row(r, self._streamed, score)
+        self.rowStreamed.emit(r)
+
+    def _set_row(self, r: int, o: Any, v: Any) -> None:
+        """Row ``r``: the original ``o`` (``v`` None) or the variant ``v`` measured against it."""
+        from studio.core.evaluate.verdict import judge
+
+        if v is None:
+            cells = [
+                f"{o.label} (original)",
+                _fmt(o.ppl, ".4f"),
+                "",
+                "",
+                "",
+                "",
+                _mb(o.file_bytes),
+                _fmt(o.bpw, ".2f"),
+                "",
+                "",
+            ]
+        elif v.error:
+            cells = [
+                v.label,
+                "error",
+                "",
+                "",
+                "",
+                "",
+                _mb(v.file_bytes) if v.file_bytes else "—",
+                "",
+                "",
+                "",
+            ]
+        else:
+            cells = [
+                v.label,
+                _fmt(v.ppl, ".4f"),
+                _fmt(v.delta_ppl_pct(o.ppl), "+.2f", " %"),
+                _fmt(v.kld_mean, ".6f"),
+                _fmt(v.kld_p99, ".6f"),
+                _fmt(v.same_top_pct, ".2f", " %"),
+                _mb(v.file_bytes),
+                _fmt(v.bpw, ".2f"),
+                f"{v.kv_type.upper()} · {_mb(v.kv_cache_bytes)}" if v.kv_cache_bytes else v.kv_type.upper(),
+                judge(o.ppl, v.ppl).verdict.value,
+            ]
+        for c, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            if c:
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            if v is not None and v.error:
+                item.setToolTip(v.error)
+            elif v is not None and c == VERDICT_COLUMN:  # the badge: the rule of thumb's colour
+                j = judge(o.ppl, v.ppl)
+                item.setBackground(quality_colour(j.verdict))
+                item.setToolTip(j.text)
+                item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+            self.table.setItem(r, c, item)
 
     def _draw(self, report: Any) -> None:
         pts = report.quality_vs_size()

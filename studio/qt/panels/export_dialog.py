@@ -38,7 +38,7 @@ from studio.core.jobs import JobContext
 from studio.core.plan.plan import Plan
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import METHODS
-from studio.qt import widgets
+from studio.qt import folders, widgets
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import JobPanel
@@ -235,8 +235,15 @@ class ExportDialog(JobPanel, QDialog):
         self.upload_button = widgets.button(
             "Upload to the Hub…", self, self._upload
         )  # the next step, once a file exists
+        self.show_folder_button = widgets.button(
+            "Show in folder",
+            self,
+            self.show_in_folder,
+            tip="Open the exported file's folder in the file manager",
+        )
         buttons = QHBoxLayout()
         buttons.addWidget(self.upload_button)
+        buttons.addWidget(self.show_folder_button)
         buttons.addStretch(1)
         buttons.addWidget(self.export_button)
         buttons.addWidget(self.cancel_button)
@@ -325,11 +332,12 @@ class ExportDialog(JobPanel, QDialog):
     @Slot()
     def browse_calibration(self) -> None:
         """Ask for a calibration text (UTF-8 .txt, or .jsonl of chats)."""
-        start = str(self.calibration_text or Path.home())
+        start = str(self.calibration_text or folders.start_in(self.state))
         path, _ = QFileDialog.getOpenFileName(
             self, "Calibration text", start, "Text or chats (*.txt *.jsonl);;All files (*)"
         )
         if path:
+            folders.remember(self.state, path)
             self.calib_edit.setText(path)
 
     def set_plan_choice(self, key: str) -> None:
@@ -376,6 +384,7 @@ class ExportDialog(JobPanel, QDialog):
         start = str(self.output_path or self._default_path() or Path.home())
         path, _ = QFileDialog.getSaveFileName(self, "Export GGUF to", start, "GGUF files (*.gguf)")
         if path:
+            folders.remember(self.state, path)
             if not path.lower().endswith(".gguf"):
                 path += ".gguf"
             self.set_output_path(path)
@@ -476,6 +485,13 @@ class ExportDialog(JobPanel, QDialog):
         if job.message and not job.context.cancelled:
             self.status.setText(job.message)
 
+    @Slot()
+    def show_in_folder(self) -> bool:
+        """Open the folder of the last exported file in the desktop's file manager."""
+        if self.outcome is None:
+            return False
+        return folders.show_in_folder(self.outcome.result.path)
+
     def on_done(self, outcome: ExportOutcome) -> None:
         self.outcome = outcome
         self.update_controls()
@@ -551,6 +567,7 @@ class ExportDialog(JobPanel, QDialog):
         )
         self.imatrix_check.setText("Quantize with the importance matrix" + note)
         self.upload_button.setEnabled(self.outcome is not None and not running)
+        self.show_folder_button.setEnabled(self.outcome is not None)
 
     def _upload(self) -> None:
         from studio.qt.upload_dialog import open_upload_dialog
@@ -625,10 +642,9 @@ class ExportDialog(JobPanel, QDialog):
         info = self.state.info
         if info is None:
             return None
-        folder = Path(self.settings.export_folder)
-        if not str(folder) or str(folder) == "." or not folder.is_dir():
-            src = Path(info.path)
-            folder = src.parent if src.is_dir() else src.parent
+        # the last export's folder, else beside the model unless that is hidden (the demo's cache), else
+        # ~/Documents/Quant Studio: a file the user can find
+        folder = folders.visible_export_folder(self.settings.export_folder, Path(info.path))
         plan = self.chosen_plan()
         suffix = plan if isinstance(plan, str) else (getattr(plan, "name", "") or "custom")
         suffix = re.sub(r"[^A-Za-z0-9_.+-]+", "_", suffix).strip("_") or "custom"

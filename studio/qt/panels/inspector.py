@@ -35,6 +35,7 @@ from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, page_layout, read_only_table
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import (
     MAIN_FILL_ALPHA,
@@ -103,12 +104,26 @@ class _ChannelPlot:
         item.addItem(self.outliers)
         self.threshold = pg.InfiniteLine(angle=0, movable=False)
         item.addItem(self.threshold)
+        self.note = pg.TextItem(
+            "", anchor=(0, 0)
+        )  # names one marked channel (the demo's outlier), below-right
+        self.note.setZValue(50)
+        item.addItem(self.note, ignoreBounds=True)
         self.mask = np.zeros(0, bool)
+        self.values = np.zeros(0)
 
     def show(self, values: np.ndarray, rule: OutlierRule) -> None:
         x = np.arange(values.size, dtype=np.float64)
+        self.values = values
         self.curve.setData(x, values)
+        self.note.setText("")
         self.highlight(values, rule)
+
+    def mark(self, channel: int, text: str) -> None:
+        """Name ``channel`` on the plot with ``text``, beside its point (nothing if out of range)."""
+        if 0 <= channel < self.values.size:
+            self.note.setText(text)
+            self.note.setPos(float(channel), float(self.values[channel]))
 
     def highlight(self, values: np.ndarray, rule: OutlierRule) -> None:
         self.mask = rule.mask(values)
@@ -120,7 +135,9 @@ class _ChannelPlot:
     def clear(self) -> None:
         self.curve.setData([], [])
         self.outliers.setData(x=[], y=[])
+        self.note.setText("")
         self.mask = np.zeros(0, bool)
+        self.values = np.zeros(0)
 
     def recolor(self, dark: bool) -> None:
         c = plot_colors(dark)
@@ -128,6 +145,7 @@ class _ChannelPlot:
         self.curve.setPen(pg.mkPen(c["main"]))
         self.outliers.setBrush(pg.mkBrush(c["outlier"]))
         self.threshold.setPen(pg.mkPen(c["outlier"], style=Qt.PenStyle.DashLine))
+        self.note.setColor(c["outlier"])
 
 
 class _SmoothImageItem(pg.ImageItem):
@@ -168,6 +186,7 @@ class InspectorPanel(JobPanel, QWidget):
 
     def _build(self) -> None:
         self.title = QLabel("Select a tensor in the model tree to see its statistics.", self)
+        self.title.setWordWrap(True)  # a long name wraps instead of widening the page past the window
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.status = QLabel("", self)
         self.status.setWordWrap(True)
@@ -248,6 +267,9 @@ class InspectorPanel(JobPanel, QWidget):
         pi.addItem(self.act_line_abs)
         pi.addItem(self.act_line_med)
         self._set_activation_titles("Activations: run Calibrate to see them")
+        self.act_plot.setXLink(None)
+        for plot in (self.act_plot, self.act_hist_plot):
+            set_placeholder(plot, "Run Calibrate to see activations")
 
         grid = QGridLayout()
         grid.addWidget(self.hist_plot, 0, 0)
@@ -260,6 +282,7 @@ class InspectorPanel(JobPanel, QWidget):
         plots.setLayout(grid)
 
         self.table = read_only_table(self, ["statistic", "value"])
+        self.table.setMinimumWidth(240)  # values stay readable when the window is narrow
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
 
         page_layout(self, top, self.status, plots, self.table, 4)
@@ -287,6 +310,17 @@ class InspectorPanel(JobPanel, QWidget):
         self.table.setRowCount(0)
         self.title.setText("Select a tensor in the model tree to see its statistics.")
         self.status.setText("")
+
+    def mark_input_channel(self, tensor: str, channel: int, text: str) -> None:
+        """Name input ``channel`` of ``tensor`` on its plot (now, or once its statistics are drawn)."""
+        self._mark = (tensor, channel, text)
+        if self.stats is not None:
+            self._apply_mark(self.stats)
+
+    def _apply_mark(self, stats: TensorStats) -> None:
+        mark = getattr(self, "_mark", None)
+        if mark is not None and mark[0] == stats.name:
+            self.in_channels.mark(mark[1], mark[2])
 
     def show_stats(self, stats: TensorStats, *, staged: bool = True) -> None:
         """Draw ``stats`` (GUI thread only); ``statsShown`` follows once every plot holds its data.
@@ -319,7 +353,7 @@ class InspectorPanel(JobPanel, QWidget):
         steps = [
             draw_hist,
             lambda: self.out_channels.show(stats.absmax_out, rule),
-            lambda: self.in_channels.show(stats.absmax_in, rule),
+            lambda: (self.in_channels.show(stats.absmax_in, rule), self._apply_mark(stats)),
             draw_heat,
             self._draw_activations,
             lambda: self._fill_table(stats, rule),
@@ -424,7 +458,19 @@ class InspectorPanel(JobPanel, QWidget):
             else:
                 why = "Activations: no linear layer the run observed reads this tensor"
             self._set_activation_titles(why)
+            # a sentence instead of an empty pair of axes (unlinked: the weight's channel axis stays put)
+            self.act_plot.setXLink(None)
+            text = (
+                "Run Calibrate to see activations"
+                if acts is None
+                else "No calibrated layer reads this tensor"
+            )
+            for plot in (self.act_plot, self.act_hist_plot):
+                set_placeholder(plot, text)
             return
+        for plot in (self.act_plot, self.act_hist_plot):
+            set_placeholder(plot, None)
+        self.act_plot.setXLink(self.in_plot)
         w_in = stats.absmax_in if stats.absmax_in.size == st.n_cols else None
         prof = channel_profile(
             st, w_in, name=stats.name, abs_threshold=self.act_abs_spin.value(), k=self.act_k_spin.value()
@@ -447,7 +493,7 @@ class InspectorPanel(JobPanel, QWidget):
         self.act_line_med.setValue(prof.kmedian_threshold)
         # short titles (a quarter of the window wide); the table lists the channels
         self.act_plot.getPlotItem().setTitle(
-            f"Activation absmax per input channel ({prof.outliers_abs.size} + {prof.outliers_kmedian.size} marked)"
+            f"Activation absmax ({prof.outliers_abs.size} + {prof.outliers_kmedian.size} marked)"
         )
         self.act_hist_plot.getPlotItem().setTitle(
             f"Activation |x|: {100 * h.share_above(prof.abs_threshold):.3g} % ≥ {prof.abs_threshold:g}"

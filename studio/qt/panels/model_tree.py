@@ -103,6 +103,18 @@ class TensorTreeModel(QStandardItemModel):
         return cells
 
 
+class _TensorFilter(QSortFilterProxyModel):
+    """Keeps rows whose visible cells match, or whose full tensor name does ("model.layers.3.mlp.up_proj")."""
+
+    needle = ""  # the filter text in lower case (setFilterFixedString's pattern is escaped)
+
+    def filterAcceptsRow(self, row: int, parent: QModelIndex) -> bool:  # noqa: N802 - Qt's name
+        if super().filterAcceptsRow(row, parent) or not self.needle:
+            return True
+        full = self.sourceModel().index(row, COL_NAME, parent).data(NAME_ROLE)
+        return bool(full) and self.needle in str(full).lower()
+
+
 class ModelTreePanel(QWidget):
     """A filterable tree of the open model's tensors; selecting one selects it in the shared state."""
 
@@ -111,7 +123,7 @@ class ModelTreePanel(QWidget):
         self.setObjectName("ModelTreePanel")
         self._state = state
         self.model = TensorTreeModel(self)
-        self.proxy = QSortFilterProxyModel(self)
+        self.proxy = _TensorFilter(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setRecursiveFilteringEnabled(True)
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
@@ -162,6 +174,7 @@ class ModelTreePanel(QWidget):
 
     @Slot(str)
     def _on_filter(self, text: str) -> None:
+        self.proxy.needle = text.strip().lower()
         self.proxy.setFilterFixedString(text.strip())
         if text.strip():
             self.view.expandAll()

@@ -20,10 +20,12 @@ from studio.core.stats.cache import StatsCache
 from studio.core.stats.overview import ModelOverview, OverviewMetric, model_overview
 from studio.core.stats.tensor_stats import OutlierKind
 from studio.qt import widgets
+from studio.qt.fmt import role_text
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread
 from studio.qt.panels.inspector import make_rule_widgets, rule_from_widgets
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, role_color, style_plot
 
@@ -84,6 +86,12 @@ class OverviewPanel(JobPanel, QWidget):
         pi.addItem(self.scatter)
         self.selected_marker = pg.ScatterPlotItem(size=16, brush=None)  # its pen follows the theme
         pi.addItem(self.selected_marker)
+        # which colour is which role: one entry per role drawn (filled in _redraw)
+        self.legend = pi.addLegend(offset=(-10, 10))
+        if hasattr(self.legend, "setColumnCount"):
+            self.legend.setColumnCount(3)
+        self._legend_samples: list[Any] = []
+        set_placeholder(self.plot, "Press “Analyze all tensors” to see which tensors are hard to quantize")
 
         self.layer_outliers: tuple[LayerOutliers, ...] = ()
         self.act_plot = pg.PlotWidget(self)
@@ -143,6 +151,8 @@ class OverviewPanel(JobPanel, QWidget):
         self._names = []
         self.scatter.setData([])
         self.selected_marker.setData([])
+        self.legend.clear()
+        set_placeholder(self.plot, "Press “Analyze all tensors” to see which tensors are hard to quantize")
         self.status.setText("Analyze the model to see which tensors are hard to quantize.")
         self.update_controls()
 
@@ -150,6 +160,7 @@ class OverviewPanel(JobPanel, QWidget):
         """Draw ``overview`` (GUI thread only)."""
         assert_gui_thread("OverviewPanel.show_overview")
         self.overview = overview
+        set_placeholder(self.plot, None)
         self._redraw()
         worst = overview.worst(self.metric, 3)
         names = ", ".join(t.name for t in worst)
@@ -186,9 +197,22 @@ class OverviewPanel(JobPanel, QWidget):
             for i, (t, v) in enumerate(zip(ov.tensors, finite, strict=True))
         ]
         self.scatter.setData(spots)
+        self._fill_legend(ov)
         self.plot.getPlotItem().setLabel("left", self.metric.label)
         self._set_layer_ticks(ov)
         self._mark_selected(self.state.selected_tensor)
+
+    def _fill_legend(self, ov: ModelOverview) -> None:
+        self.legend.clear()
+        self._legend_samples = []
+        for role in dict.fromkeys(t.role for t in ov.tensors):
+            sample = pg.ScatterPlotItem(size=9, brush=pg.mkBrush(role_color(role)), pen=pg.mkPen(None))
+            self._legend_samples.append(sample)
+            self.legend.addItem(sample, role_text(role))
+
+    def legend_labels(self) -> list[str]:
+        """The legend's entries, in order (one per role drawn)."""
+        return [label.text for _sample, label in self.legend.items]
 
     def _set_layer_ticks(self, ov: ModelOverview) -> None:
         ticks = []
@@ -265,3 +289,4 @@ class OverviewPanel(JobPanel, QWidget):
         c = plot_colors(dark)
         self.selected_marker.setPen(pg.mkPen(c["outlier"], width=2))
         self.act_bars.setOpts(brush=pg.mkBrush(c["second"]), pen=pg.mkPen(c["fg"]))
+        self.legend.setLabelTextColor(c["fg"])

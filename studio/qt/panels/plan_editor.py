@@ -43,7 +43,7 @@ from studio.core.plan.plan import (
 )
 from studio.core.plan.presets import PRESETS, Fallback, allows_quantization
 from studio.core.quant.types import PLAN_TYPES
-from studio.qt import widgets
+from studio.qt import folders, widgets
 from studio.qt.fmt import human_bytes
 from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread
@@ -600,7 +600,10 @@ class PlanEditorPanel(QWidget):
             w.setEnabled(on)
 
     def _save_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save plan", "plan.json", "Plan JSON (*.json)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save plan", str(Path(folders.start_in(self.state)) / "plan.json"), "Plan JSON (*.json)"
+        )
+        folders.remember(self.state, path)
         if path:
             try:
                 self.save_plan(path)
@@ -608,7 +611,10 @@ class PlanEditorPanel(QWidget):
                 self._error(f"Cannot write {path}: {err.strerror or err}.")
 
     def _load_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load plan", "", "Plan JSON (*.json)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Load plan", folders.start_in(self.state), "Plan JSON (*.json)"
+        )
+        folders.remember(self.state, path)
         if path:
             self.load_plan(path)
 

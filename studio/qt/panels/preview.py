@@ -32,10 +32,13 @@ from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, choose, page_layout, read_only_table
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import ERROR_FILL_ALPHA, fill_color, follow_theme, plot_colors, style_plot
 
 __all__ = ["PreviewPanel", "format_db"]
+
+EMPTY_TEXT = "Select a tensor and press Preview to see its quantization error"
 
 DEFAULT_QTYPE = "Q4_K"
 
@@ -140,6 +143,8 @@ class PreviewPanel(JobPanel, QWidget):
         plots = QSplitter(Qt.Orientation.Vertical, self)
         plots.addWidget(self.overlay_plot)
         plots.addWidget(self.err_plot)
+        for plot in (self.overlay_plot, self.err_plot):
+            set_placeholder(plot, EMPTY_TEXT)
         page_layout(self, top, self.status, plots, side, 3)
 
     # -- public -----------------------------------------------------------------------------------
@@ -198,6 +203,8 @@ class PreviewPanel(JobPanel, QWidget):
         self.result = None
         for item in (self.err_item, self.orig_item, self.deq_item):
             item.setData([0.0, 1.0], [0.0], stepMode="center")
+        for plot in (self.overlay_plot, self.err_plot):
+            set_placeholder(plot, EMPTY_TEXT)
         for lab in (
             self.snr_label,
             self.cosine_label,
@@ -225,6 +232,8 @@ class PreviewPanel(JobPanel, QWidget):
         self.bpw_label.setText(f"{r.bits_per_weight:.4g}" if math.isfinite(r.bits_per_weight) else "–")
         applied = r.applied if r.fallback_reason is None else f"{r.applied} (fallback: {r.fallback_reason})"
         self.applied_label.setText(applied)
+        for plot in (self.overlay_plot, self.err_plot):
+            set_placeholder(plot, None)
         self.err_item.setData(r.error_hist.edges, r.error_hist.log_counts(), stepMode="center", fillLevel=0)
         self.orig_item.setData(r.original_hist.edges, r.original_hist.log_counts(), stepMode="center")
         self.deq_item.setData(r.dequantized_hist.edges, r.dequantized_hist.log_counts(), stepMode="center")

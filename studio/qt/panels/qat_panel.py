@@ -28,10 +28,11 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.jobs import JobContext
-from studio.qt import widgets
+from studio.qt import folders, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, choose, labelled_row, run_controls
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_badge, set_status, style_plot
 
@@ -141,6 +142,7 @@ class QatPanel(JobPanel, QWidget):
         self.plot.showGrid(x=True, y=True, alpha=0.3)
         self.curve = pg.PlotDataItem(symbol="o", symbolSize=4)
         self.plot.addItem(self.curve)
+        set_placeholder(self.plot, "Run QAT to see the training loss")
         self._levels: list[pg.InfiniteLine] = []
 
         box = QGroupBox("On the held-out text", self)
@@ -181,13 +183,19 @@ class QatPanel(JobPanel, QWidget):
         self.train_combo.setItemText(self.train_combo.currentIndex(), f"Text file: {Path(path).name}")
 
     def _choose_model(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder")
+        path = QFileDialog.getExistingDirectory(
+            self, "Choose a Hugging Face model folder", folders.start_in(self.state)
+        )
+        folders.remember(self.state, path)
         if path:
             self.set_model(path)
 
     def _on_train_choice(self, index: int) -> None:
         if self.train_combo.itemData(index) == "file":
-            path, _ = QFileDialog.getOpenFileName(self, "Choose a text", "", "Text (*.txt);;All files (*)")
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Choose a text", folders.start_in(self.state), "Text (*.txt);;All files (*)"
+            )
+            folders.remember(self.state, path)
             if path:
                 self.set_train_file(path)
             else:
@@ -248,6 +256,8 @@ class QatPanel(JobPanel, QWidget):
     def _on_step(self, step: int, loss: float) -> None:
         if not self.running:
             return  # a late event of a run already ended or superseded
+        if not self.losses:
+            set_placeholder(self.plot, None)
         self.losses.append((step, loss))
         self.curve.setData([s for s, _ in self.losses], [x for _, x in self.losses])
 
@@ -273,6 +283,7 @@ class QatPanel(JobPanel, QWidget):
 
         assert_gui_thread("QatPanel.show_result")
         self.result = result
+        set_placeholder(self.plot, None)
         if not self.losses:
             self.losses = list(enumerate(result.train_losses, 1))
             self.curve.setData([s for s, _ in self.losses], [x for _, x in self.losses])

@@ -149,7 +149,7 @@ class RankedBars(_ClickPlot):
         self._labels: Mapping[str, str] = {}
         self._roles: Mapping[str, str] = {}
         item = self.plot.getPlotItem()
-        item.setLabel("bottom", "KL when only this tensor is quantized")
+        item.setLabel("bottom", "KL (this tensor alone)")  # short: the names take the width
         item.getAxis("bottom").enableAutoSIPrefix(False)
 
     def set_rows(

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt, Slot
 from PySide6.QtGui import QAction, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QBoxLayout,
     QFormLayout,
     QFrame,
     QGroupBox,
@@ -38,6 +39,7 @@ from studio.qt.fmt import (
 )
 from studio.qt.icons import app_icon
 from studio.qt.jobs import JobManager
+from studio.qt.origin import origin_text
 from studio.qt.panels import read_only_table
 from studio.qt.state import StudioState
 from studio.qt.theme import verdict_colour, warning_box_style
@@ -45,6 +47,7 @@ from studio.qt.theme import verdict_colour, warning_box_style
 ESTIMATE_COLUMNS = ("Preset", "File size", "Bits/weight", "Memory", "Verdict")
 ROLE_COLUMNS = ("Role", "Tensors", "Parameters")
 CTX_MIN, CTX_MAX = 128, 1 << 20
+STACK_BELOW_PX = 1100  # the two columns stack in a narrower panel
 
 
 def _cell(text: str, *, right: bool = False) -> QTableWidgetItem:
@@ -186,7 +189,17 @@ class SummaryPanel(QWidget):
         self.warnings_label.hide()
         outer.addWidget(self.warnings_label)
 
+        # Where the weights came from (a folder made from a GGUF, the demo's case) and what that means
+        self.origin_label = QLabel(page)
+        self.origin_label.setWordWrap(True)
+        self.origin_label.setObjectName("OriginLabel")
+        self.origin_label.setStyleSheet(warning_box_style("OriginLabel"))
+        self.origin_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.origin_label.hide()
+        outer.addWidget(self.origin_label)
+
         columns = QHBoxLayout()
+        self._columns = columns  # side by side when wide, stacked when narrow (resizeEvent)
         outer.addLayout(columns, 1)
 
         # Left column: facts and tensors per role.
@@ -251,6 +264,15 @@ class SummaryPanel(QWidget):
         columns.addLayout(right, 3)
         return scroll
 
+    def resizeEvent(self, event: Any) -> None:
+        # two columns need about 1000 px; narrower (a laptop with the tree open) they stack, so no
+        # text is cut off at the right edge
+        wide = event.size().width() >= STACK_BELOW_PX
+        want = QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom
+        if self._columns.direction() != want:
+            self._columns.setDirection(want)
+        super().resizeEvent(event)
+
     # -- state slots ------------------------------------------------------------------------------
 
     @Slot(object)
@@ -270,6 +292,7 @@ class SummaryPanel(QWidget):
         f["Weights"].setText(f"{human_bytes(info.weight_bytes)}  ({info.weight_bytes:,} bytes)")
         f["Dtypes"].setText(self._dtype_text(info))
         self._show_warnings(info.warnings)
+        self._show_origin(info)
         self._fill_roles(info)
         self.estimate_table.setRowCount(0)
         _fit_height(self.estimate_table)
@@ -322,6 +345,7 @@ class SummaryPanel(QWidget):
         table.resizeColumnsToContents()
         _fit_height(table)
         note = "Memory = weights + KV cache for the context length + run-time overhead." if estimates else ""
+        note += self._fallback_note(estimates)
         moe = estimates[0] if estimates and getattr(estimates[0], "n_experts", 0) else None
         if moe is not None:  # mixture of experts: every expert is stored, a few run per token
             note += (
@@ -331,6 +355,26 @@ class SummaryPanel(QWidget):
         self.estimate_note.setText(note)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _show_origin(self, info: Any) -> None:
+        text = origin_text(info)
+        self.origin_label.setText(text)
+        self.origin_label.setVisible(bool(text))
+
+    def _fallback_note(self, estimates: Sequence[Any]) -> str:
+        """Why a preset's bits per weight exceed its name's: rows its blocks do not divide."""
+        info = self._state.info
+        hit = [e for e in estimates if getattr(e, "n_fallbacks", 0)]
+        if info is None or not hit:
+            return ""
+        widths = sorted({int(t.shape[-1]) for t in info.tensors if len(t.shape) == 2 and t.shape[-1] % 256})
+        shown = ", ".join(str(w) for w in widths[:4]) or "some"
+        worst = max(hit, key=lambda e: e.n_fallbacks)
+        return (
+            f" Bits per weight are after fallbacks: rows {shown} wide are not a multiple of 256 (a K-quant "
+            f"block), so those tensors get another type ({worst.n_fallbacks} in {worst.preset}); hover a size "
+            "to see how many."
+        )
 
     def _show_warnings(self, warnings: Sequence[str]) -> None:
         if warnings:

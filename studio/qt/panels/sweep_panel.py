@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, read_only_table, run_controls
+from studio.qt.placeholder import set_placeholder
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, series_color, set_status, style_plot
 
@@ -117,6 +118,9 @@ class SweepPanel(JobPanel, QWidget):
         plots.addWidget(self.group_plot)
         plots.setStretchFactor(0, 3)
         plots.setStretchFactor(1, 2)
+        self.cliff_line.hide()  # until a sweep draws its cliff
+        for plot in (self.plot, self.group_plot):
+            set_placeholder(plot, "Pick a tensor and press Sweep")
         split = QSplitter(Qt.Orientation.Vertical, self)
         split.addWidget(plots)
         split.addWidget(self.table)
@@ -227,6 +231,9 @@ class SweepPanel(JobPanel, QWidget):
         return item
 
     def _draw(self, result: Any) -> None:
+        for plot in (self.plot, self.group_plot):
+            set_placeholder(plot, None)
+        self.cliff_line.show()
         self._clear()
         c = plot_colors(bool(self.state.dark))
         # The cliff lives at 2-6 bits: 16-bit rows stay in the table, off the chart; a type the weights

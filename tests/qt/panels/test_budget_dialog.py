@@ -28,16 +28,24 @@ def dialog(qtbot, tiny_models):
     jobs.shutdown(5000)
 
 
-def test_slider_moves_the_plan_along_the_front(dialog):
+def _settled(qtbot, d):
+    """Wait for the planning job (front, presets, plan) to end and be drawn."""
+    qtbot.waitUntil(lambda: not d.planning, timeout=60_000)
+
+
+def test_slider_moves_the_plan_along_the_front(dialog, qtbot):
     state, d = dialog
     assert not d.slider.isEnabled()  # nothing to choose before a scan
     scan = synthetic_scan(state.info, KL)
     d.set_scan(scan)
+    _settled(qtbot, d)
     assert d.slider.isEnabled() and len(d.curve.xData) == len(d.front) >= 10
     assert {p.label for p in d.presets} >= {"Q4_K_M", "Q8_0"} and len(d.preset_dots.data) == len(d.presets)
     d.slider.setValue(2)
+    _settled(qtbot, d)
     low = d.allocation
     d.slider.setValue(len(d.front) - 2)
+    _settled(qtbot, d)
     high = d.allocation
     assert high.file_bytes > low.file_bytes and high.predicted_kl < low.predicted_kl
     assert f"predicted KL {high.predicted_kl:.4f}" in d.result.text()
@@ -57,12 +65,14 @@ def test_slider_moves_the_plan_along_the_front(dialog):
 def test_bad_budget_is_one_sentence_and_use_plan_sets_the_window_plan(dialog, qtbot):
     state, d = dialog
     d.set_scan(synthetic_scan(state.info, KL))
+    _settled(qtbot, d)
     d.budget_edit.setText("1kB")
     with qtbot.waitSignal(d.errorShown) as sig:
         d.replan()
     assert "the smallest plan needs" in sig.args[0] and d.allocation is None
     d.budget_edit.setText("4.5bpw")
     d.replan()
+    _settled(qtbot, d)
     got = []
     state.planChanged.connect(got.append)
     d.use_button.click()
@@ -92,6 +102,7 @@ def test_the_heat_map_has_a_cell_per_layer_and_role_with_the_scans_kl(dialog, qt
     state, d = dialog
     scan = synthetic_scan(state.info, KL)
     d.set_scan(scan)
+    _settled(qtbot, d)
     _show_sensitivity(qtbot, d)
     assert d.map_type.currentData() == "Q4_K"  # the default view: every tensor at Q4_K
     blocks = sorted({t.layer for t in scan.tensors if t.layer is not None})
@@ -126,6 +137,7 @@ def test_a_click_on_a_cell_or_a_bar_opens_that_tensor_in_the_inspector(make_wind
     d = win.show_budget_dialog()
     scan = synthetic_scan(win.state.info, KL)
     d.set_scan(scan)
+    _settled(qtbot, d)
     _show_sensitivity(qtbot, d)
     win.show_page("plan")  # not the summary: a choice there goes to the inspector by itself
     cell = d.heat.grid.cell_of("model.layers.1.self_attn.v_proj.weight")
@@ -163,6 +175,7 @@ def test_an_exported_budget_plan_is_measured_in_a_job_and_shown_beside_the_predi
     d.set_scan(synthetic_scan(state.info, KL))
     d.budget_edit.setText("4.5bpw")
     d.replan()
+    _settled(qtbot, d)
     a = d.allocation
     # a preset's export is not measured (it costs a job nobody asked for)
     preset = export_gguf(state.info.path, tmp_path / "q8.gguf", "Q8_0")
@@ -188,9 +201,162 @@ def test_an_exported_budget_plan_is_measured_in_a_job_and_shown_beside_the_predi
 def test_a_measurement_can_be_cancelled_and_shows_nothing(dialog, qtbot):
     state, d = dialog
     d.set_scan(synthetic_scan(state.info, KL))
+    _settled(qtbot, d)
     d.measure_plan()
     assert d.running and d.cancel_button.isEnabled()
     d.cancel_button.click()
     qtbot.waitUntil(lambda: not d.running, timeout=60_000)
     assert d.measured is None and d.measured_label.text() == "" and d.status.text() == "Cancelled."
     assert list(d.measured_dot.data["x"]) == [] and d.measure_button.isEnabled()
+
+
+# ------------------------------------------------------------------ the scan reuses what is there
+
+
+@pytest.fixture
+def counted_calibrations(monkeypatch, tmp_path):
+    """Every call of the core's ``calibrate`` (the page's, the scan's, the dialog's), over an empty cache."""
+    import importlib
+
+    cal = importlib.import_module(
+        "studio.core.calib.calibrate"
+    )  # the module (the package exports the function)
+
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
+    calls: list[object] = []
+    real = cal.calibrate
+
+    def counting(*args, **kwargs):
+        calls.append(args[1] if len(args) > 1 else kwargs.get("text"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cal, "calibrate", counting)
+    return calls
+
+
+def _scanned(qtbot, d):
+    d.start_scan()
+    qtbot.waitUntil(lambda: not d.running and not d.planning, timeout=300_000)
+    assert d.scan is not None, d.status.text()
+    assert d.allocation is not None and len(d.front) > 1
+
+
+def test_opened_after_calibrate_with_the_same_text_the_scan_calibrates_nothing(
+    qtbot, tiny_models, counted_calibrations
+):
+    from studio.qt.panels.calibrate_panel import CalibratePanel
+
+    state, jobs = StudioState(), JobManager()
+    state.set_checkpoint(open_model(tiny_models("llama")))
+    page = CalibratePanel(state, jobs)
+    qtbot.addWidget(page)
+    page.set_run(ctx=64, chunks=2)
+    with qtbot.waitSignal(page.calibrated, timeout=120_000):
+        assert page.start() is not None
+    assert len(counted_calibrations) == 1
+    d = BudgetDialog(state, jobs)
+    qtbot.addWidget(d)
+    d.show()
+    _scanned(qtbot, d)
+    assert len(counted_calibrations) == 1  # the scan ran on the page's importance matrix
+    assert not d.calibrated and d.imatrix is state.calibration.imatrix
+    assert (d.scan_settings.calib_ctx, d.scan_settings.calib_chunks) == (64, 2)  # the page's chunks
+    assert "without calibrating" in d.status.text()
+    # again in this window: the kept scan, no job at all
+    started = d.task.started
+    d.start_scan()
+    assert d.task.started == started and d.scan is not None
+    jobs.shutdown(10_000)
+
+
+def test_without_calibrate_the_first_scan_calibrates_and_the_next_dialog_uses_the_clis_cache(
+    qtbot, tiny_models, counted_calibrations, tmp_path
+):
+    model = tiny_models("llama")
+    for round_ in range(2):  # two sessions of the window: nothing in memory is shared
+        state, jobs = StudioState(), JobManager()
+        state.set_checkpoint(open_model(model))
+        d = BudgetDialog(state, jobs)
+        qtbot.addWidget(d)
+        _scanned(qtbot, d)
+        assert d.calibrated == (round_ == 0)
+        assert len(counted_calibrations) == 1
+        assert len(list((tmp_path / "cache" / "sensitivity").glob("imatrix-*.gguf"))) == 1  # the CLI's file
+        jobs.shutdown(10_000)
+
+
+# ------------------------------------------------------------------ fields, axes, names, buttons
+
+
+def test_enter_in_the_exclusion_field_replans_without_scanning(dialog, qtbot):
+    state, d = dialog
+    d.show()
+    d.set_scan(synthetic_scan(state.info, KL))
+    _settled(qtbot, d)
+    d.budget_edit.setText("7bpw")
+    d.replan()
+    _settled(qtbot, d)
+    assert "Q8_0" in set(d.allocation.plan.types.values())
+    started, front = d.task.started, d.front
+    d.exclude_edit.setFocus()
+    d.exclude_edit.setText("Q8_0")
+    d.exclude_edit.setModified(True)  # as typed
+    qtbot.keyClick(d.exclude_edit, Qt.Key.Key_Return)
+    assert d.planning  # the plan is made in a job; the GUI thread went on at once
+    _settled(qtbot, d)
+    assert d.task.started == started and not d.running  # no scan started
+    assert d.front != front and "Q8_0" not in set(d.allocation.plan.types.values())
+
+
+def test_replanning_leaves_the_gui_thread_at_once(dialog, qtbot):
+    import time
+
+    state, d = dialog
+    d.set_scan(synthetic_scan(state.info, KL))
+    _settled(qtbot, d)
+    for text in ("3.5bpw", "4.5bpw", "6bpw"):
+        d.budget_edit.setText(text)
+        t0 = time.perf_counter()
+        d.replan()
+        assert time.perf_counter() - t0 < 0.1 and d.planning
+        _settled(qtbot, d)
+        assert d.allocation.budget.text == text
+
+
+def test_every_field_is_labelled_axes_have_units_names_are_full_and_close_closes(dialog, qtbot):
+    from PySide6.QtWidgets import QLabel
+
+    state, d = dialog
+    d.show()
+    buddies = {lab.buddy(): lab.text() for lab in d.findChildren(QLabel) if lab.buddy() is not None}
+    for w in (d.text_edit, d.exclude_edit, d.budget_edit, d.slider, d.map_type, d.top_n):
+        assert buddies.get(w), f"{w.placeholderText() if hasattr(w, 'placeholderText') else w} has no label"
+    assert buddies[d.exclude_edit].replace("&", "") == "Types not to choose:"
+    scan = synthetic_scan(state.info, KL)
+    d.set_scan(scan)
+    _settled(qtbot, d)
+    item = d.plot.getPlotItem()
+    assert item.getAxis("left").labelText == "KL divergence (nats per token)"
+    assert (
+        item.getAxis("bottom").labelText == "file size (MB)"
+        and item.getAxis("top").labelText == "bits per weight"
+    )
+    lo, hi = d.front[0], d.front[-1]
+    assert d.bpw_axis.bpw(lo.file_bytes) == pytest.approx(lo.bpw, abs=0.05)
+    assert d.bpw_axis.bpw(hi.file_bytes) == pytest.approx(hi.bpw, abs=0.05)
+    ticks = d.size_axis.tickStrings([2e6, 4e6], 1.0, 2e6)
+    assert ticks == ["2", "4"]  # bytes shown in MB
+    names = [d.table.item(r, 0).text() for r in range(d.table.rowCount())]
+    assert names == [t.name for t in scan.tensors]  # Hugging Face names, whole
+    assert "model.layers.1.self_attn.v_proj.weight" in names
+    d.views.setCurrentIndex(2)
+    qtbot.wait(20)
+    fm = d.table.fontMetrics()
+    longest = max(names, key=len)
+    assert d.table.columnWidth(0) >= fm.horizontalAdvance(longest)  # never cut to "model.layers…"
+    d.top_n.setValue(3)
+    d.redraw_sensitivity()
+    labels = [t for _, t in d.bars.plot.getPlotItem().getAxis("left")._tickLevels[0]]
+    assert labels == [f"{n} @ {q}" for n, q, _ in d.bars.rows]  # Hugging Face names, as elsewhere
+    d.close_button.click()
+    assert not d.isVisible()

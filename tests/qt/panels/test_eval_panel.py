@@ -41,11 +41,18 @@ def test_evaluation_fills_table_and_plot(qtbot, panel, chat_model, f32_gguf, ggu
     panel.chunks_spin.setValue(2)
     published = []
     panel.state.evaluated.connect(published.append)
+    # each variant's row appears as soon as it is measured, before the report is complete
+    streamed = []
+    panel.rowStreamed.connect(lambda r: streamed.append((r, panel.table.item(r, 0).text(), panel.report)))
     with qtbot.waitSignal(panel.reportShown, timeout=120_000) as blocker:
         assert panel.start()
         assert panel.cancel_button.isEnabled() and not panel.run_button.isEnabled()
     report = blocker.args[0]
     assert published and published[-1] is report
+    assert [(r, label) for r, label, _ in streamed] == [(1, v.label) for v in report.variants[:1]] + [
+        (2, report.variants[1].label)
+    ]
+    assert all(shown is None for _, _, shown in streamed)  # streamed before the report was drawn
     assert panel.table.rowCount() == 3
     header = [panel.table.horizontalHeaderItem(i).text() for i in range(len(COLUMNS))]
     assert header == list(COLUMNS)
