@@ -163,26 +163,26 @@ class ChatFormat:
 def render_chats(
     chats: Sequence[Sequence[dict[str, str]]], fmt: ChatFormat, ctx: JobContext | None = None
 ) -> tuple[list[str], list[str]]:
-    """Each conversation rendered through the model's chat template (sandboxed); returns (texts, warnings)."""
-    from studio.core.chat.template import fallback_text, render_chat
+    """Each conversation rendered through the model's chat template (sandboxed, in one child process
+    for all of them, with progress); returns (texts, warnings)."""
+    from studio.core.chat.template import fallback_text
+    from studio.core.chat.template import render_chats as render_all
 
+    if not fmt.template:
+        return [fallback_text(msgs, add_generation_prompt=False) for msgs in chats], []
     texts, warnings = [], []
-    for msgs in chats:
-        if fmt.template:
-            r = render_chat(
-                fmt.template,
-                msgs,
-                bos_token=fmt.bos_token,
-                eos_token=fmt.eos_token,
-                add_generation_prompt=False,
-                source=fmt.source,
-                ctx=ctx,
-            )
-            texts.append(r.text)
-            if r.warning and r.warning not in warnings:
-                warnings.append(r.warning)
-        else:
-            texts.append(fallback_text(msgs, add_generation_prompt=False))
+    for r in render_all(
+        fmt.template,
+        chats,
+        bos_token=fmt.bos_token,
+        eos_token=fmt.eos_token,
+        add_generation_prompt=False,
+        source=fmt.source,
+        ctx=ctx,
+    ):
+        texts.append(r.text)
+        if r.warning and r.warning not in warnings:
+            warnings.append(r.warning)
     return texts, warnings
 
 
