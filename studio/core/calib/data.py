@@ -15,7 +15,6 @@ interleaved so that any prefix of chunks is already a mix.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from studio.core import safejson
 from studio.core.calib.errors import CalibrationError
 from studio.core.jobs import JobContext
 from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
@@ -113,6 +113,13 @@ def _messages_of(obj: Any, where: str) -> list[dict[str, str]]:
     for m in msgs:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise CalibrationError(f'{where} has a message without string "role" and "content".')
+        for text in (m["role"], m["content"]):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise CalibrationError(
+                    f"{where} has a lone surrogate ({text[err.start]!r}) in a message; it is not Unicode text."
+                ) from None
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
@@ -127,10 +134,7 @@ def read_chats(path: str | os.PathLike[str]) -> list[list[dict[str, str]]]:
             continue
         if len(line) > MAX_JSONL_LINE:
             raise CalibrationError(f"Line {i} of {p} is longer than {MAX_JSONL_LINE >> 20} MB.")
-        try:
-            obj = json.loads(line)
-        except ValueError as err:
-            raise CalibrationError(f"Line {i} of {p} is not valid JSON ({err.msg}).") from None
+        obj = safejson.loads(line, f"Line {i} of {p}", CalibrationError)
         chats.append(_messages_of(obj, f"Line {i} of {p}"))
     if not chats:
         raise CalibrationError(f"The chat file {p} has no conversations.")

@@ -156,6 +156,8 @@ def render_in_child(
     n = len(conversations)
     out: list[RenderedChat] = []
     add_gen = bool(opts.get("add_generation_prompt", True))
+    if ctx is not None:
+        ctx.check_cancelled()
     with _LOCK:
         try:
             if not _WORKER.alive:

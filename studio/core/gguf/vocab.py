@@ -45,7 +45,7 @@ def _looks_special(text: str) -> bool:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(path.read_text(encoding="utf-8"), f"{path.name} in {path.parent}", ExportError)
     except (OSError, ValueError) as err:
         raise ExportError(f"Cannot read {path}: {err}.") from err
 
