@@ -44,6 +44,7 @@ class CalibrationText:
     name: str
     text: str
     parse_special: bool = False  # True: special-token text (from a chat template) becomes special tokens
+    warnings: tuple[str, ...] = ()  # e.g. the model's chat template fell back to the built-in format
 
     @property
     def digest(self) -> str:
@@ -194,8 +195,8 @@ def load_chat_file(
     path: str | os.PathLike[str], fmt: ChatFormat, ctx: JobContext | None = None
 ) -> CalibrationText:
     """A JSONL of conversations, rendered through the model's chat template and joined."""
-    texts, _ = render_chats(read_chats(path), fmt, ctx)
-    return CalibrationText(str(path), "\n".join(texts), parse_special=True)
+    texts, warnings = render_chats(read_chats(path), fmt, ctx)
+    return CalibrationText(str(path), "\n".join(texts), parse_special=True, warnings=tuple(warnings))
 
 
 # ------------------------------------------------------------------------------------------ built-in
@@ -211,8 +212,11 @@ def _pieces(path: Path) -> list[str]:
     return [p.strip("\n") for p in text.split(PIECE_SEPARATOR) if p.strip()]
 
 
-def builtin_pieces(fmt: ChatFormat, ctx: JobContext | None = None) -> dict[str, list[str]]:
-    """The built-in pieces per kind (prose, dialogues rendered with ``fmt``, code, languages)."""
+def builtin_pieces(
+    fmt: ChatFormat, ctx: JobContext | None = None, warnings: list[str] | None = None
+) -> dict[str, list[str]]:
+    """The built-in pieces per kind (prose, dialogues rendered with ``fmt``, code, languages);
+    template warnings are appended to ``warnings``."""
     folder = builtin_dir()
     out: dict[str, list[str]] = {}
     for name in _BUILTIN_FILES:
@@ -223,7 +227,9 @@ def builtin_pieces(fmt: ChatFormat, ctx: JobContext | None = None) -> dict[str, 
                 hint="Reinstall Quant Studio so that its resources folder is present.",
             )
         if name.endswith(".jsonl"):
-            out[name.split(".")[0]], _ = render_chats(read_chats(path), fmt, ctx)
+            out[name.split(".")[0]], got = render_chats(read_chats(path), fmt, ctx)
+            if warnings is not None:
+                warnings.extend(got)
         else:
             out[name.split(".")[0]] = _pieces(path)
     return out
@@ -240,9 +246,12 @@ def interleave(groups: Sequence[Sequence[str]]) -> list[str]:
 
 def load_builtin(fmt: ChatFormat, ctx: JobContext | None = None) -> CalibrationText:
     """The built-in calibration text, dialogues rendered through ``fmt`` and all kinds interleaved."""
-    pieces = builtin_pieces(fmt, ctx)
+    warnings: list[str] = []
+    pieces = builtin_pieces(fmt, ctx, warnings)
     text = "\n\n".join(interleave(list(pieces.values())))
-    return CalibrationText("quant-studio built-in calibration text", text, parse_special=True)
+    return CalibrationText(
+        "quant-studio built-in calibration text", text, parse_special=True, warnings=tuple(warnings)
+    )
 
 
 def load_calibration(

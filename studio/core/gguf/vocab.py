@@ -3,12 +3,12 @@ token types, merges, special tokens, add-bos/eos, the pre-tokenizer name and the
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core import safejson
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, hparam
 from studio.core.model.types import ModelInfo

@@ -131,3 +131,64 @@ def test_a_bomb_is_tried_once_for_many_chats():
     out = render_chats(NESTED, chats, time_budget_s=0.3)
     assert time.monotonic() - t0 < 3.0
     assert all(r.template == "fallback" for r in out) and "ran longer" in out[-1].warning
+
+
+# -- the same budget in chat (transformers and GGUF) and calibration --------------------------------
+
+E2E = {"nested": NESTED, "replace": BOMBS["replace"][0], "join": BOMBS["join-filter"][0]}
+
+
+@pytest.fixture(scope="module")
+def bomb_models(chat_model, tmp_path_factory):
+    from tests.core.chat.fixtures import model_with_template
+
+    root = tmp_path_factory.mktemp("bomb-templates")
+    return {k: model_with_template(chat_model, root / k, t) for k, t in E2E.items()}
+
+
+@pytest.mark.parametrize("kind", E2E)
+def test_bombs_in_transformers_chat(kind, bomb_models):
+    from studio.core.chat import Message
+    from studio.core.chat.hf_backend import TransformersBackend
+
+    b = TransformersBackend(bomb_models[kind], n_ctx=128, device="cpu", dtype="float32")
+    b.load()
+    try:
+        t0 = time.monotonic()
+        p = b.prompt([Message("user", "Hello")])
+        assert time.monotonic() - t0 <= 3.0
+        assert p.template == "fallback" and p.text == "User: Hello\nAssistant:" and "budget" in p.warning
+        assert child_peak_rss() < 300 << 20
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("kind", E2E)
+def test_bombs_in_gguf_chat(kind, bomb_models, gguf_of):
+    from studio.core.chat import Message
+    from studio.core.chat.llama_backend import LlamaCppBackend
+
+    gguf = gguf_of(bomb_models[kind], "F32")
+    b = LlamaCppBackend(gguf, n_ctx=128)
+    b.load()
+    try:
+        t0 = time.monotonic()
+        p = b.prompt([Message("user", "Hello")])
+        assert time.monotonic() - t0 <= 3.0
+        assert p.template == "fallback" and "budget" in p.warning and gguf.name in p.warning
+        assert child_peak_rss() < 300 << 20
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("kind", E2E)
+def test_bombs_in_calibration_with_the_builtin_text(kind, bomb_models):
+    from studio.core.calib.calibrate import load_tokenizer, prepare_input
+
+    tok = load_tokenizer(bomb_models[kind])
+    t0 = time.monotonic()
+    inp = prepare_input(bomb_models[kind], n_ctx=64, n_chunks=2, tokenizer=tok)
+    assert time.monotonic() - t0 <= 3.0 + 2.0  # the budget, plus tokenizing the whole built-in text
+    assert any("was not used" in w and "budget" in w for w in inp.warnings)
+    assert "User: " in inp.data.text  # the dialogues in the built-in format
+    assert child_peak_rss() < 300 << 20
