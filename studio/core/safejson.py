@@ -49,7 +49,9 @@ def loads(
     except UnicodeDecodeError:
         raise error(f"{what} is not UTF-8 text.") from None
     except ValueError as err:  # an integer of thousands of digits
-        raise error(f"{what} holds a number that cannot be read ({' '.join(str(err).split())[:80]}).") from None
+        raise error(
+            f"{what} holds a number that cannot be read ({' '.join(str(err).split())[:80]})."
+        ) from None
     if depth(obj, max_depth) > max_depth:
         raise error(f"{what} nests its JSON more than {max_depth} levels deep; it is not a file this reads.")
     return obj

@@ -29,11 +29,15 @@ class SafePattern:
         self._error = error
         self._left = budget_s
         if len(pattern) > MAX_PATTERN_CHARS:
-            raise error(f"The override pattern {quote(pattern)} is longer than {MAX_PATTERN_CHARS} characters.")
+            raise error(
+                f"The override pattern {quote(pattern)} is longer than {MAX_PATTERN_CHARS} characters."
+            )
         try:
             self._rx = regex.compile(pattern)
         except (regex.error, ValueError, OverflowError, RecursionError) as err:
-            raise error(f"Override pattern {quote(pattern)} is not a valid regex ({quote(str(err), 100)}).") from None
+            raise error(
+                f"Override pattern {quote(pattern)} is not a valid regex ({quote(str(err), 100)})."
+            ) from None
 
     def search(self, text: str) -> Any:
         """``regex.search`` of ``text``, or the error once this pattern's matches ran over their budget."""

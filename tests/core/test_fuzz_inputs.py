@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import struct
 import time
 import traceback
 from collections import Counter
@@ -201,8 +202,20 @@ def _fuzz_plans(n: int, seed: int, info, tmp_path: Path) -> None:
     rng = random.Random(seed)
     seeds = [
         json.loads(plan_from_preset(info, "Q4_K_M").to_json()),
-        {"version": 1, "recipe": {"kind": "first_last", "n": 1, "high": "Q8_0", "low": "Q4_0", "overrides": [["down", "Q5_0"]]}},
-        {"version": 1, "recipe": {"kind": "preset", "preset": "Q4_K_M", "keep_first_last": {"n": 1, "type": "Q8_0"}}},
+        {
+            "version": 1,
+            "recipe": {
+                "kind": "first_last",
+                "n": 1,
+                "high": "Q8_0",
+                "low": "Q4_0",
+                "overrides": [["down", "Q5_0"]],
+            },
+        },
+        {
+            "version": 1,
+            "recipe": {"kind": "preset", "preset": "Q4_K_M", "keep_first_last": {"n": 1, "type": "Q8_0"}},
+        },
     ]
     tally = Tally()
     for i in range(n):
@@ -270,26 +283,36 @@ def _fuzz_chats(n: int, seed: int, tmp_path: Path) -> None:
     tally.check("JSONL chats", n)
 
 
-def _fuzz_gguf_sources(n: int, seed: int, gguf_path: Path, tmp_path: Path) -> None:
+def _patch_dim(data: bytes, rng: random.Random, names: list[str]) -> bytes:
+    """One tensor's dimension in the header set to 0, 1 or a boundary integer."""
+    k = rng.choice(names).encode()
+    at = data.index(struct.pack("<Q", len(k)) + k) + 8 + len(k)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    pos = at + 4 + 8 * rng.randrange(max(1, min(n_dims, 4)))
+    value = rng.choice([0, 0, 1, 2**31, 2**63, 2**64 - 1])
+    return data[:pos] + struct.pack("<Q", value) + data[pos + 8 :]
+
+
+def _fuzz_gguf_sources(n: int, seed: int, sources: list[Path], tmp_path: Path) -> None:
+    from studio.core.gguf.read import read_gguf
+
     rng = random.Random(seed)
-    data = gguf_path.read_bytes()
+    bases = [(p.read_bytes(), [t.name for t in read_gguf(p).tensors]) for p in sources]
     tally = Tally()
-    exported = 0
     for i in range(n):
+        data, names = rng.choice(bases)
+        mutated = _patch_dim(data, rng, names) if rng.random() < 0.4 else _mutate_bytes(data, rng, 64 * 1024)
         p = tmp_path / "src.gguf"
-        p.write_bytes(_mutate_bytes(data, rng, 64 * 1024))
+        p.write_bytes(mutated)
         out_dir = tmp_path / f"out-{i}"
         out_dir.mkdir()
 
         def case(p: Path = p, out_dir: Path = out_dir) -> None:
-            nonlocal exported
             with open_model(p) as ck:
                 for t in ck.info.tensors:
                     ck.read(t.name)
                 layout(ck.info)
-            if exported < max(2, n // 20):
-                exported += 1
-                export_gguf(p, out_dir / "out.gguf", "Q8_0")
+            export_gguf(p, out_dir / "out.gguf", "Q8_0")
 
         tally.run(f"gguf source {i}", case, out_dir)
     tally.check("GGUF sources", n)
@@ -316,5 +339,6 @@ def test_fuzz_jsonl_chats(n_cases, tmp_path):
     _fuzz_chats(n_cases or 30, 25 if n_cases is None else 2025, tmp_path)
 
 
-def test_fuzz_gguf_sources(n_cases, f32_gguf, tmp_path):
-    _fuzz_gguf_sources(n_cases or 12, 25 if n_cases is None else 2025, f32_gguf, tmp_path)
+def test_fuzz_gguf_sources(n_cases, chat_model, gguf_of, tmp_path):
+    sources = [gguf_of(chat_model, "F32"), gguf_of(chat_model, "Q4_K_M")]
+    _fuzz_gguf_sources(n_cases or 12, 25 if n_cases is None else 2025, sources, tmp_path)

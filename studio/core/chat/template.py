@@ -248,7 +248,9 @@ def _environment(budget: _Budget) -> Any:
             # (or anything else that is not ``range``) counts each step against the deadline
             tree = super()._parse(source, name, filename)
             for loop in tree.find_all(jinja2.nodes.For):
-                loop.iter = jinja2.nodes.Filter(loop.iter, "studio_ticking", [], [], None, None, lineno=loop.lineno)
+                loop.iter = jinja2.nodes.Filter(
+                    loop.iter, "studio_ticking", [], [], None, None, lineno=loop.lineno
+                )
             return tree
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
@@ -272,7 +274,13 @@ def _environment(budget: _Budget) -> Any:
                     if (w and int(w) > _MAX_WIDTH) or (p and int(p) > _MAX_WIDTH):
                         raise TemplateBudgetError("a %-format width is too large")
                 # each field may print the largest value (``'%(a)s' * 1000 % {'a': big}``)
-                vals = right if isinstance(right, tuple) else list(right.values()) if isinstance(right, dict) else [right]
+                vals = (
+                    right
+                    if isinstance(right, tuple)
+                    else list(right.values())
+                    if isinstance(right, dict)
+                    else [right]
+                )
                 biggest = max((budget.size_of(v) for v in vals), default=0)
                 budget.check_size(len(left) + left.count("%") * biggest, "a %-format")
             elif operator == "+":
@@ -297,7 +305,8 @@ def _environment(budget: _Budget) -> Any:
             bound = getattr(inner, "__self__", None)
             if isinstance(bound, str):
                 if _FORMAT_SPEC_RE.search(bound) or any(
-                    (w and int(w) > _MAX_WIDTH) or (p and int(p) > _MAX_WIDTH) for w, p in _WIDTH_RE.findall(bound)
+                    (w and int(w) > _MAX_WIDTH) or (p and int(p) > _MAX_WIDTH)
+                    for w, p in _WIDTH_RE.findall(bound)
                 ):
                     raise TemplateBudgetError("a format width is too large")
                 method = getattr(inner, "__name__", "")

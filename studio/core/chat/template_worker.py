@@ -199,6 +199,7 @@ def render_in_child(
                     "a plain built-in format is used instead."
                 )
                 out.extend(
-                    RenderedChat(fallback_text(c, add_gen), "fallback", warning) for c in conversations[len(out) :]
+                    RenderedChat(fallback_text(c, add_gen), "fallback", warning)
+                    for c in conversations[len(out) :]
                 )
                 return out

@@ -69,7 +69,12 @@ def first_bad_block(qtype: str, data: np.ndarray) -> int | None:
         blocks = raw.reshape(-1, size)
         if qtype == "IQ1_M":
             sc = np.ascontiguousarray(blocks[:, 48:56]).view("<u2").astype(np.uint16)
-            bits = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)
+            bits = (
+                (sc[:, 0] >> 12)
+                | ((sc[:, 1] >> 8) & 0x00F0)
+                | ((sc[:, 2] >> 4) & 0x0F00)
+                | (sc[:, 3] & 0xF000)
+            )
             bad = _bad_f16_bits(bits)
         else:
             bad = np.zeros(blocks.shape[0], dtype=bool)

@@ -232,6 +232,8 @@ class AtomicGGUFWriter:
             check = RowCheck(pt.qtype)
             for c in chunks:
                 c = np.ascontiguousarray(c)
+                if c.size == 0:  # a tensor with a zero-size dimension: no bytes (memoryview refuses it)
+                    continue
                 bad = check.feed(c)
                 if bad is not None:
                     # llama-quantize's "quantized data validation failed", as a sentence

@@ -23,7 +23,13 @@ MAX_DIM = 1 << 20  # hidden, intermediate, head sizes
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "block_count")
 _VOCAB_KEYS = ("vocab_size", "n_vocab")
-_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+_EXPERT_KEYS = (
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+)
 _DIM_KEYS = (
     "hidden_size",
     "intermediate_size",
@@ -58,7 +64,9 @@ def _shown(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) else quote(v)
 
 
-def check_config_numbers(config: Mapping[str, Any], tensors: Iterable[Any], where: Any, what: str = "config.json") -> None:
+def check_config_numbers(
+    config: Mapping[str, Any], tensors: Iterable[Any], where: Any, what: str = "config.json"
+) -> None:
     """Refuse a layer, vocabulary, expert or dimension count in ``config`` that no tensor of the
     checkpoint backs and that is beyond any real model (``where`` names the checkpoint)."""
     tensors = list(tensors)

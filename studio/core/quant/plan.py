@@ -149,7 +149,9 @@ class Recipe:
 
 
 def _layers_n(value: Any) -> int:
-    return safejson.bounded_int(value, "the number of first/last layers", 0, MAX_FIRST_LAST, QuantizationError)
+    return safejson.bounded_int(
+        value, "the number of first/last layers", 0, MAX_FIRST_LAST, QuantizationError
+    )
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,9 @@ class Plan:
             plan = Plan(
                 types=types,
                 name=str(d.get("name", "custom")),
-                ftype=safejson.bounded_int(d.get("ftype", 1), "the plan's ftype", 0, MAX_FTYPE, QuantizationError),
+                ftype=safejson.bounded_int(
+                    d.get("ftype", 1), "the plan's ftype", 0, MAX_FTYPE, QuantizationError
+                ),
                 fallbacks=fallbacks,
                 notes=tuple(str(n) for n in d.get("notes") or []),
                 recipe=typed_recipe,
@@ -293,7 +297,9 @@ class Plan:
             )
         except (KeyError, TypeError, ValueError, OverflowError) as err:
             # a hand-edited file: its 'fallbacks', 'ftype' or 'notes' are not what to_dict writes
-            raise QuantizationError(f"{what} is malformed ({type(err).__name__}: {quote(str(err), 100)}).") from None
+            raise QuantizationError(
+                f"{what} is malformed ({type(err).__name__}: {quote(str(err), 100)})."
+            ) from None
         if info is not None:
             check_plan(plan, info)
         return plan

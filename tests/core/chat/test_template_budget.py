@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from studio.core.chat.template import fallback_text, render_chat, render_chats
-from studio.core.chat.template_worker import child_peak_rss, stop_worker
+from studio.core.chat.template import fallback_text, render_chat
 from studio.core.jobs import JobCancelled, JobContext
 
 MSGS = [{"role": "user", "content": "Hi there"}]
@@ -43,7 +42,21 @@ def warm_worker():
     # the child starts once per process (a spawn); the budget is about rendering, not that start
     render_chat("{{ messages[0].content }}", MSGS)
     yield
+    from studio.core.chat.template_worker import stop_worker
+
     stop_worker()
+
+
+def child_peak_rss() -> int:
+    from studio.core.chat.template_worker import child_peak_rss as peak
+
+    return peak()
+
+
+def render_chats(*args, **kwargs):
+    from studio.core.chat.template import render_chats as render
+
+    return render(*args, **kwargs)
 
 
 def _rss_mb() -> float:
@@ -83,7 +96,9 @@ def test_cancel_kills_a_render_stuck_in_c_code():
 
 
 def test_a_loop_over_a_string_counts_every_step():
-    got = render_chat("{% for c in 'x' * 999999 %}{% for d in 'y' * 999 %}{% endfor %}{% endfor %}", MSGS, time_budget_s=0.3)
+    got = render_chat(
+        "{% for c in 'x' * 999999 %}{% for d in 'y' * 999 %}{% endfor %}{% endfor %}", MSGS, time_budget_s=0.3
+    )
     assert got.template == "fallback" and "ran longer than 0.3 s" in got.warning
 
 
@@ -100,7 +115,9 @@ def test_templates_that_use_these_operations_lightly_still_render():
 
 def test_many_chats_render_in_one_child_with_progress():
     # 20,000 tiny chats (the 100k case of the issue is in the slow tier): one compiled template
-    chats = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}] for i in range(20_000)]
+    chats = [
+        [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}] for i in range(20_000)
+    ]
     seen: list[int] = []
     ctx = JobContext(on_progress=lambda d, t, m: seen.append(d), min_interval=0.0)
     t0 = time.monotonic()
