@@ -178,6 +178,12 @@ def test_a_gguf_with_a_huge_block_count_is_refused(f32_gguf, tmp_path):
     with pytest.raises(CorruptFileError) as err:
         _info(bad)
     assert "num_hidden_layers = 4,000,000,000" in _one_sentence(err.value)
+    from studio.core.model.gguf_source import write_hf_folder
+
+    with pytest.raises(CorruptFileError) as err:  # the GGUF-as-original route, before transformers
+        write_hf_folder(bad, tmp_path / "hf")
+    assert "block_count = 4,000,000,000" in _one_sentence(err.value)
+    assert not (tmp_path / "hf").exists()
 
 
 # --------------------------------------------------------------------- items 6 and 9: imatrix files

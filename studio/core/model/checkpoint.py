@@ -28,7 +28,7 @@ from studio.core.errors import (
 )
 from studio.core.jobs import JobContext
 from studio.core.model import adapters
-from studio.core.model.config_bounds import check_config_numbers
+from studio.core.model.config_bounds import check_config_numbers, check_gguf_numbers
 from studio.core.model.pickle_loader import PickleOptions, convert_pickles, skipped_tensors
 from studio.core.model.st_header import StEntry, read_header
 from studio.core.model.types import CheckpointFormat, ModelInfo, Role, TensorInfo
@@ -780,6 +780,7 @@ def _open_gguf(file: Path, ctx: JobContext) -> Checkpoint:
     ]
     config = gguf_config(g.metadata)
     check_config_numbers(config, tensors, file.name, "The metadata")
+    check_gguf_numbers(g.metadata, g.tensors, file.name)
     info = ModelInfo(
         path=file,
         format=CheckpointFormat.GGUF,

@@ -10,11 +10,13 @@ cap keeps today's meaning (a config may describe fewer layers than a file holds,
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from studio.core.errors import CorruptFileError, quote
+from studio.core.model.adapters import parse_layer
 
-__all__ = ["MAX_EXPERTS", "MAX_LAYERS", "MAX_VOCAB", "check_config_numbers"]
+__all__ = ["MAX_EXPERTS", "MAX_LAYERS", "MAX_VOCAB", "check_config_numbers", "check_gguf_numbers"]
 
 MAX_LAYERS = 1024  # the deepest released LLMs have about 130 blocks
 MAX_VOCAB = 1 << 22  # 4,194,304 tokens; the largest vocabularies are about 260k
@@ -39,6 +41,8 @@ _DIM_KEYS = (
     "head_dim",
     "n_embd",
     "n_head",
+    "embedding_length",
+    "feed_forward_length",
 )
 
 
@@ -92,3 +96,19 @@ def check_config_numbers(
     for key, v in _ints(config, _DIM_KEYS):
         if v < 0 or (v > MAX_DIM and v > biggest_dim):
             raise refuse(key, v, f"at most {biggest_dim:,} values per dimension")
+
+
+@dataclass(frozen=True)
+class _Held:
+    layer: int | None
+    shape: tuple[int, ...]
+
+
+def check_gguf_numbers(metadata: Mapping[str, Any], tensors: Iterable[Any], where: Any) -> None:
+    """``check_config_numbers`` for GGUF metadata (``<arch>.block_count``, ``.expert_count``, ...)
+    and the file's tensors (``name`` and ``shape``)."""
+    arch = metadata.get("general.architecture")
+    prefix = f"{arch}." if isinstance(arch, str) else "\0"
+    flat = {k[len(prefix) :]: v for k, v in metadata.items() if k.startswith(prefix)}
+    held = [_Held(parse_layer(t.name), tuple(int(d) for d in t.shape)) for t in tensors]
+    check_config_numbers(flat, held, where, "The metadata")

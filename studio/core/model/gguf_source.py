@@ -32,6 +32,7 @@ import numpy as np
 
 from studio.core.errors import ModelOpenError, StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.config_bounds import check_gguf_numbers
 
 HF_FORMAT_VERSION = 1
 """Bump when the folder written from a GGUF changes, so cached folders are rebuilt."""
@@ -463,6 +464,7 @@ def write_hf_folder(
     g = read_gguf(src)  # bounded: before gguf-py's reader (inside transformers) trusts any count
     check_tokenizer(g)
     check_decodable(g.tensors, src)
+    check_gguf_numbers(g.metadata, g.tensors, src.name)  # before transformers builds a model from them
     ctx.report(0, 1, f"Reading the metadata of {src.name}")
     with no_hf_progress_bars():
         config = _transformers_config(src, g)
