@@ -57,7 +57,7 @@ def loads(
     return obj
 
 
-def bounded_int(value: Any, what: str, lo: int, hi: int, error: type[StudioError]) -> int:
+def bounded_int(value: Any, what: str, lo: int, hi: int, error: type[Exception]) -> int:
     """``value`` as an int in ``[lo, hi]`` (an integral float such as ``4.0`` is accepted), else ``error``
     naming ``what`` ("the plan's ftype") and the value, shortened."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -150,8 +150,8 @@ class Recipe:
 
 def _layers_n(value: Any) -> int:
     return safejson.bounded_int(
-        value, "the number of first/last layers", 0, MAX_FIRST_LAST, QuantizationError
-    )
+        value, "the number of first/last layers", 0, MAX_FIRST_LAST, ValueError
+    )  # a ValueError: the recipe's "is malformed (...)" sentence wraps it
 
 
 @dataclass(frozen=True)
@@ -287,7 +287,7 @@ class Plan:
                 types=types,
                 name=str(d.get("name", "custom")),
                 ftype=safejson.bounded_int(
-                    d.get("ftype", 1), "the plan's ftype", 0, MAX_FTYPE, QuantizationError
+                    d.get("ftype", 1), "the plan's ftype", 0, MAX_FTYPE, ValueError
                 ),
                 fallbacks=fallbacks,
                 notes=tuple(str(n) for n in d.get("notes") or []),
