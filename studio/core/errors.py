@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 MAX_MESSAGE_CHARS = 300  # an error line longer than this quotes something hostile; it is cut in the middle
 MAX_HINT_CHARS = 200
+_LONG_QUOTED = re.compile(r"(['\"])([^'\"\n]{80,})\1")  # a quoted value of 80+ characters
 
 
 def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -15,6 +17,16 @@ def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
         return text
     head = (limit - 1) * 2 // 3
     return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]
+
+
+def bound_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """An error line of at most ``limit`` characters: long quoted values are shortened first (so the
+    sentence around them survives), then the whole line is cut in the middle if still too long."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    text = _LONG_QUOTED.sub(lambda m: m.group(1) + shorten(m.group(2), 60) + m.group(1), text)
+    return shorten(text, limit)
 
 
 def quote(value: Any, limit: int = 60) -> str:
@@ -36,8 +48,8 @@ class StudioError(Exception):
     """
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
-        message = shorten(message, MAX_MESSAGE_CHARS)
-        hint = shorten(hint, MAX_HINT_CHARS) if hint else hint
+        message = bound_message(message, MAX_MESSAGE_CHARS)
+        hint = bound_message(hint, MAX_HINT_CHARS) if hint else hint
         super().__init__(message)
         self.message = message
         self.hint = hint

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import struct
 import time
@@ -109,14 +110,19 @@ def test_plan_json_out_of_range_is_one_sentence(text, why, llama_model):
     assert why in _one_sentence(err.value)
 
 
-def test_a_plan_with_a_1mb_name_gives_a_short_error_line(llama_model):
-    text = _plan_json(name="N" * 1_000_000, types={"model.layers.0.mlp.up_proj.weight": "Q9_9"})
+def test_a_plan_with_a_1mb_name_gives_a_short_error_line(llama_model, capsys, tmp_path):
+    # the plan's name is quoted when it names a tensor the model does not have
+    text = _plan_json(name="N" * 1_000_000, types={"model.nope.weight": "Q8_0"})
     with pytest.raises(QuantizationError) as err:
         Plan.from_json(text, _info(llama_model))
-    assert "Q9_9" in _one_sentence(err.value)
-    from studio.core.errors import shorten
-
-    assert len(shorten("x" * 10**6)) == 300 and shorten("abc") == "abc"
+    msg = _one_sentence(err.value)
+    # the quoted name is shortened; the sentence around it (the tensor, the model, the hint) survives
+    assert re.search(r"'N{20,}…N{10,}'", msg) and "for tensor '" in msg and "made for another model" in msg
+    plan = tmp_path / "p.json"
+    plan.write_text(text)
+    capsys.readouterr()
+    assert main(["export", str(llama_model), "-o", str(tmp_path / "o.gguf"), "--plan", str(plan)]) != 0
+    assert 20 < len(capsys.readouterr().err) < 600
 
 
 # ------------------------------------------------------------------- item 8: regex overrides, numbers
