@@ -49,6 +49,15 @@ def _limit_memory() -> None:
 
 
 def _peak_rss() -> int:
+    # VmHWM: the peak of this process's own memory since exec (ru_maxrss would also count the
+    # parent's pages the fork before exec shared, hundreds of MB in a window that loaded torch)
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - no /proc
+        pass
     try:
         import resource
 
