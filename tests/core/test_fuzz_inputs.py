@@ -28,10 +28,16 @@ from studio.core.calib.data import ChatFormat, read_chats, render_chats
 from studio.core.calib.imatrix import Imatrix, ImatrixEntry, check_for_model, read_imatrix, write_imatrix
 from studio.core.errors import StudioError
 from studio.core.factory import CHATML_TEMPLATE
-from studio.core.gguf.arch import layout
-from studio.core.gguf.export import export_gguf
 from studio.core.model import open_model
-from studio.core.quant.plan import Plan, plan_from_preset
+
+try:  # the export pipeline, plans and layouts moved to their own modules (issue 22)
+    from studio.core.export.run import export_gguf
+    from studio.core.gguf.layout import layout
+    from studio.core.plan.plan import Plan, plan_from_preset
+except ImportError:  # this branch, before that move
+    from studio.core.gguf.arch import layout
+    from studio.core.gguf.export import export_gguf
+    from studio.core.quant.plan import Plan, plan_from_preset
 from tests.core.chat import fixtures as _fixtures
 
 chat_model = _fixtures.chat_model

@@ -21,11 +21,17 @@ from studio.core.calib.data import read_chats
 from studio.core.calib.errors import CalibrationError
 from studio.core.calib.imatrix import Imatrix, ImatrixEntry, read_imatrix, write_imatrix
 from studio.core.errors import CorruptFileError, ExportError, QuantizationError, StudioError
-from studio.core.gguf.arch import layout
-from studio.core.gguf.export import export_gguf
 from studio.core.gguf.writer import AtomicGGUFWriter
 from studio.core.model import open_model
-from studio.core.quant.plan import Override, Plan, plan_uniform
+
+try:  # the export pipeline, plans and layouts moved to their own modules (issue 22)
+    from studio.core.export.run import export_gguf
+    from studio.core.gguf.layout import layout
+    from studio.core.plan.plan import Override, Plan, plan_uniform
+except ImportError:  # this branch, before that move
+    from studio.core.gguf.arch import layout
+    from studio.core.gguf.export import export_gguf
+    from studio.core.quant.plan import Override, Plan, plan_uniform
 from tests.core.chat import fixtures as _fixtures
 
 chat_model = _fixtures.chat_model

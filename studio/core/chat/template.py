@@ -27,6 +27,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import jinja2
+import jinja2.compiler
+import jinja2.ext
+import jinja2.nodes
+from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+
 from studio.core.jobs import JobCancelled, JobContext
 
 DEFAULT_TIME_BUDGET_S = 2.0
@@ -209,12 +216,6 @@ class _Ticking:
 
 
 def _environment(budget: _Budget) -> Any:
-    import jinja2
-    import jinja2.compiler
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
-
     class _Generation(jinja2.ext.Extension):
         # HF templates may mark assistant text with {% generation %}; render its body unchanged.
         tags = {"generation"}
@@ -498,8 +499,6 @@ class TemplateEngine:
 
 
 def _why(err: BaseException) -> str:
-    from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
-
     if isinstance(err, SecurityError):
         return f"it tried to reach Python internals and the sandbox refused it ({_short(err)})"
     if isinstance(err, TemplateBudgetError):
