@@ -2,11 +2,54 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+MAX_MESSAGE_CHARS = 300  # an error line longer than this quotes something hostile; it is cut in the middle
+MAX_HINT_CHARS = 200
+_LONG_QUOTED = re.compile(r"(['\"])([^'\"\n]{80,})\1")  # a quoted value of 80+ characters
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut in the middle to at most ``limit`` characters (``…`` marks the cut)."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 2 // 3
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]
+
+
+def bound_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """An error line of at most ``limit`` characters: long quoted values are shortened first (so the
+    sentence around them survives), then the whole line is cut in the middle if still too long."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    text = _LONG_QUOTED.sub(lambda m: m.group(1) + shorten(m.group(2), 60) + m.group(1), text)
+    return shorten(text, limit)
+
+
+def quote(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` shortened to ``limit`` characters: how an error quotes an offending value."""
+    if isinstance(value, str) and len(value) > 4 * limit:
+        value = value[: 2 * limit] + value[-2 * limit :]  # repr of a huge string is never built
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # a 5000-digit int, a deeply nested list
+        text = f"<{type(value).__name__}>"
+    return shorten(text, limit)
+
 
 class StudioError(Exception):
-    """Base of every error the user may see; ``str(err)`` is the sentence to show."""
+    """Base of every error the user may see; ``str(err)`` is the sentence to show.
+
+    The message and hint are bounded (``MAX_MESSAGE_CHARS``, ``MAX_HINT_CHARS``): a hostile name or
+    value quoted in them cannot make a megabyte-long error line.
+    """
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        message = bound_message(message, MAX_MESSAGE_CHARS)
+        hint = bound_message(hint, MAX_HINT_CHARS) if hint else hint
         super().__init__(message)
         self.message = message
         self.hint = hint

@@ -64,10 +64,11 @@ def prepare_input(
     """Load the calibration text for ``model_dir`` and cut it into chunks (one sentence on bad input)."""
     tok = tokenizer or load_tokenizer(model_dir)
     fmt = ChatFormat.of_tokenizer(tok, Path(model_dir).name)
-    warnings: tuple[str, ...] = ()
     data = text if isinstance(text, CalibrationText) else load_calibration(text, fmt, ctx)
+    warnings: tuple[str, ...] = data.warnings
     if fmt.template is None and data.parse_special:
         warnings = (
+            *warnings,
             f"{Path(model_dir).name} has no chat template; dialogues are calibrated as plain 'Role: text' lines.",
         )
     ids = tokenize(tok, data)

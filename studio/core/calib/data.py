@@ -15,7 +15,6 @@ interleaved so that any prefix of chunks is already a mix.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.chat import template
+from studio.core import safejson
 from studio.core.chat.template import fallback_text
+from studio.core.chat.template import render_chats as render_all
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext
 from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
@@ -46,6 +46,7 @@ class CalibrationText:
     name: str
     text: str
     parse_special: bool = False  # True: special-token text (from a chat template) becomes special tokens
+    warnings: tuple[str, ...] = ()  # e.g. the model's chat template fell back to the built-in format
 
     @property
     def digest(self) -> str:
@@ -115,6 +116,13 @@ def _messages_of(obj: Any, where: str) -> list[dict[str, str]]:
     for m in msgs:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise CalibrationError(f'{where} has a message without string "role" and "content".')
+        for text in (m["role"], m["content"]):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise CalibrationError(
+                    f"{where} has a lone surrogate ({text[err.start]!r}) in a message; it is not Unicode text."
+                ) from None
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
@@ -129,10 +137,7 @@ def read_chats(path: str | os.PathLike[str]) -> list[list[dict[str, str]]]:
             continue
         if len(line) > MAX_JSONL_LINE:
             raise CalibrationError(f"Line {i} of {p} is longer than {MAX_JSONL_LINE >> 20} MB.")
-        try:
-            obj = json.loads(line)
-        except ValueError as err:
-            raise CalibrationError(f"Line {i} of {p} is not valid JSON ({err.msg}).") from None
+        obj = safejson.loads(line, f"Line {i} of {p}", CalibrationError)
         chats.append(_messages_of(obj, f"Line {i} of {p}"))
     if not chats:
         raise CalibrationError(f"The chat file {p} has no conversations.")
@@ -165,25 +170,24 @@ class ChatFormat:
 def render_chats(
     chats: Sequence[Sequence[dict[str, str]]], fmt: ChatFormat, ctx: JobContext | None = None
 ) -> tuple[list[str], list[str]]:
-    """Each conversation rendered through the model's chat template (sandboxed); returns (texts, warnings)."""
+    """Each conversation rendered through the model's chat template (sandboxed, in one child process
+    for all of them, with progress); returns (texts, warnings)."""
 
+    if not fmt.template:
+        return [fallback_text(msgs, add_generation_prompt=False) for msgs in chats], []
     texts, warnings = [], []
-    for msgs in chats:
-        if fmt.template:
-            r = template.render_chat(
-                fmt.template,
-                msgs,
-                bos_token=fmt.bos_token,
-                eos_token=fmt.eos_token,
-                add_generation_prompt=False,
-                source=fmt.source,
-                ctx=ctx,
-            )
-            texts.append(r.text)
-            if r.warning and r.warning not in warnings:
-                warnings.append(r.warning)
-        else:
-            texts.append(fallback_text(msgs, add_generation_prompt=False))
+    for r in render_all(
+        fmt.template,
+        chats,
+        bos_token=fmt.bos_token,
+        eos_token=fmt.eos_token,
+        add_generation_prompt=False,
+        source=fmt.source,
+        ctx=ctx,
+    ):
+        texts.append(r.text)
+        if r.warning and r.warning not in warnings:
+            warnings.append(r.warning)
     return texts, warnings
 
 
@@ -191,8 +195,8 @@ def load_chat_file(
     path: str | os.PathLike[str], fmt: ChatFormat, ctx: JobContext | None = None
 ) -> CalibrationText:
     """A JSONL of conversations, rendered through the model's chat template and joined."""
-    texts, _ = render_chats(read_chats(path), fmt, ctx)
-    return CalibrationText(str(path), "\n".join(texts), parse_special=True)
+    texts, warnings = render_chats(read_chats(path), fmt, ctx)
+    return CalibrationText(str(path), "\n".join(texts), parse_special=True, warnings=tuple(warnings))
 
 
 # ------------------------------------------------------------------------------------------ built-in
@@ -208,8 +212,11 @@ def _pieces(path: Path) -> list[str]:
     return [p.strip("\n") for p in text.split(PIECE_SEPARATOR) if p.strip()]
 
 
-def builtin_pieces(fmt: ChatFormat, ctx: JobContext | None = None) -> dict[str, list[str]]:
-    """The built-in pieces per kind (prose, dialogues rendered with ``fmt``, code, languages)."""
+def builtin_pieces(
+    fmt: ChatFormat, ctx: JobContext | None = None, warnings: list[str] | None = None
+) -> dict[str, list[str]]:
+    """The built-in pieces per kind (prose, dialogues rendered with ``fmt``, code, languages);
+    template warnings are appended to ``warnings``."""
     folder = builtin_dir()
     out: dict[str, list[str]] = {}
     for name in _BUILTIN_FILES:
@@ -220,7 +227,9 @@ def builtin_pieces(fmt: ChatFormat, ctx: JobContext | None = None) -> dict[str, 
                 hint="Reinstall Quant Studio so that its resources folder is present.",
             )
         if name.endswith(".jsonl"):
-            out[name.split(".")[0]], _ = render_chats(read_chats(path), fmt, ctx)
+            out[name.split(".")[0]], got = render_chats(read_chats(path), fmt, ctx)
+            if warnings is not None:
+                warnings.extend(got)
         else:
             out[name.split(".")[0]] = _pieces(path)
     return out
@@ -237,9 +246,12 @@ def interleave(groups: Sequence[Sequence[str]]) -> list[str]:
 
 def load_builtin(fmt: ChatFormat, ctx: JobContext | None = None) -> CalibrationText:
     """The built-in calibration text, dialogues rendered through ``fmt`` and all kinds interleaved."""
-    pieces = builtin_pieces(fmt, ctx)
+    warnings: list[str] = []
+    pieces = builtin_pieces(fmt, ctx, warnings)
     text = "\n\n".join(interleave(list(pieces.values())))
-    return CalibrationText("quant-studio built-in calibration text", text, parse_special=True)
+    return CalibrationText(
+        "quant-studio built-in calibration text", text, parse_special=True, warnings=tuple(warnings)
+    )
 
 
 def load_calibration(

@@ -52,6 +52,10 @@ _MAX_NAME = 4096
 _SUFFIX_SUMS = ".in_sum2"
 _SUFFIX_COUNTS = ".counts"
 _BLK = re.compile(r"^blk\.\d+\.")
+# Σx²/count is a mean squared activation; beyond this no float32 quantizer weighted by it stays
+# finite (llama-quantize then fails "quantized data validation"), so such a file is refused on reading.
+MAX_IMATRIX_VALUE = 1e30
+_U32 = (1 << 32) - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -375,12 +379,37 @@ def _read_gguf(p: Path) -> Imatrix:
                 raise CalibrationError(f"The imatrix {p.name} has NaN, Inf or negative values in {name}.")
             entries[name] = ImatrixEntry(name, sums.reshape(counts.size, -1), counts)
     ds = meta.get(KV_DATASETS) or ()
-    return Imatrix(
+    im = Imatrix(
         entries,
         tuple(str(d) for d in (ds if isinstance(ds, (list, tuple)) else [ds])),
-        int(meta.get(KV_CHUNK_COUNT) or 0),
-        int(meta.get(KV_CHUNK_SIZE) or 0),
+        _meta_u32(meta.get(KV_CHUNK_COUNT), KV_CHUNK_COUNT, p),
+        _meta_u32(meta.get(KV_CHUNK_SIZE), KV_CHUNK_SIZE, p),
     )
+    check_values(im, p.name)
+    return im
+
+
+def _meta_u32(value: Any, key: str, p: Path) -> int:
+    from studio.core.safejson import bounded_int
+
+    return bounded_int(value or 0, f"the {key} of the imatrix {p.name}", 0, _U32, CalibrationError)
+
+
+def check_values(imatrix: Imatrix, label: str) -> None:
+    """Refuse an imatrix whose values llama-quantize could not quantize with: NaN, Inf, negative, or
+    a mean over ``MAX_IMATRIX_VALUE`` (its quantizers would write Inf/NaN scales)."""
+    for name in sorted(imatrix.entries):
+        v = imatrix.vector(name)
+        if v.size and not np.isfinite(v).all():
+            raise CalibrationError(f"The imatrix {label} has NaN or Inf values in {name}.")
+        top = float(np.abs(v).max()) if v.size else 0.0
+        if top > MAX_IMATRIX_VALUE or (v.size and float(v.min()) < 0):
+            what = f"a value of {top:.3g}" if top > MAX_IMATRIX_VALUE else "negative values"
+            raise CalibrationError(
+                f"The imatrix {label} has {what} in {name}; a quantizer weighted by it would write "
+                "NaN or Inf, so it is refused.",
+                hint="Recompute the importance matrix.",
+            )
 
 
 def _read_f32(f: Any, offset: int, n: int) -> np.ndarray:
@@ -442,7 +471,9 @@ def _read_dat(p: Path) -> Imatrix:
             ln = r.i32("the dataset name")
             if 0 < ln <= len(data) - r.pos:
                 datasets = (r.take(ln, "the dataset name").decode("utf-8", errors="replace"),)
-    return Imatrix(entries, datasets, chunks, 0, legacy=True)
+    im = Imatrix(entries, datasets, max(0, chunks), 0, legacy=True)
+    check_values(im, p.name)
+    return im
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -481,6 +512,7 @@ __all__ = [
     "QUANTIZE_KV_ENTRIES",
     "QUANTIZE_KV_FILE",
     "check_for_model",
+    "check_values",
     "gguf_names",
     "imatrix_from_stats",
     "read_imatrix",

@@ -165,7 +165,7 @@ def _convert(ckpt: Any, t: Any, qtype: str, device: str, imatrix: Mapping[str, A
     if nan or inf:
         raise nonfinite_error(t.name, nan, inf, ckpt.info.path)
     n = int(t.ne[0]) if t.ne else 1
-    x2 = x.reshape(-1, n)
+    x2 = x.reshape(-1, n) if n else x.reshape(0, 0)  # a zero-size dimension: nothing to convert
     if qtype == "F32":
         return np.ascontiguousarray(x2, dtype=np.float32)
     if qtype == "F16":

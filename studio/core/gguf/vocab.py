@@ -3,7 +3,6 @@ token types, merges, special tokens, add-bos/eos, the pre-tokenizer name and the
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ import gguf
 from sentencepiece import SentencePieceProcessor
 from tokenizers import Tokenizer
 
+from studio.core import safejson
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, hparam
 from studio.core.modelinfo import ModelInfo
@@ -49,7 +49,7 @@ def _looks_special(text: str) -> bool:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return safejson.loads(path.read_text(encoding="utf-8"), f"{path.name} in {path.parent}", ExportError)
     except (OSError, ValueError) as err:
         raise ExportError(f"Cannot read {path}: {err}.") from err
 

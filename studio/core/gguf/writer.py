@@ -24,6 +24,7 @@ import numpy as np
 
 from studio.core.errors import CorruptFileError, ExportError
 from studio.core.gguf.read import read_gguf
+from studio.core.gguf.rowcheck import RowCheck
 from studio.core.units import format_bytes
 
 PARTIAL_SUFFIX = ".partial"
@@ -236,8 +237,21 @@ class AtomicGGUFWriter:
             pad = (-f.tell()) % align
             if pad:
                 f.write(b"\0" * pad)
+            check = RowCheck(pt.qtype)
             for c in chunks:
-                b = memoryview(np.ascontiguousarray(c)).cast("B")
+                c = np.ascontiguousarray(c)
+                if c.size == 0:  # a tensor with a zero-size dimension: no bytes (memoryview refuses it)
+                    continue
+                bad = check.feed(c)
+                if bad is not None:
+                    # llama-quantize's "quantized data validation failed", as a sentence
+                    self.abort()
+                    raise ExportError(
+                        f"Tensor {name!r} as {pt.qtype} holds NaN or Inf (block {bad:,}); the export was "
+                        "stopped and the partial file deleted.",
+                        hint="An importance matrix with huge values or damaged weights causes this.",
+                    )
+                b = memoryview(c).cast("B")
                 crc = zlib.crc32(b, crc)
                 f.write(b)
                 written += len(b)

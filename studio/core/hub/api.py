@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from studio import __version__
+from studio.core import safejson
 from studio.core.errors import HubError
 from studio.core.hub.errors import AuthRequired, NetworkError, OfflineError, RateLimited, RepoNotFound
 from studio.core.hub.gguf_quant import quant_type_from_name
@@ -659,7 +660,9 @@ def fetch_json(repo_id: str, filename: str, **kwargs: Any) -> dict[str, Any] | N
     """A small JSON file (e.g. config.json) parsed, or None when it is not a JSON object."""
     try:
         data = json.loads(fetch_bytes(repo_id, filename, **kwargs))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting too: not a usable config
+        return None
+    if safejson.depth(data) > safejson.MAX_DEPTH:
         return None
     return data if isinstance(data, dict) else None
 

@@ -30,6 +30,7 @@ from studio.core.errors import (
 from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext
 from studio.core.model import adapters
+from studio.core.model.config_bounds import check_config_numbers, check_gguf_numbers
 from studio.core.model.gguf_source import dequantize_tensor
 from studio.core.model.pickle_loader import PickleOptions, convert_pickles, skipped_tensors
 from studio.core.model.st_header import StEntry, read_header
@@ -656,6 +657,7 @@ def _model_info(
         )
     if not tensors:
         warnings.append(f"{path.name} contains no tensors.")
+    check_config_numbers(config, tensors, path.name)
     return ModelInfo(
         path=path,
         format=fmt,
@@ -774,6 +776,8 @@ def _open_gguf(file: Path, ctx: JobContext) -> Checkpoint:
         for t in g.tensors
     ]
     config = gguf_config(g.metadata)
+    check_config_numbers(config, tensors, file.name, "The metadata")
+    check_gguf_numbers(g.metadata, g.tensors, file.name)
     info = ModelInfo(
         path=file,
         format=CheckpointFormat.GGUF,

@@ -36,6 +36,7 @@ from studio.core.gguf.arch import Transform, head_counts
 from studio.core.gguf.layout import layout
 from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.config_bounds import check_gguf_numbers
 from studio.core.model.hf_progress import no_hf_progress_bars
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, TensorInfo
 from studio.core.paths import user_cache_dir
@@ -455,6 +456,7 @@ def write_hf_folder(
     g = read_gguf(src)  # bounded: before gguf-py's reader (inside transformers) trusts any count
     check_tokenizer(g)
     check_decodable(g.tensors, src)
+    check_gguf_numbers(g.metadata, g.tensors, src.name)  # before transformers builds a model from them
     ctx.report(0, 1, f"Reading the metadata of {src.name}")
     with no_hf_progress_bars():
         config = _transformers_config(src, g)

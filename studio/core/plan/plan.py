@@ -28,21 +28,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from studio.core.errors import QuantizationError
+from studio.core import safejson
+from studio.core.errors import QuantizationError, quote
 from studio.core.gguf.layout import layout
 from studio.core.modelinfo import ModelInfo
 from studio.core.plan.presets import PRESETS, Fallback, allows_quantization, preset_choice
 from studio.core.quant.methods import DEFAULT_METHOD, check_method, method_info
 from studio.core.quant.types import FLOAT_TYPES, QTYPES, check_type, fallback_type, tensor_bytes
+from studio.core.saferegex import compile_pattern
 
 PLAN_VERSION = 1
+MAX_FTYPE = 1024  # llama.cpp's LLAMA_FTYPE_GUESSED; general.file_type is a u32 of a small enum
+MAX_FIRST_LAST = 1 << 20  # first/last layers: more than any model has, far less than a loop can bear
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class Recipe:
                     RecipeKind.PRESET,
                     str(d["preset"]),
                     imatrix=bool(d.get("imatrix")),
-                    keep_first_last=None if keep is None else (int(keep["n"]), str(keep["type"])),
+                    keep_first_last=None if keep is None else (_layers_n(keep["n"]), str(keep["type"])),
                     overrides=ovs,
                     edited=edited,
                     method=method,
@@ -130,7 +133,7 @@ class Recipe:
                     RecipeKind.BUDGET, str(d["budget"]), edited=edited, method=method, candidates=cands
                 )
             if kind == "first_last":
-                keep_fl = (int(d["n"]), str(d["high"]))
+                keep_fl = (_layers_n(d["n"]), str(d["high"]))
                 return Recipe(
                     RecipeKind.UNIFORM,
                     str(d["low"]),
@@ -139,11 +142,17 @@ class Recipe:
                     edited=edited,
                     method=method,
                 )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise QuantizationError(
-                f"The plan recipe {kind!r} is malformed ({type(err).__name__}: {err})."
+                f"The plan recipe {quote(kind)} is malformed ({type(err).__name__}: {quote(str(err), 100)})."
             ) from None
-        raise QuantizationError(f"The plan recipe kind {kind!r} is unknown.")
+        raise QuantizationError(f"The plan recipe kind {quote(kind)} is unknown.")
+
+
+def _layers_n(value: Any) -> int:
+    return safejson.bounded_int(
+        value, "the number of first/last layers", 0, MAX_FIRST_LAST, ValueError
+    )  # a ValueError: the recipe's "is malformed (...)" sentence wraps it
 
 
 @dataclass(frozen=True)
@@ -234,10 +243,7 @@ class Plan:
         ``source`` (the file name) is named in the error messages.
         """
         what = f"The plan file {source}" if source else "The plan file"
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise QuantizationError(f"{what} is not valid JSON ({err.msg} at line {err.lineno}).") from None
+        d = safejson.loads(text, what, QuantizationError)
         return Plan.from_dict(d, info, source)
 
     @staticmethod
@@ -252,7 +258,7 @@ class Plan:
             raise QuantizationError(f"{what} has no 'version' field; it is not a Quant Studio plan.")
         if d["version"] != PLAN_VERSION:
             raise QuantizationError(
-                f"{what} has version {d['version']!r}; this Quant Studio reads version {PLAN_VERSION}."
+                f"{what} has version {quote(d['version'])}; this Quant Studio reads version {PLAN_VERSION}."
             )
         types = d.get("types")
         recipe = d.get("recipe") or {}
@@ -281,16 +287,18 @@ class Plan:
             plan = Plan(
                 types=types,
                 name=str(d.get("name", "custom")),
-                ftype=int(d.get("ftype", 1)),
+                ftype=safejson.bounded_int(d.get("ftype", 1), "the plan's ftype", 0, MAX_FTYPE, ValueError),
                 fallbacks=fallbacks,
                 notes=tuple(str(n) for n in d.get("notes") or []),
                 recipe=typed_recipe,
                 method=str(d.get("method", DEFAULT_METHOD)),
                 methods=methods,
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             # a hand-edited file: its 'fallbacks', 'ftype' or 'notes' are not what to_dict writes
-            raise QuantizationError(f"{what} is malformed ({type(err).__name__}: {err}).") from None
+            raise QuantizationError(
+                f"{what} is malformed ({type(err).__name__}: {quote(str(err), 100)})."
+            ) from None
         if info is not None:
             check_plan(plan, info)
         return plan
@@ -347,14 +355,11 @@ def check_plan(plan: Plan, info: ModelInfo) -> None:
         )
 
 
-def _compile(overrides: Sequence[Override]) -> list[tuple[re.Pattern[str], str]]:
+def _compile(overrides: Sequence[Override]) -> list[tuple[Any, str]]:
     compiled = []
     for o in overrides:
         check_type(o.qtype, f"Override {o.pattern!r} asks for the unknown type {o.qtype!r}.")
-        try:
-            compiled.append((re.compile(o.pattern), o.qtype))
-        except re.error as err:
-            raise QuantizationError(f"Override pattern {o.pattern!r} is not a valid regex ({err}).") from None
+        compiled.append((compile_pattern(o.pattern, QuantizationError), o.qtype))
     return compiled
 
 
