@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from studio.core import safejson
+from studio.core.chat.render import render_chats as render_all
 from studio.core.chat.template import fallback_text
-from studio.core.chat.template import render_chats as render_all
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext
 from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8

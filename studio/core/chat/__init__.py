@@ -7,8 +7,9 @@ Heavy modules (torch, transformers, llama_cpp) are imported only when a back end
 """
 
 from studio.core.chat.backend import BaseBackend, ChatBackend
+from studio.core.chat.render import render_chat
 from studio.core.chat.session import ChatSession, ColumnOutcome, first_divergence, generate, open_backend
-from studio.core.chat.template import RenderedChat, render_chat
+from studio.core.chat.template import RenderedChat
 from studio.core.chat.types import (
     ChatError,
     GenerationResult,

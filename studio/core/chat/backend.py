@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from studio.core.chat.template import render_chat
+from studio.core.chat.render import render_chat
 from studio.core.chat.types import (
     ChatError,
     Message,

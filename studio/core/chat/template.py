@@ -421,7 +421,8 @@ def _content(m: Any) -> str:
     return str(m["content"] if isinstance(m, dict) else m.content)
 
 
-def _messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+def message_dicts(messages: Sequence[Any]) -> list[dict[str, str]]:
+    """``messages`` (Message objects or dicts) as plain ``{"role", "content"}`` dicts."""
     return [{"role": _role(m), "content": _content(m)} for m in messages]
 
 
@@ -473,7 +474,7 @@ class TemplateEngine:
         """
         if self.broken is not None:
             return _fallback(messages, add_generation_prompt, self.source, self.broken)
-        msgs = _messages(messages)
+        msgs = message_dicts(messages)
         self.budget.reset(time_budget_s, _max_chars(msgs, max_chars))
         try:
             parts: list[str] = []
@@ -510,76 +511,6 @@ def _why(err: BaseException) -> str:
     if isinstance(err, (MemoryError, RecursionError, OverflowError)):
         return f"it needed too much memory or recursion ({type(err).__name__})"
     return f"it failed ({type(err).__name__}: {_short(err)})"
-
-
-def render_chats(
-    template: str | None,
-    conversations: Sequence[Sequence[Any]],
-    *,
-    bos_token: str = "",
-    eos_token: str = "",
-    add_generation_prompt: bool = True,
-    source: str = "the model",
-    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
-    max_chars: int | None = None,
-    ctx: JobContext | None = None,
-) -> list[RenderedChat]:
-    """Render each conversation with ``template`` in the sandbox, in a child process; plain
-    completion when there is no template.
-
-    The template is compiled once for all conversations. Each one has ``time_budget_s``; a child
-    stuck past it (inside C code) is killed, and that conversation and the rest get the built-in
-    format with a warning. ``ctx`` sees progress per conversation; cancelling it kills the child
-    and raises ``JobCancelled``.
-    """
-    if not template or not template.strip():
-        return [RenderedChat(plain_text(m), "none") for m in conversations]
-    from studio.core.chat.template_worker import render_in_child
-
-    return render_in_child(
-        template,
-        [_messages(m) for m in conversations],
-        dict(
-            bos_token=bos_token,
-            eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt,
-            time_budget_s=time_budget_s,
-            max_chars=max_chars,
-        ),
-        source=source,
-        ctx=ctx,
-    )
-
-
-def render_chat(
-    template: str | None,
-    messages: Sequence[Any],
-    *,
-    bos_token: str = "",
-    eos_token: str = "",
-    add_generation_prompt: bool = True,
-    source: str = "the model",
-    time_budget_s: float = DEFAULT_TIME_BUDGET_S,
-    max_chars: int | None = None,
-    ctx: JobContext | None = None,
-) -> RenderedChat:
-    """Render ``messages`` with ``template`` in the sandbox (in a child process); plain completion when there is none.
-
-    ``messages`` are ``Message`` objects or ``{"role", "content"}`` dicts. A template that is refused,
-    over budget or broken gives the built-in format and a warning. Cancelling ``ctx`` raises
-    ``JobCancelled``.
-    """
-    return render_chats(
-        template,
-        [messages],
-        bos_token=bos_token,
-        eos_token=eos_token,
-        add_generation_prompt=add_generation_prompt,
-        source=source,
-        time_budget_s=time_budget_s,
-        max_chars=max_chars,
-        ctx=ctx,
-    )[0]
 
 
 def _short(err: Any, limit: int = 160) -> str:

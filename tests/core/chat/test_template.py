@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from studio.core.chat.template import fallback_text, plain_text, render_chat
+from studio.core.chat.render import render_chat
+from studio.core.chat.template import fallback_text, plain_text
 from studio.core.factory import (
     CHATML_TEMPLATE,
     GEMMA_TEMPLATE,

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from studio.core.chat.template import fallback_text, render_chat
+from studio.core.chat.render import render_chat
+from studio.core.chat.template import fallback_text
 from studio.core.jobs import JobCancelled, JobContext
 
 MSGS = [{"role": "user", "content": "Hi there"}]
@@ -54,7 +55,7 @@ def child_peak_rss() -> int:
 
 
 def render_chats(*args, **kwargs):
-    from studio.core.chat.template import render_chats as render
+    from studio.core.chat.render import render_chats as render
 
     return render(*args, **kwargs)
 
