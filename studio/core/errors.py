@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from studio.core.untrusted import redact_secrets
+
 
 class StudioError(Exception):
     """Base of every error the user may see; ``str(err)`` is the sentence to show."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        # The one place every error sentence is built: no bearer token survives it (a server may echo it).
+        message = redact_secrets(message)
+        hint = redact_secrets(hint) if hint else hint
         super().__init__(message)
         self.message = message
         self.hint = hint
