@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# argv: HOLD FLAG CLI-ARGS... ; HOLD is "writer" (inside the GGUF writer, after the first tensor),
+# argv: HOLD FLAG CLI-ARGS... ; HOLD is "writer" (the GGUF writer's partial file has its header),
 # "spool" (after the first spooled tensor of a calibrated export) or "none".
 HOLD = r"""
 import sys, time
@@ -29,12 +29,12 @@ def pause():
 
 if hold == "writer":
     from studio.core.gguf import writer
-    orig_w = writer.AtomicGGUFWriter.write_tensor
-    def write_tensor(self, name, data):
-        orig_w(self, name, data)
+    orig_b = writer.AtomicGGUFWriter.begin
+    def begin(self):
+        orig_b(self)
         self._file.flush()
         pause()
-    writer.AtomicGGUFWriter.write_tensor = write_tensor
+    writer.AtomicGGUFWriter.begin = begin
 elif hold == "spool":
     from studio.core.calib import spool
     orig_p = spool.TensorSpool.put

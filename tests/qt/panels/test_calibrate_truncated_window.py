@@ -34,18 +34,22 @@ panel.set_text("text", text)
 panel.set_run(ctx=64, chunks=2, device="cpu")
 seen = {}
 
+def finish():
+    # measured before quit(), which closes the windows in Qt 6
+    seen["visible"] = panel.isVisible()
+    seen["run_enabled"] = panel.run_button.isEnabled()
+    seen["status"] = panel.status.text()
+    app.quit()
+
 def on_error(msg):
     seen["error"] = msg
-    QTimer.singleShot(300, app.quit)  # the window keeps running a little after the failure
+    QTimer.singleShot(300, finish)  # the window keeps running a little after the failure
 
 panel.errorShown.connect(on_error)
 panel.calibrated.connect(lambda _s: (seen.setdefault("calibrated", True), app.quit()))
 QTimer.singleShot(240_000, app.quit)
 panel.start()
 app.exec()
-seen["visible"] = panel.isVisible()
-seen["run_enabled"] = panel.run_button.isEnabled()
-seen["status"] = panel.status.text()
 print("RESULT " + json.dumps(seen), flush=True)
 jobs.shutdown(10_000)
 ckpt.close()
@@ -73,4 +77,4 @@ def test_window_survives_a_checkpoint_truncated_during_calibration(tiny_models, 
     seen = json.loads(line[len("RESULT ") :])
     assert "calibrated" not in seen
     assert "model.safetensors ended" in seen["error"] and "\n" not in seen["error"]
-    assert seen["visible"] and seen["run_enabled"] and seen["status"] == seen["error"]
+    assert seen["visible"] and seen["run_enabled"] and seen["status"] == seen["error"], seen
