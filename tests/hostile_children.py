@@ -47,26 +47,26 @@ from studio.cli import main
 sys.exit(main(argv))
 """
 
-# Truncate the checkpoint while calibration reads it: when the first tensor stored in the second half
-# of its safetensors file has been handed to the run, the file is cut to half its size (as a sync
-# client or another process replacing it would). Before issue 25 the run computed from a memory map
-# of that tensor and died of SIGBUS.
+# Truncate the checkpoint while calibration runs: right after the run has read layer 0's weights, the
+# file is cut where layer 0's data begins (as a sync client or another process replacing it would).
+# Before issue 25 the run computed from memory maps of those weights and died of SIGBUS; now it holds
+# copies, and the next read (layer 1) comes up short: one sentence.
 TRUNCATE = r"""
 import os
 from studio.core.calib import runner
-_orig = runner._read_tensor
+_orig_load = runner._Materializer.load
 _done = []
 
-def _read_tensor(ckpt, name):
-    t = _orig(ckpt, name)
-    info = ckpt.info.tensor(name)
-    size = os.path.getsize(info.file)
-    if not _done and ckpt._entries[name].begin > size // 2:
-        os.truncate(info.file, size // 2)
-        _done.append(name)
-    return t
+def load(self, paths):
+    n = _orig_load(self, paths)
+    names = [self.sk.names[p] for p in paths if ".layers.0." in p]
+    if names and not _done:
+        entries = self.ckpt._entries
+        os.truncate(self.ckpt.info.tensor(names[0]).file, min(entries[x].begin for x in names))
+        _done.append(True)
+    return n
 
-runner._read_tensor = _read_tensor
+runner._Materializer.load = load
 """
 
 

@@ -26,10 +26,9 @@ LINKS = """# Links
 [passwd](file:///etc/passwd) [relative](../secret.txt) [script](javascript:alert(1))
 [share](smb://attacker/share) [editor](vscode://file/etc/passwd) [custom](ms-msdt:/id)
 
-![zero](/dev/zero) ![local](file:///etc/passwd)
-
 [top](#links)
 """
+IMAGES = "# Images\n\n![zero](/dev/zero) ![local](file:///etc/passwd)\n"
 SCHEMES = ("http", "https", "file", "smb", "vscode", "javascript", "ms-msdt")
 EVIL_LICENSE = "<table><tr><td>" * 50 + "mit\x1b[31m"
 
@@ -45,7 +44,8 @@ def hub(monkeypatch, tmp_path):
         _repo("evil-org/nested-20", NESTED_20, downloads=5),
         _repo("evil-org/nested-3000", NESTED_3000, downloads=4),
         _repo("evil-org/brackets", BRACKETS, downloads=3),
-        _repo("evil-org/links", LINKS, downloads=2, card_data={"license": EVIL_LICENSE}),
+        _repo("evil-org/links", LINKS, downloads=2),
+        _repo("evil-org/images", IMAGES, downloads=1, card_data={"license": EVIL_LICENSE}),
     ):
         repos[r.repo_id] = r
     with FakeHub(repos) as server:
@@ -62,7 +62,7 @@ def panel(qtbot, hub):
     p.show()
     p.search_edit.setText("evil")
     qtbot.keyClick(p.search_edit, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: p.results.rowCount() == 4, timeout=20_000)
+    qtbot.waitUntil(lambda: p.results.rowCount() == 5, timeout=20_000)
     yield p
     p.shutdown()
     p.jobs.shutdown()
@@ -195,7 +195,7 @@ def test_links_open_only_for_http_after_the_user_saw_the_address(qtbot, panel, o
 
 
 def test_card_loads_nothing_from_local_files_and_the_license_is_text(qtbot, panel):
-    _show_card(qtbot, panel, "evil-org/links")
+    _show_card(qtbot, panel, "evil-org/images")
     card = panel.card
     assert (
         card.loadResource(QTextDocument.ResourceType.ImageResource.value, QUrl("file:///etc/passwd")) is None
