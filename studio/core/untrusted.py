@@ -37,7 +37,10 @@ _FRONT_MATTER = re.compile(r"\A---[ \t]*\n.{0,65536}?\n---[ \t]*(\n|\Z)", re.DOT
 _TAG = re.compile(r"</?(?!https?://)[A-Za-z!][^<>]{0,2000}>")
 _IMAGE = re.compile(r"!\[([^\[\]\n]{0,500})\]\([^()\n]{0,2000}\)")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\",;)\]}]{4,}")
-_KEY_VALUE = re.compile(r"(?i)\b((?:token|authorization)\s*[:=]\s*)(?!bearer\b)[^\s'\",;)\]}]{4,}")
+# "Authorization: X" and "token=X" (a query string); not "token: X", which names special tokens in chat errors.
+_KEY_VALUE = re.compile(
+    r"(?i)\b((?:authorization\s*[:=]|(?:access_|auth_|hf_|api_)?token\s*=)\s*)(?!bearer\b)[^\s'\",;)\]}]{4,}"
+)
 _HF_TOKEN = re.compile(r"\b(hf|api_org)_[A-Za-z0-9]{20,}\b")
 _RUN = re.compile(r"([^\w\s])\1{" + str(MAX_RUN) + ",}")
 _QUOTE = re.compile(r"^(?:[ \t]{0,3}>)+")

@@ -41,6 +41,7 @@ def test_redaction_keeps_ordinary_words():
         "sign in with a Hugging Face token that can read it",
         "download it with the hf_xet-enabled 'hf download' tool instead",
         "the bearer of bad news",
+        "the template has no EOS token: <|im_end|>; token: <s> is used",
     ):
         assert redact_secrets(text) == text
     assert redact_secrets("x my-own-token y", "my-own-token") == "x hf_*** y"
