@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from studio import __version__
 from studio.commands._check import check_args
 from studio.core.errors import StudioError
+from studio.core.untrusted import terminal_safe
 
 # Subcommand modules, in the order they are listed in --help.
 COMMANDS = (
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # inside the try: a closed pipe must not surface at interpreter exit
         return code
     except StudioError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {terminal_safe(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
+from studio.core.untrusted import terminal_safe
 
 
 def dequantized(model: str, line: ProgressLine) -> str:
@@ -72,6 +73,7 @@ class ProgressLine:
         if not final and now - self._last < self.interval:
             return
         self._last = now
+        text = terminal_safe(text)  # file names and messages may come from the Hub or a model's files
         if self.tty:
             self.stream.write("\r" + text[: self.width].ljust(self.width))
             self._open = True
@@ -87,7 +89,7 @@ class ProgressLine:
     def log(self, msg: str) -> None:
         """A message of its own line (a ``JobContext`` log callback), below the progress line."""
         self.end()
-        self.stream.write(msg + "\n")
+        self.stream.write(terminal_safe(msg, keep_newlines=True) + "\n")
         self.stream.flush()
 
     def end(self) -> None:

@@ -54,19 +54,34 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
+def _imatrix_bytes(info: Any) -> int:
+    """An upper bound of the imatrix file's size: float32 sums per input column of every matrix, plus counts."""
+    total = 64 * 1024  # header, names and metadata
+    for t in info.tensors:
+        if len(t.shape) >= 2 and t.shape[-2]:
+            n = 1
+            for d in t.shape:
+                n *= int(d)
+            total += 4 * (n // int(t.shape[-2])) + 4 * (n // (int(t.shape[-2]) * int(t.shape[-1]) or 1))
+    return total
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``calibrate``."""
     from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
     from studio.core.calib.calibrate import calibrate
     from studio.core.calib.data import BUILTIN
     from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
-    from studio.core.gguf.writer import check_output_path
+    from studio.core.gguf.writer import check_output_path, clean_stale_partials
     from studio.core.model import open_model
 
     out = Path(args.output).expanduser()
     check_output_path(out)  # a folder that cannot be written is refused before the long run
+    clean_stale_partials(out.parent)  # what killed runs left in that folder
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
+    # The disk must hold the imatrix before the long run, not after it: sums and counts per input column.
+    check_output_path(out, need_bytes=_imatrix_bytes(info))
     from studio.core.calib.collect import ActivationCollector
 
     collector = ActivationCollector()

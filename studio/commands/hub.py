@@ -15,6 +15,12 @@ from studio.commands._common import ProgressLine, format_table, print_json
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
 from studio.core.units import format_bytes, format_count
+from studio.core.untrusted import terminal_safe
+
+
+def _say(text: str, **kwargs: object) -> None:
+    """Print Hub text (ids, file names, licenses): control characters escaped, never sent raw to the terminal."""
+    print(terminal_safe(text, keep_newlines=True), **kwargs)  # type: ignore[call-overload]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -130,7 +136,7 @@ def _search(args: argparse.Namespace) -> int:
         print_json([r.to_json() for r in results])
         return 0
     if not results:
-        print("no models found")
+        _say("no models found")
         return 0
     rows = [
         (
@@ -142,7 +148,7 @@ def _search(args: argparse.Namespace) -> int:
         )
         for r in results
     ]
-    print(format_table(("MODEL", "DOWNLOADS", "LIKES", "PARAMS", "TASK"), rows, right=(1, 2, 3)))
+    _say(format_table(("MODEL", "DOWNLOADS", "LIKES", "PARAMS", "TASK"), rows, right=(1, 2, 3)))
     return 0
 
 
@@ -172,22 +178,22 @@ def _info(args: argparse.Namespace) -> int:
             fj["fit"] = gguf_fit(f.size, hw) if f.quant_type and f.size else None
         print_json(out)
         return 0
-    print(f"{d.id}  (commit {d.sha or '?'})")
-    print(
+    _say(f"{d.id}  (commit {d.sha or '?'})")
+    _say(
         f"  parameters: {format_count(d.params)}   license: {d.license or '-'}   task: {d.pipeline_tag or '-'}"
     )
-    print(f"  downloads: {d.downloads}   likes: {d.likes}   gated: {'yes' if d.gated else 'no'}")
+    _say(f"  downloads: {d.downloads}   likes: {d.likes}   gated: {'yes' if d.gated else 'no'}")
     if badge is not None:
         best = f"; best preset that fits: {badge.best_preset}" if badge.best_preset else ""
-        print(
+        _say(
             f"  on this machine: {badge.label}, about {format_bytes(badge.memory_bytes)} of memory "
             f"at 4096 tokens{best}"
         )
-    print(f"  total size: {format_bytes(d.total_size)} in {len(d.files)} files")
+    _say(f"  total size: {format_bytes(d.total_size)} in {len(d.files)} files")
     width = max((len(f.name) for f in d.files), default=4)
     for f in d.files:
         extra = f"  {f.quant_type}: {gguf_fit(f.size, hw)}" if f.quant_type and f.size else ""
-        print(f"    {f.name:<{width}}  {format_bytes(f.size or 0):>10}{extra}")
+        _say(f"    {f.name:<{width}}  {format_bytes(f.size or 0):>10}{extra}")
     return 0
 
 
@@ -219,8 +225,8 @@ def _download(args: argparse.Namespace) -> int:
         print_json(out)
     else:
         if res.note:
-            print(res.note, file=sys.stderr)
-        print(res.path)
+            _say(res.note, file=sys.stderr)
+        _say(str(res.path))
     return 0
 
 
@@ -239,10 +245,10 @@ def _upload(args: argparse.Namespace) -> int:
         print_json(res.to_json())
         return 0
     for note in res.notes:
-        print(note, file=sys.stderr)
+        _say(note, file=sys.stderr)
     made = "created and uploaded to" if res.created_repo else "uploaded to"
     card = " with its model card" if res.card_written else ""
-    print(f"{res.file_name} ({format_bytes(res.file_bytes)}) {made} {res.repo_id}{card}: {res.file_url}")
+    _say(f"{res.file_name} ({format_bytes(res.file_bytes)}) {made} {res.repo_id}{card}: {res.file_url}")
     return 0
 
 
@@ -258,7 +264,7 @@ def _cache(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"deleted": args.delete, "revision": args.revision, "freed_bytes": freed})
         else:
-            print(
+            _say(
                 f"deleted {args.delete}{' @ ' + args.revision if args.revision else ''}: {format_bytes(freed)} freed"
             )
         return 0
@@ -271,14 +277,14 @@ def _cache(args: argparse.Namespace) -> int:
         else:
             kept = len(items) - len(removed)
             busy = f"; {kept} in use by a running download were kept" if kept else ""
-            print(f"removed {len(removed)} leftover file(s), {format_bytes(freed)} freed{busy}")
+            _say(f"removed {len(removed)} leftover file(s), {format_bytes(freed)} freed{busy}")
         return 0
     models = list_cached(args.cache_dir)
     if args.json:
         print_json([m.to_json() for m in models])
         return 0
     if not models:
-        print("the cache is empty")
+        _say("the cache is empty")
         return 0
     rows = [
         (
@@ -289,5 +295,5 @@ def _cache(args: argparse.Namespace) -> int:
         )
         for m in models
     ]
-    print(format_table(("MODEL", "SIZE", "REVISIONS", "LAST USED"), rows, right=(1, 2)))
+    _say(format_table(("MODEL", "SIZE", "REVISIONS", "LAST USED"), rows, right=(1, 2)))
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from studio.core.untrusted import redact_secrets
+
 MAX_MESSAGE_CHARS = 300  # an error line longer than this quotes something hostile; it is cut in the middle
 MAX_HINT_CHARS = 200
 _LONG_QUOTED = re.compile(r"(['\"])([^'\"\n]{80,})\1")  # a quoted value of 80+ characters
@@ -48,8 +50,10 @@ class StudioError(Exception):
     """
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
-        message = bound_message(message, MAX_MESSAGE_CHARS)
-        hint = bound_message(hint, MAX_HINT_CHARS) if hint else hint
+        # The one place every error sentence is built: no bearer token survives it (a server may echo
+        # it), and a hostile name or value quoted in it cannot make a megabyte-long line.
+        message = bound_message(redact_secrets(message), MAX_MESSAGE_CHARS)
+        hint = bound_message(redact_secrets(hint), MAX_HINT_CHARS) if hint else hint
         super().__init__(message)
         self.message = message
         self.hint = hint

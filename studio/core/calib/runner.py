@@ -693,12 +693,12 @@ _COPYABLE = {"F32": None, "F16": None, "BF16": "bfloat16"}
 
 
 def _read_tensor(ckpt: Any, name: str) -> Any:
-    """One tensor as a CPU torch tensor over a private copy-on-write memory map of just its bytes.
+    """One tensor as a CPU torch tensor over a private copy of just its bytes (``map_raw``).
 
-    No copy is made: the layer computes straight from the page cache, and the map closes when the
-    layer's weights go back to the meta device (safetensors' own handle keeps the whole file mapped,
-    so every layer read would stay in the process's resident memory until the end). Copy-on-write
-    keeps the file untouched when a consumer replaces weights in place.
+    The copy is freed when the layer's weights go back to the meta device (safetensors' own handle
+    keeps the whole file mapped, so every layer read would stay in the process's resident memory until
+    the end); it is read, not mapped, so a checkpoint truncated during the run is one sentence instead
+    of SIGBUS; a consumer may replace weights in place without touching the file.
     """
     import torch
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from studio.core.errors import ExportError
-from studio.core.gguf.writer import PARTIAL_SUFFIX
+from studio.core.gguf.writer import PARTIAL_SUFFIX, clean_stale_partials
 
 try:
     import fcntl
@@ -42,6 +42,7 @@ class TensorSpool:
 
     def __init__(self, out: Path) -> None:
         out = Path(out)
+        clean_stale_partials(out.parent)  # spools and partials of killed runs in this folder
         self.path = out.with_name(f".{out.stem}.spool-{os.getpid()}{PARTIAL_SUFFIX}")
         self._f = open(self.path, "w+b")  # noqa: SIM115 - closed in close()
         if fcntl is not None:

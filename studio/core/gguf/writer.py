@@ -117,19 +117,52 @@ def stale_partials(folder: Path) -> list[Path]:
     return out
 
 
-def remove_stale_partials(folder: Path, *, min_age_s: float = 0.0) -> list[Path]:
+def remove_stale_partials(
+    folder: Path, *, min_age_s: float = 0.0, older_than: float | None = None
+) -> list[Path]:
     """Delete partial files left by killed exports; returns what was removed.
 
-    Tested by tests/core/export/test_export_faults.py::test_stale_partials_are_cleaned.
+    ``older_than`` (a time stamp): only files last written before it. Tested by
+    tests/core/export/test_export_faults.py::test_stale_partials_are_cleaned.
     """
     removed = []
     now = time.time()
     for p in stale_partials(folder):
         with contextlib.suppress(OSError):
-            if now - p.stat().st_mtime >= min_age_s:
+            mtime = p.stat().st_mtime
+            if now - mtime >= min_age_s and (older_than is None or mtime < older_than):
                 p.unlink()
                 removed.append(p)
     return removed
+
+
+_LOADED_AT = time.time()  # a bound for process_start_time where /proc is missing (not Linux)
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch; at worst about a second early on Linux,
+    elsewhere when this module was loaded)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22: start time in clock ticks
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration, AttributeError):
+        return _LOADED_AT
+
+
+def clean_stale_partials(folder: Path) -> list[Path]:
+    """At the start of a run that writes into ``folder``: remove the ``*.partial`` files and hidden
+    ``.NAME.spool-PID.partial`` spools that killed runs left there, that is the unlocked ones last
+    written before this process started (a concurrent run's files are locked or newer). Never raises.
+
+    Tested by tests/cli/test_stale_partials.py (kill -9 in export, GPTQ export and calibration).
+    """
+    try:
+        return remove_stale_partials(Path(folder), older_than=process_start_time())
+    except Exception:  # cleaning up is a courtesy; it must never stop the run itself
+        return []
 
 
 @dataclass(frozen=True)
@@ -192,6 +225,7 @@ class AtomicGGUFWriter:
 
     def begin(self) -> None:
         """Create the partial file and write the header, metadata and tensor infos."""
+        clean_stale_partials(self.partial.parent)
         try:
             self.kv.write_header_to_file(self.partial)
             self._file = self.kv.fout[0]

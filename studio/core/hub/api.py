@@ -446,8 +446,17 @@ def _license(info: Any) -> str | None:
 def repo_files(info: Any) -> tuple[RepoFileInfo, ...]:
     """Our file records from a ``model_info(..., files_metadata=True)`` answer (names validated)."""
     files = []
+    names = {str(s.rfilename) for s in info.siblings or ()}
     for s in info.siblings or ():
         name = str(safe_repo_path(s.rfilename))
+        folder = name.rpartition("/")[0]
+        while folder:  # "config.json" and "config.json/inner.txt": one path cannot be file and folder
+            if folder in names:
+                raise RepoNotFound(
+                    f"The Hub listed {folder!r} both as a file and as a folder (of {name!r}) in "
+                    f"'{info.id}'; the listing is broken, so nothing was downloaded."
+                )
+            folder = folder.rpartition("/")[0]
         lfs = s.lfs
         sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
         size = s.size if s.size is not None else (getattr(lfs, "size", None) if lfs is not None else None)

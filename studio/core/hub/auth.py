@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from studio.core.untrusted import redact_secrets
+
 KEYRING_SERVICE = "quant-studio"
 KEYRING_USER = "huggingface-token"
 
@@ -87,7 +89,5 @@ def forget_token() -> None:
 
 
 def redact(text: str, token: str | None) -> str:
-    """``text`` with every occurrence of ``token`` replaced, for anything that may reach a log."""
-    if token and len(token) >= 4:
-        return text.replace(token, "hf_***")
-    return text
+    """``text`` with ``token`` (and anything shaped like a bearer token) replaced, for anything that may reach a log."""
+    return redact_secrets(text, token)

@@ -12,6 +12,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from studio.core.hub.errors import RepoNotFound
+from studio.core.untrusted import has_control_chars
 
 PARTIAL_SUFFIX = ".studio-partial"
 # Files huggingface_hub itself leaves behind after a crash; ignored by us, offered for cleanup.
@@ -73,7 +74,9 @@ def safe_repo_path(filename: str) -> PurePosixPath:
 
     A hostile endpoint could list ``../../.bashrc`` or an absolute path; those never reach the disk.
     """
-    if not filename or "\x00" in filename or "\\" in filename:
+    # Control characters (terminal escapes, bidi overrides) are refused like traversal: such a name
+    # would be printed and created as it is.
+    if not filename or "\x00" in filename or "\\" in filename or has_control_chars(filename):
         raise RepoNotFound(
             f"The Hub listed an invalid file name {filename!r}; the repository was not downloaded."
         )

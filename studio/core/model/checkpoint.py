@@ -136,9 +136,9 @@ class Checkpoint:
         return self._read_torch(self._get(name))
 
     def map_raw(self, name: str) -> np.ndarray:
-        """Like ``read_raw`` but writable without a copy where the format allows: a private
-        copy-on-write map of just this tensor's bytes (writes stay in this process, never in the file;
-        the map closes when the last view of it is freed). Elsewhere a writable copy."""
+        """Like ``read_raw`` but a writable private copy, read rather than mapped (writes stay in this
+        process, never in the file; a file that shrinks while it is read is a ``CorruptFileError``,
+        never SIGBUS)."""
         return self._map_raw(self._get(name))
 
     def close(self) -> None:
@@ -184,6 +184,31 @@ def _memmap(file: Path, offset: int, nbytes: int, private: bool = False) -> np.n
         raise CorruptFileError(f"Cannot map {file.name} for reading: {err}.") from err
 
 
+def _read_copy(file: Path, offset: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` bytes at ``offset`` read into a new array (not mapped): a file that shrinks meanwhile
+    gives a short read and one sentence, where a memory map would end the process with SIGBUS."""
+    buf = np.empty(nbytes, dtype=np.uint8)
+    got = 0
+    try:
+        with open(file, "rb", buffering=0) as f:
+            f.seek(offset)
+            view = memoryview(buf)
+            while got < nbytes:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+    except OSError as err:
+        raise CorruptFileError(f"Cannot read {file.name}: {err.strerror or err}.") from None
+    if got < nbytes:
+        raise CorruptFileError(
+            f"{file.name} ended {nbytes - got:,} bytes early while it was being read (was it truncated or "
+            "replaced meanwhile?).",
+            hint="Re-download it or verify its checksum, then run again.",
+        )
+    return buf
+
+
 class SafetensorsCheckpoint(Checkpoint):
     """Safetensors shards read through ``safe_open`` memory maps (one handle per shard)."""
 
@@ -208,7 +233,9 @@ class SafetensorsCheckpoint(Checkpoint):
 
     def _read_raw(self, t: TensorInfo, private: bool = False) -> np.ndarray:
         e = self._entries[t.name]
-        raw = _memmap(t.file, e.begin, e.nbytes, private)
+        # private (map_raw: what calibration computes from): a copy, so a file truncated during the
+        # long run is a sentence, not SIGBUS; writes to it never reach the file either way.
+        raw = _read_copy(t.file, e.begin, e.nbytes) if private else _memmap(t.file, e.begin, e.nbytes)
         dt = _NUMPY_DTYPES.get(t.dtype) or _RAW_DTYPES.get(t.dtype)
         if dt is None:  # sub-byte types: return the packed bytes
             return raw

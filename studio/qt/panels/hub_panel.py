@@ -9,7 +9,7 @@ by the core, so the GUI thread never waits on the network. A finished download e
 
 from __future__ import annotations
 
-import re
+import html
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,22 +27,24 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMessageBox,
     QProgressBar,
+    QSizePolicy,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
-    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
 from studio.core.hub.errors import AuthRequired
 from studio.core.jobs import JobContext
+from studio.core.untrusted import short, terminal_safe
 from studio.qt import widgets
 from studio.qt.fmt import human_bytes, human_count
 from studio.qt.jobs import Job, JobManager
 from studio.qt.panel_job import PanelJob
 from studio.qt.panels import read_only_table
+from studio.qt.safe_text import SafeTextBrowser
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
 
@@ -58,7 +60,6 @@ SORTS = (("Downloads", "downloads"), ("Likes", "likes"), ("Recently updated", "l
 RESULT_COLUMNS = ("Model", "Downloads", "Likes", "Parameters", "Fit")
 FILE_COLUMNS = ("File", "Size", "Quant", "Progress")
 CACHE_COLUMNS = ("Model", "Size", "Revisions", "Last used")
-_FRONT_MATTER = re.compile(r"\A---\s*\n.*?\n---\s*\n", re.DOTALL)
 
 
 class _SortItem(QTableWidgetItem):
@@ -212,8 +213,8 @@ class HubPanel(QWidget):
         self.title_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         dl.addWidget(self.title_label)
         inner = QSplitter(Qt.Orientation.Horizontal, detail)
-        self.card = QTextBrowser(detail)
-        self.card.setOpenExternalLinks(True)
+        self.card = SafeTextBrowser(detail)  # cards are untrusted: bounded layout, links asked for
+        self.card.linkRefused.connect(self.show_error)
         inner.addWidget(self.card)
         self.files = _hub_table(detail, FILE_COLUMNS, single_row=False)
         self.files.itemChanged.connect(self._update_buttons)
@@ -229,6 +230,9 @@ class HubPanel(QWidget):
         self.progress.setValue(0)
         self.status = QLabel("", detail)
         self.status.setObjectName("HubStatus")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # messages may quote the server
+        # A long message must not widen (and re-lay out) the whole window: the label takes the width it gets.
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         row.addWidget(self.download_button)
         row.addWidget(self.pause_button)
         row.addWidget(self.cancel_button)
@@ -255,6 +259,7 @@ class HubPanel(QWidget):
         self.cache_delete_button = widgets.button("Delete…", page, self.delete_cached)
         self.cache_refresh_button = widgets.button("Refresh", page, self.refresh_cache)
         self.cache_label = QLabel("", page)
+        self.cache_label.setTextFormat(Qt.TextFormat.PlainText)
         row.addWidget(self.cache_open_button)
         row.addWidget(self.cache_delete_button)
         row.addWidget(self.cache_refresh_button)
@@ -379,7 +384,7 @@ class HubPanel(QWidget):
 
         token = self.token()
         self._detail_repo = repo_id
-        self.title_label.setText(f"<b>{repo_id}</b> — loading…")
+        self.title_label.setText(f"<b>{html.escape(repo_id)}</b> — loading…")
 
         def task_fn(ctx: JobContext) -> Any:
             return api.model_details(repo_id, token=token, ctx=ctx)
@@ -387,15 +392,15 @@ class HubPanel(QWidget):
         return self._detailing.start(f"Hub details {repo_id}", task_fn)
 
     def _detail_failed(self, msg: str) -> None:
-        self.title_label.setText(f"<b>{self._detail_repo}</b>")
+        self.title_label.setText(f"<b>{html.escape(self._detail_repo)}</b>")
         self.show_error(msg)
 
     def _on_details(self, d: Any) -> None:
         self._details = d
         bits = [
-            f"<b>{d.id}</b>",
+            f"<b>{html.escape(d.id)}</b>",
             f"{human_count(d.params)} parameters" if d.params else "parameters unknown",
-            f"license: {d.license or '–'}",
+            f"license: {html.escape(terminal_safe(short(d.license or '–', 80)))}",
             f"{human_bytes(d.total_size)} in {len(d.files)} files",
         ]
         if d.gated:
@@ -403,7 +408,7 @@ class HubPanel(QWidget):
         if d.last_modified is not None:
             bits.append(f"updated {d.last_modified:%Y-%m-%d}")
         self.title_label.setText(" · ".join(bits))
-        self.card.setMarkdown(_FRONT_MATTER.sub("", d.card) if d.card else "*This model has no card.*")
+        self.card.show_untrusted_markdown(d.card or "*This model has no card.*")
         self.files.blockSignals(True)
         self.files.setRowCount(len(d.files))
         for r, f in enumerate(d.files):

@@ -262,6 +262,9 @@ class FakeHub:
         self.server_errors: list[str] = []
         self.list_blobs = True  # False: model_info lists names only, so clients must HEAD each file
         self.unreachable = False  # True: every request is answered by closing the connection
+        # Globs of paths answered 403 with the request's Authorization header echoed in the message
+        # and the body (a careless proxy or server), to check that no error sentence repeats the token.
+        self.echo_auth_paths: list[str] = []
         # Uploads: token -> namespaces it may write to; LFS objects by sha256; multipart above a size.
         self.write_tokens: dict[str, set[str]] = {"hf_write_token": {"alice", "alice-org"}}
         self.lfs_objects: dict[str, bytes] = {}
@@ -761,6 +764,11 @@ class _Handler(_WriteMixin, BaseHTTPRequestHandler):
         try:
             if self._status_fault(path):
                 return
+            auth = self.headers.get("Authorization")
+            if auth and any(fnmatch.fnmatch(path, g) for g in self.fake.echo_auth_paths):
+                msg = f"Authorization header {auth!r} is not allowed for {path}"
+                body = json.dumps({"error": msg}).encode()
+                return self._send(403, body, {"X-Error-Code": "Forbidden", "X-Error-Message": msg})
             if path.startswith("/api/"):
                 stall = self.fake.take_fault("stall", self.command, path)
                 if stall is not None:

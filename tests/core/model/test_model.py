@@ -84,11 +84,26 @@ def test_map_raw_is_writable_and_never_writes_the_file(llama_dir):
     with open_model(llama_dir) as ck:
         m = ck.map_raw(name)
         np.testing.assert_array_equal(m, llama_tensors()[name])
-        assert isinstance(m, np.memmap) and m.flags.writeable  # a map of the file, not a copy
-        m[...] = 0.0  # copy-on-write: this process's pages only
+        # a private copy read from the file, not a map: a file truncated meanwhile cannot SIGBUS (issue 25)
+        assert not isinstance(m, np.memmap) and not isinstance(m.base, np.memmap)
+        assert m.flags.writeable
+        m[...] = 0.0  # this process's copy only
         np.testing.assert_array_equal(ck.read(name), llama_tensors()[name])
         del m
     assert file.read_bytes() == stored
+
+
+def test_map_raw_of_a_file_truncated_after_open_is_one_sentence(llama_dir, tmp_path):
+    import shutil
+
+    folder = tmp_path / "m"
+    shutil.copytree(llama_dir, folder)
+    file = folder / "model.safetensors"
+    name = "model.layers.1.mlp.down_proj.weight"
+    with open_model(folder) as ck:
+        os.truncate(file, file.stat().st_size // 2)  # what another process does while we run
+        with pytest.raises(CorruptFileError, match="ended .* bytes early while it was being read"):
+            ck.map_raw(name)
 
 
 def test_read_after_close_is_a_clear_error(llama_dir):
