@@ -796,12 +796,16 @@ def _check(qtype: str, n: int) -> None:
         raise QuantizationError(f"{qtype} needs rows whose length is a multiple of {QK_K}, got rows of {n}.")
 
 
-def imatrix_required_error(qtype: str, tensor: str | None = None) -> QuantizationError:
+class ImatrixRequiredError(QuantizationError):
+    """A type llama.cpp only writes with an importance matrix was asked for without one."""
+
+
+def imatrix_required_error(qtype: str, tensors: str | None = None) -> ImatrixRequiredError:
     """The one-sentence refusal for a type that llama.cpp only writes with an importance matrix."""
-    what = f"Tensor {tensor!r} cannot be quantized to {qtype}" if tensor else f"{qtype} cannot be written"
-    return QuantizationError(
-        f"{what} without an importance matrix (llama.cpp refuses it too); calibrate to make one.",
-        hint="Run Calibrate (or pass --imatrix FILE), then export again.",
+    what = f"{tensors} cannot be quantized to {qtype}" if tensors else f"{qtype} cannot be written"
+    return ImatrixRequiredError(
+        f"{what} without an importance matrix, which llama.cpp requires for it; "
+        "calibrate first (Calibrate, or --imatrix FILE) and export again."
     )
 
 
