@@ -162,8 +162,8 @@ def quantize(
     shape = tuple(int(s) for s in x.shape)
     rows, n = _validate(shape, name)
     qw = _check_imatrix(imatrix, n, name)
-    if qw is None and QTYPES[name].needs_imatrix:
-        raise iquants.imatrix_required_error(name)  # before any work, as llama.cpp
+    if qw is None and QTYPES[name].needs_imatrix and rows * n:
+        raise iquants.imatrix_required_error(name)  # before any work (an empty tensor has none)
     out = np.empty((rows, row_bytes(name, n)), dtype=np.uint8)
     if rows == 0 or n == 0:
         return out

@@ -493,7 +493,7 @@ def _lattice_rows(x, qw, has_qw, kind, grid, kmap, neigh, out):
 
 
 @njit(inline="always", **JIT)
-def _best_neighbour_iq1(neigh, start, grid, x, r, xo, weight, wo, scale, xx, L, lo):
+def _best_neighbour_iq1(neigh, start, lv, x, r, xo, weight, wo, scale, xx, L, lo):
     """iq1_find_best_neighbour2 (the listed neighbours only; -1 when none has a finite distance)."""
     nn = np.int64(neigh[start])
     best = _FLT_MAX
@@ -502,7 +502,7 @@ def _best_neighbour_iq1(neigh, start, grid, x, r, xo, weight, wo, scale, xx, L, 
         g = np.int64(neigh[start + j])
         d2 = np.float32(0.0)
         for i in range(8):
-            q = xx[(grid[g, i] - 1) // 2]
+            q = xx[lv[g, i]]
             w = weight[wo + i]
             diff = scale * q - x[r, xo + i]
             d2 += w * diff * diff
@@ -511,7 +511,7 @@ def _best_neighbour_iq1(neigh, start, grid, x, r, xo, weight, wo, scale, xx, L, 
             gi = g
     if gi >= 0:
         for i in range(8):
-            L[lo + i] = (grid[gi, i] - 1) // 2
+            L[lo + i] = lv[gi, i]
     return gi
 
 
@@ -544,8 +544,6 @@ def _iq1_rows(x, qw, has_qw, is_m, grid, kmap, neigh, out):
     index = np.zeros(4, np.int64)
     scales = np.zeros(16, np.float32)
     shifts = np.zeros(16, np.int64)
-    sqx = np.empty(4, np.float32)
-    sq2 = np.empty(4, np.float32)
     eps = np.float32(1e-7) if is_m else np.float32(1e-12)
     cp1 = x_p[0] * x_p[0] - x_p[1] * x_p[1]
     cp2 = x_p[1] * x_p[1] - x_p[2] * x_p[2]
@@ -553,6 +551,12 @@ def _iq1_rows(x, qw, has_qw, is_m, grid, kmap, neigh, out):
     cm2 = x_m[1] * x_m[1] - x_m[2] * x_m[2]
     p2 = x_p[2]
     m2 = x_m[2]
+    lv = np.empty(grid.shape, np.int64)  # each coordinate's level 0..2, ggml's (pg[i] - 1)/2
+    for g in range(grid.shape[0]):
+        for i in range(8):
+            lv[g, i] = (np.int64(grid[g, i]) - 1) // 2
+    xp0, xp1, xp2 = x_p[0], x_p[1], x_p[2]
+    xm0, xm1, xm2 = x_m[0], x_m[1], x_m[2]
     for r in range(rows):
         row = out[r]
         for ibl in range(nbl):
@@ -608,16 +612,16 @@ def _iq1_rows(x, qw, has_qw, is_m, grid, kmap, neigh, out):
                             wa = sumw[i1] - sumw[0]
                             wb = sumw[i2] - sumw[i1]
                             wc = sumw[bsz] - sumw[i2]
-                            sumqx = a * x_p[0] + b * x_p[1] + c * x_p[2]
-                            sumq2 = wa * x_p[0] * x_p[0] + wb * x_p[1] * x_p[1] + wc * x_p[2] * x_p[2]
+                            sumqx = a * xp0 + b * xp1 + c * xp2
+                            sumq2 = wa * xp0 * xp0 + wb * xp1 * xp1 + wc * xp2 * xp2
                             if sumq2 > 0 and sumqx * sumqx > best_score * sumq2:
                                 scale = sumqx / sumq2
                                 best_score = scale * sumqx
                                 besti1 = i1
                                 besti2 = i2
                                 best_k = 1
-                            sumqx = a * x_m[0] + b * x_m[1] + c * x_m[2]
-                            sumq2 = wa * x_m[0] * x_m[0] + wb * x_m[1] * x_m[1] + wc * x_m[2] * x_m[2]
+                            sumqx = a * xm0 + b * xm1 + c * xm2
+                            sumq2 = wa * xm0 * xm0 + wb * xm1 * xm1 + wc * xm2 * xm2
                             if sumq2 > 0 and sumqx * sumqx > best_score * sumq2:
                                 scale = sumqx / sumq2
                                 best_score = scale * sumqx
@@ -656,18 +660,23 @@ def _iq1_rows(x, qw, has_qw, is_m, grid, kmap, neigh, out):
                             q2m0 = tw0 * m2 * m2 + pw[0, i1] * cm1 + pw[0, i2] * cm2
                             q2p1 = tw1 * p2 * p2 + pw[1, i1] * cp1 + pw[1, i2] * cp2
                             q2m1 = tw1 * m2 * m2 + pw[1, i1] * cm1 + pw[1, i2] * cm2
-                            sqx[0] = qxp0 + qxp1
-                            sqx[1] = qxp0 + qxm1
-                            sqx[2] = qxm0 + qxp1
-                            sqx[3] = qxm0 + qxm1
-                            sq2[0] = q2p0 + q2p1
-                            sq2[1] = q2p0 + q2m1
-                            sq2[2] = q2m0 + q2p1
-                            sq2[3] = q2m0 + q2m1
+                            # the four sign choices in ggml's order, as scalars (kept in registers)
                             for k in range(4):
-                                if sq2[k] > 0 and sqx[k] * sqx[k] > best_score * sq2[k]:
-                                    scale = sqx[k] / sq2[k]
-                                    best_score = scale * sqx[k]
+                                if k == 0:
+                                    sx = qxp0 + qxp1
+                                    s2 = q2p0 + q2p1
+                                elif k == 1:
+                                    sx = qxp0 + qxm1
+                                    s2 = q2p0 + q2m1
+                                elif k == 2:
+                                    sx = qxm0 + qxp1
+                                    s2 = q2m0 + q2p1
+                                else:
+                                    sx = qxm0 + qxm1
+                                    s2 = q2m0 + q2m1
+                                if s2 > 0 and sx * sx > best_score * s2:
+                                    scale = sx / s2
+                                    best_score = scale * sx
                                     besti1 = i1
                                     besti2 = i2
                                     best_k = k
@@ -700,7 +709,7 @@ def _iq1_rows(x, qw, has_qw, is_m, grid, kmap, neigh, out):
                     if gi < 0:
                         all_on_grid = False
                         gi = _best_neighbour_iq1(
-                            neigh, -gi - 1, grid, x, r, xb + 8 * k, weight, 8 * k, scale, xx, L, 8 * k
+                            neigh, -gi - 1, lv, x, r, xb + 8 * k, weight, 8 * k, scale, xx, L, 8 * k
                         )
                         if gi < 0:
                             return 1
@@ -716,7 +725,7 @@ def _iq1_rows(x, qw, has_qw, is_m, grid, kmap, neigh, out):
                         xx = x_p if use_p else x_m
                         for j in range(8):
                             w = weight[8 * k + j]
-                            q = xx[(grid[index[k], j] - 1) // 2]
+                            q = xx[lv[index[k], j]]
                             sumqx += w * q * x[r, xb + 8 * k + j]
                             sumq2 += w * q * q
                     if sumqx > 0 and sumq2 > 0:
@@ -770,7 +779,7 @@ def _iq1_rows(x, qw, has_qw, is_m, grid, kmap, neigh, out):
                     fl = np.float32(2 * li + 1)
                     for j in range(8):
                         w = weight[8 * k + j]
-                        q = xx[(grid[g, j] - 1) // 2] * fl
+                        q = xx[lv[g, j]] * fl
                         sqxf += w * q * x[r, xb + 8 * k + j]
                         sq2f += w * q * q
             if sq2f > 0:

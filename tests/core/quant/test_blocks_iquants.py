@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 
@@ -127,6 +128,7 @@ def ggml_in_child(x: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.ndarra
 
 def _child(conn, x, qtype, qw) -> None:  # pragma: no cover - runs in the child
     os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml would attach gdb to print one
+    faulthandler.disable()  # the abort is expected: no Python crash report
     conn.send(ref.ggml_quantize(x, qtype, qw))
     conn.close()
 
