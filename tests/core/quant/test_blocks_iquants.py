@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing
 import os
+import signal
 
 import gguf
 import numpy as np
@@ -119,11 +120,16 @@ def ggml_in_child(x: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.ndarra
     proc.start()
     child.close()
     try:
-        out = parent.recv() if parent.poll(120) else None
+        out = parent.recv() if parent.poll(300) else None
     except EOFError:  # the child died without sending
         out = None
-    proc.join(30)
-    return None if proc.exitcode != 0 else out
+    proc.join(60)
+    if proc.exitcode == -signal.SIGABRT:  # GGML_ASSERT / GGML_ABORT
+        return None
+    assert proc.exitcode == 0 and out is not None, (
+        f"the ggml child failed otherwise (exit code {proc.exitcode})"
+    )
+    return out
 
 
 def _child(conn, x, qtype, qw) -> None:  # pragma: no cover - runs in the child
