@@ -144,7 +144,7 @@ def grid_tables(qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @njit(inline="always", **JIT)
-def _best_neighbour(neigh, start, grid, dim, xval, waux, off, scale, L):
+def _best_neighbour(neigh, start, grid, gridf, dim, xval, waux, off, scale, L):
     """iq2/iq3_find_best_neighbour: the listed point nearest under the weights; -1 when none is finite."""
     nn = np.int64(neigh[start])
     best = _FLT_MAX
@@ -153,7 +153,7 @@ def _best_neighbour(neigh, start, grid, dim, xval, waux, off, scale, L):
         g = np.int64(neigh[start + j])
         d2 = np.float32(0.0)
         for i in range(dim):
-            diff = scale * np.float32(grid[g, i]) - xval[off + i]
+            diff = scale * gridf[g, i] - xval[off + i]
             d2 += waux[off + i] * diff * diff
         if d2 < best:
             best = d2
@@ -259,6 +259,7 @@ def _lattice_rows(x, qw, has_qw, kind, grid, kmap, neigh, out):
             110,
         )
     ng = bsz // dim  # grid points per sub-block
+    gridf = grid.astype(np.float32)  # the odd levels as floats, for the neighbour distances
     nsub = QK_K // bsz
     weight = np.empty(32, np.float32)
     waux = np.empty(32, np.float32)
@@ -365,7 +366,7 @@ def _lattice_rows(x, qw, has_qw, kind, grid, kmap, neigh, out):
                             on_grid_aux[k] = False
                             if (
                                 _best_neighbour(
-                                    neigh, -gi - 1, grid, dim, xval, waux, dim * k, this_scale, Laux
+                                    neigh, -gi - 1, grid, gridf, dim, xval, waux, dim * k, this_scale, Laux
                                 )
                                 < 0
                             ):
@@ -401,7 +402,12 @@ def _lattice_rows(x, qw, has_qw, kind, grid, kmap, neigh, out):
                             u |= li << (bits * i)
                         gi = kmap[u]
                         if gi < 0:
-                            if _best_neighbour(neigh, -gi - 1, grid, dim, xval, waux, dim * k, scale, L) < 0:
+                            if (
+                                _best_neighbour(
+                                    neigh, -gi - 1, grid, gridf, dim, xval, waux, dim * k, scale, L
+                                )
+                                < 0
+                            ):
                                 return 1
                     sumqx = np.float32(0.0)
                     sumq2 = np.float32(0.0)
