@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+import gguf
 import numpy as np
 
 from studio.core.errors import QuantizationError
@@ -24,7 +25,7 @@ from studio.core.jit import njit
 from studio.core.quant import iquants_grids
 from studio.core.quant.kquants import _positive_search
 from studio.core.quant.numba_ops import JIT, fp16_bits, nearest_int, put_half
-from studio.core.quant.types import QK_K, QTYPES, row_bytes
+from studio.core.quant.types import QK_K, row_bytes
 
 IQ_TYPES: tuple[str, ...] = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 NEEDS_IMATRIX: frozenset[str] = frozenset({"IQ2_XXS", "IQ2_XS", "IQ1_S"})
@@ -870,8 +871,6 @@ def quantize_rows(
 
 def dequantize_rows(data: np.ndarray, qtype: str, n_per_row: int) -> np.ndarray:
     """Decode i-quant rows (rows, row bytes) back to float32 (rows, n_per_row) with gguf-py's decoder."""
-    import gguf
-
     _check(qtype, n_per_row)
     data = np.ascontiguousarray(data, dtype=np.uint8)
     if data.ndim != 2 or data.shape[1] != row_bytes(qtype, n_per_row):
@@ -883,7 +882,3 @@ def dequantize_rows(data: np.ndarray, qtype: str, n_per_row: int) -> np.ndarray:
         return np.empty((0, n_per_row), np.float32)
     y = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype])
     return np.ascontiguousarray(y, dtype=np.float32).reshape(data.shape[0], n_per_row)
-
-
-def _unused() -> None:  # pragma: no cover - keeps QTYPES imported for the block sizes' sake
-    _ = QTYPES
