@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     types = [t.strip().upper() for t in args.types.split(",") if t.strip()]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.size, args.size), dtype=np.float32)
-    qw = (rng.random(args.size, dtype=np.float32) ** 2 * 4) if args.imatrix else None
+    qw_needed = rng.random(args.size, dtype=np.float32) ** 2 * 4
+    qw_all = qw_needed if args.imatrix else None
     nw = x.size
     dev = None if args.no_gpu else accelerator()
     xt = None
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
         xt = torch.from_numpy(x).to(dev)
     print(
-        f"# {args.size}x{args.size} float32, threads={args.threads}, imatrix={'yes' if qw is not None else 'no'}, "
+        f"# {args.size}x{args.size} float32, threads={args.threads}, "
+        f"imatrix={'yes' if qw_all is not None else 'only for the types that need one'}, "
         f"cpus={os.cpu_count()}" + (f", device={dev}" if dev is not None else "")
     )
     head = f"{'type':8} {'ours ns/w':>10} {'llama ns/w':>11} {'ratio':>7} {'exact':>6} {'peakRSS MiB':>12}"
@@ -76,21 +78,24 @@ def main(argv: list[str] | None = None) -> int:
         head += f" {dev.type + ' ns/w':>12} {dev.type + ' exact':>11}"
     print(head)
     for t in types:
+        qw = qw_all
+        if qw is None and t in blocks.QTYPES and blocks.QTYPES[t].needs_imatrix:
+            qw = qw_needed  # llama.cpp writes these types only with an importance matrix
         try:
             blocks.quantize(x[:8], t, None if qw is None else qw)  # compile / warm up
             _ref_quantize(x[:8], t, qw, 1)  # ggml builds its tables on first use
         except Exception as exc:  # noqa: BLE001 - a bench reports and moves on
             print(f"{t:8} unavailable: {exc}")
             continue
-        t_ref, r = best(lambda t=t: _ref_quantize(x, t, qw, args.threads), args.repeat)
-        t_our, o = best(lambda t=t: blocks.quantize(x, t, qw, threads=args.threads), args.repeat)
+        t_ref, r = best(lambda t=t, qw=qw: _ref_quantize(x, t, qw, args.threads), args.repeat)
+        t_our, o = best(lambda t=t, qw=qw: blocks.quantize(x, t, qw, threads=args.threads), args.repeat)
         exact = bool(np.array_equal(r, o))
         line = (
             f"{t:8} {t_our / nw * 1e9:10.2f} {t_ref / nw * 1e9:11.2f} {t_our / t_ref:7.2f} "
             f"{'yes' if exact else 'NO':>6} {peak_mib():12.0f}"
         )
         if dev is not None:
-            on_dev = synced(lambda t=t: blocks.quantize(xt, t, qw), dev)
+            on_dev = synced(lambda t=t, qw=qw: blocks.quantize(xt, t, qw), dev)
             try:
                 on_dev()
                 t_dev, g = best(on_dev, args.repeat)

@@ -207,7 +207,12 @@ def sweep_array(
             f"Tensor {name or '?'} holds {int((~np.isfinite(x2)).sum())} NaN or infinite value(s), so it cannot be swept.",
             hint="Fix or exclude the tensor before quantizing.",
         )
-    types = tuple(q for q in QTYPES if q != "F32") if gguf_types is None else gguf_types
+    # by default the types that need no importance matrix (the sweep has none to give)
+    types = (
+        tuple(q for q, i in QTYPES.items() if q != "F32" and not i.needs_imatrix)
+        if gguf_types is None
+        else gguf_types
+    )
     plan, skipped = _plan(cols, bits, groups)
     fp8_plan = [(f, g) for f in ("e4m3", "e5m2") for g in ("tensor", "channel")] if fp8 else []
     total = len(plan) + len(fp8_plan) + len(types)

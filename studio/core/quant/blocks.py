@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from studio.core.errors import QuantizationError
-from studio.core.quant import kquants, legacy
+from studio.core.quant import iquants, kquants, legacy, lowbit
 from studio.core.quant.types import FLOAT_TYPES, QTYPES, QTypeInfo, fallback_type, qtype_info, row_bytes
 
 if TYPE_CHECKING:
@@ -125,6 +125,10 @@ def _first_bad(chunk: np.ndarray, r0: int, lead: tuple[int, ...], n: int) -> tup
 def _cpu_rows(x2: np.ndarray, name: str, qw: np.ndarray | None, out: np.ndarray) -> None:
     if QTYPES[name].kquant:
         kquants.quantize_rows(x2, name, qw, out=out)
+    elif name in iquants.IQ_TYPES:
+        iquants.quantize_rows(x2, name, qw, out=out)
+    elif name in lowbit.LOWBIT_TYPES:
+        lowbit.quantize_rows(x2, name, qw, out=out)
     else:
         legacy.quantize_rows(x2, name, qw, out)
 
@@ -158,10 +162,14 @@ def quantize(
     shape = tuple(int(s) for s in x.shape)
     rows, n = _validate(shape, name)
     qw = _check_imatrix(imatrix, n, name)
+    if qw is None and QTYPES[name].needs_imatrix and rows * n:
+        raise iquants.imatrix_required_error(name)  # before any work (an empty tensor has none)
     out = np.empty((rows, row_bytes(name, n)), dtype=np.uint8)
     if rows == 0 or n == 0:
         return out
     use_torch = backend == "torch" or (backend == "auto" and is_t and x.device.type != "cpu")
+    if use_torch and (name in iquants.IQ_TYPES or name in lowbit.LOWBIT_TYPES):
+        use_torch = False  # no torch path for these yet: the CPU kernels run (a GPU tensor is copied over)
     if use_torch:
         _quantize_torch(x, shape, rows, n, name, qw, out, ctx)
         return out
@@ -304,6 +312,10 @@ def dequantize(data: Any, qtype: Any, shape: tuple[int, ...] | list[int]) -> np.
     d2 = raw.reshape(rows, rb)
     if QTYPES[name].kquant:
         y = kquants.dequantize_rows(d2, name, n)
+    elif name in iquants.IQ_TYPES:
+        y = iquants.dequantize_rows(d2, name, n)
+    elif name in lowbit.LOWBIT_TYPES:
+        y = lowbit.dequantize_rows(d2, name, n)
     else:
         y = legacy.dequantize_rows(d2, name, n)
     return np.asarray(y, dtype=np.float32).reshape(shape)

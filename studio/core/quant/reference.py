@@ -124,7 +124,13 @@ def type_id(qtype: str) -> int:
     try:
         return int(gguf.GGMLQuantizationType[qtype.upper()])
     except KeyError:
+        if qtype.upper() in _NEWER_THAN_GGUF_PY:
+            return _NEWER_THAN_GGUF_PY[qtype.upper()]
         raise QuantizationError(f"Unknown GGML type {qtype!r}.") from None
+
+
+# ggml types of the pinned build that gguf-py 0.19 cannot name yet (ggml.h's enum ggml_type)
+_NEWER_THAN_GGUF_PY = {"Q2_0": 42}
 
 
 def ggml_row_size(qtype: str, n_per_row: int) -> int:

@@ -56,6 +56,7 @@ class QTypeInfo:
     kquant: bool  # a 256-weight K-quant super-block type (Q2_K..Q6_K)
     plannable: bool  # a plan (and so the exporter) may give it to a tensor
     ftype: int | None  # general.file_type of a file whose main type this is
+    needs_imatrix: bool = False  # ggml refuses to quantize it without an importance matrix
 
     @property
     def bits_per_weight(self) -> float:
@@ -79,7 +80,26 @@ def _ftype(name: str) -> int:
     return int(gguf.LlamaFileType[member])
 
 
-def _info(name: str, fallback: str | None, file_type: str | None, *, plannable: bool = True) -> QTypeInfo:
+def _new(
+    name: str, fallback: str | None, file_type: str | None, *, needs_imatrix: bool = False
+) -> list[QTypeInfo]:
+    """A not-yet-plannable type as a one-item list, or none when the installed gguf-py cannot name it."""
+    members = gguf.LlamaFileType.__members__
+    if name not in gguf.GGMLQuantizationType.__members__ or (
+        file_type and f"MOSTLY_{file_type}" not in members
+    ):
+        return []
+    return [_info(name, fallback, file_type, plannable=False, needs_imatrix=needs_imatrix)]
+
+
+def _info(
+    name: str,
+    fallback: str | None,
+    file_type: str | None,
+    *,
+    plannable: bool = True,
+    needs_imatrix: bool = False,
+) -> QTypeInfo:
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
     return QTypeInfo(
         name=name,
@@ -89,6 +109,7 @@ def _info(name: str, fallback: str | None, file_type: str | None, *, plannable: 
         kquant=name.endswith("_K"),
         plannable=plannable,
         ftype=None if file_type is None else _ftype(file_type),
+        needs_imatrix=needs_imatrix,
     )
 
 
@@ -113,6 +134,21 @@ QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
             _info("Q5_K", "Q5_1", "Q5_K_M"),
             _info("Q6_K", "Q8_0", "Q6_K"),
             _info("IQ4_XS", "IQ4_NL", "IQ4_XS"),
+            # The low-bit types llama-quantize writes (issue 24); plans do not offer them yet. The
+            # fallbacks are tensor_type_fallback's; Q1_0 has none there (llama.cpp throws), F16 here.
+            # A type the installed gguf-py cannot name (Q2_0 in gguf 0.19) is left out.
+            *_new("MXFP4", None, None),
+            *_new("Q1_0", None, "Q1_0"),
+            *_new("Q2_0", "Q4_0", "Q2_0"),
+            *_new("TQ1_0", "Q4_0", "TQ1_0"),
+            *_new("TQ2_0", "Q4_0", "TQ2_0"),
+            *_new("IQ1_S", "IQ4_NL", "IQ1_S", needs_imatrix=True),
+            *_new("IQ1_M", "IQ4_NL", "IQ1_M"),
+            *_new("IQ2_XXS", "IQ4_NL", "IQ2_XXS", needs_imatrix=True),
+            *_new("IQ2_XS", "IQ4_NL", "IQ2_XS", needs_imatrix=True),
+            *_new("IQ2_S", "IQ4_NL", "IQ2_S"),
+            *_new("IQ3_XXS", "IQ4_NL", "IQ3_XXS"),
+            *_new("IQ3_S", "IQ4_NL", "IQ3_S"),
         )
     }
 )
