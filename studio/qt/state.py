@@ -48,6 +48,7 @@ class StudioState(QObject):
         self._dark = False
         self._activations: ActivationStats | None = None
         self._imatrix: Imatrix | None = None
+        self.cluster: str | None = None  # the Ray cluster the window's device choice names (--cluster)
 
     # -- model ------------------------------------------------------------------------------------
 

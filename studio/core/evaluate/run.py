@@ -286,6 +286,7 @@ def evaluate(
     allow_pickle: bool = False,
     ctx: JobContext | None = None,
     kv_types: Sequence[str] = (),
+    executor: Any = None,
 ) -> EvalReport:
     """Score ``original`` and every variant on ``text``; see the module docstring for the method.
 
@@ -294,6 +295,8 @@ def evaluate(
     (``open_model``'s cached safetensors) instead of refused; it is never unpickled in this process.
     ``kv_types``: score every variant once per llama.cpp KV-cache type (``f32``, ``f16``, ``q8_0``,
     ``q4_0``), labelled ``name [KV q8_0]``; empty keeps the exact F32 cache, labelled by name.
+    ``executor`` (``studio.core.executor``): a distributed one scores the variants' chunks as units on a
+    cluster (``studio.core.cluster.evaluate``), with the same numbers.
     """
     ctx = ctx or null_context()
     t0 = time.monotonic()
@@ -371,6 +374,14 @@ def evaluate(
         scorer.close()
 
         scores: list[VariantScore] = []
+        if executor is not None and executor.distributed:
+            from studio.core.cluster.evaluate import score_on_cluster
+
+            scores = score_on_cluster(
+                executor, runs, tokens, starts, bos, base, n_ctx, n_gpu_layers, ctx, len(starts), total,
+                identity, extra_buffers,
+            )  # fmt: skip
+            runs = []
         for vi, (vpath, kv) in enumerate(runs):
             done = len(starts) * (1 + vi)
             scores.append(

@@ -239,14 +239,22 @@ class BudgetDialog(JobPanel, QDialog):
             self.show_error("Open a model first.")
             return
         text = self.text_edit.text().strip() or "builtin"
+        cluster = self.state.cluster  # the window's device choice: a Ray cluster runs the scan's pairs
 
         def work(ctx: JobContext) -> tuple[Any, Any]:
             from studio.core.calib import calibrate, imatrix_from_stats
             from studio.core.calib.sensitivity import ScanSettings, scan_sensitivity
+            from studio.core.executor import open_executor
 
             stats = calibrate(info.path, text, device="cpu", dtype="float32", histogram=False, ctx=ctx)
             im = imatrix_from_stats(stats, info)
-            return scan_sensitivity(info.path, text, ScanSettings(), imatrix=im, ctx=ctx), im
+            executor = open_executor(cluster)
+            try:
+                return scan_sensitivity(
+                    info.path, text, ScanSettings(), imatrix=im, ctx=ctx, executor=executor
+                ), im
+            finally:
+                executor.close()
 
         self.scan_text = text
         set_status(self.status, "Scanning …")

@@ -242,12 +242,20 @@ class EvalPanel(JobPanel, QWidget):
         chunks = self.chunks_spin.value() or None
         kv_types = tuple(self.kv_combo.currentData() or ())
 
+        cluster = self.state.cluster  # the window's device choice: a Ray cluster scores the chunks
+
         def work(ctx: Any) -> Any:
             from studio.core.evaluate.record import save_records
+            from studio.core.executor import open_executor
 
-            report = evaluate(
-                original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx, kv_types=kv_types
-            )
+            executor = open_executor(cluster)
+            try:
+                report = evaluate(
+                    original, variants, text=text, n_ctx=n_ctx, max_chunks=chunks, ctx=ctx, kv_types=kv_types,
+                    executor=executor,
+                )  # fmt: skip
+            finally:
+                executor.close()
             for note in save_records(report):  # beside each variant, for the model card of an upload
                 ctx.log(note)
             return report
