@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.core.calib.conftest import calib_text  # noqa: F401  (fixture)
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
