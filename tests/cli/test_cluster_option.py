@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.core.calib.conftest import calib_text  # noqa: F401  (fixture)
+
 ROOT = Path(__file__).resolve().parents[2]
 NO_RAY = "import sys; sys.modules['ray'] = None; from studio.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -37,7 +39,6 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
             "ray://h:10001",
         ],
         ["eval", "--original", "MODEL", "--variant", "a.gguf", "--cluster", "local:2"],
-        ["calibrate", "MODEL", "-o", "i.gguf", "--cluster", "local:2"],
     ],
 )
 def test_cluster_without_ray_says_how_to_install_it(llama_model, tmp_path, argv):
