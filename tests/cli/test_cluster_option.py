@@ -60,7 +60,7 @@ def test_a_malformed_cluster_is_one_sentence(llama_model):
     assert r.stderr.strip().startswith("error: 'local:zero' is not a cluster: use auto, local:N")
 
 
-def test_start_up_and_a_scan_do_not_import_ray(llama_model, calib_text):
+def test_start_up_and_a_scan_do_not_import_ray(llama_model, calib_text):  # noqa: F811
     code = (
         "import sys\n"
         "import studio.app, studio.cli, studio.core.executor, studio.commands._scan\n"
