@@ -18,7 +18,6 @@ that the four scans fit a loaded machine; ``--types all`` runs the full exact sc
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import subprocess
 import sys
@@ -83,7 +82,7 @@ def main() -> None:
         n_chunks=args.scan_chunks,
         calib_chunks=args.calib_chunks,
     )
-    print(f"load before: {uptime()}")
+    print(f"load before: {uptime()}", flush=True)
     print(f"model {args.model}; exact scan of {len(types)} types ({','.join(types)}), "
           f"{args.scan_chunks} × {args.scan_ctx} tokens; {os.cpu_count()} CPUs")  # fmt: skip
     with open_model(args.model) as ck:
@@ -94,18 +93,30 @@ def main() -> None:
     )
     im = imatrix_from_stats(stats, info)
     # the kernels compile (or load from numba's cache) outside the timed runs
-    scan_sensitivity(args.model, "builtin", dataclasses.replace(st, exact=False), imatrix=im)
+    import numpy as np
+
+    from studio.core.calib.sensitivity import quantize_rows
+
+    for q in types:
+        quantize_rows(np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32), q, None)
 
     rows = []
+
+    def show(name, wall, started, scan, logs) -> None:
+        rows.append((name, wall, started, scan, logs))
+        note = next((m for m in logs if "peak memory per worker" in m), "")
+        print(f"{name:24} {wall:8.1f} s  cluster start {started:5.1f} s  max rel KL diff "
+              f"{max_rel(rows[0][3], scan):.2e}  {note}", flush=True)  # fmt: skip
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     ref = scan_sensitivity(args.model, "builtin", st, imatrix=im)
-    rows.append(("in process, 1 thread", time.perf_counter() - t0, 0.0, ref, []))
+    show("in process, 1 thread", time.perf_counter() - t0, 0.0, ref, [])
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     full = scan_sensitivity(args.model, "builtin", st, imatrix=im)
-    rows.append((f"in process, {threads} threads", time.perf_counter() - t0, 0.0, full, []))
+    show(f"in process, {threads} threads", time.perf_counter() - t0, 0.0, full, [])
     for n in (1, 2):
         t0 = time.perf_counter()
         ex = open_executor(f"local:{n}")
@@ -116,16 +127,12 @@ def main() -> None:
             got = scan_sensitivity(
                 args.model, "builtin", st, imatrix=im, executor=ex, ctx=JobContext(on_log=logs.append)
             )
-            rows.append((f"Ray local:{n}", time.perf_counter() - t0, started, got, logs))
+            show(f"Ray local:{n}", time.perf_counter() - t0, started, got, logs)
         finally:
             ex.close()
     sl = stream_layers(ref, n_layers)
     pairs = sum(len(t.by_type) for t in ref.tensors)
     print(f"{pairs} pairs, {sl} stream-layers")
-    print(f"{'run':24} {'wall s':>8} {'cluster start s':>16} {'max rel KL diff':>16}  notes")
-    for name, wall, started, scan, logs in rows:
-        note = next((m for m in logs if "peak memory per worker" in m), "")
-        print(f"{name:24} {wall:8.1f} {started:16.1f} {max_rel(ref, scan):16.2e}  {note}")
     base1, r1, r2 = rows[0][1], rows[2][1], rows[3][1]
     print(f"Ray 1 worker / in process (1 thread): {r1 / base1:.2f}×   (goal ≤ 1.15×)")
     print(f"Ray 1 worker / in process ({threads} threads): {r1 / rows[1][1]:.2f}×")
