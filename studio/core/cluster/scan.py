@@ -190,7 +190,7 @@ def scan_on_cluster(
 
     peaks = ", ".join(format_bytes(b) for _, b in sorted(out.workers.items()))
     ctx.log(
-        f"{len(units)} units on {len(out.workers)} workers of the {executor.label} "
+        f"{len(units)} units on {len(out.workers)} worker{'s' * (len(out.workers) != 1)} of the {executor.label} "
         f"({sum(out.unit_seconds):.1f} s of worker time); peak memory per worker: {peaks}."
     )
     return out
