@@ -56,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        if getattr(args, "cluster", None):  # a cluster that cannot be used is refused before any work
+            from studio.commands._options import check_cluster
+
+            check_cluster(args.cluster)
         check_args(args)  # paths and numbers before any model is loaded (studio.commands._check)
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe must not surface at interpreter exit

@@ -60,3 +60,30 @@ def add_dequantize(parser: Any, flag: str) -> None:
         help=f"run a .gguf {flag} in transformers, from the float32 Hugging Face folder the studio "
         "writes from it (made once, cached), instead of in llama.cpp at its stored precision",
     )
+
+
+def add_cluster(parser: Any) -> None:
+    """``--cluster auto|local:N|ray://HOST:PORT``: run the independent units on a Ray cluster."""
+    parser.add_argument(
+        "--cluster",
+        metavar="auto|local:N|ray://HOST:PORT",
+        default=None,
+        help="run the work's independent units on a Ray cluster (needs quant-studio[cluster]): auto (the "
+        "cluster `ray start` runs here), local:N (start N workers on this machine) or ray://HOST:PORT",
+    )
+
+
+def open_cluster(args: Any, device: str = "cpu") -> Any:
+    """The executor ``--cluster`` names (in this process without it); ClusterError in one sentence."""
+    from studio.core.cluster import open_executor
+
+    return open_executor(getattr(args, "cluster", None), device=device)
+
+
+def check_cluster(value: str) -> None:
+    """Refuse a ``--cluster`` value that names no cluster, or any cluster without Ray installed."""
+    from studio.core.executor import INSTALL_HINT, ClusterError, ClusterSpec, ray_installed
+
+    ClusterSpec.parse(value)
+    if not ray_installed():
+        raise ClusterError(f"--cluster needs Ray, which is not installed: {INSTALL_HINT}.")

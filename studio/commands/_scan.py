@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from studio.commands import _options as options
 from studio.commands._common import read_text
 from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
 from studio.core.errors import StudioError
@@ -51,6 +52,7 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
         "--scan", metavar="SCAN.json", help="use a scan saved by sensitivity -o instead of scanning"
     )
     p.add_argument("--no-cache", action="store_true", help="scan again even when a cached scan matches")
+    options.add_cluster(p)
 
 
 def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
@@ -112,14 +114,19 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None)
         if Path(scan.model).resolve() != Path(info.path).resolve():
             raise StudioError(f"The scan {args.scan} was made for {scan.model}, not for {info.path}.")
         return scan
-    return scan_sensitivity(
-        info.path,
-        args.calib_text or BUILTIN,
-        settings_of(args),
-        imatrix=imatrix,
-        cache_dir=None if args.no_cache else default_cache_dir(),
-        ctx=ctx,
-    )
+    executor = options.open_cluster(args)
+    try:
+        return scan_sensitivity(
+            info.path,
+            args.calib_text or BUILTIN,
+            settings_of(args),
+            imatrix=imatrix,
+            cache_dir=None if args.no_cache else default_cache_dir(),
+            ctx=ctx,
+            executor=executor,
+        )
+    finally:
+        executor.close()
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from typing import Any
@@ -50,6 +51,7 @@ def register(subparsers: Any) -> None:
         help="llama.cpp KV-cache type for the variants (repeatable: each variant runs once per type; "
         "default f32, exact); q8_0 and q4_0 run with flash attention",
     )
+    options.add_cluster(p)
     options.add_json(p, "one JSON object instead of a table")
     p.set_defaults(handler=run)
 
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate and print the results."""
     from studio.core.evaluate import evaluate
 
-    with ProgressLine() as line:
+    with ProgressLine() as line, contextlib.closing(options.open_cluster(args)) as executor:
         original = dequantized(args.original, line) if args.dequantize else args.original
         report = evaluate(
             original,
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             allow_pickle=args.allow_pickle,
             ctx=JobContext(on_progress=line.fraction, on_log=lambda m: line.log(f"note: {m}")),
             kv_types=args.kv_type,
+            executor=executor,
         )
     from studio.core.evaluate.record import save_records
     from studio.core.evaluate.verdict import judge

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Any
 
@@ -234,13 +235,22 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
-    from studio.core.calib.data import BUILTIN
-    from studio.core.calib.quantize import CalibOptions, export_calibrated
+    from studio.core.calib.quantize import CalibOptions
     from studio.core.quant.gptq import GptqOptions
 
     opts = CalibOptions(
         gptq=GptqOptions(act_order=False, scales="arrival") if args.in_order else GptqOptions()
     )
+    with contextlib.closing(options.open_cluster(args)) as executor:
+        return _export_calibrated(args, info, plan, ctx, opts, executor, validate)
+
+
+def _export_calibrated(
+    args: argparse.Namespace, info: Any, plan: Any, ctx: Any, opts: Any, executor: Any, validate: Any
+) -> Any:
+    from studio.core.calib.data import BUILTIN
+    from studio.core.calib.quantize import export_calibrated
+
     return export_calibrated(
         info.path,
         args.output,
@@ -253,6 +263,7 @@ def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, valida
         ctx=ctx,
         validate=validate,
         allow_pickle=args.allow_pickle,
+        executor=executor,
     )
 
 

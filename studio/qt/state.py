@@ -62,6 +62,7 @@ class StudioState(QObject):
         self._imatrix: Imatrix | None = None
         self.calibration: CalibrationRun | None = None  # set by the Calibrate page with its statistics
         self.last_folder = ""  # where the next file dialog opens (studio.qt.folders); kept in the settings
+        self.cluster: str | None = None  # the Ray cluster the window's device choice names (--cluster)
 
     # -- model ------------------------------------------------------------------------------------
 

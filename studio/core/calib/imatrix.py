@@ -37,6 +37,7 @@ from studio.core.gguf import writer
 from studio.core.gguf.layout import layout
 from studio.core.gguf.read import read_gguf
 from studio.core.gguf.writer import AtomicGGUFWriter
+from studio.core.safejson import bounded_int
 
 GGUF_MAGIC = b"GGUF"
 KV_DATASETS = "imatrix.datasets"
@@ -390,8 +391,6 @@ def _read_gguf(p: Path) -> Imatrix:
 
 
 def _meta_u32(value: Any, key: str, p: Path) -> int:
-    from studio.core.safejson import bounded_int
-
     return bounded_int(value or 0, f"the {key} of the imatrix {p.name}", 0, _U32, CalibrationError)
 
 

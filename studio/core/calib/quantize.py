@@ -202,8 +202,10 @@ class MethodConsumer(Consumer):
         options: CalibOptions | None = None,
         ctx: _Span | JobContext | None = None,
         read: Callable[[str], Any] | None = None,
+        executor: Any = None,
     ) -> None:
         self.plan = plan
+        self.executor = executor  # a distributed one rounds a layer's tensors as units (cluster.quantize)
         self.read = read  # checkpoint name -> torch tensor (the output head's weight)
         self._hess_layers: set[int | None] = set()
         self.lay = layout
@@ -258,13 +260,20 @@ class MethodConsumer(Consumer):
                 self._note(f"{s.name}: fused experts are quantized by the export without calibration.")
         hess = self.collector.take_hessians([s.name for s in sites])
         scales, alphas, changed = self._awq(view, sites, hess)
+        pre: dict[str, Any] = {}
+        if self.executor is not None and self.executor.distributed:
+            round_layer = self.executor.job("round_layer")  # studio.core.cluster.quantize
+
+            pre = round_layer(self, self.executor, sites, view, hess, scales)
         reports = []
         for s in sites:
             self.ctx.check_cancelled()
             self.ctx.say(f"layer {view.index + 1}/{n}: {self.plan.method_of(s.name)} {s.name}")
             w = view.weight(s)
             touched = s.name[len(view.prefix) :] in changed
-            reports.append(self._site(s, w, hess.get(s.name), scales.get(s.name), touched, view))
+            reports.append(
+                self._site(s, w, hess.get(s.name), scales.get(s.name), touched, view, pre.get(s.name))
+            )
         for rel in changed:  # norms AWQ divided: float tensors of the file
             name = view.checkpoint_name(rel)
             if name in self.by_hf and name not in self.spool:
@@ -353,6 +362,7 @@ class MethodConsumer(Consumer):
         s: Any,
         touched: bool,
         view: LayerView | None,
+        rounded: tuple[Any, str] | None = None,
     ) -> TensorReport:
         """Quantize one weight with its method, spool it, and (in a layer) give the layer its dequantized values."""
         import torch
@@ -381,7 +391,7 @@ class MethodConsumer(Consumer):
                 sd = s.to(hess.device, torch.float32)
                 hess = hess / (sd[:, None] * sd[None, :])
         stats = SiteStats(site.name, st.tokens if st else 0, imx, hess, self.options.gptq)
-        enc, used = self._round(method, w, stats, qtype)
+        enc, used = rounded if rounded is not None else self._round(method, w, stats, qtype)
         if view is not None:
             new = torch.from_numpy(dequantize(enc.data, qtype, tuple(w.shape)))
             view.set_weight(site, new.t() if site.kind == "conv1d" else new)
@@ -456,11 +466,14 @@ def export_calibrated(
     ctx: JobContext | None = None,
     validate: Callable[[Path], None] | None = None,
     allow_pickle: bool = False,
+    executor: Any = None,
 ) -> CalibratedExport:
     """Calibrate ``model`` on ``text`` for the methods of ``plan`` (a Plan or a preset name) and export it.
 
     ``device``: where layers run and GPTQ sweeps (auto, cpu, cuda, mps); ``dtype``: the precision of
     the layer forward passes (float32 by default: the Hessians are as exact as the data allows).
+    ``executor`` (``studio.core.executor``): a distributed one rounds each layer's tensors as units on a
+    cluster, with the same bytes.
     """
 
     ctx = ctx or null_context()
@@ -497,6 +510,7 @@ def export_calibrated(
                 options,
                 calib,
                 ckpt.read_torch,
+                executor,
             )
             collector.hessian_for = consumer.needs_hessian
             collector.wants_head = consumer.wants_head

@@ -11,8 +11,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from studio.core.calib.imatrix import read_imatrix, write_imatrix
 from studio.core.errors import StudioError
 from studio.core.paths import user_cache_dir
+from studio.core.stats.cache import checkpoint_key
 
 __all__ = ["cached_imatrix", "default_cache_dir", "imatrix_cache_path", "store_imatrix"]
 
@@ -26,8 +28,6 @@ def imatrix_cache_path(
     info: Any, text_digest: str, calib_ctx: int, calib_chunks: int | None, cache_dir: Path | None = None
 ) -> Path:
     """The cache file of the imatrix of ``info``'s model on a text (its ``CalibrationText.digest``)."""
-    from studio.core.stats.cache import checkpoint_key
-
     ck = checkpoint_key(info, "")
     key = hashlib.sha256(
         f"{info.path}|{ck.mtime_ns}|{ck.size}|{text_digest}|{calib_ctx}|{calib_chunks}".encode()
@@ -37,8 +37,6 @@ def imatrix_cache_path(
 
 def cached_imatrix(path: Path) -> Any:
     """The imatrix cached at ``path`` (as a fresh one: no file recorded), or None (absent or damaged)."""
-    from studio.core.calib.imatrix import read_imatrix
-
     if not path.is_file():
         return None
     try:
@@ -49,8 +47,6 @@ def cached_imatrix(path: Path) -> Any:
 
 def store_imatrix(imatrix: Any, path: Path) -> None:
     """Keep ``imatrix`` at ``path``; a failure only means the next run calibrates again."""
-    from studio.core.calib.imatrix import write_imatrix
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_imatrix(imatrix, path)

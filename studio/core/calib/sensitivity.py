@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -679,12 +680,15 @@ def scan_sensitivity(
     cache_dir: str | os.PathLike[str] | None = None,
     stats_cache: Any = None,
     ctx: JobContext | None = None,
+    executor: Any = None,
 ) -> Sensitivity:
     """Scan ``model`` (a Hugging Face folder) on ``text`` (``"builtin"``, a file or a ``CalibrationText``).
 
     ``imatrix`` (GGUF names, as ``Imatrix``) is computed from ``text`` when not given; ``plans`` are
     measured in the same run (``Sensitivity.plan_kls``); a scan found in ``cache_dir`` (JSON files
     keyed by the model's files, the text, the settings and the imatrix) is returned without running.
+    ``executor`` (``studio.core.executor``): a distributed one runs the pairs as units on a cluster
+    (``studio.core.cluster.scan``), with the same results; finished units are kept in ``cache_dir``.
     """
     st = settings or ScanSettings()
     ctx = ctx or null_context()
@@ -735,10 +739,21 @@ def scan_sensitivity(
             return cached
         n_layers = max([t.layer + 1 for t in targets if t.layer is not None], default=0)
         exact, errors, check = _measure_sets(targets, st, n_layers)
-        scan = SensitivityScan(
-            targets, chunks.tokens, exact=exact, errors=errors, plans=plans, imatrix=qw, ctx=ctx
-        )
-        run_model(ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=_Muted(ctx))
+        if executor is not None and executor.distributed:
+            scan_on_cluster = executor.job("scan")  # studio.core.cluster.scan
+
+            units = None if cache_dir is None else Path(cache_dir) / f"sensitivity-{key}.units"
+            scan = scan_on_cluster(
+                executor, ckpt, chunks, targets, st, exact=exact, errors=errors, plans=plans, imatrix=qw,
+                resume_dir=units, ctx=ctx,
+            )  # fmt: skip
+        else:
+            scan = SensitivityScan(
+                targets, chunks.tokens, exact=exact, errors=errors, plans=plans, imatrix=qw, ctx=ctx
+            )
+            run_model(
+                ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=_Muted(ctx)
+            )
     finally:
         ckpt.close()
     result = _assemble(info, inp.data.name, st, targets, fixed, scan, check, chunks.n_tokens)
@@ -746,6 +761,8 @@ def scan_sensitivity(
         result, seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0, key=key
     )
     _save_cached(cache_dir, key, result)
+    if cache_dir is not None:  # the units a distributed scan kept for a resume are in the result now
+        shutil.rmtree(Path(cache_dir) / f"sensitivity-{key}.units", ignore_errors=True)
     return result
 
 

@@ -144,8 +144,6 @@ def _op_chat_threads(state: Any, n: int) -> int:
     """Run generation and prompt batches on ``n`` threads from now on (the chat's share of the cores)."""
     import llama_cpp
 
-    from studio.core.llamacpp.worker import _need
-
     llm = _need(state)
     n = max(1, int(n))
     llama_cpp.llama_set_n_threads(llm._ctx.ctx, n, n)

@@ -288,6 +288,7 @@ def evaluate(
     ctx: JobContext | None = None,
     kv_types: Sequence[str] = (),
     on_score: Callable[[Any], None] | None = None,
+    executor: Any = None,
 ) -> EvalReport:
     """Score ``original`` and every variant on ``text``; see the module docstring for the method.
 
@@ -298,6 +299,8 @@ def evaluate(
     ``q4_0``), labelled ``name [KV q8_0]``; empty keeps the exact F32 cache, labelled by name.
     ``on_score`` is called (on the caller's thread) with the original's ``ModelScore`` and then with each
     ``VariantScore`` as soon as it is measured, so a window can show rows before the report is complete.
+    ``executor`` (``studio.core.executor``): a distributed one scores the variants' chunks as units on a
+    cluster (``studio.core.cluster.evaluate``), with the same numbers.
     """
     ctx = ctx or null_context()
     t0 = time.monotonic()
@@ -375,6 +378,14 @@ def evaluate(
             on_score(orig_score)
 
         scores: list[VariantScore] = []
+        if executor is not None and executor.distributed:
+            score_on_cluster = executor.job("score")  # studio.core.cluster.evaluate
+
+            scores = score_on_cluster(
+                executor, runs, tokens, starts, bos, base, n_ctx, n_gpu_layers, ctx, len(starts), total,
+                identity, extra_buffers,
+            )  # fmt: skip
+            runs = []
         for vi, (vpath, kv) in enumerate(runs):
             done = len(starts) * (1 + vi)
             scores.append(

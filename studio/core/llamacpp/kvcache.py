@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from studio.core.errors import StudioError
+from studio.core.quant.types import qtype_info
 
 __all__ = ["KV_TYPES", "KVType", "kv_type", "llama_kwargs"]
 
@@ -45,7 +46,6 @@ def kv_type(name: str) -> KVType:
         raise StudioError(f"Unknown KV-cache type {name!r}; choose one of {', '.join(KV_TYPES)}.")
 
     # kept local: gguf-py and numpy (~0.3 s), which the CLI's --help and the window's start do not need
-    from studio.core.quant.types import qtype_info
 
     info = qtype_info(key.upper())
     return KVType(key, int(info.ggml_type), info.block_size, info.type_size)

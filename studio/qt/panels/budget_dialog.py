@@ -409,17 +409,29 @@ class BudgetDialog(JobPanel, QDialog):
             set_status(self.status, self._scan_note)
             return
         reused = None if run is None else run.imatrix
+        cluster = self.state.cluster  # the window's device choice: a Ray cluster runs the scan's pairs
 
         def work(ctx: JobContext) -> tuple[Any, Any, bool]:
             from studio.core.calib.scan_cache import default_cache_dir
             from studio.core.calib.sensitivity import scan_sensitivity
+            from studio.core.cluster import open_executor
 
             im, calibrated = reused, False
             if im is None:
                 im, calibrated = _imatrix_of(info, text, settings, ctx)
-            scan = scan_sensitivity(
-                info.path, text, settings, imatrix=im, cache_dir=default_cache_dir(), ctx=ctx
-            )
+            executor = open_executor(cluster)
+            try:
+                scan = scan_sensitivity(
+                    info.path,
+                    text,
+                    settings,
+                    imatrix=im,
+                    cache_dir=default_cache_dir(),
+                    ctx=ctx,
+                    executor=executor,
+                )
+            finally:
+                executor.close()
             return scan, im, calibrated
 
         self._scan_key = key

@@ -1,4 +1,5 @@
-"""Device selector: the CPU, every CUDA device and MPS, as detected by ``studio.core.hardware``."""
+"""Device selector: the CPU, every CUDA device and MPS, as detected by ``studio.core.hardware``; in the
+window's toolbar also a Ray cluster ("Ray cluster at …")."""
 
 from __future__ import annotations
 
@@ -39,11 +40,19 @@ class DeviceSelector(QWidget):
     """A labelled combo box of devices for quantization; with ``remember_in`` the choice is kept."""
 
     deviceChanged = Signal(str)  # device id: "cuda:0", "mps" or "cpu"
+    clusterRefused = Signal(str)  # the sentence saying why a cluster cannot be used
 
-    def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, state: StudioState, jobs: JobManager, parent: QWidget | None = None, *, cluster: bool = False
+    ) -> None:
         super().__init__(parent)
         self.state, self.jobs = state, jobs
         self.settings: AppSettings | None = None
+        # cluster: the window's choice also offers a Ray cluster (the scan, calibrated quantization and
+        # evaluation send their units there; the rest runs on the CPU here)
+        self.offers_cluster = cluster
+        self.ask_cluster = self._ask_cluster  # replaceable: the dialog asking for the address
+        self._cluster = ""  # the cluster address chosen last ("" before any)
         self.combo = QComboBox(self)
         self.combo.setToolTip("Where quantization and verification run")
         lay = QHBoxLayout(self)
@@ -63,8 +72,39 @@ class DeviceSelector(QWidget):
 
     @property
     def device(self) -> str:
-        """The chosen device id."""
-        return str(self.combo.currentData() or "cpu")
+        """The chosen device id (the CPU when a cluster is chosen: the head's work runs here)."""
+        data = str(self.combo.currentData() or "cpu")
+        return "cpu" if data.startswith(_CLUSTER) else data
+
+    @property
+    def cluster(self) -> str | None:
+        """The chosen cluster's address (``auto``, ``local:N``, ``ray://HOST:PORT``), or None."""
+        data = str(self.combo.currentData() or "")
+        return data[len(_CLUSTER) :] or None if data.startswith(_CLUSTER) else None
+
+    def set_cluster(self, address: str) -> None:
+        """Choose the Ray cluster at ``address``; ClusterError (one sentence) when it names none or Ray
+        is not installed (the choice then stays as it was)."""
+        from studio.core.executor import INSTALL_HINT, ClusterError, ClusterSpec, ray_installed
+
+        ClusterSpec.parse(address)
+        if not ray_installed():
+            raise ClusterError(f"A Ray cluster needs Ray, which is not installed: {INSTALL_HINT}.")
+        self._cluster = address.strip()
+        self._wanted = _CLUSTER + self._cluster
+        self._populate(self.state.hardware)
+        self._remember()
+
+    def _ask_cluster(self) -> str | None:
+        from PySide6.QtWidgets import QInputDialog
+
+        text, ok = QInputDialog.getText(
+            self,
+            "Ray cluster",
+            "Address of the Ray cluster (ray://HOST:PORT, auto, or local:N for N workers here):",
+            text=self._cluster or "ray://127.0.0.1:10001",
+        )
+        return text.strip() if ok and text.strip() else None
 
     def set_device(self, device: str) -> bool:
         """Choose ``device`` if it is available; returns whether it was."""
@@ -81,6 +121,12 @@ class DeviceSelector(QWidget):
         self.combo.clear()
         for dev, label in device_choices(hw):
             self.combo.addItem(label, dev)
+        if self.offers_cluster:
+            if keep.startswith(_CLUSTER) and not self._cluster:
+                self._cluster = keep[len(_CLUSTER) :]
+            if self._cluster:
+                self.combo.addItem(_cluster_label(self._cluster), _CLUSTER + self._cluster)
+            self.combo.addItem("Ray cluster…", _CLUSTER)
         i = self.combo.findData(keep) if keep else -1
         if i < 0:
             i = 0  # the first GPU if any, else the CPU
@@ -90,7 +136,44 @@ class DeviceSelector(QWidget):
 
     @Slot(int)
     def _on_index(self, _i: int) -> None:
-        self._wanted = self.device
+        if str(self.combo.currentData() or "") == _CLUSTER:  # "Ray cluster…": ask where
+            self._choose_cluster()
+            return
+        self._remember()
+
+    def _choose_cluster(self) -> None:
+        from studio.core.errors import StudioError
+
+        address = self.ask_cluster()
+        try:
+            if address is None:
+                raise LookupError
+            self.set_cluster(address)
+            self.combo.setToolTip("Where quantization and verification run")
+        except (LookupError, StudioError) as err:
+            if isinstance(err, StudioError):  # one sentence, on the combo and in the window's status bar
+                self.combo.setToolTip(str(err))
+                self.clusterRefused.emit(str(err))
+            self.combo.blockSignals(True)
+            i = self.combo.findData(self._wanted)
+            self.combo.setCurrentIndex(max(0, i))
+            self.combo.blockSignals(False)
+
+    def _remember(self) -> None:
+        self._wanted = str(self.combo.currentData() or "cpu")
         if self.settings is not None:
-            self.settings.device = self.device
+            self.settings.device = self._wanted
+        self.state.cluster = self.cluster if self.offers_cluster else self.state.cluster
         self.deviceChanged.emit(self.device)
+
+
+_CLUSTER = "cluster:"  # item data of a cluster choice: "cluster:" + its address
+
+
+def _cluster_label(address: str) -> str:
+    from studio.core.executor import ClusterError, ClusterSpec
+
+    try:
+        return ClusterSpec.parse(address).describe()
+    except ClusterError:
+        return f"Ray cluster at {address}"

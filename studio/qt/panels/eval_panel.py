@@ -263,20 +263,27 @@ class EvalPanel(JobPanel, QWidget):
         kv_types = tuple(self.kv_combo.currentData() or ())
 
         feed = self._feed  # emitted on the worker thread, delivered on the GUI thread (queued)
+        cluster = self.state.cluster  # the window's device choice: a Ray cluster scores the chunks
 
         def work(ctx: Any) -> Any:
+            from studio.core.cluster import open_executor
             from studio.core.evaluate.record import save_records
 
-            report = evaluate(
-                original,
-                variants,
-                text=text,
-                n_ctx=n_ctx,
-                max_chunks=chunks,
-                ctx=ctx,
-                kv_types=kv_types,
-                on_score=feed.scored.emit,
-            )
+            executor = open_executor(cluster)
+            try:
+                report = evaluate(
+                    original,
+                    variants,
+                    text=text,
+                    n_ctx=n_ctx,
+                    max_chunks=chunks,
+                    ctx=ctx,
+                    kv_types=kv_types,
+                    on_score=feed.scored.emit,
+                    executor=executor,
+                )
+            finally:
+                executor.close()
             for note in save_records(report):  # beside each variant, for the model card of an upload
                 ctx.log(note)
             return report

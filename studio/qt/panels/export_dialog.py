@@ -85,12 +85,14 @@ def run_export(
     calib_text: str | Path | None = None,
     calib_chunks: int | None = None,
     imatrix: Any = None,
+    cluster: str | None = None,
 ) -> ExportOutcome:
     """Export ``source`` to ``out`` and (optionally) verify it in a child process before it is renamed
     into place (``studio.core.export.job.export_and_verify``, the job ``export --verify`` runs too).
 
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (None: the built-in text; the
-    first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first.
+    first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
+    layer's tensors on the Ray ``cluster`` when one is named (the window's device choice).
     """
     from studio.core.export.run import export_gguf
 
@@ -98,18 +100,24 @@ def run_export(
         if isinstance(plan, Plan) and plan.calibrated:
             from studio.core.calib.data import BUILTIN
             from studio.core.calib.quantize import export_calibrated
+            from studio.core.cluster import open_executor
 
-            return export_calibrated(
-                source,
-                out,
-                plan,
-                text=calib_text or BUILTIN,
-                n_chunks=calib_chunks,
-                device=device,
-                ctx=c,
-                validate=validate,
-                allow_pickle=allow_pickle,
-            )
+            executor = open_executor(cluster)
+            try:
+                return export_calibrated(
+                    source,
+                    out,
+                    plan,
+                    text=calib_text or BUILTIN,
+                    n_chunks=calib_chunks,
+                    device=device,
+                    ctx=c,
+                    validate=validate,
+                    allow_pickle=allow_pickle,
+                    executor=executor,
+                )
+            finally:
+                executor.close()
         return export_gguf(
             source,
             out,
@@ -437,6 +445,7 @@ class ExportDialog(JobPanel, QDialog):
             backend = "studio"  # calibrated codes are written by the studio's exporter
         chunks = self.chunks_spin.value() or None
         imatrix = self.imatrix
+        cluster = self.state.cluster if calibrated else None  # the window's device choice
         # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
         allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
         self.outcome = None
@@ -457,6 +466,7 @@ class ExportDialog(JobPanel, QDialog):
                 calib_text=calib,
                 calib_chunks=chunks,
                 imatrix=imatrix,
+                cluster=cluster,
             )
 
         plan_name = plan if isinstance(plan, str) else plan.name
