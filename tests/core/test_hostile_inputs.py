@@ -285,6 +285,21 @@ def test_row_check_matches_ggml_block_layouts(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_row_check_follows_blocks_across_chunks_cut_mid_block():
+    """A copied tensor streams in fixed-size pieces that cut blocks: no false alarm, the right block."""
+    from studio.core.gguf.rowcheck import RowCheck
+
+    q = np.zeros((6, 34), np.uint8)
+    q[:, 0:2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)  # finite scales everywhere
+    raw = q.reshape(-1)
+    check = RowCheck("Q8_0")
+    assert [check.feed(raw[i : i + 50]) for i in range(0, raw.size, 50)] == [None] * 5
+    q[4, 0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    check = RowCheck("Q8_0")
+    found = [check.feed(raw[i : i + 50]) for i in range(0, raw.size, 50)]
+    assert [f for f in found if f is not None] == [4]
+
+
 # ---------------------------------------------------------------------- item 9: JSONL, configs, GGUF
 
 

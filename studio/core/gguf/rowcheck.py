@@ -89,20 +89,39 @@ def first_bad_block(qtype: str, data: np.ndarray) -> int | None:
 
 @dataclass
 class RowCheck:
-    """Checks one tensor's chunks in order; ``feed`` returns the first bad block's index in the tensor."""
+    """Checks one tensor's chunks in order; ``feed`` returns the first bad block's index in the tensor.
+
+    Raw byte chunks need not end on a block boundary (a copied tensor is streamed in fixed-size pieces):
+    the bytes of a block cut by a chunk's end are kept and checked with the next chunk.
+    """
 
     qtype: str
     seen: int = 0
+    carry: bytes = b""
+
+    def _unit(self) -> int:
+        if self.qtype in ("F16", "BF16"):
+            return 2
+        if self.qtype == "F32":
+            return 4
+        return BLOCK_SCALES.get(self.qtype, (_IQ1_M_BYTES, ()))[0]
 
     def feed(self, chunk: np.ndarray) -> int | None:
         """The tensor-wide index of the first NaN/Inf block in ``chunk``, else None."""
         arr = np.asarray(chunk)
-        bad = first_bad_block(self.qtype, arr)
-        if arr.dtype.kind == "f" or self.qtype in ("F16", "F32", "BF16"):
-            unit = max(1, arr.dtype.itemsize if arr.dtype.kind == "f" else {"F32": 4}.get(self.qtype, 2))
-            n = arr.nbytes // unit
+        if arr.dtype.kind == "f":  # values, never cut
+            bad = first_bad_block(self.qtype, arr)
+            n = arr.size
         else:
-            n = arr.nbytes // BLOCK_SCALES.get(self.qtype, (_IQ1_M_BYTES, ()))[0]
+            unit = self._unit()
+            raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            if self.carry:
+                raw = np.concatenate([np.frombuffer(self.carry, np.uint8), raw])
+            whole = raw.size - raw.size % unit
+            self.carry = raw[whole:].tobytes()
+            raw = raw[:whole]
+            bad = first_bad_block(self.qtype, raw)
+            n = whole // unit
         at = None if bad is None else self.seen + bad
         self.seen += n
         return at
