@@ -204,11 +204,11 @@ def _cause(err: BaseException, reader: UploadReader | None, file: str, repo: str
     net = transport_errors()
     for e in _chain(err):
         if isinstance(e, net) or isinstance(e, http.client.HTTPException):
-            line = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            line = (str(e).strip().splitlines() or [type(e).__name__])[0][:100]
             return (
                 "network",
-                f"the connection to the Hub at {endpoint()} dropped and did not come back after retries ({line})",
-                "check the network and run the upload again",
+                "the connection to the Hub dropped and did not come back after retries",
+                f"check the network ({endpoint()}: {line}) and run the upload again",
             )
     line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     return ("unexpected", f"of an unexpected error ({type(err).__name__}: {line})", "run the upload again")
@@ -229,8 +229,10 @@ def _error(
     err: BaseException, reader: UploadReader | None, file: str, repo: str, state: str, token: str
 ) -> UploadError:
     kind, why, todo = _cause(err, reader, file, repo)
-    text = f"Uploading {file} to '{repo}' failed because {why}, and {_state_text(state, repo)}; {todo}."
-    return UploadError(redact(text, token), kind=kind, state=state, repo_id=repo)
+    # what happened is the sentence, what to do its hint: each stays whole within the error's bounds
+    text = f"Uploading {file} to '{repo}' failed because {why}, and {_state_text(state, repo)}."
+    hint = todo[:1].upper() + todo[1:] + "."
+    return UploadError(redact(text, token), kind=kind, state=state, repo_id=repo, hint=redact(hint, token))
 
 
 # -- Hub calls ----------------------------------------------------------------------------------------
