@@ -111,8 +111,9 @@ class DeviceSelector(QWidget):
         return choose(self.combo, device)
 
     def devices(self) -> list[str]:
-        """Every device id offered."""
-        return [str(self.combo.itemData(i)) for i in range(self.combo.count())]
+        """Every device id offered (the Ray cluster entries are not devices)."""
+        ids = [str(self.combo.itemData(i)) for i in range(self.combo.count())]
+        return [d for d in ids if not d.startswith(_CLUSTER)]
 
     @Slot(object)
     def _populate(self, hw: Any) -> None:
