@@ -160,6 +160,7 @@ class TransformersBackend(BaseBackend):
         self._vocab: tuple[str, ...] | None = None
         self._cache_name: str | None = None
         self.n_threads: int | None = None  # the column's share of the cores (None: torch's choice)
+        self.threads_used: int | None = None  # torch's thread count of the last generation's thread
 
     def set_threads(self, n: int | None) -> None:
         """Record the column's share of the cores; torch's count is process-wide, so the face that owns
@@ -278,6 +279,8 @@ class TransformersBackend(BaseBackend):
         ids = [int(i) for i in ids]
         if not ids:
             raise ChatError("The prompt has no tokens.")
+        # what this generation really runs with: torch keeps a thread count per OS thread (OpenMP)
+        self.threads_used = torch.get_num_threads()
         model, device = self._model, self.device
         rng = None if sampling.greedy else make_rng(sampling.seed)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

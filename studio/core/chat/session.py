@@ -254,7 +254,7 @@ class ChatSession:
         self.share = chat_threads.apply(self.backends, self.cores)
         n_torch = chat_threads.torch_threads(self.backends)
         if n_torch and self.set_torch_threads is not None:
-            self.set_torch_threads(n_torch)  # on this thread; the column threads started below take it
+            self.set_torch_threads(n_torch)  # for loading here; each column thread sets its own below
         load_errors = self.load_all(ctx)  # loading is not part of the time to first token
         for i, err in enumerate(load_errors):
             if err is not None:
@@ -281,6 +281,10 @@ class ChatSession:
         def run(i: int, b: ChatBackend) -> None:
             if prompts[i] is None:
                 return
+            n = chat_threads.torch_threads([b])
+            if n and self.set_torch_threads is not None:
+                # torch (OpenMP) keeps its thread count per OS thread: set it on the column's own thread
+                self.set_torch_threads(n)
             try:
                 sink = (lambda ev: on_token(i, ev)) if on_token is not None else None
                 res = generate(
