@@ -70,7 +70,12 @@ def test_export_of_a_gguf_with_an_unsupported_type_is_one_line_and_writes_nothin
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.gguf"]
 
 
-def test_eval_and_chat_take_a_gguf_original(chat_model, f32_gguf, gguf_of, tmp_path, capsys):
+def test_eval_and_chat_take_a_gguf_original(chat_model, f32_gguf, gguf_of, tmp_path, capsys, monkeypatch):
+    from studio.core.chat import threads as chat_threads
+
+    # the chat's thread share follows the machine's load; the two single-column chats compared below
+    # run at the same thread count
+    monkeypatch.setattr(chat_threads, "busy_cores", lambda *a, **k: 0.0)
     q8 = gguf_of(chat_model, "Q8_0")
     argv = [
         "eval",
@@ -117,7 +122,10 @@ def test_eval_and_chat_take_a_gguf_original(chat_model, f32_gguf, gguf_of, tmp_p
     )
     original = json.loads(capsys.readouterr().out)["models"][0]
     # transformers on the folder written from the F32 GGUF answers exactly as on the original model
-    assert folder["tokens"] == original["tokens"] and folder["probs"] == original["probs"]
+    # (the same weights: the same tokens; the probabilities to float32 noise, since torch's CPU kernels
+    # may take another vector path for another buffer alignment on AVX-512 machines)
+    assert folder["tokens"] == original["tokens"]
+    assert np.allclose(folder["probs"], original["probs"], rtol=0, atol=1e-5)
 
 
 def test_a_gguf_without_a_tokenizer_is_one_sentence_for_chat_and_eval_and_still_exports(tmp_path, capsys):
