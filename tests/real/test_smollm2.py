@@ -6,7 +6,6 @@ Its hidden size, 576, is not a multiple of 256, so most K-quant choices take lla
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 import numpy as np

@@ -112,11 +112,19 @@ METHODS: Mapping[str, Method] = MappingProxyType(
 """Every method by name, in menu order."""
 
 
+ALIASES: Mapping[str, str] = MappingProxyType({"best": "awq+gptq"})
+"""Other names of methods: ``best`` is the rounding that measured best (AWQ scales, then GPTQ)."""
+
+
 def method_info(name: str) -> Method:
-    """The registered method ``name`` (any case); QuantizationError naming the known ones otherwise."""
-    m = METHODS.get(str(name).lower())
+    """The registered method ``name`` (any case, or an alias such as ``best``); QuantizationError naming
+    the known ones otherwise."""
+    key = str(name).lower()
+    m = METHODS.get(ALIASES.get(key, key))
     if m is None:
-        raise QuantizationError(f"Unknown method {name!r}.", hint="Known: " + ", ".join(METHODS) + ".")
+        raise QuantizationError(
+            f"Unknown method {name!r}.", hint="Known: " + ", ".join([*METHODS, *ALIASES]) + "."
+        )
     return m
 
 
@@ -126,6 +134,7 @@ def check_method(name: str) -> str:
 
 
 __all__ = [
+    "ALIASES",
     "DEFAULT_METHOD",
     "METHODS",
     "Encoded",

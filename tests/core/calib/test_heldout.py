@@ -1,0 +1,92 @@
+"""Held-out judgement: the split of a calibration text, the same-size preset, and the verdict a plan gets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from studio.core.calib.data import CalibrationText
+from studio.core.calib.heldout import (
+    Judgement,
+    PresetPoint,
+    same_size_preset,
+    split_text,
+)
+from studio.core.errors import CalibrationError
+
+
+def test_split_cuts_at_a_paragraph_near_the_share_and_keeps_every_character():
+    paras = [f"Paragraph {i} " + "word " * (5 + i % 7) for i in range(40)]
+    text = "\n\n".join(paras)
+    fit, held = split_text(CalibrationText("t", text, True), 0.25)
+    assert fit.text + "\n\n" + held.text == text  # cut at a break: nothing lost, nothing doubled
+    assert held.text.startswith("Paragraph ")
+    assert 0.15 < len(held.text) / len(text) < 0.35
+    assert fit.parse_special and held.parse_special  # chats stay chats
+    assert "held-out last 25 %" in held.name and "first 75 %" in fit.name
+    with pytest.raises(CalibrationError):
+        split_text(CalibrationText("t", text), 1.5)
+
+
+def test_same_size_preset_is_the_largest_that_fits():
+    pres = [("Q3_K_M", 90, {}), ("Q4_K_M", 100, {}), ("Q5_K_M", 120, {})]
+    assert same_size_preset(pres, 100)[0] == "Q4_K_M"
+    assert same_size_preset(pres, 119)[0] == "Q4_K_M"
+    assert same_size_preset(pres, 89) is None
+    # the studio's file of a preset may carry a few kB more metadata than llama.cpp's at the budget
+    assert same_size_preset([("Q4_K_M", 100_400, {})], 100_000)[0] == "Q4_K_M"
+    assert same_size_preset([("Q4_K_M", 100_600, {})], 99_000) is None
+
+
+def test_a_plan_that_loses_on_heldout_text_is_not_offered_as_better():
+    p = PresetPoint("Q4_K_M", 105_454_336, 0.030, {})
+    lose = Judgement(0.015, 0.016, 0.031, "code.txt", 2048, p)
+    assert lose.beats_preset is False
+    v = lose.verdict
+    assert v.startswith("No budget plan beats llama.cpp's Q4_K_M") and v.count(". ") == 0 and v.endswith(".")
+    assert "--preset Q4_K_M --method awq+gptq" in v and "0.0310 against 0.0300" in v
+    assert lose.to_dict()["recommend"] == {"preset": "Q4_K_M", "method": "awq+gptq"}
+    win = Judgement(0.015, 0.016, 0.015, "code.txt", 2048, p)
+    assert win.beats_preset and "50 % below llama.cpp's Q4_K_M" in win.verdict
+    assert win.to_dict()["recommend"] is None
+    tie = Judgement(0.015, 0.016, 0.030, "code.txt", 2048, p)
+    assert tie.beats_preset is False  # equal is not better
+
+
+def test_the_guard_keeps_the_embedding_at_the_same_size_presets_type_and_nothing_else(llama_model):
+    from studio.core.calib.heldout import guard_for, preset_plans
+    from studio.core.model import open_model
+    from studio.core.plan.allocate import allocate, parse_budget
+    from tests.scan_data import synthetic_scan
+
+    with open_model(llama_model) as ck:
+        info = ck.info
+    # a scan that calls the embedding free at Q4_0: unguarded, a tight budget takes it there
+    scan = synthetic_scan(info, {"Q4_0": 1e-3, "Q8_0": 1e-4})
+    emb = next(t for t in scan.tensors if t.gguf_name == "token_embd.weight")
+    free = {q: dataclasses.replace(c, kl=0.0) for q, c in emb.by_type.items()}
+    scan = dataclasses.replace(
+        scan, tensors=tuple(dataclasses.replace(t, by_type=free) if t is emb else t for t in scan.tensors)
+    )
+    presets = preset_plans(info)
+    q8 = next(b for n, b, _ in presets if n == "Q8_0")
+    budget = parse_budget(str(q8))
+    assert allocate(info, scan, budget).plan.types[emb.name] == "Q4_0"
+    guarded, note = guard_for(scan, q8, presets)
+    plan = allocate(info, guarded, budget).plan.types
+    assert plan[emb.name] in ("Q8_0", "F16") and "token_embd.weight Q8_0" in note
+    others = {
+        t.name: t.by_type
+        for t in guarded.tensors
+        if t.gguf_name not in ("token_embd.weight", "output.weight")
+    }
+    assert others == {t.name: t.by_type for t in scan.tensors if t.name in others}  # nothing else changed
+    assert guard_for(scan, 1000, presets) == (scan, "")  # no preset fits: no guard
+
+
+def test_best_is_the_calibrated_rounding_the_verdict_recommends():
+    from studio.core.calib.heldout import BEST_METHOD
+    from studio.core.quant.methods import check_method
+
+    assert check_method("best") == check_method("BEST") == BEST_METHOD == "awq+gptq"
