@@ -27,7 +27,10 @@ import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import traceback
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -38,8 +41,25 @@ TICK_MS = 10
 BUDGET_MS = 100.0
 
 
+SAMPLE_AFTER_MS = 50.0  # the watchdog samples the GUI thread's stack once a tick is this late
+SAMPLE_EVERY_S = 0.01
+
+
+def _site(frame) -> str:
+    """The innermost frames of the GUI thread's stack that are our code (studio/, bench/), else the top."""
+    stack = traceback.extract_stack(frame)
+    ours = [f for f in stack if "/studio/" in f.filename or "/bench/" in f.filename]
+    top = stack[-1]
+    where = ours[-1] if ours else top
+    text = f"{Path(where.filename).name}:{where.lineno} {where.name}"
+    if where is not top:
+        text += f" → {Path(top.filename).name}:{top.lineno} {top.name}"
+    return text
+
+
 class GapRecorder:
-    """Records the intervals between the ticks of a ``TICK_MS`` timer on the GUI thread."""
+    """Records the intervals between the ticks of a ``TICK_MS`` timer on the GUI thread, and (a watchdog
+    thread) where the GUI thread is while a tick is late: the stall sites, sampled with sys._current_frames()."""
 
     def __init__(self) -> None:
         from PySide6.QtCore import Qt, QTimer
@@ -50,19 +70,57 @@ class GapRecorder:
         self.timer.timeout.connect(self._tick)
         self.gaps: list[float] = []
         self._last = 0.0
+        self._gui = threading.get_ident()
+        self._running = False
+        self._gap_sites: Counter[str] = Counter()  # the current late interval's samples
+        self.sites: list[tuple[float, list[tuple[str, int]]]] = []  # (gap ms, [(site, samples)]) per stall
+        self.history: list[list[tuple[float, list[tuple[str, int]]]]] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True, name="gui-watchdog").start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(SAMPLE_EVERY_S)
+            if not self._running or (time.perf_counter() - self._last) * 1000.0 < SAMPLE_AFTER_MS:
+                continue
+            frames = sys._current_frames()
+            frame = frames.get(self._gui)
+            if frame is None:
+                continue
+            site = _site(frame)
+            seen = [site]
+            if site.startswith("gui_responsiveness.py"):
+                # The GUI thread sits in the bench's own event loop (processEvents, sleep) yet is late:
+                # another thread holds the GIL. Where the workers are is then the stall's site.
+                me = threading.get_ident()
+                seen = [f"[worker] {_site(f)}" for t, f in frames.items() if t not in (self._gui, me)] or seen
+            with self._lock:
+                self._gap_sites.update(seen)
 
     def _tick(self) -> None:
         now = time.perf_counter()
-        self.gaps.append((now - self._last) * 1000.0)
+        gap = (now - self._last) * 1000.0
+        self.gaps.append(gap)
         self._last = now
+        with self._lock:
+            if self._gap_sites:
+                if gap > BUDGET_MS:
+                    self.sites.append((gap, self._gap_sites.most_common(4)))
+                self._gap_sites = Counter()
 
     def start(self) -> None:
         self.gaps = []
+        self.sites = []
         self._last = time.perf_counter()
+        self._running = True
         self.timer.start()
 
     def stop(self) -> dict[str, float]:
         self.timer.stop()
+        self._running = False
+        self._tick()
+        self.gaps.pop()
+        self.history.append(sorted(self.sites, key=lambda s: -s[0]))  # one entry per phase, in order
         # The interval until "now" counts too: a block at the very end would otherwise be missed.
         self.gaps.append((time.perf_counter() - self._last) * 1000.0)
         g = sorted(self.gaps)
@@ -274,6 +332,16 @@ def main() -> int:
     working = [(label, st) for label, st, _t in results if not label.startswith("idle")]
     worst = max(st["worst_ms"] for _label, st in working)
     warm = max(st["worst_ms"] for label, st in working if "[cold]" not in label)
+    stalled = [(label, sites) for (label, _s, _t), sites in zip(results, rec.history, strict=True) if sites]
+    if stalled:
+        print(
+            f"\nwhere the GUI thread was during each stall over {BUDGET_MS:.0f} ms (sampled every "
+            f"{SAMPLE_EVERY_S * 1000:.0f} ms once a tick is {SAMPLE_AFTER_MS:.0f} ms late; samples):"
+        )
+    for label, sites in stalled:
+        print(f"  {label}:")
+        for gap, top in sites[:8]:
+            print(f"    {gap:7.1f} ms: " + "; ".join(f"{site} ×{n}" for site, n in top))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"\nworst GUI-thread gap while working: {warm:.1f} ms (budget {BUDGET_MS:.0f} ms: "

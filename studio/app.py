@@ -108,7 +108,7 @@ def _bench_report(t_main: float) -> None:
         "shown_since_main_s": time.perf_counter() - t_main,
         "heavy_modules_loaded": [m for m in HEAVY_MODULES if m in sys.modules],
         "torch_imported": "torch" in sys.modules,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,  # KiB on Linux
         "modules_loaded": len(sys.modules),
     }
     print(json.dumps(report), flush=True)

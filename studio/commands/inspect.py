@@ -9,7 +9,7 @@ from typing import Any
 from studio.commands import _options as options
 from studio.commands._common import print_json
 from studio.core.errors import StudioError
-from studio.core.units import format_mib
+from studio.core.units import format_memory
 
 
 def register(subparsers: Any) -> None:
@@ -151,7 +151,7 @@ def format_text(r: dict[str, Any]) -> str:
     lines = [
         f"Model:        {r['path']} ({r['format']}, {len(r['files'])} file{'s' if len(r['files']) != 1 else ''})",
         f"Architecture: {r['architecture']} (model_type {r['model_type']}), {r['layers']} layers",
-        f"Parameters:   {r['parameters']:,} ({format_mib(r['weight_bytes'])} stored)",
+        f"Parameters:   {r['parameters']:,} ({format_memory(r['weight_bytes'])} stored)",
         f"Tensors:      {len(r['tensors'])}",
     ]
     for role, n in sorted(r["roles"].items(), key=lambda kv: -kv[1]):
@@ -182,16 +182,16 @@ def format_text(r: dict[str, Any]) -> str:
         lines.append("Warnings:")
         lines += [f"  - {w}" for w in r["warnings"]]
     hw = r["hardware"]
-    gpus = ", ".join(f"{g['name']} {format_mib(g['free_bytes'])} free" for g in hw["gpus"]) or "none"
+    gpus = ", ".join(f"{g['name']} {format_memory(g['free_bytes'])} free" for g in hw["gpus"]) or "none"
     lines.append(
-        f"Hardware:     GPU {gpus}; RAM {format_mib(hw['ram_available_bytes'])} free of {format_mib(hw['ram_total_bytes'])}"
+        f"Hardware:     GPU {gpus}; RAM {format_memory(hw['ram_available_bytes'])} free of {format_memory(hw['ram_total_bytes'])}"
     )
     lines.append(f"Estimates (context {r['ctx']} tokens; memory = weights + KV cache + overhead):")
     lines.append(f"  {'preset':<8}{'file':>12}{'memory':>12}{'bpw':>7}  verdict")
     for e in r["estimates"]:
         note = "" if e["exact"] else "  (approximate)"
         lines.append(
-            f"  {e['preset']:<8}{format_mib(e['file_bytes']):>12}{format_mib(e['memory_bytes']):>12}"
+            f"  {e['preset']:<8}{format_memory(e['file_bytes']):>12}{format_memory(e['memory_bytes']):>12}"
             f"{e['bits_per_weight']:>7.2f}  {e['verdict']}{note}"
         )
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from studio.commands import _options as options
 from studio.commands._common import format_table, print_json
 from studio.core.errors import ModelOpenError, StudioError
 from studio.core.llamacpp.kvcache import KV_TYPES
-from studio.core.units import format_mib
+from studio.core.units import format_memory
 
 
 def register(subparsers: Any) -> None:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{s.name}: {s.params:,} parameters, {s.layers} layers, {s.kv_heads} KV heads × {s.head_dim}; "
         f"context {report.ctx_len} ({report.ctx_allocated} allocated), KV cache {report.kv_type.upper()} "
-        f"{format_mib(report.kv_cache_bytes)}"
+        f"{format_memory(report.kv_cache_bytes)}"
     )
     header = (
         "precision",
@@ -92,10 +92,10 @@ def run(args: argparse.Namespace) -> int:
         (
             r.precision + ("" if r.bpw_source == "format" else f" ({r.bpw_source})"),
             f"{r.bpw:.3f}",
-            format_mib(r.weights_bytes),
-            format_mib(r.kv_cache_bytes),
-            format_mib(r.overhead_bytes),
-            format_mib(r.total_bytes),
+            format_memory(r.weights_bytes),
+            format_memory(r.kv_cache_bytes),
+            format_memory(r.overhead_bytes),
+            format_memory(r.total_bytes),
             *("yes" if r.fits[f"{g}GB"] else "-" for g in GPU_SIZES_GB),
             r.this_machine,
         )

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         ("fine-tuned, not rounded", r.finetuned_float_loss),
     ):
         print(f"  {label:<24} loss {loss:.4f}")
-    rss = f", peak memory {r.peak_rss_bytes / 2**30:.2f} GiB" if r.peak_rss_bytes else ""
+    rss = f", peak memory {r.peak_rss_bytes / 1e9:.2f} GB" if r.peak_rss_bytes else ""
     print(f"Training {r.train_seconds:.1f} s on {r.device} ({r.seconds:.1f} s in all){rss}")
     if r.output:
         print(f"QAT model written to {r.output}")

@@ -65,15 +65,15 @@ class HardwareInfo:
 
     def describe(self) -> str:
         """One line for a status bar: devices and free memory."""
-        gib = 1024**3
+        gb = 1e9  # decimal, as every size in the studio
         parts = [
-            f"{g.name} ({g.free_bytes / gib:.1f}/{g.total_bytes / gib:.1f} GiB free)"
+            f"{g.name} ({g.free_bytes / gb:.1f}/{g.total_bytes / gb:.1f} GB free)"
             + (" [unified]" if g.unified else "")
             for g in self.gpus
         ]
         parts.append(
-            f"CPU {self.cpu_cores} cores, RAM {self.ram_available_bytes / gib:.1f}/"
-            f"{self.ram_total_bytes / gib:.1f} GiB free"
+            f"CPU {self.cpu_cores} cores, RAM {self.ram_available_bytes / gb:.1f}/"
+            f"{self.ram_total_bytes / gb:.1f} GB free"
         )
         return "; ".join(parts)
 

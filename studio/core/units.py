@@ -1,8 +1,9 @@
 """Human-readable sizes, counts and durations for messages and command-line tables.
 
-Two byte styles on purpose: decimal units (``1.54 GB``) where users compare with disks and Hub pages,
-binary units (``12.3 MiB``) where they compare with RAM and VRAM. ``format_bytes`` is the one
-decimal formatter of the CLI, the core's messages and the GUI (``studio.qt.fmt.human_bytes``).
+One byte style everywhere: decimal units (``1.54 GB``, ``71.3 MB``), as the Hub shows file sizes.
+``format_bytes`` is the formatter of the CLI, the core's messages and the GUI
+(``studio.qt.fmt.human_bytes``); ``format_memory`` is the same units with fixed decimals, for the
+columns of memory tables (RAM, VRAM, KV cache) where numbers are read one under another.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns at the last unit
 
 
-def format_mib(n: float) -> str:
-    """Bytes in binary units for memory: ``71.3 MiB`` below 1 GiB, ``1.25 GiB`` from there on."""
-    if n >= 1024**3:
-        return f"{n / 1024**3:.2f} GiB"
-    return f"{n / 1024**2:.1f} MiB"
+def format_memory(n: float) -> str:
+    """Bytes in decimal units with fixed decimals for memory tables: ``71.3 MB`` below 1 GB,
+    ``1.25 GB`` from there on."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 1e6:.1f} MB"
 
 
 def format_count(n: int | None) -> str:

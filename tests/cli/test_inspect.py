@@ -224,7 +224,7 @@ def test_inspect_text_summary(llama_model, capsys):
     assert "attn_v" in out and "ffn_down" in out
     assert "context 2048" in out
     for preset in ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"):
-        assert re.search(rf"^\s+{preset}\s+[\d.]+ MiB", out, re.M), preset
+        assert re.search(rf"^\s+{preset}\s+[\d.]+ MB", out, re.M), preset
 
 
 def test_ctx_changes_memory_not_file(llama_model, capsys):

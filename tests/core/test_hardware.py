@@ -67,7 +67,7 @@ def test_cuda_devices_through_fake_torch(monkeypatch):
     assert hw.gpus[0] == GpuInfo(0, "NVIDIA RTX 4090", Backend.CUDA, 24 * GIB, 20 * GIB)
     assert hw.gpu_free_bytes == 31 * GIB
     assert len(hw.cuda) == 2
-    assert "RTX 4090 (20.0/24.0 GiB free)" in hw.describe()
+    assert "RTX 4090 (21.5/25.8 GB free)" in hw.describe()  # decimal units, as everywhere
 
 
 def test_mps_is_unified_memory(monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 
 from studio.commands._common import ProgressLine, print_json, read_text, write_text
 from studio.core.errors import StudioError
-from studio.core.units import format_bytes, format_count, format_eta, format_mib
+from studio.core.units import format_bytes, format_count, format_eta, format_memory
 
 
 def test_format_bytes_decimal_units_three_significant_digits():
@@ -24,10 +24,12 @@ def test_format_bytes_decimal_units_three_significant_digits():
     assert format_bytes(5e18) == "5000 PB"
 
 
-def test_format_mib_binary_units():
-    assert format_mib(8 * 1024**2) == "8.0 MiB"
-    assert format_mib(1024**3 - 1) == "1024.0 MiB"
-    assert format_mib(int(1.25 * 1024**3)) == "1.25 GiB"
+def test_format_memory_decimal_units_with_fixed_decimals():
+    # one unit system: decimal MB/GB as the Hub shows them, never MiB/GiB
+    assert format_memory(8 * 1024**2) == "8.4 MB"
+    assert format_memory(999_999_999) == "1000.0 MB"
+    assert format_memory(1_250_000_000) == "1.25 GB"
+    assert format_memory(1024**3) == "1.07 GB"
 
 
 def test_format_count_and_eta():

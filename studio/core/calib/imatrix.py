@@ -437,7 +437,7 @@ def _read_dat(p: Path) -> Imatrix:
     try:
         size = p.stat().st_size
         if size > (4 << 30):
-            raise CalibrationError(f"{p.name} is {size / 2**30:.1f} GiB, too large for an imatrix.")
+            raise CalibrationError(f"{p.name} is {size / 1e9:.1f} GB, too large for an imatrix.")
         data = p.read_bytes()
     except OSError as err:
         raise CalibrationError(f"The imatrix {p} cannot be read ({err.strerror or err}).") from None

@@ -1066,8 +1066,8 @@ def _run_whole(
     free = _free_bytes(dev)
     if free and need > _FIT_SHARE * free:
         raise CalibrationError(
-            f"{info.path.name} cannot be run layer by layer ({why}) and its {need / 2**30:.1f} GiB do not "
-            f"fit in the {free / 2**30:.1f} GiB free on {dev}."
+            f"{info.path.name} cannot be run layer by layer ({why}) and its {need / 1e9:.1f} GB do not "
+            f"fit in the {free / 1e9:.1f} GB free on {dev}."
         )
     model = None
     last: Exception | None = None

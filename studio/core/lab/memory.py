@@ -7,10 +7,13 @@ The numbers are exactly these formulas (``FORMULAS`` holds them as text for the 
     KV cache = 2 (K and V) × layers × KV heads × head dim × context × bytes per cached value
                (F32 4, F16 2, Q8_0 34/32, Q4_0 18/32 bytes); the context is rounded up to a multiple
                of 256, as llama.cpp allocates it; 0 for encoder-only models
-    overhead = 5 % of the weights + 64 MiB + vocabulary × 512 × 4 bytes
+    overhead = 5 % of the weights + 67.1 MB (64 × 2²⁰ bytes) + vocabulary × 512 × 4 bytes
                (llama.cpp's compute buffers and the logits of one 512-token batch)
     total    = weights + KV cache + overhead
-    fits a "G GB" card when total ≤ G GiB − 512 MiB (the driver's context and the display)
+    fits a "G GB" card when total ≤ G × 1.074 GB − 537 MB (a card sold as G GB holds G × 2³⁰
+    bytes; 537 MB = 512 × 2²⁰ bytes stay for the driver's context and the display)
+
+Sizes are shown in decimal units (MB, GB), as everywhere in the studio.
 
 Bits per weight: a format's own storage (FP16 16, Q8_0 34 bytes per 32 values = 8.5, Q6_K 210 per 256
 = 6.5625, Q4_0 18 per 32 = 4.5) or, for llama.cpp's mixed presets (Q5_K_M, Q4_K_M, Q3_K_M, Q2_K),
@@ -38,7 +41,7 @@ from studio.core.plan.estimate import _TYPICAL_BPW as typical
 from studio.core.plan.estimate import estimate_preset, verdict_for
 from studio.core.plan.estimate import kv_cache_bytes as f16_kv
 from studio.core.quant.types import qtype_info
-from studio.core.units import format_mib
+from studio.core.units import format_memory
 
 if TYPE_CHECKING:
     from studio.core.hardware import HardwareInfo
@@ -72,9 +75,10 @@ FORMULAS = """\
 weights  = parameters × bits per weight ÷ 8
 KV cache = 2 (K and V) × layers × KV heads × head dim × context × bytes per cached value
            (F32 4, F16 2, Q8_0 34/32, Q4_0 18/32); context rounded up to a multiple of 256
-overhead = 5 % of weights + 64 MiB + vocabulary × 512 × 4 bytes
+overhead = 5 % of weights + 67.1 MB + vocabulary × 512 × 4 bytes
 total    = weights + KV cache + overhead
-fits a G GB card when total ≤ G GiB − 512 MiB"""
+fits a G GB card when total ≤ G × 1.074 GB − 537 MB
+           (a "G GB" card holds G × 2³⁰ bytes; 512 × 2²⁰ bytes stay for the driver and display)"""
 """The formulas, as text for the window to show beside the numbers."""
 
 
@@ -196,12 +200,12 @@ def kv_cache_bytes(shape: ModelShape, ctx_len: int, kv: str = "f16") -> int:
 
 
 def overhead_bytes(weights: int, shape: ModelShape) -> int:
-    """5 % of the weights + 64 MiB + vocabulary × 512 × 4 bytes (no logits term without a cache)."""
+    """5 % of the weights + 64 × 2²⁰ bytes + vocabulary × 512 × 4 bytes (no logits term without a cache)."""
     return memory_model.overhead_bytes(weights, shape.vocab if shape.has_kv_cache else 0)
 
 
 def fits_card(total: int, size_gb: int) -> bool:
-    """Whether ``total`` bytes fit a card sold as ``size_gb`` GB (G GiB minus the reserve)."""
+    """Whether ``total`` bytes fit a card sold as ``size_gb`` GB (G × 2³⁰ bytes minus the reserve)."""
     return total <= size_gb * GIB - GPU_RESERVE_BYTES
 
 
@@ -267,11 +271,11 @@ class MemoryReport:
         )
         return "\n".join(
             (
-                f"weights  = {s.params:,} parameters × {r.bpw:.4g} bits ÷ 8 = {format_mib(r.weights_bytes)}",
-                f"{kv} = {format_mib(r.kv_cache_bytes)}",
-                f"overhead = 5 % × weights + 64 MiB + {s.vocab if s.has_kv_cache else 0:,} × 512 × 4 bytes "
-                f"= {format_mib(r.overhead_bytes)}",
-                f"total    = {format_mib(r.total_bytes)}",
+                f"weights  = {s.params:,} parameters × {r.bpw:.4g} bits ÷ 8 = {format_memory(r.weights_bytes)}",
+                f"{kv} = {format_memory(r.kv_cache_bytes)}",
+                f"overhead = 5 % × weights + 67.1 MB + {s.vocab if s.has_kv_cache else 0:,} × 512 × 4 bytes "
+                f"= {format_memory(r.overhead_bytes)}",
+                f"total    = {format_memory(r.total_bytes)}",
             )
         )
 

@@ -17,7 +17,7 @@ model stays in eval mode (no dropout) and batches run in text order, so a run is
 
 Cost, measured on SmolLM2-135M-Instruct (float32, 210 linear layers, 106 M rounded weights) on one
 CPU thread: 30 steps of 128 tokens plus four losses on 8 chunks took 114 s of CPU time and a peak of
-3.4 GiB resident (float32 weights, gradients and AdamW's two moments for the rounded layers).
+3.7 GB resident (float32 weights, gradients and AdamW's two moments for the rounded layers).
 3 bits, groups of 32: float 3.464, PTQ 4.310, QAT 3.902 nats per token on the held-out text.
 """
 

@@ -149,7 +149,7 @@ def skipped_tensors(metadata: dict[str, str]) -> list[str]:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def _error_for(msg: dict[str, Any], file: Path, budget: int) -> Exception:

@@ -22,10 +22,10 @@ def device_choices(hw: Any) -> list[tuple[str, str]]:
     Ids are what torch and ``quant-studio-cli export --device`` take: ``cuda:N``, ``mps``, ``cpu``.
     """
     out: list[tuple[str, str]] = []
-    gib = 1024**3
+    gb = 1e9  # decimal, as every size in the studio
     for g in getattr(hw, "gpus", ()) or ():
         backend = getattr(g.backend, "value", str(g.backend))
-        free = f"{g.free_bytes / gib:.1f}/{g.total_bytes / gib:.1f} GiB free"
+        free = f"{g.free_bytes / gb:.1f}/{g.total_bytes / gb:.1f} GB free"
         if backend == "cuda":
             out.append((f"cuda:{g.index}", f"CUDA {g.index}: {g.name} ({free})"))
         elif backend == "mps":

@@ -37,6 +37,7 @@ from studio.core.lab.memory import (
     shape_from_info,
 )
 from studio.core.llamacpp.kvcache import KV_TYPES
+from studio.core.units import format_memory
 from studio.qt import widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panels import assert_gui_thread, choose, labelled_row, read_only_table
@@ -69,8 +70,8 @@ DEFAULT_SHAPE = {"params": 8.03, "layers": 32, "kv_heads": 8, "head_dim": 128, "
 
 
 def gib_text(n: int) -> str:
-    """Bytes as GiB with two decimals (MiB below one GiB), as the table shows them."""
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 1024**2:.1f} MiB"
+    """Bytes in GB with two decimals (MB below one GB, decimal units as everywhere), as the table shows them."""
+    return format_memory(n)
 
 
 def _ctx_label(n: int) -> str:
@@ -88,7 +89,7 @@ class MemoryPanel(QWidget):
         self.state, self.jobs = state, jobs
         self.report: Any = None
         self._bars: list[Any] = []
-        self.plot_unit = GIB  # bytes per unit of the bars' axis
+        self.plot_unit = 10**9  # bytes per unit of the bars' axis (decimal GB or MB)
         self._build()
         state.modelOpened.connect(self._on_model)
         state.modelClosed.connect(self._on_model)
@@ -168,7 +169,7 @@ class MemoryPanel(QWidget):
         self.table.itemSelectionChanged.connect(self._show_worked)
 
         self.plot = pg.PlotWidget(self)
-        self.plot.setLabel("left", "memory (GiB)")
+        self.plot.setLabel("left", "memory (GB)")
         self.plot.showGrid(x=False, y=True, alpha=0.3)
         self.plot.setMouseEnabled(x=False, y=False)
         self.plot.addLegend(offset=(-10, 10))
@@ -333,9 +334,9 @@ class MemoryPanel(QWidget):
             legend.clear()
         xs = list(range(len(report.rows)))
         top = max((row.total_bytes for row in report.rows), default=0)
-        # a small model's bars in MiB; the card's line then sits far above them, off the chart
-        self.plot_unit = GIB if top >= GIB else 1024**2
-        unit_name = "GiB" if self.plot_unit == GIB else "MiB"
+        # a small model's bars in MB; the card's line then sits far above them, off the chart
+        self.plot_unit = 10**9 if top >= 10**9 else 10**6
+        unit_name = "GB" if self.plot_unit == 10**9 else "MB"
         self.plot.setLabel("left", f"memory ({unit_name})")
         self._bars = []
         base = [0.0] * len(xs)

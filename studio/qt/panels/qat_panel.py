@@ -113,7 +113,7 @@ class QatPanel(JobPanel, QWidget):
         self.status.setText(
             "Rounds every linear layer in the forward pass, lets gradients pass straight through the "
             "rounding, fine-tunes briefly on one text and measures on another. SmolLM2-135M on CPU: "
-            "about 2 minutes and 3.4 GiB for 30 steps."
+            "about 2 minutes and 3.7 GB for 30 steps."
         )
 
         form = QFormLayout()
@@ -314,7 +314,7 @@ class QatPanel(JobPanel, QWidget):
             self.status,
             f"{result.steps} steps of {result.seq_len} tokens on {result.train_text}, measured on "
             f"{result.eval_text} ({result.eval_tokens} tokens): {result.seconds:.0f} s"
-            + (f", peak {result.peak_rss_bytes / 1024**3:.1f} GiB" if result.peak_rss_bytes else "")
+            + (f", peak {result.peak_rss_bytes / 1e9:.1f} GB" if result.peak_rss_bytes else "")
             + (f"; saved to {result.output}" if result.output else "")
             + ".",
         )

@@ -60,7 +60,8 @@ def test_every_precision_equals_the_formula():
         assert row.fits == {f"{g}GB": total <= g * GIB - 512 * MIB for g in (8, 12, 16, 24, 48, 80)}
     fp8 = r.row("FP8")  # 65.7 GiB weights + 10 + 3.4 overhead = 79.1 GiB: only the 80 GB card
     assert [k for k, v in fp8.fits.items() if v] == ["80GB"]
-    assert "512 MiB" in FORMULAS and "34/32" in FORMULAS
+    assert "537 MB" in FORMULAS and "34/32" in FORMULAS
+    assert "GiB" not in FORMULAS and "MiB" not in FORMULAS  # one unit system: decimal
 
 
 @pytest.mark.parametrize(

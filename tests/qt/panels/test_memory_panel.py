@@ -56,13 +56,16 @@ def test_llama3_70b_sanity_point_and_the_kv_type_and_card_change_what_is_shown(p
     panel.set_kv_type("f16")
     assert panel.cell_bytes("FP16/BF16", "KV cache") == 10 * GIB
     assert panel.cell_bytes("FP16/BF16", "Weights") == 141_200_000_000
-    assert panel.table.item(1, 3).text() == "10.00 GiB"
+    assert panel.table.item(1, 3).text() == "10.74 GB"  # decimal units, as everywhere
     assert panel.cell_bytes("FP16/BF16", "80 GB") is False
     assert panel.cell_bytes("Q4_K_M", "80 GB") is True
     panel.set_kv_type("q4_0")
     assert panel.cell_bytes("Q4_K_M", "KV cache") == 10 * GIB * 18 // 32 // 2
     panel.set_card(48)
-    assert panel.card_line.value() == pytest.approx(47.5)
+    # the bars' axis is in decimal GB: a "48 GB" card's 48 GiB less 512 MiB is 51.0 GB usable
+    assert panel.plot.getPlotItem().getAxis("left").labelText == "memory (GB)"
+    assert panel.card_line.value() == pytest.approx((48 * GIB - 512 * MIB) / 1e9)
+    assert "51.00 GB usable" in panel.card_line.label.format
     assert "48 GB card holds" in panel.headline.text()
     fits48 = [
         panel.table.item(r, 0).text()
