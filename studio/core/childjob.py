@@ -116,7 +116,9 @@ def call_in_child(
                     f"{what[:1].upper()}{what[1:]} failed with an unexpected error ({msg[1]})."
                 )
     finally:
-        proc.join(2.0)
+        # a cancelled child gets what is left of its grace to exit by itself (a child that answered
+        # "cancelled" is exiting), not 2 s more: Cancel must be prompt
+        proc.join(2.0 if cancel_deadline is None else max(0.1, cancel_deadline - time.monotonic()))
         if proc.is_alive():
             proc.terminate()
             proc.join(5.0)

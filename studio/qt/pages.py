@@ -23,8 +23,21 @@ from studio.qt.theme import set_plot_defaults
 log = logging.getLogger(__name__)
 
 PAGE_BUILD_STEP_MS = 30  # between two panels built after start-up: the event loop runs in between
-# Core modules the panels import lazily while they are built (numba-compiled quantizers: ~1 s).
-PRELOAD_MODULES = ("studio.core.quant.blocks", "studio.core.stats.tensor_stats")
+# Core modules the panels import lazily while they are built (numba-compiled quantizers: ~1 s), and
+# those the job slots import on the GUI thread when a job starts or ends (the budget dialog's scan
+# settings import the sensitivity scan: 1-4 s the first time): imported here, in the start-up worker,
+# they cost the GUI thread a dictionary look-up. None of them imports torch, transformers or ray.
+PRELOAD_MODULES = (
+    "studio.core.quant.blocks",
+    "studio.core.stats.tensor_stats",
+    "studio.core.calib.sensitivity",
+    "studio.core.calib.sensitivity_map",
+    "studio.core.calib.analysis",
+    "studio.core.plan.allocate",
+    "studio.core.evaluate",
+    "studio.core.export.job",
+    "studio.core.cluster",
+)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,11 @@ from studio.qt.theme import follow_theme, plot_colors, series_color, set_badge, 
 
 __all__ = ["QatPanel", "QatRunner"]
 
+# A cancelled QAT child that has not stopped by itself within this is terminated: it holds nothing that
+# outlives it (the model folder is written through a .partial sibling), and it cannot look at the cancel
+# flag while it imports torch and transformers (tens of seconds on a busy machine). Cancel ends in < 2 s.
+CANCEL_GRACE_S = 1.0
+
 QatRunner = Callable[[dict[str, Any], JobContext, Callable[[Any], None]], Any]
 
 
@@ -46,7 +51,9 @@ def run_in_child(kwargs: dict[str, Any], ctx: JobContext, on_step: Callable[[Any
     from studio.core.childjob import call_in_child
     from studio.core.lab.qat import qat_in_child
 
-    return call_in_child(qat_in_child, kwargs, what="QAT", ctx=ctx, on_event=on_step)
+    return call_in_child(
+        qat_in_child, kwargs, what="QAT", ctx=ctx, on_event=on_step, cancel_grace_s=CANCEL_GRACE_S
+    )
 
 
 def _prose() -> str:

@@ -127,3 +127,35 @@ def test_a_real_run_in_a_child_process(qtbot, panel, tiny_models):
     assert result.steps == 2 and len(result.train_losses) == 2
     assert [s for s, _ in panel.losses] == [1, 2]  # each step came back from the child as it ran
     assert panel.loss_labels["float"].text() != "—"
+
+
+def _cancel_seconds(qtbot, panel) -> float:
+    t0 = time.monotonic()
+    panel.cancel_button.click()
+    qtbot.waitUntil(lambda: not panel.running, timeout=60_000)
+    return time.monotonic() - t0
+
+
+def test_cancel_of_a_real_child_run_ends_within_2_s(qtbot, panel, tiny_models):
+    # The real runner (a spawned child that imports torch and transformers, then trains): Cancel while
+    # the child is still starting (it cannot look at the cancel flag then), the worst moment; the job
+    # must end within 2 s, not after the child's 10 s grace.
+    panel.set_model(tiny_models("llama"))
+    panel.steps_spin.setValue(200)
+    panel.seq_spin.setValue(32)
+    assert panel.start()
+    qtbot.wait(1500)
+    assert panel.running
+    assert _cancel_seconds(qtbot, panel) < 2.0
+    assert "cancelled" in panel.status.text() and panel.result is None
+
+
+@pytest.mark.slow  # the child imports torch and transformers before its first step: ~70 s on 2 busy cores
+def test_cancel_between_steps_of_a_real_child_run_ends_within_2_s(qtbot, panel, tiny_models):
+    panel.set_model(tiny_models("llama"))
+    panel.steps_spin.setValue(500)
+    panel.seq_spin.setValue(32)
+    assert panel.start()
+    qtbot.waitUntil(lambda: len(panel.losses) >= 1, timeout=300_000)  # training: hooks check the flag
+    assert _cancel_seconds(qtbot, panel) < 2.0
+    assert "cancelled" in panel.status.text() and panel.result is None
