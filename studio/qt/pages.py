@@ -39,6 +39,18 @@ PRELOAD_MODULES = (
     "studio.core.cluster",
 )
 
+# Imported in a worker just after the panels are built, while the user looks at the new window. Importing
+# torch holds the GIL for one long stretch (torch._C's initialisation: ~1 s, 2 s on a busy machine) even
+# on a worker thread, and so do parts of transformers' model classes (1-2 s more), so the GUI thread
+# would stall that long in the first job that needs them (opening a model loads its chat column,
+# Calibrate, Evaluate's original); here it is paid once, before any work.
+WARM_MODULES = (
+    "torch",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+)
+
 
 @dataclass(frozen=True)
 class PageSpec:
@@ -226,6 +238,28 @@ class Pages(QObject):
         finally:
             QApplication.restoreOverrideCursor()
         self.allBuilt.emit()
+        self._warm_up()
+
+    def _warm_up(self) -> Job | None:
+        """Import torch and transformers in a worker once the panels stand (see ``WARM_MODULES``)."""
+        # find_spec of the top-level package only: a dotted name would import its parent here
+        todo = [
+            m
+            for m in WARM_MODULES
+            if m not in sys.modules and importlib.util.find_spec(m.split(".")[0]) is not None
+        ]
+        if not todo or self._stopped:
+            return None
+
+        def load(ctx: JobContext) -> None:
+            for name in todo:
+                ctx.check_cancelled()
+                try:
+                    importlib.import_module(name)
+                except Exception:  # the job that needs it reports the error in its place
+                    log.exception("importing %s failed", name)
+
+        return self._jobs.submit("Preparing torch and transformers", load, kind="startup")
 
     def stop(self) -> None:
         """Build nothing more (the window is closing)."""

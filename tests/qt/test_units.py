@@ -14,7 +14,9 @@ GIB = 1024**3
 
 
 def test_device_selector_shows_decimal_gigabytes():
-    hw = HardwareInfo("CPU", 8, 32 * GIB, 16 * GIB, (GpuInfo(0, "RTX 4090", Backend.CUDA, 24 * GIB, 20 * GIB),))
+    hw = HardwareInfo(
+        "CPU", 8, 32 * GIB, 16 * GIB, (GpuInfo(0, "RTX 4090", Backend.CUDA, 24 * GIB, 20 * GIB),)
+    )
     labels = dict(device_choices(hw))
     assert labels["cuda:0"] == "CUDA 0: RTX 4090 (21.5/25.8 GB free)"
 

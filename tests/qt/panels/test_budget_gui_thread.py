@@ -46,7 +46,9 @@ class GuiClock:
 @pytest.fixture(scope="module")
 def big_model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("big") / "llama-80"
-    make_tiny_model(folder, "llama", hidden=256, layers=LAYERS, intermediate=256, heads=4, kv_heads=2, dtype="float16")
+    make_tiny_model(
+        folder, "llama", hidden=256, layers=LAYERS, intermediate=256, heads=4, kv_heads=2, dtype="float16"
+    )
     return folder
 
 
@@ -65,7 +67,9 @@ def _settled(qtbot, d):
     qtbot.waitUntil(lambda: not d.planning, timeout=120_000)
 
 
-def test_budget_edits_and_drags_on_a_thousand_tensors_leave_the_gui_thread_free(big_dialog, qtbot, monkeypatch):
+def test_budget_edits_and_drags_on_a_thousand_tensors_leave_the_gui_thread_free(
+    big_dialog, qtbot, monkeypatch
+):
     state, d = big_dialog
     assert len(state.info.tensors) > 700
     clock = GuiClock(monkeypatch, d, ["set_scan", "replan", "_show_planned", "_slid"])
@@ -93,6 +97,8 @@ def test_budget_edits_and_drags_on_a_thousand_tensors_leave_the_gui_thread_free(
         d.slider.setValue(i)
     _settled(qtbot, d)
     assert len(clock.spent["_slid"]) == len(steps) and len(clock.spent["_show_planned"]) == 5
-    assert d.allocation is not None and d.budget_edit.text() == str(d.front[steps[-1]].file_bytes), d.status.text()
+    assert d.allocation is not None and d.budget_edit.text() == str(d.front[steps[-1]].file_bytes), (
+        d.status.text()
+    )
     name, worst = clock.worst()
     assert worst < GUI_BUDGET_S, (name, worst, {n: [round(x, 3) for x in v] for n, v in clock.spent.items()})

@@ -1,0 +1,52 @@
+"""Importing torch holds the GIL for one long stretch even on a worker thread, so the window imports it
+just after its panels are built, not in the first job that needs it (a calibration stalled the GUI
+thread 1.6 s): after the start-up jobs torch is loaded, and at the first show it was not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, sys, time
+from PySide6.QtWidgets import QApplication
+from studio.app import build_services
+from studio.qt.main_window import MainWindow
+from studio.qt.settings import AppSettings
+
+app = QApplication([sys.argv[0]])
+win = MainWindow(build_services(), settings=AppSettings.from_file(sys.argv[1]))
+win.show()
+at_show = [m for m in ("torch", "transformers") if m in sys.modules]
+end = time.monotonic() + 240
+while not (win.panels_ready and not win.jobs.busy) and time.monotonic() < end:
+    app.processEvents()
+    time.sleep(0.005)
+titles = [j.title for j in win.jobs.history()]
+print(json.dumps({"at_show": at_show, "after": [m for m in ("torch", "transformers.modeling_utils") if m in sys.modules], "ready": win.panels_ready, "titles": titles}))
+win.close()
+"""
+
+
+def test_torch_is_imported_in_a_start_up_job_after_the_panels_not_before_the_window_shows(tmp_path):
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "s.ini")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ready"] and report["at_show"] == []
+    assert (
+        report["after"] == ["torch", "transformers.modeling_utils"]
+        and "Preparing torch and transformers" in report["titles"]
+    )
