@@ -103,3 +103,25 @@ def test_device_selector_lists_cuda_mps_and_cpu_and_remembers(qtbot, tmp_path):
     state.set_hardware(_hw([GpuInfo(0, "Apple GPU", Backend.MPS, 32 * gib, 16 * gib, unified=True)]))
     assert sel.devices() == ["mps", "cpu"]
     assert not sel.set_device("cuda:0")
+
+
+def test_the_panel_keeps_the_newest_ended_jobs_and_every_running_one(qtbot):
+    # every budget edit and tensor click is a job: rows with widgets would pile up and slow each insert
+    from studio.qt.panels.jobs_panel import MAX_ROWS
+
+    jobs = JobManager()
+    panel = JobsPanel(StudioState(), jobs)
+    qtbot.addWidget(panel)
+    release = threading.Event()
+    running = jobs.submit("Long export", lambda ctx: release.wait(30), kind="export")
+    ended = []
+    for i in range(MAX_ROWS + 60):
+        ended.append(jobs.submit(f"Budget plan {i}", lambda ctx: None))
+        qtbot.waitUntil(lambda: not ended[-1].active, timeout=5000)
+    assert panel.tree.topLevelItemCount() <= MAX_ROWS + 21
+    assert panel.row_of(running).text(0) == "Long export"  # the running job keeps its row
+    assert panel.row_of(ended[-1]).text(0) == f"Budget plan {MAX_ROWS + 59}"
+    assert ended[0].id not in panel._items  # the oldest ended ones went
+    release.set()
+    qtbot.waitUntil(lambda: not running.active, timeout=5000)
+    jobs.shutdown()
