@@ -358,7 +358,7 @@ def main() -> int:
         print(f"  {label}:")
         for gap, top in sites[:8]:
             print(f"    {gap:7.1f} ms: " + "; ".join(f"{site} ×{n}" for site, n in top))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # KiB on Linux → MB
     print(
         f"\nworst GUI-thread gap while working: {warm:.1f} ms (budget {BUDGET_MS:.0f} ms: "
         f"{'met' if warm <= BUDGET_MS else 'NOT met'}); including the cold phases (start-up, first statistics): {worst:.1f} ms; "
