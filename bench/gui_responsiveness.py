@@ -22,6 +22,10 @@ Opening the model (a job) is a phase too; start-up includes the torch warm-up (`
 
     python bench/gui_responsiveness.py [--hidden 2048 --layers 2 --intermediate 8192]
         [--presets Q8_0,Q4_K_M] [--verify] [--model-dir DIR] [--skip calibrate,budget,export,evaluate]
+
+The budget dialog keeps its scans in the CLI's scan cache: a second run on the same model reads its
+scan back (seconds). For a real scan every time, give the run a fresh cache:
+``QUANT_STUDIO_CACHE=$(mktemp -d) python bench/gui_responsiveness.py``.
 """
 
 from __future__ import annotations

@@ -391,8 +391,9 @@ def allocate(
     recipe = Recipe(RecipeKind.BUDGET, budget.text, candidates=cands, method=method or DEFAULT_METHOD)
     bound = _bound(budget, m)
     name = f"budget {budget.text}"
+    note = _note(budget, scan)
     smallest = [min(c, key=lambda x: (x.bytes, x.kl)) for _, c in m.items]
-    small_plan = _plan_of(m, smallest, name, recipe, ())
+    small_plan = _plan_of(m, smallest, name, recipe, (note,))  # the note is in the file: sized with it
     small = _sizes(m, small_plan, budget, imatrix)
     if _measure(budget, *small) > bound:
         raise QuantizationError(
@@ -416,7 +417,6 @@ def allocate(
         limit = _memory_limit(m, bound, budget)
     else:
         limit = bound - overhead
-    note = f"Chosen for {budget.describe()} from a {scan.mode} sensitivity scan ({scan.method})."
     for _ in range(8):
         chosen = solve([c for _, c in m.items], limit)
         assert chosen is not None
@@ -427,6 +427,11 @@ def allocate(
             return _allocation(m, plan, budget, bound, sizes, scan, cands, (note,))
         limit -= excess + _ALIGN
     raise QuantizationError(f"No plan within {budget.describe()} was found for {info.path.name}.")
+
+
+def _note(budget: Budget, scan: Any) -> str:
+    """The note a budget plan carries (in its file's metadata)."""
+    return f"Chosen for {budget.describe()} from a {scan.mode} sensitivity scan ({scan.method})."
 
 
 def check_budget(
@@ -487,15 +492,29 @@ def pareto_front(
     points: int = 40,
     keep: Mapping[str, str] | None = None,
     exclude: Collection[str] = (),
+    imatrix: Any = None,
+    method: str | None = None,
 ) -> tuple[CurvePoint, ...]:
     """Predicted KL against file size for budgets from the smallest plan to the Q8_0-sized one (the
-    header counted as in the smallest plan's file): the curve a budget slider moves along."""
+    header counted as in the smallest plan's file): the curve a budget slider moves along.
+
+    The header is sized as ``allocate`` sizes it for a budget of the point's own byte count (the plan's
+    name, recipe and ``method``, and ``imatrix``'s metadata), so every point, the smallest included, is
+    a budget ``allocate`` accepts."""
     cands = tuple(candidates) if candidates is not None else tuple(scan.types)
     m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
     smallest = [min(c, key=lambda x: (x.bytes, x.kl)) for _, c in m.items]
-    plan = _plan_of(m, smallest, "smallest", None, ())
-    overhead = export_file_bytes(info, plan) - sum(c.bytes for c in smallest)
     lo = sum(c.bytes for c in smallest)
+    size = export_file_bytes(info, _plan_of(m, smallest, "smallest", None, ()), imatrix=imatrix)
+    for _ in range(4):  # the budget's text is its byte count: size the header until they agree
+        budget = parse_budget(str(size))
+        recipe = Recipe(RecipeKind.BUDGET, budget.text, candidates=cands, method=method or DEFAULT_METHOD)
+        plan = _plan_of(m, smallest, f"budget {budget.text}", recipe, (_note(budget, scan),))
+        again = export_file_bytes(info, plan, imatrix=imatrix)
+        if again <= size:
+            break
+        size = again
+    overhead = size - lo
     hi = sum(max((x for x in c if x.qtype != "F16"), key=lambda x: x.bytes).bytes for _, c in m.items)
     out = []
     for k in range(points):

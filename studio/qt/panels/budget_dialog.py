@@ -567,7 +567,9 @@ class BudgetDialog(JobPanel, QDialog):
         def work(ctx: JobContext) -> Planned:
             front = presets = None
             if with_front:
-                front = pareto_front(info, scan, candidates=cands, exclude=ex)
+                front = pareto_front(
+                    info, scan, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
+                )
                 presets = preset_points(info, scan, PRESETS)
             budget = typed or (str(front[len(front) // 2].file_bytes) if front else "")
             try:

@@ -149,3 +149,20 @@ def test_scan_json_round_trips_the_allocator_inputs(info):
     b = parse_budget("4.5bpw")
     assert allocate(info, again, b).plan.types == allocate(info, scan, b).plan.types
     assert isinstance(next(iter(scan.tensors[0].by_type.values())), TypeCost)
+
+
+def test_every_point_of_the_front_is_a_budget_allocate_accepts_the_smallest_included(info):
+    # the slider puts a point's byte count in the budget field: at the left end too it must plan, not
+    # refuse ("below what these types allow: the smallest plan needs …"), with or without an imatrix
+    # (its metadata is in the file) and with the plan's method in its recipe
+    from studio.core.calib.imatrix import Imatrix
+
+    scan = synthetic_scan(info, {q: KL[q] for q in TYPES})
+    im = Imatrix({}, datasets=("a calibration text.txt",), chunk_count=12, chunk_size=512, path="x.imatrix")
+    for imatrix, method in ((None, None), (im, "imatrix")):
+        front = pareto_front(info, scan, imatrix=imatrix, method=method)
+        for point in (front[0], front[1], front[-1]):
+            a = allocate(info, scan, parse_budget(str(point.file_bytes)), imatrix=imatrix, method=method)
+            assert a.file_bytes == point.file_bytes and a.predicted_kl == pytest.approx(point.kl)
+        with pytest.raises(QuantizationError, match="smallest plan needs"):
+            allocate(info, scan, parse_budget(str(front[0].file_bytes - 1)), imatrix=imatrix, method=method)
