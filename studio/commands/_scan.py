@@ -10,16 +10,13 @@ from typing import Any
 
 from studio.commands._cluster import open_cluster
 from studio.commands._common import read_text
-from studio.core.calib.calibrate import calibrate, load_tokenizer
-from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
-from studio.core.calib.imatrix import imatrix_from_stats
-from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
 from studio.core.calib.sensitivity import (
     DEFAULT_TYPES,
     ScanSettings,
     Sensitivity,
     measure_plans,
-    scan_sensitivity,
 )
 from studio.core.errors import StudioError
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
@@ -46,30 +43,12 @@ def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
 
 
 def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
-    """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``)."""
-    tok = load_tokenizer(info.path)
-    data = load_calibration(args.calib_text or BUILTIN, ChatFormat.of_tokenizer(tok, info.path.name), ctx)
-    cached = (
-        None if args.no_cache else imatrix_cache_path(info, data.digest, args.calib_ctx, args.calib_chunks)
-    )
-    im = None if cached is None else cached_imatrix(cached)
-    if im is not None:
-        return im
-    ctx.report(0, 1, "Calibrating (importance matrix)")
-    stats = calibrate(
-        info.path,
-        data,
-        n_ctx=args.calib_ctx,
-        n_chunks=args.calib_chunks,
-        device="cpu",
-        dtype="float32",
-        histogram=False,
-        ctx=ctx,
-    )
-    im = imatrix_from_stats(stats, info)
-    if cached is not None:
-        store_imatrix(im, cached)  # without a cache the next run calibrates again
-    return im
+    """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``): the
+    first step of ``calibrate_then_scan``, for the commands that also plan with it."""
+    text = args.calib_text or BUILTIN
+    return scan_imatrix(
+        info, text, calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, ctx=ctx, cache=not args.no_cache
+    )[0]
 
 
 def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
@@ -84,15 +63,12 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None)
         return scan
     executor = open_cluster(args)
     try:
-        return scan_sensitivity(
-            info.path,
-            args.calib_text or BUILTIN,
-            settings_of(args),
-            imatrix=imatrix,
-            cache_dir=None if args.no_cache else default_cache_dir(),
-            ctx=ctx,
-            executor=executor,
+        text = args.calib_text or BUILTIN
+        cache = not args.no_cache
+        run = calibrate_then_scan(
+            info, text, settings_of(args), imatrix=imatrix, cache=cache, ctx=ctx, executor=executor
         )
+        return run.scan
     finally:
         executor.close()
 
