@@ -269,6 +269,8 @@ def measure(root: Path) -> dict:
     out["studio.core"]["upward_imports"] = {"count": len(upward), "imports": upward}
     out["function_local_imports"] = dict(sorted(local.items()))
     out["light_function_local_imports"] = sorted(light_local)
+    # each light one stays for a reason said on its line (a child's side, a POSIX-only or optional module)
+    out["light_without_reason"] = sorted(line for line in light_local if "#" not in line)
     out["heavy_studio_modules"] = sorted(m for m in heavy if m.startswith("studio."))
     return out
 
@@ -305,6 +307,7 @@ def main() -> int:
     print("function-local imports:", ", ".join(f"{k} {v}" for k, v in out["function_local_imports"].items()))
     print("  (heavy: of torch, transformers, llama_cpp, huggingface_hub, numba, ray, or of a studio module")
     print("   that imports one at its top: " + ", ".join(out["heavy_studio_modules"]) + ")")
+    print(f"  light ones without a reason on their line: {len(out['light_without_reason'])}")
     if args.list:
         for line in out["light_function_local_imports"]:
             print(f"  light: {line}")
