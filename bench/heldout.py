@@ -35,9 +35,10 @@ def main() -> int:
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    from studio.commands._scan import calibration, default_cache_dir
+    from studio.commands._scan import calibration
     from studio.core.calib.data import load_text_file
     from studio.core.calib.heldout import measure_heldout, preset_plans, same_size_preset, split_text
+    from studio.core.calib.scan_cache import default_cache_dir
     from studio.core.calib.sensitivity import ScanSettings, measure_plans, scan_sensitivity
     from studio.core.jobs import null_context
     from studio.core.model import open_model

@@ -28,9 +28,11 @@ from pathlib import Path
 
 HEAVY = ("torch", "transformers", "llama_cpp", "huggingface_hub", "numba", "ray")
 
-# DESIGN.md's layers of studio.core, bottom (1) to top (6), by the package (or top-level module) a
-# module lives in. Top-level modules not named here are vocabulary (1); the ones named are where their
-# concept belongs, so that the count means the same before and after the move.
+# DESIGN.md's layers of studio.core, bottom (1) to top (7), by the package (or top-level module) a
+# module lives in, as pyproject's import-linter ``layers`` contract orders them (cluster, which runs the
+# features' units on Ray, is the top layer there). Top-level modules not named here are vocabulary (1);
+# the ones named are where their concept belongs, so that the count means the same before and after
+# the move.
 LAYER_OF_PACKAGE = {
     "quant": 2,
     "gguf": 2,
@@ -49,14 +51,33 @@ LAYER_OF_PACKAGE = {
     "stats": 6,
     "preview": 6,
     "demo": 6,
+    "demo_facts": 6,
     "factory": 6,
+    "cluster": 7,
 }
 
 
-def layer(module: str) -> int:
-    """DESIGN.md's layer (1 = vocabulary … 6 = features) of a ``studio.core`` module."""
+def contract_layers(root: Path) -> dict[str, int]:
+    """The layer of each package of ``studio.core`` in ``root``'s pyproject ``layers`` contract (bottom
+    is 1), over ``LAYER_OF_PACKAGE`` (which places the modules of checkouts from before the contract)."""
+    import tomllib
+
+    layers = dict(LAYER_OF_PACKAGE)
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return layers
+    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    for contract in config.get("tool", {}).get("importlinter", {}).get("contracts", []):
+        if contract.get("type") == "layers" and contract.get("containers") == ["studio.core"]:
+            for i, names in enumerate(reversed(contract["layers"])):
+                layers.update({name.strip(): i + 1 for name in names.split(":")})
+    return layers
+
+
+def layer(module: str, layers: dict[str, int] = LAYER_OF_PACKAGE) -> int:
+    """The layer (1 = vocabulary … 6 = features, 7 = cluster) of a ``studio.core`` module."""
     parts = module.split(".")
-    return LAYER_OF_PACKAGE.get(parts[2], 1) if len(parts) > 2 else 0
+    return layers.get(parts[2], 1) if len(parts) > 2 else 0
 
 
 def _function_lines(path: Path) -> set[int]:
@@ -180,6 +201,7 @@ def measure(root: Path) -> dict:
     import grimp
 
     graph = grimp.build_graph("studio", include_external_packages=True, cache_dir=None)
+    layers = contract_layers(root)
     studio_mods = sorted(m for m in graph.modules if m == "studio" or m.startswith("studio."))
     files = {m: _file_of(root, m) for m in studio_mods}
     local_lines = {m: _function_lines(p) for m, p in files.items() if p is not None}
@@ -224,7 +246,7 @@ def measure(root: Path) -> dict:
                 if (
                     importer.startswith("studio.core.")
                     and imported.startswith("studio.core.")
-                    and layer(imported) > layer(importer) > 0
+                    and layer(imported, layers) > layer(importer, layers) > 0
                 ):
                     upward.append(f"{importer}:{d['line_number']} -> {imported}")
     out: dict = {}
@@ -247,6 +269,8 @@ def measure(root: Path) -> dict:
     out["studio.core"]["upward_imports"] = {"count": len(upward), "imports": upward}
     out["function_local_imports"] = dict(sorted(local.items()))
     out["light_function_local_imports"] = sorted(light_local)
+    # each light one stays for a reason said on its line (a child's side, a POSIX-only or optional module)
+    out["light_without_reason"] = sorted(line for line in light_local if "#" not in line)
     out["heavy_studio_modules"] = sorted(m for m in heavy if m.startswith("studio."))
     return out
 
@@ -283,6 +307,7 @@ def main() -> int:
     print("function-local imports:", ", ".join(f"{k} {v}" for k, v in out["function_local_imports"].items()))
     print("  (heavy: of torch, transformers, llama_cpp, huggingface_hub, numba, ray, or of a studio module")
     print("   that imports one at its top: " + ", ".join(out["heavy_studio_modules"]) + ")")
+    print(f"  light ones without a reason on their line: {len(out['light_without_reason'])}")
     if args.list:
         for line in out["light_function_local_imports"]:
             print(f"  light: {line}")

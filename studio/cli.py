@@ -1,8 +1,10 @@
 """``quant-studio-cli``: the headless face of Quant Studio over ``studio.core``.
 
-Each subcommand lives in its own module under ``studio.commands`` and exposes
-``register(subparsers)``; the handler it installs returns an exit code. A ``StudioError`` becomes
-one line on stderr and exit status 2, never a traceback.
+Each subcommand's arguments live in ``studio.commands.args.<name>`` (``register(subparsers)``, light:
+argparse and the option helpers only), and its handler in ``studio.commands.<name>``, which imports
+what it needs at its top. The arguments module names the handler as ``"module:function"``;
+``main`` imports it only when that command runs, so ``--help`` loads nothing of the core. The handler
+returns an exit code. A ``StudioError`` becomes one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from studio import __version__
 from studio.commands._check import check_args
+from studio.commands._options import check_cluster
 from studio.core.errors import StudioError
 from studio.core.untrusted import terminal_safe
 
-# Subcommand modules, in the order they are listed in --help.
+# Subcommands (their modules in studio.commands.args and studio.commands), in the order of --help.
 COMMANDS = (
     "inspect",
     "export",
@@ -44,8 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"quant-studio {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"studio.commands.{name}").register(sub)
+        importlib.import_module(f"studio.commands.args.{name}").register(sub)
     return parser
+
+
+def handler_of(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
+    """The parsed command's handler: its ``"module:function"`` imported now (or a callable as is)."""
+    handler = args.handler
+    if callable(handler):
+        return handler
+    module, _, name = handler.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,11 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if getattr(args, "cluster", None):  # a cluster that cannot be used is refused before any work
-            from studio.commands._options import check_cluster
-
             check_cluster(args.cluster)
         check_args(args)  # paths and numbers before any model is loaded (studio.commands._check)
-        code = int(args.handler(args) or 0)
+        code = int(handler_of(args)(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe must not surface at interpreter exit
         return code
     except StudioError as err:

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
+from studio.core.model.gguf_source import hf_folder_for
 from studio.core.untrusted import terminal_safe
 
 
@@ -20,7 +21,6 @@ def dequantized(model: str, line: ProgressLine) -> str:
     """The float32 Hugging Face folder made (once, cached) from the GGUF ``model``; other models as given."""
     if not str(model).lower().endswith(".gguf"):
         return model
-    from studio.core.model.gguf_source import hf_folder_for
 
     return hf_folder_for(model, JobContext(on_progress=line.fraction, min_interval=0.2))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.core.executor import INSTALL_HINT, ClusterError, ClusterSpec, ray_installed
 from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES
 
 
@@ -73,17 +74,8 @@ def add_cluster(parser: Any) -> None:
     )
 
 
-def open_cluster(args: Any, device: str = "cpu") -> Any:
-    """The executor ``--cluster`` names (in this process without it); ClusterError in one sentence."""
-    from studio.core.cluster import open_executor
-
-    return open_executor(getattr(args, "cluster", None), device=device)
-
-
 def check_cluster(value: str) -> None:
     """Refuse a ``--cluster`` value that names no cluster, or any cluster without Ray installed."""
-    from studio.core.executor import INSTALL_HINT, ClusterError, ClusterSpec, ray_installed
-
     ClusterSpec.parse(value)
     if not ray_installed():
         raise ClusterError(f"--cluster needs Ray, which is not installed: {INSTALL_HINT}.")

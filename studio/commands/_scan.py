@@ -8,10 +8,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from studio.commands import _options as options
+from studio.commands._cluster import open_cluster
 from studio.commands._common import read_text
-from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
+from studio.core.calib.sensitivity import (
+    DEFAULT_TYPES,
+    ScanSettings,
+    Sensitivity,
+    measure_plans,
+)
 from studio.core.errors import StudioError
+from studio.core.plan.allocate import allocate, check_budget, parse_budget
+from studio.core.quant.types import QTYPES
 
 
 def _types(spec: str | None) -> tuple[str, ...] | None:
@@ -20,45 +29,8 @@ def _types(spec: str | None) -> tuple[str, ...] | None:
     return tuple(t.strip().upper() for t in spec.split(",") if t.strip())
 
 
-def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> None:
-    """The scan's options (candidates, mode, chunks, cache)."""
-    if calib_text:
-        p.add_argument(
-            "--calib-text",
-            metavar="FILE",
-            help="calibration text (UTF-8, or a .jsonl of chats; default: the built-in text)",
-        )
-        p.add_argument(
-            "--calib-ctx",
-            type=int,
-            default=512,
-            metavar="N",
-            help="tokens per calibration chunk (default 512)",
-        )
-        p.add_argument(
-            "--calib-chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
-        )
-    p.add_argument(
-        "--types",
-        metavar="T,T,...",
-        help="candidate qtypes (default: Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,Q8_0,IQ4_XS,IQ4_NL,Q4_0,Q4_1,Q5_0,Q5_1)",
-    )
-    p.add_argument("--exact", action="store_true", help="measure every (tensor, type) instead of the proxy")
-    p.add_argument(
-        "--scan-ctx", type=int, default=128, metavar="N", help="tokens per scan chunk (default 128)"
-    )
-    p.add_argument("--scan-chunks", type=int, default=2, metavar="N", help="scan chunks (default 2)")
-    p.add_argument(
-        "--scan", metavar="SCAN.json", help="use a scan saved by sensitivity -o instead of scanning"
-    )
-    p.add_argument("--no-cache", action="store_true", help="scan again even when a cached scan matches")
-    options.add_cluster(p)
-
-
 def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
     """The ``ScanSettings`` the arguments describe."""
-    from studio.core.calib.sensitivity import DEFAULT_TYPES, ScanSettings
-
     return ScanSettings(
         types=_types(args.types) or DEFAULT_TYPES,
         exact=bool(args.exact),
@@ -71,41 +43,16 @@ def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
 
 
 def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
-    """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``)."""
-    from studio.core.calib.calibrate import calibrate, load_tokenizer
-    from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
-    from studio.core.calib.imatrix import imatrix_from_stats
-
-    tok = load_tokenizer(info.path)
-    data = load_calibration(args.calib_text or BUILTIN, ChatFormat.of_tokenizer(tok, info.path.name), ctx)
-    cached = (
-        None if args.no_cache else imatrix_cache_path(info, data.digest, args.calib_ctx, args.calib_chunks)
-    )
-    im = None if cached is None else cached_imatrix(cached)
-    if im is not None:
-        return im
-    ctx.report(0, 1, "Calibrating (importance matrix)")
-    stats = calibrate(
-        info.path,
-        data,
-        n_ctx=args.calib_ctx,
-        n_chunks=args.calib_chunks,
-        device="cpu",
-        dtype="float32",
-        histogram=False,
-        ctx=ctx,
-    )
-    im = imatrix_from_stats(stats, info)
-    if cached is not None:
-        store_imatrix(im, cached)  # without a cache the next run calibrates again
-    return im
+    """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``): the
+    first step of ``calibrate_then_scan``, for the commands that also plan with it."""
+    text = args.calib_text or BUILTIN
+    return scan_imatrix(
+        info, text, calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, ctx=ctx, cache=not args.no_cache
+    )[0]
 
 
 def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
     """The scan the arguments ask for: read from ``--scan``, or run (cached unless ``--no-cache``)."""
-    from studio.core.calib.data import BUILTIN
-    from studio.core.calib.sensitivity import Sensitivity, scan_sensitivity
-
     if getattr(args, "scan", None):
         try:
             scan = Sensitivity.from_dict(json.loads(read_text(args.scan, "sensitivity scan")))
@@ -114,43 +61,16 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None)
         if Path(scan.model).resolve() != Path(info.path).resolve():
             raise StudioError(f"The scan {args.scan} was made for {scan.model}, not for {info.path}.")
         return scan
-    executor = options.open_cluster(args)
+    executor = open_cluster(args)
     try:
-        return scan_sensitivity(
-            info.path,
-            args.calib_text or BUILTIN,
-            settings_of(args),
-            imatrix=imatrix,
-            cache_dir=None if args.no_cache else default_cache_dir(),
-            ctx=ctx,
-            executor=executor,
+        text = args.calib_text or BUILTIN
+        cache = not args.no_cache
+        run = calibrate_then_scan(
+            info, text, settings_of(args), imatrix=imatrix, cache=cache, ctx=ctx, executor=executor
         )
+        return run.scan
     finally:
         executor.close()
-
-
-def add_budget_args(p: argparse.ArgumentParser) -> None:
-    """The budget plan's options beside ``--budget``."""
-    p.add_argument(
-        "--ctx",
-        type=int,
-        default=4096,
-        metavar="N",
-        help="context a memory budget (vram=…, gpu) is sized for",
-    )
-    p.add_argument(
-        "--exclude",
-        metavar="T,T,...",
-        help=(
-            "qtypes the allocator may not choose, as a candidate or as another's fallback (e.g. Q4_1,Q5_1 on "
-            "a model dequantized from a Q4_1 file)"
-        ),
-    )
-    p.add_argument(
-        "--measure",
-        action="store_true",
-        help="also measure the plan's KL on the scan chunks with every tensor quantized at once",
-    )
 
 
 def _candidates(args: argparse.Namespace, types: tuple[str, ...]) -> tuple[str, ...]:
@@ -168,9 +88,6 @@ def _candidates(args: argparse.Namespace, types: tuple[str, ...]) -> tuple[str, 
 def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = None) -> Any:
     """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning;
     returns the all-F16 allocation when the budget holds the F16 file (then nothing needs a scan)."""
-    from studio.core.plan.allocate import check_budget, parse_budget
-    from studio.core.quant.types import QTYPES
-
     budget = parse_budget(args.budget, ctx_len=args.ctx)
     types = settings_of(args).types
     bad = next((q for q in types if q not in QTYPES or QTYPES[q].is_float), None)
@@ -185,8 +102,6 @@ def allocation(
     args: argparse.Namespace, info: Any, scan: Any, imatrix: Any, method: str | None, ctx: Any
 ) -> Any:
     """The budget plan for ``--budget`` (with ``--exclude`` and ``--measure``)."""
-    from studio.core.plan.allocate import allocate, parse_budget
-
     budget = parse_budget(args.budget, ctx_len=args.ctx)
     cands = _candidates(args, scan.types)
     alloc = allocate(
@@ -199,9 +114,6 @@ def allocation(
         exclude=_types(args.exclude) or (),
     )
     if args.measure:
-        from studio.core.calib.data import BUILTIN
-        from studio.core.calib.sensitivity import measure_plans
-
         (kl,) = measure_plans(
             info.path,
             [dict(alloc.plan.types)],

@@ -6,52 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
+from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
+from studio.core.calib.calibrate import calibrate
+from studio.core.calib.collect import ActivationCollector
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
+from studio.core.calib.int8 import Int8Analysis
+from studio.core.gguf.writer import check_output_path, clean_stale_partials
 from studio.core.jobs import JobContext
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``calibrate`` subcommand."""
-    p = subparsers.add_parser(
-        "calibrate",
-        help="run calibration text through a model: imatrix, activation outliers, LLM.int8() analysis",
-        description=(
-            "Run a calibration text through the model layer by layer and write its importance matrix "
-            "in llama.cpp's format (GGUF, or the legacy .dat with --format dat), as llama-imatrix does: "
-            "the text is tokenized once and cut into chunks of --ctx tokens, every position counted. "
-            "Also lists the activation outlier features. Without --text or --chat the built-in "
-            "calibration text is used (prose, chats in the model's template, code, several languages)."
-        ),
-    )
-    p.add_argument("model", metavar="MODEL", help="model folder (or cached Hub id)")
-    p.add_argument("-o", "--output", required=True, metavar="imatrix.gguf", help="the imatrix file to write")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--text", metavar="FILE", help="a UTF-8 text file")
-    src.add_argument(
-        "--chat", metavar="FILE.jsonl", help='JSON lines of {"messages": [{"role", "content"}, ...]}'
-    )
-    p.add_argument("--ctx", type=int, default=512, metavar="N", help="tokens per chunk (default 512)")
-    p.add_argument(
-        "--chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
-    )
-    p.add_argument(
-        "--format", choices=("gguf", "dat"), default=None, help="file format (default: from the suffix)"
-    )
-    p.add_argument(
-        "--process-output",
-        action="store_true",
-        help="also collect output.weight (llama-imatrix --process-output)",
-    )
-    p.add_argument(
-        "--device", default="auto", choices=("auto", "cpu", "cuda", "mps"), help="where to run (default auto)"
-    )
-    options.add_dtype(p, "compute precision")
-    p.add_argument("--int8", action="store_true", help="also run the LLM.int8() analysis per layer")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="outlier features to list (default 10)")
-    options.add_allow_pickle(p)
-    options.add_json(p)
-    p.set_defaults(handler=run)
+from studio.core.model import open_model
 
 
 def _imatrix_bytes(info: Any) -> int:
@@ -68,13 +32,6 @@ def _imatrix_bytes(info: Any) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``calibrate``."""
-    from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
-    from studio.core.calib.calibrate import calibrate
-    from studio.core.calib.data import BUILTIN
-    from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
-    from studio.core.gguf.writer import check_output_path, clean_stale_partials
-    from studio.core.model import open_model
-
     out = Path(args.output).expanduser()
     check_output_path(out)  # a folder that cannot be written is refused before the long run
     clean_stale_partials(out.parent)  # what killed runs left in that folder
@@ -82,14 +39,11 @@ def run(args: argparse.Namespace) -> int:
         info = ck.info
     # The disk must hold the imatrix before the long run, not after it: sums and counts per input column.
     check_output_path(out, need_bytes=_imatrix_bytes(info))
-    from studio.core.calib.collect import ActivationCollector
 
     collector = ActivationCollector()
     consumers: list[Any] = []
     int8 = None
     if args.int8:
-        from studio.core.calib.int8 import Int8Analysis
-
         int8 = Int8Analysis(collector)
         consumers.append(int8)
     with ProgressLine() as line:

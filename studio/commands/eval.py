@@ -6,54 +6,13 @@ import argparse
 import contextlib
 import math
 import sys
-from typing import Any
 
-from studio.commands import _options as options
+from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, dequantized, print_json
+from studio.core.evaluate import evaluate
+from studio.core.evaluate.record import save_records
+from studio.core.evaluate.verdict import judge
 from studio.core.jobs import JobContext
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``eval`` subcommand."""
-    p = subparsers.add_parser(
-        "eval",
-        help="compare quantized GGUF variants with their original (perplexity, KL divergence, size)",
-        description=(
-            "Run the original model and every variant on the same tokens of a text, llama.cpp-style "
-            "(chunks of --ctx tokens, second half of each chunk scored), and report perplexity, the KL "
-            "divergence of each variant's next-token distribution from the original's (mean and 99th "
-            "percentile), how often the top token agrees, and file size and bits per weight."
-        ),
-    )
-    p.add_argument("--original", required=True, metavar="MODEL", help="the original model folder (or a GGUF)")
-    p.add_argument(
-        "--variant", action="append", default=[], metavar="A.gguf", help="a quantized GGUF (repeatable)"
-    )
-    p.add_argument(
-        "--text",
-        default="sample",
-        metavar="FILE",
-        help="a UTF-8 text file, 'sample' (built-in English prose, the default) or 'wikitext-2' (needs datasets)",
-    )
-    p.add_argument("--ctx", type=int, default=512, metavar="N", help="tokens per chunk (default 512)")
-    p.add_argument("--chunks", type=int, default=None, metavar="N", help="evaluate at most N chunks")
-    p.add_argument("--device", default="auto", help="device for the original: auto, cpu, cuda, mps")
-    options.add_dtype(p, "original's dtype")
-    options.add_gpu_layers(p)
-    options.add_dequantize(p, "--original")
-    options.add_allow_pickle(p)
-    options.add_extra_buffers(p, "the GGUF files")
-    p.add_argument(
-        "--kv-type",
-        action="append",
-        default=[],
-        choices=("f32", "f16", "q8_0", "q4_0"),
-        help="llama.cpp KV-cache type for the variants (repeatable: each variant runs once per type; "
-        "default f32, exact); q8_0 and q4_0 run with flash attention",
-    )
-    options.add_cluster(p)
-    options.add_json(p, "one JSON object instead of a table")
-    p.set_defaults(handler=run)
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -62,9 +21,7 @@ def _fmt(x: float, spec: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate and print the results."""
-    from studio.core.evaluate import evaluate
-
-    with ProgressLine() as line, contextlib.closing(options.open_cluster(args)) as executor:
+    with ProgressLine() as line, contextlib.closing(open_cluster(args)) as executor:
         original = dequantized(args.original, line) if args.dequantize else args.original
         report = evaluate(
             original,
@@ -81,8 +38,6 @@ def run(args: argparse.Namespace) -> int:
             kv_types=args.kv_type,
             executor=executor,
         )
-    from studio.core.evaluate.record import save_records
-    from studio.core.evaluate.verdict import judge
 
     notes = save_records(report)  # beside each variant, for the model card of an upload
     failed = [v for v in report.variants if v.error]

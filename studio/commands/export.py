@@ -7,123 +7,39 @@ import contextlib
 import sys
 from typing import Any
 
-from studio.commands import _options as options
+from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
 from studio.commands._scan import (
-    add_budget_args,
-    add_scan_args,
     allocation,
     calibration,
     check_budget_args,
     run_scan,
 )
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.imatrix import check_for_model, read_imatrix
+from studio.core.calib.quantize import CalibOptions, export_calibrated
 from studio.core.errors import StudioError
+from studio.core.evaluate.verification import verification_dict, verification_line
+from studio.core.export.job import export_and_verify, verify_here
+from studio.core.export.run import check_exportable, export_gguf
+from studio.core.export.verify import check_verifiable
 from studio.core.jobs import JobContext
+from studio.core.model import open_model
+from studio.core.model.gguf_source import source_summary
+from studio.core.plan.plan import (
+    Override,
+    Plan,
+    plan_first_last,
+    plan_from_preset,
+    plan_uniform,
+    with_method,
+    with_overrides,
+)
+from studio.core.plan.presets import PRESETS
+from studio.core.quant.gptq import GptqOptions
+from studio.core.quant.methods import check_method
 from studio.core.units import format_bytes
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``export`` subcommand."""
-    p = subparsers.add_parser(
-        "export",
-        help="export a model to GGUF with a preset or a per-tensor plan",
-        description=(
-            "Convert a Hugging Face model folder to a GGUF file that llama.cpp runs, quantizing each "
-            "tensor as a preset (Q4_K_M, Q8_0, ...) or a saved plan says. A GGUF MODEL is requantized "
-            "the way llama-quantize --allow-requantize does it (metadata, tokenizer and chat template "
-            "copied; tensors already of their planned type copied unchanged). The file is written to "
-            "OUT.partial and renamed only when complete and validated."
-        ),
-    )
-    p.add_argument(
-        "model", metavar="MODEL", help="model folder, cached Hub id, or a .gguf file (requantized)"
-    )
-    p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="the GGUF file to write")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument(
-        "--preset", metavar="NAME", help="F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, ..."
-    )
-    src.add_argument("--plan", metavar="PLAN.json", help="a plan saved by Quant Studio")
-    src.add_argument(
-        "--budget",
-        metavar="SIZE",
-        help=(
-            "choose per-tensor types from a sensitivity scan for a budget: bytes, 4.5GB, 4.8bpw, vram=8GB "
-            "or gpu (method imatrix unless --method says otherwise)"
-        ),
-    )
-    src.add_argument(
-        "--uniform",
-        metavar="TYPE",
-        help="every quantizable tensor at TYPE (Q8_0 for INT8, Q4_K or Q4_0 for INT4)",
-    )
-    p.add_argument(
-        "--keep-first-last",
-        metavar="N:TYPE",
-        help=(
-            "first and last N layers (plus embeddings and output) at TYPE; every other layer at the "
-            "--uniform type or the preset's main type (Q4_K for Q4_K_M)"
-        ),
-    )
-    p.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="REGEX=TYPE",
-        help="tensors whose name matches REGEX get TYPE (repeatable; first match wins)",
-    )
-    p.add_argument(
-        "--device", default="cpu", choices=("cpu", "cuda", "mps"), help="where to quantize (default cpu)"
-    )
-    p.add_argument(
-        "--backend", default="studio", choices=("studio", "llama.cpp"), help="quantizer (default studio)"
-    )
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="compare the file with the original model before it gets its final name",
-    )
-    options.add_extra_buffers(p, "--verify")
-    p.add_argument("--save-plan", metavar="PLAN.json", help="also write the plan used to this file")
-    p.add_argument(
-        "--imatrix",
-        metavar="FILE",
-        help="importance matrix (llama.cpp's GGUF or legacy .dat format, e.g. from quant-studio-cli calibrate)",
-    )
-    p.add_argument(
-        "--method",
-        metavar="M",
-        help=(
-            "how codes and scales are chosen: rtn (llama.cpp's search, the default), imatrix, gptq, awq "
-            "or awq+gptq (calibrated on --calib-text)"
-        ),
-    )
-    p.add_argument(
-        "--calib-text",
-        metavar="FILE",
-        help="calibration text (UTF-8, or a .jsonl of chats) for a calibrated method; default: the built-in text",
-    )
-    p.add_argument(
-        "--calib-ctx", type=int, default=512, metavar="N", help="tokens per calibration chunk (default 512)"
-    )
-    p.add_argument(
-        "--calib-chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
-    )
-    p.add_argument(
-        "--in-order",
-        action="store_true",
-        help="gptq: sweep the columns in their order with scales searched on arrival (default: act-order, "
-        "columns by decreasing activation energy, which measured better)",
-    )
-    options.add_allow_pickle(p)
-    p.add_argument(
-        "-v", "--verbose", action="store_true", help="list every fallback tensor (default: one summary line)"
-    )
-    add_budget_args(p)
-    add_scan_args(p, calib_text=False)
-    options.add_json(p)
-    p.set_defaults(handler=run)
 
 
 def _parse_keep(spec: str) -> tuple[int, str]:
@@ -136,16 +52,6 @@ def _parse_keep(spec: str) -> tuple[int, str]:
 
 def build_plan(args: argparse.Namespace, info: Any) -> Any:
     """The plan the arguments describe, for the model ``info``: made by the core's plan verbs."""
-    from studio.core.plan.plan import (
-        Override,
-        Plan,
-        plan_first_last,
-        plan_from_preset,
-        plan_uniform,
-        with_overrides,
-    )
-    from studio.core.plan.presets import PRESETS
-
     overrides = []
     for o in args.override:
         if "=" not in o:
@@ -173,9 +79,6 @@ def build_plan(args: argparse.Namespace, info: Any) -> Any:
 
 def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
     """The plan with ``--method`` applied, and the calibration arguments checked against it."""
-    from studio.core.plan.plan import with_method
-    from studio.core.quant.methods import check_method
-
     if args.method:
         plan = with_method(plan, info, check_method(args.method))
     elif args.imatrix:
@@ -203,8 +106,6 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
 def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
     """Refuse what does not go with ``--budget`` before any work (a malformed budget included); the
     all-F16 allocation when the budget holds the F16 file (no calibration or scan is needed then)."""
-    from studio.core.quant.methods import check_method
-
     if args.keep_first_last or args.override:
         raise StudioError(
             "--keep-first-last and --override go with --preset or --uniform, not with --budget."
@@ -235,22 +136,16 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
-    from studio.core.calib.quantize import CalibOptions
-    from studio.core.quant.gptq import GptqOptions
-
     opts = CalibOptions(
         gptq=GptqOptions(act_order=False, scales="arrival") if args.in_order else GptqOptions()
     )
-    with contextlib.closing(options.open_cluster(args)) as executor:
+    with contextlib.closing(open_cluster(args)) as executor:
         return _export_calibrated(args, info, plan, ctx, opts, executor, validate)
 
 
 def _export_calibrated(
     args: argparse.Namespace, info: Any, plan: Any, ctx: Any, opts: Any, executor: Any, validate: Any
 ) -> Any:
-    from studio.core.calib.data import BUILTIN
-    from studio.core.calib.quantize import export_calibrated
-
     return export_calibrated(
         info.path,
         args.output,
@@ -272,17 +167,12 @@ def _gguf_source(ck: Any) -> Any:
     g = getattr(ck, "gguf", None)
     if g is None:
         return None
-    from studio.core.model.gguf_source import source_summary
 
     return source_summary(g)
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
-    from studio.core.export.job import export_and_verify, verify_here
-    from studio.core.export.run import check_exportable, export_gguf
-    from studio.core.model import open_model
-
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
         source = _gguf_source(ck)
@@ -290,13 +180,9 @@ def run(args: argparse.Namespace) -> int:
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
-        from studio.core.export.verify import check_verifiable
-
         check_verifiable(info.path)  # refuse before a long export, not after it
     imatrix = None
     if args.imatrix:
-        from studio.core.calib.imatrix import check_for_model, read_imatrix
-
         imatrix = read_imatrix(args.imatrix)
         check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
     alloc = None
@@ -366,7 +252,6 @@ def run(args: argparse.Namespace) -> int:
         if outcome.verify_error:
             raise StudioError(outcome.verify_error)
         v = outcome.verification
-        from studio.core.evaluate.verification import verification_dict, verification_line
 
         print_notes(v.notes)
         out["verify"] = {

@@ -10,9 +10,15 @@ import argparse
 import sys
 import time
 
-from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
+from studio.core import hardware
 from studio.core.errors import StudioError
+from studio.core.hub import auth
+from studio.core.hub.api import model_details, search
+from studio.core.hub.cache import delete_cached, find_leftovers, list_cached, remove_leftovers
+from studio.core.hub.download import download_snapshot
+from studio.core.hub.fit import fit_badge, gguf_fit
+from studio.core.hub.upload import upload_gguf
 from studio.core.jobs import JobContext
 from studio.core.units import format_bytes, format_count
 from studio.core.untrusted import terminal_safe
@@ -23,106 +29,11 @@ def _say(text: str, **kwargs: object) -> None:
     print(terminal_safe(text, keep_newlines=True), **kwargs)  # type: ignore[call-overload]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``hub`` command and its sub-commands."""
-    p = subparsers.add_parser(
-        "hub",
-        help="search, inspect, download and upload Hugging Face Hub models; manage the cache",
-        description=(
-            "Search the Hugging Face Hub, show a model's files and whether it fits this machine, download "
-            "it into the standard cache (resumable, checksum-verified) and manage that cache. The token "
-            "for gated models comes from the OS keyring, HF_TOKEN or `hf auth login`; HF_ENDPOINT picks "
-            "a mirror and HF_HUB_OFFLINE=1 uses only the local cache."
-        ),
-    )
-    sub = p.add_subparsers(dest="hub_command", metavar="HUB_COMMAND")
-    p.set_defaults(handler=lambda args: _help(p))
-
-    s = sub.add_parser("search", help="search models on the Hub", description="Search models on the Hub.")
-    s.add_argument("query", metavar="QUERY", help="text contained in the model id ('' for all)")
-    s.add_argument("--task", metavar="TASK", help="pipeline tag, e.g. text-generation")
-    s.add_argument("--library", metavar="LIB", help="library, e.g. transformers or gguf")
-    s.add_argument(
-        "--sort",
-        default="downloads",
-        choices=["downloads", "likes", "last_modified", "trending"],
-        help="order of the results (default downloads)",
-    )
-    s.add_argument("--limit", type=int, default=20, metavar="N", help="show at most N models (default 20)")
-    s.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N results (paging)")
-    options.add_json(s, "a JSON list")
-    s.set_defaults(handler=_search)
-
-    i = sub.add_parser(
-        "info",
-        help="files, sizes, parameters, license and card of a model",
-        description="A model's files and sizes, parameters, license and card, and whether it fits this machine.",
-    )
-    i.add_argument("repo", metavar="REPO", help="repository id, e.g. org/model")
-    i.add_argument("--revision", metavar="REV", help="branch, tag or commit (default main)")
-    options.add_json(i, "a JSON object")
-    i.set_defaults(handler=_info)
-
-    d = sub.add_parser(
-        "download",
-        help="download (or resume) a model into the Hugging Face cache",
-        description=(
-            "Download a model into the Hugging Face cache, resuming partial files and checking each "
-            "file's checksum; prints the local snapshot folder, which inspect and export accept."
-        ),
-    )
-    d.add_argument("repo", metavar="REPO", help="repository id, e.g. org/model")
-    d.add_argument("--revision", metavar="REV", help="branch, tag or commit (default main)")
-    d.add_argument("--include", action="append", metavar="GLOB", help="only files matching GLOB (repeatable)")
-    d.add_argument("--exclude", action="append", metavar="GLOB", help="skip files matching GLOB (repeatable)")
-    d.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: the Hugging Face cache)")
-    options.add_json(d, "a JSON object with the local path")
-    d.set_defaults(handler=_download)
-
-    u = sub.add_parser(
-        "upload",
-        help="upload a GGUF to a Hub model repository, with a generated model card",
-        description=(
-            "Upload a GGUF file to the model repository USER/NAME (created if needed, private with "
-            "--private) in one commit with a README model card written from the file's metadata and its "
-            "last evaluation (quant-studio-cli eval keeps it beside the file). The token needs write "
-            "access; it comes from the OS keyring, HF_TOKEN or `hf auth login`. A failed upload leaves "
-            "the Hub as it was, and the message says so."
-        ),
-    )
-    u.add_argument("file", metavar="FILE.gguf", help="the GGUF file to upload")
-    u.add_argument("--repo", required=True, metavar="USER/NAME", help="the model repository to upload to")
-    u.add_argument("--private", action="store_true", help="create the repository as private")
-    options.add_json(u, "a JSON object (with the card's text)")
-    u.set_defaults(handler=_upload)
-
-    c = sub.add_parser(
-        "cache",
-        help="list cached models; delete one; clean up leftovers",
-        description="List the models in the local Hugging Face cache, delete one, or remove leftovers.",
-    )
-    c.add_argument("--delete", metavar="REPO", help="delete this cached model")
-    c.add_argument("--revision", metavar="REV", help="with --delete: only this revision")
-    c.add_argument("--cleanup", action="store_true", help="remove partial downloads and stale lock files")
-    c.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: the Hugging Face cache)")
-    options.add_json(c, "JSON")
-    c.set_defaults(handler=_cache)
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
-
-
 def _token() -> str | None:
-    from studio.core.hub.auth import get_token
-
-    return get_token()[0]
+    return auth.get_token()[0]  # looked up on the module: tests replace it
 
 
 def _search(args: argparse.Namespace) -> int:
-    from studio.core.hub.api import search
-
     results = search(
         args.query,
         task=args.task,
@@ -153,12 +64,8 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from studio.core.hardware import detect
-    from studio.core.hub.api import model_details
-    from studio.core.hub.fit import fit_badge, gguf_fit
-
     d = model_details(args.repo, revision=args.revision, token=_token())
-    hw = detect(probe_torch=False)
+    hw = hardware.detect(probe_torch=False)  # looked up on the module: tests replace it
     badge = fit_badge(d.config, d.params, hw)
     if args.json:
         out = d.to_json()
@@ -198,8 +105,6 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from studio.core.hub.download import download_snapshot
-
     with ProgressLine(width=150) as line:
         res = download_snapshot(
             args.repo,
@@ -231,8 +136,6 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _upload(args: argparse.Namespace) -> int:
-    from studio.core.hub.upload import upload_gguf
-
     with ProgressLine(width=120) as line:
         res = upload_gguf(
             args.file,
@@ -253,8 +156,6 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from studio.core.hub.cache import delete_cached, find_leftovers, list_cached, remove_leftovers
-
     if args.revision and not args.delete:
         raise StudioError("--revision goes with --delete REPO (it says which revision to delete).")
     if args.delete and args.cleanup:

@@ -6,49 +6,23 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from studio.commands import _options as options
 from studio.commands._common import print_json
 from studio.core.errors import StudioError
+from studio.core.gguf.layout import export_route
+from studio.core.hardware import detect
+from studio.core.model import open_model
+from studio.core.model.gguf_source import source_summary
+from studio.core.plan.estimate import estimate_presets
 from studio.core.units import format_memory
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``inspect`` subcommand."""
-    p = subparsers.add_parser(
-        "inspect",
-        help="list a model's tensors and estimate file size and memory per preset",
-        description=(
-            "Open a model (a Hugging Face folder, a Hub id already in the local cache, a .safetensors "
-            "or .gguf file) without loading its weights; print its architecture, layers, parameters, "
-            "tensors per role and, for each preset, the GGUF file size, the memory to run it and "
-            "whether that fits this machine."
-        ),
-    )
-    p.add_argument("model", metavar="MODEL", help="model folder, .safetensors/.gguf file, or cached Hub id")
-    p.add_argument(
-        "--ctx", type=int, default=4096, metavar="N", help="context length for the KV cache (default 4096)"
-    )
-    options.add_json(p)
-    p.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="open a pickle pytorch_model.bin (loaded with torch.load(weights_only=True))",
-    )
-    p.set_defaults(handler=run)
 
 
 def report(model: str, ctx_len: int = 4096, allow_pickle: bool = False) -> dict[str, Any]:
     """The inspect report as a JSON-ready dict (what ``--json`` prints)."""
-    from studio.core.hardware import detect
-    from studio.core.model import open_model
-    from studio.core.plan.estimate import estimate_presets
-
     if ctx_len <= 0:
         raise StudioError(f"--ctx must be a positive number of tokens, not {ctx_len}.")
     with open_model(model, allow_pickle=allow_pickle) as ck:
         info = ck.info
         stored = _stored_as(ck)
-    from studio.core.gguf.layout import export_route
 
     hw = detect(probe_torch=False)
     via, why = export_route(info) if info.format.value != "gguf" else (None, None)
@@ -141,7 +115,6 @@ def _stored_as(ck: Any) -> dict[str, Any] | None:
     g = getattr(ck, "gguf", None)
     if g is None:
         return None
-    from studio.core.model.gguf_source import source_summary
 
     return source_summary(g).to_dict()
 

@@ -4,43 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
-from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json, write_text
-from studio.commands._scan import add_scan_args, calibration, run_scan
+from studio.commands._scan import calibration, run_scan
+from studio.core.export.run import check_exportable
 from studio.core.jobs import JobContext
+from studio.core.model import open_model
 from studio.core.units import format_bytes
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``sensitivity`` subcommand."""
-    p = subparsers.add_parser(
-        "sensitivity",
-        help="per-tensor sensitivity: the KL when only one tensor is quantized, per candidate type",
-        description=(
-            "For every quantizable tensor and candidate type, the KL divergence of the next-token "
-            "distributions from the original's on a few calibration chunks when only that tensor is "
-            "quantized (llama.cpp's search weighted by the calibration text's imatrix). The default proxy "
-            "measures a sample of tensors and predicts the rest from their imatrix-weighted quantization "
-            "error; --exact measures every pair. Scans are cached."
-        ),
-    )
-    p.add_argument("model", metavar="MODEL", help="model folder (or cached Hub id)")
-    add_scan_args(p)
-    p.add_argument("-o", "--output", metavar="SCAN.json", help="also write the scan to this file")
-    p.add_argument(
-        "--top", type=int, default=12, metavar="N", help="most sensitive tensors to list (default 12)"
-    )
-    options.add_json(p)
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``sensitivity``."""
-    from studio.core.export.run import check_exportable
-    from studio.core.model import open_model
-
     with open_model(args.model) as ck:
         info = ck.info
     check_exportable(info)

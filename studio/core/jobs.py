@@ -66,29 +66,46 @@ class JobContext:
         if self.cancel_flag.is_set():
             raise JobCancelled()
 
-    def span(self, lo: float, hi: float) -> JobContext:
+    def span(self, lo: float, hi: float) -> JobSpan:
         """A context for one step of this job: its progress fills the ``[lo, hi)`` fraction of this
         job's (reported in ``SPAN_STEPS`` units); it logs here and shares this job's cancellation."""
-        return _Span(self, lo, hi)
+        return JobSpan(self, lo, hi)
+
+    def muted(self) -> JobSpan:
+        """A context for a step whose own progress and log are not shown (its caller reports for it);
+        it shares this job's cancellation."""
+        return JobSpan(self, 0.0, 0.0, muted=True)
 
 
 SPAN_STEPS = 1000  # units of a job's progress as its spans report it
 
 
-class _Span(JobContext):
-    """``JobContext.span``: maps a step's progress onto part of the parent's; shares its cancel flag."""
+class JobSpan(JobContext):
+    """``JobContext.span`` and ``muted``: maps a step's progress onto part of the parent's; shares its
+    cancel flag (the same object, which a child process or a kernel may poll)."""
 
-    def __init__(self, parent: JobContext, lo: float, hi: float) -> None:
+    def __init__(self, parent: JobContext, lo: float, hi: float, *, muted: bool = False) -> None:
         super().__init__()
         self._parent = parent
         self._lo, self._hi = lo, hi
+        self._muted = muted
+        self._last = (0, 1)
+        self.cancel_flag = parent.cancel_flag
 
     def report(self, done: int, total: int, msg: str = "") -> None:
+        self._last = (done, total)
+        if self._muted:
+            return
         frac = min(1.0, done / total) if total > 0 else 0.0
         self._parent.report(int(SPAN_STEPS * (self._lo + (self._hi - self._lo) * frac)), SPAN_STEPS, msg)
 
+    def say(self, msg: str) -> None:
+        """The step's last progress again, with ``msg``."""
+        self.report(*self._last, msg)
+
     def log(self, msg: str) -> None:
-        self._parent.log(msg)
+        if not self._muted:
+            self._parent.log(msg)
 
     def cancel(self) -> None:
         self._parent.cancel()

@@ -6,7 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["user_cache_dir"]
+SOURCE_MARKER = "quant_studio_source.json"
+"""The file in a Hugging Face folder made from a GGUF file that names that file and its tensor types
+(here, below the model layer, so that the window reads it without importing the GGUF reader)."""
+
+__all__ = ["SOURCE_MARKER", "user_cache_dir"]
 
 
 def user_cache_dir() -> Path:

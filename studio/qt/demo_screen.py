@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from studio.core.demo import DEMO_OUTLIER_CHANNEL, DEMO_QUESTION, DEMO_TENSOR
+from studio.core.demo_facts import DEMO_OUTLIER_CHANNEL, DEMO_QUESTION, DEMO_TENSOR
 
 FIRST_SCREEN_MESSAGE = (
     f"Demo: input channel {DEMO_OUTLIER_CHANNEL} of {DEMO_TENSOR} is about 12× the median channel, a real "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import QStandardPaths, QUrl
 from PySide6.QtGui import QDesktopServices
 
 from studio.qt.state import StudioState
@@ -20,7 +20,6 @@ def documents_folder() -> Path:
     env = os.environ.get("QUANT_STUDIO_DOCUMENTS")
     if env:
         return Path(env).expanduser()
-    from PySide6.QtCore import QStandardPaths
 
     docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
     return Path(docs or Path.home() / "Documents") / "Quant Studio"

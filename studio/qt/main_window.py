@@ -46,7 +46,7 @@ from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
 from studio.qt.llama_setting import install_extra_buffers_menu
 from studio.qt.opener import ModelOpener, RecentMenu
-from studio.qt.pages import Pages
+from studio.qt.pages import Pages, dialog_class
 from studio.qt.panels import ask_yes_no
 from studio.qt.panels.device_selector import DeviceSelector
 from studio.qt.panels.jobs_panel import JobsPanel, JobStatus
@@ -489,11 +489,7 @@ class MainWindow(QMainWindow):
             self._show_status("Open a model first (a folder or a GGUF file).")
             return None
         if self._budget_dialog is None:
-            from studio.qt.panels.budget_dialog import (
-                BudgetDialog,
-            )  # pyqtgraph and the allocator: not at start-up
-
-            self._budget_dialog = BudgetDialog(self.state, self.jobs, self)
+            self._budget_dialog = dialog_class("budget")(self.state, self.jobs, self)
             self._budget_dialog.tensorOpened.connect(self._open_in_inspector)
         self._budget_dialog.show()
         self._budget_dialog.raise_()
@@ -515,10 +511,7 @@ class MainWindow(QMainWindow):
             return None
         self.ensure_panels()
         if self._export_dialog is None:
-            # The dialog imports the export core: not at start-up.
-            from studio.qt.panels.export_dialog import ExportDialog
-
-            self._export_dialog = ExportDialog(self.state, self.jobs, self)
+            self._export_dialog = dialog_class("export")(self.state, self.jobs, self)
             self._export_dialog.remember_in(self.settings)
             self._export_dialog.exportFinished.connect(self._on_export_finished)
         if not self._export_dialog.running:

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QFileDialog, QMenu, QMessageBox, QWidget
 
 from studio.core.errors import UnsafeFileError
 from studio.core.jobs import JobCancelled, JobContext
+from studio.qt.demo_screen import show_first_screen
 from studio.qt.fmt import model_display_name
 from studio.qt.jobs import Job, JobManager
 from studio.qt.services import Services
@@ -165,8 +166,6 @@ class ModelOpener(QObject):
 
     def _demo_opened(self, path: Path, checkpoint: Any) -> None:
         self._opened(path, checkpoint, DEMO_NAME)
-        from studio.qt.demo_screen import show_first_screen
-
         show_first_screen(self._window)
 
     def _opened(self, path: Path, checkpoint: Any, name: str = "") -> None:

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from studio.core.paths import SOURCE_MARKER
+
 __all__ = ["inherited_types", "origin_text"]
 
 # A Q4_1 block (min + d·q, q < 16) is also a Q5_1 block (scale d/2, q' = 2q < 32); the same for Q4_0/Q5_0.
@@ -16,8 +18,6 @@ _COUSINS = {"Q4_1": ("Q5_1",), "Q4_0": ("Q5_0",)}
 
 def _source(info: Any) -> tuple[str, str] | None:
     """(the GGUF's main quantized type, its file name) for a folder made from a GGUF, else None."""
-    from studio.core.model.gguf_source import SOURCE_MARKER
-
     try:
         marker = json.loads((Path(info.path) / SOURCE_MARKER).read_text(encoding="utf-8"))
         types = dict(marker.get("types") or {})

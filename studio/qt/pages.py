@@ -76,6 +76,20 @@ PAGES = (
 )
 
 
+# The window's dialogs, built on first open: (module, class). Their modules import pyqtgraph, the
+# allocator and the export pipeline at their top, so they are imported here only then.
+DIALOGS = {
+    "budget": ("studio.qt.panels.budget_dialog", "BudgetDialog"),
+    "export": ("studio.qt.panels.export_dialog", "ExportDialog"),
+}
+
+
+def dialog_class(key: str) -> type:
+    """The class of the dialog ``DIALOGS[key]``, its module imported now."""
+    module, cls = DIALOGS[key]
+    return getattr(importlib.import_module(module), cls)
+
+
 def _module_available(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None

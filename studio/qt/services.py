@@ -1,12 +1,13 @@
 """The core operations the window uses, bundled so the composition root (studio.app) can hand them in.
 
-Each field is a plain callable over ``studio.core`` types. The real ones import their modules lazily
-(inside the call, on a worker thread) so that the window shows before anything heavy is imported;
-tests may pass their own.
+Each field is a plain callable over ``studio.core`` types. The real ones import their core module
+(the table ``REAL_MODULES``) at their first call, on a worker thread, so that the window shows before
+anything heavy is imported; tests may pass their own.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,28 +30,35 @@ class Services:
     demo_model_path: Callable[[JobContext], Path]
 
 
-def _open_model(path: Path, ctx: JobContext, allow_pickle: bool = False) -> Any:
-    from studio.core.model import open_model
+# The core module of each real service, imported at its first call (on a worker thread, in a job) so
+# that the window shows before the core loads; each service then imports only its own module.
+REAL_MODULES = {
+    "open_model": "studio.core.model",
+    "detect_hardware": "studio.core.hardware",
+    "estimate_presets": "studio.core.plan.estimate",
+    "demo_model_path": "studio.core.demo",
+}
 
-    return open_model(path, ctx, allow_pickle=allow_pickle)
+
+def _core(service: str) -> Any:
+    """The core module of ``service`` (``REAL_MODULES``), imported now if it is not yet."""
+    return importlib.import_module(REAL_MODULES[service])
+
+
+def _open_model(path: Path, ctx: JobContext, allow_pickle: bool = False) -> Any:
+    return _core("open_model").open_model(path, ctx, allow_pickle=allow_pickle)
 
 
 def _detect_hardware() -> Any:
-    from studio.core.hardware import detect
-
-    return detect(probe_torch=False)
+    return _core("detect_hardware").detect(probe_torch=False)
 
 
 def _estimate_presets(info: Any, hw: Any, ctx_len: int) -> tuple[Any, ...]:
-    from studio.core.plan.estimate import estimate_presets
-
-    return tuple(estimate_presets(info, hw, ctx_len=ctx_len))
+    return tuple(_core("estimate_presets").estimate_presets(info, hw, ctx_len=ctx_len))
 
 
 def _demo_model_path(ctx: JobContext) -> Path:
-    from studio.core.demo import demo_model_path
-
-    return demo_model_path(ctx=ctx)
+    return _core("demo_model_path").demo_model_path(ctx=ctx)
 
 
 def real_services() -> Services:

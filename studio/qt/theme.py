@@ -42,15 +42,13 @@ def fill_color(color: str, alpha: int) -> QColor:
 
 def style_plot(widget: Any, dark: bool) -> None:
     """Apply the light/dark background and axis colours to a pyqtgraph ``PlotWidget``."""
-    import pyqtgraph as pg
-
     c = plot_colors(dark)
     widget.setBackground(c["bg"])
     item = widget.getPlotItem()
     for name in ("left", "bottom"):
         ax = item.getAxis(name)
-        ax.setPen(pg.mkPen(c["fg"]))
-        ax.setTextPen(pg.mkPen(c["fg"]))
+        ax.setPen(c["fg"])  # the axis makes the pen (pyqtgraph's mkPen): pyqtgraph is not imported here
+        ax.setTextPen(c["fg"])
 
 
 def follow_theme(state: StudioState, restyle: Callable[[bool], None]) -> None:

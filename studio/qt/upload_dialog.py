@@ -28,6 +28,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.evaluate.record import last_evaluation
+from studio.core.hub import auth
+from studio.core.hub.model_card import card_facts, render_card
+from studio.core.hub.upload import upload_gguf
 from studio.core.jobs import JobContext
 from studio.qt import widgets
 from studio.qt.jobs import Job
@@ -120,9 +124,6 @@ class UploadDialog(QDialog):
         path = self.path
 
         def task(_ctx: JobContext) -> str:
-            from studio.core.evaluate.record import last_evaluation
-            from studio.core.hub.model_card import card_facts, render_card
-
             return render_card(card_facts(path, evaluation=last_evaluation(path)))
 
         self.jobs.submit(
@@ -142,9 +143,8 @@ class UploadDialog(QDialog):
         """The token typed here, else the keyring, HF_TOKEN or huggingface_hub's login."""
         if self._token:
             return self._token
-        from studio.core.hub.auth import get_token
 
-        return get_token()[0]
+        return auth.get_token()[0]  # on the module: tests replace it
 
     @Slot()
     def start(self) -> Job | None:
@@ -166,8 +166,6 @@ class UploadDialog(QDialog):
         path, private = self.path, self.private_check.isChecked()
 
         def task(ctx: JobContext) -> Any:
-            from studio.core.hub.upload import upload_gguf
-
             return upload_gguf(path, repo, token=token, private=private, ctx=ctx)
 
         self.result = None

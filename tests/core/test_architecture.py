@@ -95,3 +95,63 @@ def test_no_import_cycles_in_core_or_qt() -> None:
     graph = grimp.build_graph("studio", cache_dir=None)
     found = [" -> ".join(c) for p in ("studio.core", "studio.qt") for c in _cycles(graph, p)]
     assert not found, "import cycles:\n" + "\n".join(found)
+
+
+HEAVY = ("torch", "transformers", "llama_cpp", "huggingface_hub", "numba", "ray")
+
+
+def _imports(node) -> list[tuple[tuple[str, ...], int, bool]]:
+    """(what it may name, line, whether inside a function) of every runtime import under ``node``;
+    ``from a import b`` may name ``a`` or its submodule ``a.b``."""
+    import ast
+
+    out: list[tuple[tuple[str, ...], int, bool]] = []
+
+    def walk(n, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(n):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # never runs
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                out.extend(((a.name,), child.lineno, in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                names = (child.module, *(f"{child.module}.{a.name}" for a in child.names))
+                out.append((names, child.lineno, in_function))
+            walk(child, inner)
+
+    walk(node, False)
+    return out
+
+
+def test_function_local_imports_are_heavy_or_say_why() -> None:
+    """Only torch & co. (or a studio module that imports one at its top) are imported inside a
+    function; any other function-local import says on its line why it must stay there."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(studio.core.__file__).parents[1]
+    parsed = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        text = path.read_text(encoding="utf-8")
+        parsed[name] = (text.splitlines(), _imports(ast.parse(text)))
+    heavy: set[str] = set()
+
+    def is_heavy(names: tuple[str, ...]) -> bool:
+        return any(n.split(".")[0] in HEAVY or n in heavy for n in names)
+
+    grew = True
+    while grew:  # a studio module whose top imports reach a heavy library is heavy too
+        grew = False
+        for name, (_, imports) in parsed.items():
+            if name not in heavy and any(is_heavy(names) for names, _, local in imports if not local):
+                heavy.add(name)
+                grew = True
+    offenders = [
+        f"{name}:{line} {lines[line - 1].strip()}"
+        for name, (lines, imports) in parsed.items()
+        for names, line, local in imports
+        if local and not is_heavy(names) and "#" not in lines[line - 1]
+    ]
+    assert not offenders, "light function-local imports (import them at the top):\n" + "\n".join(offenders)

@@ -292,7 +292,7 @@ def test_bad_requests_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_tokenizers_are_cached_and_deterministic() -> None:
-    from studio.core import factory
+    from studio.core.factory import tokenizer as factory
 
     a = factory._train_spm("spm", 1024)
     assert factory._train_spm("spm", 1024) is a

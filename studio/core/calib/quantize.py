@@ -44,7 +44,7 @@ from studio.core.export.run import _resolve_plan, check_exportable, export_gguf
 from studio.core.gguf import writer
 from studio.core.gguf.arch import Transform, apply_transform, head_counts, permute_rows
 from studio.core.gguf.layout import layout
-from studio.core.jobs import JobContext, null_context
+from studio.core.jobs import JobContext, JobSpan, null_context
 from studio.core.quant.gptq import GptqOptions, HessianError
 from studio.core.quant.methods import SiteStats, imatrix, method_info
 from studio.core.quant.types import FLOAT_TYPES
@@ -136,38 +136,6 @@ class CalibratedExport:
         }
 
 
-# ------------------------------------------------------------------------------------------ progress
-
-
-class _Span(JobContext):
-    """Maps a sub-task's progress onto [lo, hi) of the parent's bar; ``say`` re-reports with a new message."""
-
-    def __init__(self, parent: JobContext, lo: float, hi: float) -> None:
-        super().__init__()
-        self._parent = parent
-        self._lo, self._hi = lo, hi
-        self._last = (0, 1)
-
-    def report(self, done: int, total: int, msg: str = "") -> None:  # noqa: D401
-        self._last = (done, total)
-        frac = done / total if total else 0.0
-        self._parent.report(int(1000 * (self._lo + (self._hi - self._lo) * frac)), 1000, msg)
-
-    def say(self, msg: str) -> None:
-        """The last progress, with ``msg``."""
-        self.report(*self._last, msg)
-
-    def log(self, msg: str) -> None:  # noqa: D401
-        self._parent.log(msg)
-
-    def check_cancelled(self) -> None:  # noqa: D401
-        self._parent.check_cancelled()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._parent.cancelled
-
-
 # ------------------------------------------------------------------------------------------ consumer
 
 
@@ -200,7 +168,7 @@ class MethodConsumer(Consumer):
         collector: ActivationCollector,
         spool: Any,
         options: CalibOptions | None = None,
-        ctx: _Span | JobContext | None = None,
+        ctx: JobContext | None = None,
         read: Callable[[str], Any] | None = None,
         executor: Any = None,
     ) -> None:
@@ -215,7 +183,7 @@ class MethodConsumer(Consumer):
         self.collector = collector
         self.spool = spool
         self.options = options or CalibOptions()
-        self.ctx = ctx if isinstance(ctx, _Span) else _Span(ctx or null_context(), 0.0, 1.0)
+        self.ctx = (ctx or null_context()).span(0.0, 1.0)
         self.warnings: list[str] = []
         self.layers: list[LayerReport] = []
         self.spec: RunSpec | None = None
@@ -489,7 +457,7 @@ def export_calibrated(
         if not plan.calibrated:
             res = export_gguf(info.path, out_p, plan, device=export_device, ctx=ctx, validate=validate)
             return CalibratedExport(res, plan.method, "", 0, 0, 0, None, (), (), time.monotonic() - t0)
-        calib = _Span(ctx, 0.0, CALIB_SHARE)
+        calib = ctx.span(0.0, CALIB_SHARE)
         calib.report(0, 1, "Tokenizing the calibration text")
         inp = prepare_input(info.path, text, n_ctx=n_ctx, n_chunks=n_chunks, ctx=calib)
         warnings = list(inp.warnings)
@@ -530,7 +498,7 @@ def export_calibrated(
                 out_p,
                 plan,
                 device=export_device,
-                ctx=_Span(ctx, CALIB_SHARE, 1.0),
+                ctx=ctx.span(CALIB_SHARE, 1.0),
                 validate=validate,
                 precomputed=spool,
                 allow_pickle=allow_pickle,
@@ -548,7 +516,7 @@ def _export_with_imatrix(
     device: str,
     dtype: str,
     ctx: JobContext,
-    calib: _Span,
+    calib: JobSpan,
     validate: Callable[[Path], None] | None,
     t0: float,
     warnings: list[str],
@@ -576,7 +544,7 @@ def _export_with_imatrix(
         plan,
         device=export_device,
         imatrix=chosen,
-        ctx=_Span(ctx, CALIB_SHARE, 1.0),
+        ctx=ctx.span(CALIB_SHARE, 1.0),
         validate=validate,
     )
     return _result(res, plan, inp, run, (), warnings, t0)

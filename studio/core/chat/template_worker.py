@@ -38,7 +38,7 @@ _SPAWN = multiprocessing.get_context("spawn")
 
 def _limit_memory() -> None:
     try:
-        import resource
+        import resource  # child side, and POSIX only (absent on Windows)
 
         with open("/proc/self/statm") as f:
             vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -59,7 +59,7 @@ def _peak_rss() -> int:
     except OSError:  # pragma: no cover - no /proc
         pass
     try:
-        import resource
+        import resource  # child side, and POSIX only (absent on Windows)
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     except ImportError:  # pragma: no cover - Windows

@@ -19,6 +19,7 @@ from studio.core.evaluate import metrics as M
 from studio.core.evaluate import run as R
 from studio.core.executor import Executor, Unit
 from studio.core.jobs import JobContext, null_context
+from studio.core.lab.memory import gguf_kv_cache_bytes
 
 
 def score_on_cluster(
@@ -52,8 +53,6 @@ def score_on_cluster(
             file_bytes, bpw = R.gguf_size(path)
             if identity is not None:
                 identity.check_dims(path)
-            from studio.core.lab.memory import gguf_kv_cache_bytes
-
             kv["kv_cache_bytes"] = gguf_kv_cache_bytes(path, n_ctx, kv_type or "f32")
         except StudioError as err:
             heads.append(R.VariantScore(str(path), label, *[nan] * 7, 0, nan, 0, str(err), **kv))

@@ -151,7 +151,7 @@ def scan_on_cluster(
     sampled = {n: tuple(q for q in qs if (n, q) not in full) for n, qs in errors.items()}
     head = SensitivityScan(targets, chunks.tokens, exact={}, errors=sampled, imatrix=imatrix, ctx=ctx)
     rec = _Recorder(executor, ctx)
-    run_model(ckpt, chunks, [rec, head], device=st.device, dtype="float32", mode="layerwise", ctx=_Quiet(ctx))
+    run_model(ckpt, chunks, [rec, head], device=st.device, dtype="float32", mode="layerwise", ctx=ctx.muted())
     out.err.update(head.err)
     if not todo:
         return out
@@ -195,24 +195,6 @@ def scan_on_cluster(
         f"({sum(out.unit_seconds):.1f} s of worker time); peak memory per worker: {peaks}."
     )
     return out
-
-
-class _Quiet(JobContext):
-    """Cancel goes through; the runner's own progress stays quiet (the recorder reports per layer)."""
-
-    def __init__(self, parent: JobContext) -> None:
-        super().__init__()
-        self._parent = parent
-
-    def report(self, done: int, total: int, msg: str = "") -> None:  # noqa: D401
-        return None
-
-    def check_cancelled(self) -> None:
-        self._parent.check_cancelled()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._parent.cancelled
 
 
 def _merge(out: ClusterScan, res: Mapping[str, Any]) -> None:
@@ -391,7 +373,7 @@ def scan_unit(
 def _peak_rss() -> int:
     """This process's peak resident memory in bytes (0 where the platform does not say)."""
     try:
-        import resource
+        import resource  # the Ray worker's side, and POSIX only (absent on Windows)
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     except (ImportError, OSError):

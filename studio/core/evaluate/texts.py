@@ -59,7 +59,7 @@ def _read(path: Path) -> str:
 
 def _wikitext2() -> EvalText:
     try:
-        import datasets  # optional: not a dependency of the studio
+        import datasets  # optional, not a dependency of the studio; it imports huggingface_hub
     except ImportError:
         raise EvaluationError(
             "WikiText-2 needs the 'datasets' package, which is not installed.",

@@ -14,7 +14,7 @@ import numpy as np
 from studio.core.errors import ExportError
 from studio.core.export.imatrix import imatrix_for
 from studio.core.gguf import writer
-from studio.core.gguf.llama_converter import ConvertedTensor, ConverterRun, start_run
+from studio.core.gguf.converter_run import ConvertedTensor, ConverterRun, start_run
 from studio.core.gguf.metadata import _studio_version
 from studio.core.gguf.writer import AtomicGGUFWriter
 from studio.core.jobs import JobContext, null_context

@@ -425,7 +425,7 @@ def _export_llamacpp(
     tmp = tmp_final.with_name(tmp_final.name + PARTIAL_SUFFIX)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     lock = None
-    sub = _SubContext(ctx, 0.5)
+    sub = ctx.span(0.0, 0.5)
     try:
         # the F32 intermediate carries the imatrix's quantize.imatrix.* keys; llama.cpp copies them over
         if lay.converted:
@@ -495,7 +495,7 @@ def _export_llamacpp(
 def _hold_lock(p: Path) -> int | None:
     # an advisory lock tells remove_stale_partials that this file is in use
     try:
-        import fcntl
+        import fcntl  # POSIX only (absent on Windows): tried where used
     except ImportError:  # pragma: no cover - Windows
         return None
     fd = os.open(p, os.O_RDONLY)
@@ -522,26 +522,6 @@ def _fsync_file(p: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class _SubContext(JobContext):
-    """Maps a sub-task's progress onto the first ``share`` of the parent's bar."""
-
-    def __init__(self, parent: JobContext, share: float) -> None:
-        super().__init__()
-        self._parent = parent
-        self._share = share
-
-    def report(self, done: int, total: int, msg: str = "") -> None:  # noqa: D401
-        if total:
-            self._parent.report(int(done * self._share * 1000 / total), 1000, msg)
-
-    def check_cancelled(self) -> None:
-        self._parent.check_cancelled()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._parent.cancelled
 
 
 __all__ = [

@@ -23,8 +23,8 @@ class TokenSource:
 
 def _keyring():  # noqa: ANN202
     try:
-        import keyring
-        from keyring.backends.fail import Keyring as FailKeyring
+        import keyring  # optional (quant-studio[keyring]): tried where used
+        from keyring.backends.fail import Keyring as FailKeyring  # optional, as above
     except ImportError:  # keyring is optional: without it tokens come from the environment or the HF file
         return None
     try:

@@ -208,7 +208,7 @@ def _cancel_hooks(modules: list[Any], ctx: JobContext) -> list[Any]:
 
 def _peak_rss() -> int | None:
     try:
-        import resource
+        import resource  # POSIX only (absent on Windows): tried where used
     except ImportError:  # Windows
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from studio.core.gguf.converter_bundle import bundle_dir, find_bundle, known_architectures
-from studio.core.gguf.llama_converter import role_table
+from studio.core.gguf.converter_roles import role_table
 from studio.core.modelinfo import Role
 
 # `.layers.N.` (Llama & co.), `.h.N.` (GPT-2), `.layer.N.` (BERT), `.blocks.N.`; `blk.N.` is GGUF.

@@ -39,14 +39,14 @@ from studio.core.jobs import JobContext, null_context
 from studio.core.model.config_bounds import check_gguf_numbers
 from studio.core.model.hf_progress import no_hf_progress_bars
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, TensorInfo
-from studio.core.paths import user_cache_dir
+from studio.core.paths import SOURCE_MARKER, user_cache_dir
 from studio.core.units import format_bytes
 
 HF_FORMAT_VERSION = 1
 """Bump when the folder written from a GGUF changes, so cached folders are rebuilt."""
 
-SOURCE_MARKER = "quant_studio_source.json"
-"""Written last into every folder made from a GGUF: where it came from (its presence means "whole")."""
+# SOURCE_MARKER (studio.core.paths) is written last into every folder made from a GGUF: where it came
+# from (its presence means "whole").
 
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 # Our numba decoders: measurably faster than gguf-py's numpy ones for these (bench in the tests' note).

@@ -306,7 +306,7 @@ def _address_space_used() -> int:
 def _limit_memory(budget: int, mapped: int) -> None:
     """Cap the address space at what is mapped now + the files torch will mmap + ``budget``."""
     try:
-        import resource
+        import resource  # child side, and POSIX only (absent on Windows)
     except ImportError:  # Windows: no rlimits; the child still isolates crashes
         return
     used = _address_space_used()

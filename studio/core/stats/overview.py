@@ -127,16 +127,9 @@ def model_overview(
     out: list[TensorSummary] = []
     for t in todo:
         ctx.check_cancelled()
-        stats = tensor_stats(checkpoint, t.name, cache=cache, ctx=_SubContext(ctx))
+        # the overview reports per tensor; cancelling it stops the tensor in flight
+        stats = tensor_stats(checkpoint, t.name, cache=cache, ctx=ctx.muted())
         out.append(summarize(stats, t, rule))
         done += t.n_elements
         ctx.report(done, total, t.name)
     return ModelOverview(rule, tuple(out))
-
-
-class _SubContext(JobContext):
-    """Shares the parent's cancellation but not its progress (the overview reports per tensor)."""
-
-    def __init__(self, parent: JobContext) -> None:
-        super().__init__()
-        self.cancel_flag = parent.cancel_flag  # same flag: cancelling the overview stops the tensor in flight

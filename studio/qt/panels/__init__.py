@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication, QObject, Qt, QThread, Signal
+from PySide6.QtCore import QCoreApplication, Qt, QThread
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -48,6 +48,7 @@ _LAZY = {
     "SummaryPanel": "studio.qt.panels.summary",
     "SweepPanel": "studio.qt.panels.sweep_panel",
     "TensorPanel": "studio.qt.panels.tensor_panel",
+    "make_array_feed": "studio.qt.panels.array_feed",  # numpy: not at start-up
 }
 
 __all__ = [
@@ -155,23 +156,3 @@ def page_layout(panel: Any, top: Any, status: Any, main: Any, side: Any, stretch
     lay.addLayout(top)
     lay.addWidget(status)
     lay.addWidget(split, 1)
-
-
-def make_array_feed(parent: Any = None) -> Any:
-    """An ``ArrayFeed``: ``publish(arr)`` from any thread emits ``arrays`` with a read-only copy
-    (tests/qt/panels/test_threads.py::test_emitted_arrays_are_snapshots_under_1khz_mutation).
-
-    A worker that keeps writing into its buffer can never tear what the GUI is drawing, because the
-    GUI only ever receives a snapshot that nobody else holds.
-    """
-    import numpy as np
-
-    class ArrayFeed(QObject):
-        arrays = Signal(object)
-
-        def publish(self, arr: Any) -> None:
-            snap = np.array(arr, copy=True)
-            snap.flags.writeable = False
-            self.arrays.emit(snap)
-
-    return ArrayFeed(parent)

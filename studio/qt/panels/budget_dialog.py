@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
+    QFileDialog,
     QGridLayout,
     QHBoxLayout,
     QHeaderView,
@@ -39,11 +41,21 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.calib.pipeline import calibrate_then_scan
+from studio.core.calib.sensitivity import ScanSettings, measure_plans
+from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
+from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
+from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
+from studio.core.quant.types import QTYPES
 from studio.core.units import format_bytes, format_eta
+from studio.qt import folders
 from studio.qt.jobs import JobManager
+from studio.qt.origin import inherited_types
 from studio.qt.panel_job import JobPanel, PanelJob
+from studio.qt.panels.plot_axes import BpwAxis, SizeAxis
+from studio.qt.panels.sensitivity_views import RankedBars, SensitivityHeatMap
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, set_status, style_plot
 
@@ -62,37 +74,6 @@ ETA_MIN_S = 3.0  # no ETA before the phase has run this long
 def _log(kl: float) -> float:
     """The front's y: log10 KL (the axis shows it as KL)."""
     return math.log10(max(kl, KL_FLOOR))
-
-
-def _imatrix_of(info: Any, text: str, settings: Any, ctx: JobContext) -> tuple[Any, bool]:
-    """(the imatrix of ``text`` for ``info``'s model, whether it had to calibrate): the CLI's cached one
-    when there is one, else calibrated now (and cached for the CLI and the next dialog)."""
-    from studio.core.calib.calibrate import calibrate, load_tokenizer
-    from studio.core.calib.data import ChatFormat, load_calibration
-    from studio.core.calib.imatrix import imatrix_from_stats
-    from studio.core.calib.scan_cache import cached_imatrix, imatrix_cache_path, store_imatrix
-
-    ctx.report(0, 1, "Reading the calibration text")
-    tok = load_tokenizer(info.path)
-    data = load_calibration(text, ChatFormat.of_tokenizer(tok, Path(info.path).name), ctx)
-    path = imatrix_cache_path(info, data.digest, settings.calib_ctx, settings.calib_chunks)
-    im = cached_imatrix(path)
-    if im is not None:
-        return im, False
-    ctx.report(0, 1, "Calibrating (importance matrix), step 1 of 2")
-    stats = calibrate(
-        info.path,
-        data,
-        n_ctx=settings.calib_ctx,
-        n_chunks=settings.calib_chunks,
-        device="cpu",
-        dtype="float32",
-        histogram=False,
-        ctx=ctx,
-    )
-    im = imatrix_from_stats(stats, info)
-    store_imatrix(im, path)
-    return im, True
 
 
 def bits_colour(bpw: float) -> QColor:
@@ -227,10 +208,6 @@ class BudgetDialog(JobPanel, QDialog):
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        import pyqtgraph as pg
-
-        from studio.qt.panels.plot_axes import BpwAxis, SizeAxis
-        from studio.qt.panels.sensitivity_views import RankedBars, SensitivityHeatMap
 
         # x is the file's bytes (labelled in MB/GB, bits per weight on top); y is log10 KL (the front
         # spans three decades), the left axis labels it as powers of ten
@@ -283,8 +260,6 @@ class BudgetDialog(JobPanel, QDialog):
 
     def _default_exclusions(self) -> None:
         # a model dequantized from a GGUF (the demo) loses nothing at its own type: never choose it
-        from studio.qt.origin import inherited_types
-
         info = self.state.info
         self.exclude_edit.setText(",".join(inherited_types(info)) if info is not None else "")
 
@@ -327,8 +302,6 @@ class BudgetDialog(JobPanel, QDialog):
         lay.addWidget(self.status)
 
     def _apply_theme(self, dark: bool) -> None:
-        import pyqtgraph as pg
-
         c = plot_colors(dark)
         style_plot(self.plot, dark)
         self.bpw_axis.setPen(pg.mkPen(c["fg"]))
@@ -388,8 +361,6 @@ class BudgetDialog(JobPanel, QDialog):
     @Slot()
     def start_scan(self) -> None:
         """Scan the open model in the background, calibrating only when no imatrix of the text exists."""
-        from studio.core.calib.sensitivity import ScanSettings
-
         info = self.state.info
         if info is None:
             self.show_error("Open a model first.")
@@ -412,27 +383,12 @@ class BudgetDialog(JobPanel, QDialog):
         cluster = self.state.cluster  # the window's device choice: a Ray cluster runs the scan's pairs
 
         def work(ctx: JobContext) -> tuple[Any, Any, bool]:
-            from studio.core.calib.scan_cache import default_cache_dir
-            from studio.core.calib.sensitivity import scan_sensitivity
-            from studio.core.cluster import open_executor
-
-            im, calibrated = reused, False
-            if im is None:
-                im, calibrated = _imatrix_of(info, text, settings, ctx)
             executor = open_executor(cluster)
-            try:
-                scan = scan_sensitivity(
-                    info.path,
-                    text,
-                    settings,
-                    imatrix=im,
-                    cache_dir=default_cache_dir(),
-                    ctx=ctx,
-                    executor=executor,
-                )
+            try:  # calibrate (unless the page's or the CLI's imatrix serves), then imatrix, then scan
+                done = calibrate_then_scan(info, text, settings, imatrix=reused, ctx=ctx, executor=executor)
             finally:
                 executor.close()
-            return scan, im, calibrated
+            return done.scan, done.imatrix, done.calibrated
 
         self._scan_key = key
         self._phase_start, self._samples = (0.0, 0), []
@@ -520,10 +476,6 @@ class BudgetDialog(JobPanel, QDialog):
         self.update_controls()
 
     def _browse_text(self) -> None:
-        from PySide6.QtWidgets import QFileDialog
-
-        from studio.qt import folders
-
         path, _ = QFileDialog.getOpenFileName(
             self, "Calibration text", folders.start_in(self.state), "Text (*.txt *.md *.jsonl);;All files (*)"
         )
@@ -555,8 +507,6 @@ class BudgetDialog(JobPanel, QDialog):
 
     def _plan(self, *, with_front: bool) -> None:
         """Start the planning job (the previous one's end is dropped)."""
-        from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
-
         if self.scan is None:
             return
         self._plan_timer.stop()
@@ -646,8 +596,6 @@ class BudgetDialog(JobPanel, QDialog):
         self.map_type.blockSignals(False)
 
     def _label_presets(self) -> None:
-        import pyqtgraph as pg
-
         for label in self.preset_labels:
             self.plot.removeItem(label)
         self.preset_labels = []
@@ -684,8 +632,6 @@ class BudgetDialog(JobPanel, QDialog):
         self._plan(with_front=False)
 
     def _fill_table(self, a: Any) -> None:
-        from studio.core.quant.types import QTYPES
-
         rows = [(t, a.plan.types[t.name]) for t in self.scan.tensors]
         self.table.setRowCount(len(rows))
         for r, (t, q) in enumerate(rows):
@@ -723,8 +669,6 @@ class BudgetDialog(JobPanel, QDialog):
     @Slot()
     def redraw_sensitivity(self, *_: Any) -> None:
         """Draw the heat map and the ranked bars at the chosen type."""
-        from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
-
         types = self.map_types() if self.scan is not None else None
         if types is None:
             self.heat.set_grid(None)
@@ -778,8 +722,6 @@ class BudgetDialog(JobPanel, QDialog):
             predicted = None
 
         def work(ctx: JobContext) -> Measured:
-            from studio.core.calib.sensitivity import ScanSettings, measure_plans
-
             (kl,) = measure_plans(
                 info.path, [types], text, settings or ScanSettings(), imatrix=imatrix, ctx=ctx
             )

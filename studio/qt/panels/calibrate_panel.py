@@ -33,7 +33,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features, weight_columns
+from studio.core.calib.calibrate import calibrate
 from studio.core.calib.data import BUILTIN
+from studio.core.calib.imatrix import check_for_model, imatrix_from_stats, read_imatrix, write_imatrix
 from studio.core.errors import CalibrationError, StudioError
 from studio.core.stats.cache import StatsCache
 from studio.qt import folders, widgets
@@ -250,9 +253,6 @@ class CalibratePanel(JobPanel, QWidget):
         model = Path(info.path)
 
         def work(ctx: Any) -> tuple[Any, Any]:
-            from studio.core.calib.calibrate import calibrate
-            from studio.core.calib.imatrix import imatrix_from_stats
-
             stats = calibrate(
                 model,
                 text,
@@ -275,8 +275,6 @@ class CalibratePanel(JobPanel, QWidget):
 
     def save_imatrix(self, path: str | Path, fmt: str | None = None) -> bool:
         """Write the current imatrix (format from the suffix: ``.dat`` legacy, else GGUF); False on error."""
-        from studio.core.calib.imatrix import write_imatrix
-
         im = self.state.imatrix
         if im is None:
             self.show_error("There is no importance matrix to save; calibrate or load one first.")
@@ -292,8 +290,6 @@ class CalibratePanel(JobPanel, QWidget):
 
     def load_imatrix(self, path: str | Path) -> bool:
         """Read an imatrix (GGUF or legacy ``.dat``) and use it if it fits the open model; False otherwise."""
-        from studio.core.calib.imatrix import check_for_model, read_imatrix
-
         info = self.state.info
         if info is None:
             self.show_error("Open the model the importance matrix was made for first.")
@@ -381,7 +377,6 @@ class CalibratePanel(JobPanel, QWidget):
             self.smooth.set_data(None, None)
             self.update_controls()
             return
-        from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
 
         info = stats.info
         secs = (
@@ -446,8 +441,6 @@ class CalibratePanel(JobPanel, QWidget):
             return
 
         def work(ctx: Any) -> Any:
-            from studio.core.calib.analysis import weight_columns
-
             ctx.report(0, 1, f"Columns of {name}")
             return weight_columns(ckpt, name)
 

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.chat import session
 from studio.core.chat import threads as chat_threads
 from studio.core.chat.loading import forget as forget_load
 from studio.core.chat.loading import load_seconds, load_timed
@@ -296,9 +297,7 @@ def _set_torch_threads(n: int | None) -> None:
 
 def _default_factory(n_ctx: int, kv_type: Callable[[], str | None] = lambda: None) -> BackendFactory:
     def make(path: Path) -> Any:
-        from studio.core.chat.session import open_backend
-
-        return open_backend(path, n_ctx=n_ctx, kv_type=kv_type())
+        return session.open_backend(path, n_ctx=n_ctx, kv_type=kv_type())  # on the module: tests replace it
 
     return make
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Signal, Slot
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QInputDialog, QLabel, QWidget
 
+from studio.core import executor
+from studio.core.errors import StudioError
+from studio.core.executor import INSTALL_HINT, ClusterError, ClusterSpec
 from studio.qt.jobs import JobManager
 from studio.qt.panels import choose
 from studio.qt.settings import AppSettings
@@ -85,10 +88,8 @@ class DeviceSelector(QWidget):
     def set_cluster(self, address: str) -> None:
         """Choose the Ray cluster at ``address``; ClusterError (one sentence) when it names none or Ray
         is not installed (the choice then stays as it was)."""
-        from studio.core.executor import INSTALL_HINT, ClusterError, ClusterSpec, ray_installed
-
         ClusterSpec.parse(address)
-        if not ray_installed():
+        if not executor.ray_installed():  # on the module: tests replace it
             raise ClusterError(f"A Ray cluster needs Ray, which is not installed: {INSTALL_HINT}.")
         self._cluster = address.strip()
         self._wanted = _CLUSTER + self._cluster
@@ -96,8 +97,6 @@ class DeviceSelector(QWidget):
         self._remember()
 
     def _ask_cluster(self) -> str | None:
-        from PySide6.QtWidgets import QInputDialog
-
         text, ok = QInputDialog.getText(
             self,
             "Ray cluster",
@@ -143,8 +142,6 @@ class DeviceSelector(QWidget):
         self._remember()
 
     def _choose_cluster(self) -> None:
-        from studio.core.errors import StudioError
-
         address = self.ask_cluster()
         try:
             if address is None:
@@ -172,8 +169,6 @@ _CLUSTER = "cluster:"  # item data of a cluster choice: "cluster:" + its address
 
 
 def _cluster_label(address: str) -> str:
-    from studio.core.executor import ClusterError, ClusterSpec
-
     try:
         return ClusterSpec.parse(address).describe()
     except ClusterError:

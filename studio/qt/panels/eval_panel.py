@@ -25,6 +25,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core import evaluate as core_evaluate
+from studio.core.cluster import open_executor
+from studio.core.evaluate.record import save_records
+from studio.core.evaluate.verdict import judge
+from studio.core.lab.hierarchy import hierarchy
 from studio.qt import folders, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
@@ -255,7 +260,6 @@ class EvalPanel(JobPanel, QWidget):
         variants = self.variants()
         if self.running or not original or not variants:
             return False
-        from studio.core.evaluate import evaluate  # torch and llama.cpp: only when asked
 
         text = self.text_source()
         n_ctx = self.ctx_spin.value()
@@ -266,12 +270,9 @@ class EvalPanel(JobPanel, QWidget):
         cluster = self.state.cluster  # the window's device choice: a Ray cluster scores the chunks
 
         def work(ctx: Any) -> Any:
-            from studio.core.cluster import open_executor
-            from studio.core.evaluate.record import save_records
-
             executor = open_executor(cluster)
             try:
-                report = evaluate(
+                report = core_evaluate.evaluate(  # on the package: tests replace it
                     original,
                     variants,
                     text=text,
@@ -306,8 +307,6 @@ class EvalPanel(JobPanel, QWidget):
 
     def show_report(self, report: Any) -> None:
         """Fill the table (with each variant's verdict badge), the hierarchy line and the plot from an ``EvalReport``."""
-        from studio.core.lab.hierarchy import hierarchy
-
         assert_gui_thread("EvalPanel.show_report")
         self.report = report
         o = report.original
@@ -344,8 +343,6 @@ class EvalPanel(JobPanel, QWidget):
 
     def _set_row(self, r: int, o: Any, v: Any) -> None:
         """Row ``r``: the original ``o`` (``v`` None) or the variant ``v`` measured against it."""
-        from studio.core.evaluate.verdict import judge
-
         if v is None:
             cells = [
                 f"{o.label} (original)",

@@ -31,11 +31,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.quantize import export_calibrated
+from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
 from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
+from studio.core.export.run import export_gguf
 from studio.core.jobs import JobContext
-from studio.core.plan.plan import Plan
+from studio.core.model.gguf_source import source_summary
+from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import METHODS
 from studio.qt import folders, widgets
@@ -47,6 +52,7 @@ from studio.qt.panels.device_selector import device_choices
 from studio.qt.settings import AppSettings
 from studio.qt.state import StudioState
 from studio.qt.theme import set_status
+from studio.qt.upload_dialog import open_upload_dialog
 
 __all__ = ["ExportDialog", "ExportOutcome", "CURRENT_PLAN", "run_export"]
 
@@ -66,7 +72,6 @@ def _requantize_warning(checkpoint: Any) -> str:
     g = getattr(checkpoint, "gguf", None)
     if g is None:
         return ""
-    from studio.core.model.gguf_source import source_summary
 
     s = source_summary(g)
     return f"Stored as {s.describe()}." + (f"\n⚠ {s.warning}" if s.warning else "")
@@ -94,14 +99,9 @@ def run_export(
     first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
     layer's tensors on the Ray ``cluster`` when one is named (the window's device choice).
     """
-    from studio.core.export.run import export_gguf
 
     def write(c: JobContext, validate: Any) -> Any:
         if isinstance(plan, Plan) and plan.calibrated:
-            from studio.core.calib.data import BUILTIN
-            from studio.core.calib.quantize import export_calibrated
-            from studio.core.cluster import open_executor
-
             executor = open_executor(cluster)
             try:
                 return export_calibrated(
@@ -326,8 +326,6 @@ class ExportDialog(JobPanel, QDialog):
 
     def final_plan(self) -> Plan | str | None:
         """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
-        from studio.core.plan.plan import plan_from_preset, with_method
-
         plan, info, method = self.chosen_plan(), self.state.info, self.method
         if plan is None or info is None:
             return plan
@@ -580,8 +578,6 @@ class ExportDialog(JobPanel, QDialog):
         self.show_folder_button.setEnabled(self.outcome is not None)
 
     def _upload(self) -> None:
-        from studio.qt.upload_dialog import open_upload_dialog
-
         self.upload_dialog = open_upload_dialog(self, self.outcome, self.jobs)
 
     def _fill_devices(self, wanted: str) -> None:

@@ -36,7 +36,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.hub import api, auth
+from studio.core.hub.auth import keyring_available, store_token
+from studio.core.hub.cache import delete_cached, find_leftovers, list_cached, remove_leftovers
+from studio.core.hub.download import download_snapshot
 from studio.core.hub.errors import AuthRequired
+from studio.core.hub.fit import fit_for_repo
 from studio.core.jobs import JobContext
 from studio.core.untrusted import short, terminal_safe
 from studio.qt import widgets
@@ -122,8 +127,6 @@ def _hub_table(parent: QWidget, columns: Sequence[str], *, single_row: bool) -> 
 
 
 def _ask_token_dialog(parent: QWidget, message: str) -> tuple[str | None, bool]:
-    from studio.core.hub.auth import keyring_available
-
     dlg = TokenDialog(message, keyring_available(), parent)
     if dlg.exec() != QDialog.DialogCode.Accepted or not dlg.edit.text().strip():
         return None, False
@@ -280,9 +283,8 @@ class HubPanel(QWidget):
         """The token for Hub calls: typed this session, else keyring/env/login (never from settings)."""
         if self._session_token:
             return self._session_token
-        from studio.core.hub.auth import get_token
 
-        return get_token()[0]
+        return auth.get_token()[0]  # on the module: tests replace it
 
     @property
     def downloading(self) -> bool:
@@ -299,8 +301,6 @@ class HubPanel(QWidget):
     @Slot()
     def search(self) -> Job:
         """Search with the box's text, task and sort; results replace the table when they arrive."""
-        from studio.core.hub import api
-
         query = self.search_edit.text().strip()
         task = self.task_combo.currentData() or None
         sort = self.sort_combo.currentData()
@@ -334,8 +334,6 @@ class HubPanel(QWidget):
             self._start_badges()
 
     def _start_badges(self) -> None:
-        from studio.core.hub.fit import fit_for_repo
-
         hw, token, relay = self.hardware, self.token(), self._relay
         todo = [(m.id, m.params) for m in self._results if m.params]
 
@@ -380,8 +378,6 @@ class HubPanel(QWidget):
 
     def show_details(self, repo_id: str) -> Job:
         """Load and show the card and files of ``repo_id``."""
-        from studio.core.hub import api
-
         token = self.token()
         self._detail_repo = repo_id
         self.title_label.setText(f"<b>{html.escape(repo_id)}</b> — loading…")
@@ -443,8 +439,6 @@ class HubPanel(QWidget):
         return self._download(self._details.id, self._details.sha, include)
 
     def _download(self, repo_id: str, revision: str | None, include: list[str] | None) -> Job:
-        from studio.core.hub.download import download_snapshot
-
         token = self.token()
         cache_dir = self.cache_dir
         relay = self._relay
@@ -512,8 +506,6 @@ class HubPanel(QWidget):
             if token:
                 self._session_token = token
                 if remember:
-                    from studio.core.hub.auth import store_token
-
                     store_token(token)
                 self._download(self._download_repo or err.repo_id, None, self._download_include)
                 return
@@ -533,7 +525,6 @@ class HubPanel(QWidget):
         repo_id = self._download_repo
         if not repo_id:
             return
-        from studio.core.hub.cache import find_leftovers, remove_leftovers
 
         cache_dir = self.cache_dir
 
@@ -548,8 +539,6 @@ class HubPanel(QWidget):
     @Slot()
     def refresh_cache(self) -> Job:
         """List the downloaded models (scanning the cache runs in the background)."""
-        from studio.core.hub.cache import list_cached
-
         cache_dir = self.cache_dir
         set_status(self.cache_label, "Scanning the cache…")
         return self._listing.start("Scanning the Hub cache", lambda ctx: list_cached(cache_dir))
@@ -591,8 +580,6 @@ class HubPanel(QWidget):
     @Slot()
     def delete_cached(self) -> Job | None:
         """Delete the selected cached model after a confirmation."""
-        from studio.core.hub.cache import delete_cached
-
         m = self.selected_cached()
         if m is None:
             return None

@@ -37,6 +37,7 @@ from studio.core.lab.memory import (
     shape_from_info,
 )
 from studio.core.llamacpp.kvcache import KV_TYPES
+from studio.core.plan.estimate import Verdict
 from studio.core.units import format_memory
 from studio.qt import widgets
 from studio.qt.jobs import JobManager
@@ -422,8 +423,6 @@ def _short(precision: str) -> str:
 
 def _machine_verdict(text: str) -> str:
     """The ``estimate.Verdict`` name of its value (the table keeps the words)."""
-    from studio.core.plan.estimate import Verdict
-
     try:
         return Verdict(text).name
     except ValueError:

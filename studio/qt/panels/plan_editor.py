@@ -30,7 +30,10 @@ from PySide6.QtWidgets import (
 
 from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
+from studio.core.gguf.layout import layout
 from studio.core.modelinfo import Role
+from studio.core.plan import estimate as est
+from studio.core.plan.memory import overhead_bytes
 from studio.core.plan.plan import (
     Override,
     Plan,
@@ -540,8 +543,6 @@ class PlanEditorPanel(QWidget):
 
     @Slot(object)
     def _on_model_opened(self, checkpoint: Any) -> None:
-        from studio.core.gguf.layout import layout
-
         info = checkpoint.info
         self._info = info
         self._roles = {t.name: t.role for t in info.tensors}
@@ -630,9 +631,6 @@ class _EmptyLayout:
 
 def _fit(info: Any, plan: Plan, summary: Any, hw: Any, ctx_len: int) -> dict[str, Any]:
     """Memory and verdict of ``plan`` on ``hw`` through studio.core.plan.estimate (its preset formula)."""
-    from studio.core.plan import estimate as est
-    from studio.core.plan.memory import overhead_bytes
-
     direct = getattr(est, "estimate_plan", None)
     if direct is not None and hw is not None:
         e = direct(info, plan, hw, ctx_len)

@@ -27,7 +27,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.calib.data import builtin_dir
+from studio.core.childjob import call_in_child
+from studio.core.evaluate.verdict import judge
 from studio.core.jobs import JobContext
+from studio.core.lab.qat import qat_in_child
 from studio.qt import folders, widgets
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
@@ -48,17 +52,12 @@ QatRunner = Callable[[dict[str, Any], JobContext, Callable[[Any], None]], Any]
 
 def run_in_child(kwargs: dict[str, Any], ctx: JobContext, on_step: Callable[[Any], None]) -> Any:
     """The real runner: ``run_qat(**kwargs)`` in a spawned child, its step losses to ``on_step``."""
-    from studio.core.childjob import call_in_child
-    from studio.core.lab.qat import qat_in_child
-
     return call_in_child(
         qat_in_child, kwargs, what="QAT", ctx=ctx, on_event=on_step, cancel_grace_s=CANCEL_GRACE_S
     )
 
 
 def _prose() -> str:
-    from studio.core.calib.data import builtin_dir
-
     return str(builtin_dir() / "prose.txt")
 
 
@@ -286,8 +285,6 @@ class QatPanel(JobPanel, QWidget):
 
     def show_result(self, result: Any) -> None:
         """Show a ``QatResult``: the three losses, their verdicts and levels on the chart."""
-        from studio.core.evaluate.verdict import judge
-
         assert_gui_thread("QatPanel.show_result")
         self.result = result
         set_placeholder(self.plot, None)

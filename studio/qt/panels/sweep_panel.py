@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.lab.sweep import sweep_tensor
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import JobPanel
 from studio.qt.panels import assert_gui_thread, read_only_table, run_controls
@@ -170,8 +171,6 @@ class SweepPanel(JobPanel, QWidget):
         gguf = self.gguf_check.isChecked()
 
         def work(ctx: Any) -> Any:
-            from studio.core.lab.sweep import sweep_tensor
-
             return sweep_tensor(checkpoint, name, ctx, **({} if gguf else {"gguf_types": ()}))
 
         self.status.setText(f"Sweeping {name}…")

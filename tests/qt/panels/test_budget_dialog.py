@@ -230,7 +230,15 @@ def counted_calibrations(monkeypatch, tmp_path):
         calls.append(args[1] if len(args) > 1 else kwargs.get("text"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cal, "calibrate", counting)
+    # the module, and each module that imports the function at its top: the page, the scan pipeline
+    for name in (
+        "studio.core.calib.calibrate",
+        "studio.qt.panels.calibrate_panel",
+        "studio.core.calib.pipeline",
+    ):
+        module = importlib.import_module(name)
+        assert module.calibrate is real
+        monkeypatch.setattr(module, "calibrate", counting)
     return calls
 
 

@@ -1,0 +1,101 @@
+"""Calibrate, then imatrix, then scan: the one order of every sensitivity scan the faces start.
+
+``calibrate_then_scan`` is what the CLI (``sensitivity``, ``plan``, ``export --budget``) and the
+window's budget dialog run: the importance matrix of the calibration text is read from the scan cache
+when it is there (the CLI and the window share it), else calibrated and stored; then the scan runs on
+it. ``scan_imatrix`` is its first step alone, for a face that needs the imatrix before the scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.calib.calibrate import calibrate, load_tokenizer
+from studio.core.calib.data import ChatFormat, load_calibration
+from studio.core.calib.imatrix import imatrix_from_stats
+from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
+from studio.core.calib.sensitivity import ScanSettings, Sensitivity, scan_sensitivity
+from studio.core.jobs import JobContext
+
+__all__ = ["ScanRun", "calibrate_then_scan", "scan_imatrix"]
+
+
+@dataclass(frozen=True)
+class ScanRun:
+    """A scan, the importance matrix it ran on, and whether that imatrix had to be calibrated."""
+
+    scan: Sensitivity
+    imatrix: Any
+    calibrated: bool
+
+
+def scan_imatrix(
+    info: Any,
+    text: str,
+    *,
+    calib_ctx: int,
+    calib_chunks: int | None,
+    ctx: JobContext,
+    cache: bool = True,
+) -> tuple[Any, bool]:
+    """(the imatrix of ``text`` for ``info``'s model, whether it had to calibrate): the cached one when
+    there is one, else calibrated now on the CPU in float32 and stored (``cache=False``: neither)."""
+    ctx.report(0, 1, "Reading the calibration text")
+    tok = load_tokenizer(info.path)
+    data = load_calibration(text, ChatFormat.of_tokenizer(tok, Path(info.path).name), ctx)
+    path = imatrix_cache_path(info, data.digest, calib_ctx, calib_chunks) if cache else None
+    im = None if path is None else cached_imatrix(path)
+    if im is not None:
+        return im, False
+    ctx.report(0, 1, "Calibrating (importance matrix), step 1 of 2")
+    stats = calibrate(
+        info.path,
+        data,
+        n_ctx=calib_ctx,
+        n_chunks=calib_chunks,
+        device="cpu",
+        dtype="float32",
+        histogram=False,
+        ctx=ctx,
+    )
+    im = imatrix_from_stats(stats, info)
+    if path is not None:
+        store_imatrix(im, path)  # without a cache the next run calibrates again
+    return im, True
+
+
+def calibrate_then_scan(
+    info: Any,
+    text: str,
+    settings: ScanSettings,
+    *,
+    ctx: JobContext,
+    imatrix: Any = None,
+    cache: bool = True,
+    executor: Any = None,
+) -> ScanRun:
+    """Scan ``info``'s model on ``text``: on ``imatrix`` when given (a Calibrate run's), else on
+    ``scan_imatrix``'s (cached or calibrated now); the scan itself is cached too unless ``cache=False``.
+    ``executor`` (``studio.core.executor``) runs the scan's units, on a cluster or here."""
+    calibrated = False
+    if imatrix is None:
+        imatrix, calibrated = scan_imatrix(
+            info,
+            text,
+            calib_ctx=settings.calib_ctx,
+            calib_chunks=settings.calib_chunks,
+            ctx=ctx,
+            cache=cache,
+        )
+    scan = scan_sensitivity(
+        info.path,
+        text,
+        settings,
+        imatrix=imatrix,
+        cache_dir=default_cache_dir() if cache else None,
+        ctx=ctx,
+        executor=executor,
+    )
+    return ScanRun(scan, imatrix, calibrated)
