@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, format_table, print_json
+from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
 
 
@@ -50,6 +52,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--int8", action="store_true", help="also run the LLM.int8() analysis per layer")
     p.add_argument("--top", type=int, default=10, metavar="N", help="outlier features to list (default 10)")
     options.add_allow_pickle(p)
+    options.add_cluster(p)
     options.add_json(p)
     p.set_defaults(handler=run)
 
@@ -75,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     from studio.core.gguf.writer import check_output_path, clean_stale_partials
     from studio.core.model import open_model
 
+    if args.int8 and args.cluster:
+        raise StudioError(
+            "The LLM.int8() analysis reads every activation in this process; drop --int8 or --cluster."
+        )
     out = Path(args.output).expanduser()
     check_output_path(out)  # a folder that cannot be written is refused before the long run
     clean_stale_partials(out.parent)  # what killed runs left in that folder
@@ -92,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
         int8 = Int8Analysis(collector)
         consumers.append(int8)
-    with ProgressLine() as line:
-        ctx = JobContext(on_progress=line.fraction, min_interval=0.2)
+    with ProgressLine() as line, contextlib.closing(options.open_cluster(args, args.device)) as executor:
+        ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         stats = calibrate(
             info.path,
             args.text or args.chat or BUILTIN,
@@ -106,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             collector=collector,
             allow_pickle=args.allow_pickle,
             ctx=ctx,
+            executor=executor,
         )
     imatrix = write_imatrix(
         imatrix_from_stats(stats, info, process_output=args.process_output), out, args.format

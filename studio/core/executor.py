@@ -114,8 +114,8 @@ class Executor(Protocol):
         ...
 
     def job(self, name: str) -> Callable[..., Any]:
-        """A distributed executor's own implementation of one of the studio's jobs (``"scan"``,
-        ``"round_layer"``, ``"score"``): the calibrated features call it through the executor, so the
+        """A distributed executor's own implementation of one of the studio's jobs (``"calibrate"``,
+        ``"scan"``, ``"round_layer"``, ``"score"``): the calibrated features call it through the executor, so the
         cluster package sits above them and none of them imports it."""
         ...
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import studio
+from studio.core.cluster.calibrate import calibrate_on_cluster
 from studio.core.cluster.evaluate import score_on_cluster
 from studio.core.cluster.quantize import round_layer
 from studio.core.cluster.scan import scan_on_cluster
@@ -44,8 +45,13 @@ class RayExecutor:
     distributed = True
 
     def job(self, name: str) -> Callable[..., Any]:
-        """The cluster's implementation of a studio job: ``scan``, ``round_layer`` or ``score``."""
-        jobs = {"scan": scan_on_cluster, "round_layer": round_layer, "score": score_on_cluster}
+        """The cluster's implementation of a studio job: ``calibrate``, ``scan``, ``round_layer`` or ``score``."""
+        jobs = {
+            "calibrate": calibrate_on_cluster,
+            "scan": scan_on_cluster,
+            "round_layer": round_layer,
+            "score": score_on_cluster,
+        }
         if name in jobs:
             return jobs[name]
         raise ClusterError(f"The Ray executor has no '{name}' job.")
