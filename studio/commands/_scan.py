@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -85,16 +86,18 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
     if im is not None:
         return im
     ctx.report(0, 1, "Calibrating (importance matrix)")
-    stats = calibrate(
-        info.path,
-        data,
-        n_ctx=args.calib_ctx,
-        n_chunks=args.calib_chunks,
-        device="cpu",
-        dtype="float32",
-        histogram=False,
-        ctx=ctx,
-    )
+    with contextlib.closing(options.open_cluster(args)) as executor:
+        stats = calibrate(
+            info.path,
+            data,
+            n_ctx=args.calib_ctx,
+            n_chunks=args.calib_chunks,
+            device="cpu",
+            dtype="float32",
+            histogram=False,
+            ctx=ctx,
+            executor=executor,
+        )
     im = imatrix_from_stats(stats, info)
     if cached is not None:
         store_imatrix(im, cached)  # without a cache the next run calibrates again
@@ -202,13 +205,15 @@ def allocation(
         from studio.core.calib.data import BUILTIN
         from studio.core.calib.sensitivity import measure_plans
 
-        (kl,) = measure_plans(
-            info.path,
-            [dict(alloc.plan.types)],
-            args.calib_text or BUILTIN,
-            settings_of(args),
-            imatrix=imatrix,
-            ctx=ctx,
-        )
+        with contextlib.closing(options.open_cluster(args)) as executor:
+            (kl,) = measure_plans(
+                info.path,
+                [dict(alloc.plan.types)],
+                args.calib_text or BUILTIN,
+                settings_of(args),
+                imatrix=imatrix,
+                ctx=ctx,
+                executor=executor,
+            )
         alloc = dataclasses.replace(alloc, measured_kl=kl)
     return alloc
