@@ -86,18 +86,16 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
     if im is not None:
         return im
     ctx.report(0, 1, "Calibrating (importance matrix)")
-    with contextlib.closing(options.open_cluster(args)) as executor:
-        stats = calibrate(
-            info.path,
-            data,
-            n_ctx=args.calib_ctx,
-            n_chunks=args.calib_chunks,
-            device="cpu",
-            dtype="float32",
-            histogram=False,
-            ctx=ctx,
-            executor=executor,
-        )
+    stats = calibrate(
+        info.path,
+        data,
+        n_ctx=args.calib_ctx,
+        n_chunks=args.calib_chunks,
+        device="cpu",
+        dtype="float32",
+        histogram=False,
+        ctx=ctx,
+    )
     im = imatrix_from_stats(stats, info)
     if cached is not None:
         store_imatrix(im, cached)  # without a cache the next run calibrates again
