@@ -544,7 +544,15 @@ def _score_variant(
     var = None
     try:
         var = open_variant(
-            path, n_ctx, n_gpu_layers, extra_buffers, on_note or ctx.log, kv_type, base.shape[-1], identity, ctx
+            path,
+            n_ctx,
+            n_gpu_layers,
+            extra_buffers,
+            on_note or ctx.log,
+            kv_type,
+            base.shape[-1],
+            identity,
+            ctx,
         )
         parts = []
         for ci, start in enumerate(starts):
