@@ -248,21 +248,28 @@ class CalibratePanel(JobPanel, QWidget):
         n_ctx, chunks = self.ctx_spin.value(), self.chunks_spin.value() or None
         device, process_output, cache = self.device.device, self.output_check.isChecked(), self.cache
         model = Path(info.path)
+        cluster = self.state.cluster  # the window's device choice: a Ray cluster runs the chunks
 
         def work(ctx: Any) -> tuple[Any, Any]:
             from studio.core.calib.calibrate import calibrate
             from studio.core.calib.imatrix import imatrix_from_stats
+            from studio.core.cluster import open_executor
 
-            stats = calibrate(
-                model,
-                text,
-                n_ctx=n_ctx,
-                n_chunks=chunks,
-                device=device,
-                process_output=process_output,
-                cache=cache,
-                ctx=ctx,
-            )
+            executor = open_executor(cluster)
+            try:
+                stats = calibrate(
+                    model,
+                    text,
+                    n_ctx=n_ctx,
+                    n_chunks=chunks,
+                    device=device,
+                    process_output=process_output,
+                    cache=cache,
+                    ctx=ctx,
+                    executor=executor,
+                )
+            finally:
+                executor.close()
             return stats, imatrix_from_stats(stats, info, process_output=process_output)
 
         self._run = CalibrationRun(str(text), n_ctx, chunks, None)
