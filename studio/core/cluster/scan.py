@@ -3,18 +3,21 @@
 In process the scan carries every perturbed stream through the model in one layer-by-layer run
 (``studio.core.calib.sensitivity``). Here the head runs the original model once, layer by layer, and
 puts each layer's input hidden states into the object store (once per layer, ``Executor.share``);
-then one unit per starting point is submitted: the candidates of every tensor of one decoder layer (or
-of the token embedding, of the output head, or one plan). A unit runs the scan's own consumer
-(``SensitivityScan``, so every number is computed by the same code) from its layer to the head, on a
+then the pairs are submitted as a few units per worker (``_tasks``): each unit holds the candidates
+of every tensor of some starting points (decoder layers, the token embedding, the output head), the
+starting points dealt largest first to the unit with the least work, and each plan is a unit of its
+own. A unit runs the scan's own consumer (``SensitivityScan``, so every number is computed by the
+same code) from its earliest layer to the head, starting each tensor's streams at its layer, on a
 worker that reads the checkpoint through the same lazy reader (one layer's weights at a time) from a
-path it can see, and reads the original's hidden states of each later layer and its logits from the
+path it can see, and reads the original's hidden states of each layer and its logits from the
 object store. The head assembles the KLs in the scan's tensor order.
 
 Proxy errors (a random sample of rows per tensor) are computed on the head during its pass, in the
 same order as in process, so a proxy scan is the same scan wherever its pairs ran.
 
 Resuming: with a cache folder each finished unit is kept (``sensitivity-KEY.units/``, one JSON file
-per unit, written atomically); a rerun of the same scan after a lost cluster submits only the rest.
+per unit, written atomically); a rerun of the same scan after a lost cluster submits only the pairs
+not measured yet (cut into units for the cluster it runs on, which may have another size).
 """
 
 from __future__ import annotations
