@@ -68,3 +68,24 @@ def test_calibrate_refuses_int8_on_a_cluster_in_one_sentence(llama_model, tmp_pa
     assert r.returncode != 0
     assert "drop --int8 or --cluster" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "im.gguf").exists()
+
+
+def test_calibrate_cli_writes_the_same_imatrix_through_the_cluster(llama_model, calib_text, tmp_path):
+    import os
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))  # one thread, as each worker runs
+    base = ["calibrate", str(llama_model), "--text", str(calib_text), "--ctx", "64", "--chunks", "4",
+            "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+    runs = {}
+    for name, extra in (("here", []), ("there", ["--cluster", "local:2"])):
+        out = tmp_path / f"{name}.gguf"
+        r = subprocess.run(
+            [sys.executable, "-m", "studio.cli", *base, "-o", str(out), *extra],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[name] = (out.read_bytes(), r.stdout, r.stderr)
+    assert runs["here"][0] == runs["there"][0]
+    assert "4 chunks × 64 tokens" in runs["there"][1]
+    assert "calibration units on 2 workers of the local Ray cluster" in runs["there"][2]  # it ran there
+    assert "calibration units" not in runs["here"][2]
