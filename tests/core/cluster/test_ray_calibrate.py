@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from tests.core.cluster.conftest import ROOT, ray_or_skip
@@ -70,6 +71,7 @@ def test_calibrate_refuses_int8_on_a_cluster_in_one_sentence(llama_model, tmp_pa
     assert not (tmp_path / "im.gguf").exists()
 
 
+@pytest.mark.slow  # two CLI runs and a cluster of their own
 def test_calibrate_cli_writes_the_same_imatrix_through_the_cluster(llama_model, calib_text, tmp_path):
     import os
 
