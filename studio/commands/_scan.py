@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -114,13 +115,15 @@ def allocation(
         exclude=_types(args.exclude) or (),
     )
     if args.measure:
-        (kl,) = measure_plans(
-            info.path,
-            [dict(alloc.plan.types)],
-            args.calib_text or BUILTIN,
-            settings_of(args),
-            imatrix=imatrix,
-            ctx=ctx,
-        )
+        with contextlib.closing(open_cluster(args)) as executor:
+            (kl,) = measure_plans(
+                info.path,
+                [dict(alloc.plan.types)],
+                args.calib_text or BUILTIN,
+                settings_of(args),
+                imatrix=imatrix,
+                ctx=ctx,
+                executor=executor,
+            )
         alloc = dataclasses.replace(alloc, measured_kl=kl)
     return alloc

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import Any
 
+from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, format_table, print_json
 from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
 from studio.core.calib.calibrate import calibrate
@@ -13,6 +15,7 @@ from studio.core.calib.collect import ActivationCollector
 from studio.core.calib.data import BUILTIN
 from studio.core.calib.imatrix import imatrix_from_stats, write_imatrix
 from studio.core.calib.int8 import Int8Analysis
+from studio.core.errors import StudioError
 from studio.core.gguf.writer import check_output_path, clean_stale_partials
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
@@ -32,6 +35,10 @@ def _imatrix_bytes(info: Any) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``calibrate``."""
+    if args.int8 and args.cluster:
+        raise StudioError(
+            "The LLM.int8() analysis reads every activation in this process; drop --int8 or --cluster."
+        )
     out = Path(args.output).expanduser()
     check_output_path(out)  # a folder that cannot be written is refused before the long run
     clean_stale_partials(out.parent)  # what killed runs left in that folder
@@ -46,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     if args.int8:
         int8 = Int8Analysis(collector)
         consumers.append(int8)
-    with ProgressLine() as line:
-        ctx = JobContext(on_progress=line.fraction, min_interval=0.2)
+    with ProgressLine() as line, contextlib.closing(open_cluster(args, args.device)) as executor:
+        ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         stats = calibrate(
             info.path,
             args.text or args.chat or BUILTIN,
@@ -60,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             collector=collector,
             allow_pickle=args.allow_pickle,
             ctx=ctx,
+            executor=executor,
         )
     imatrix = write_imatrix(
         imatrix_from_stats(stats, info, process_output=args.process_output), out, args.format

@@ -1,8 +1,8 @@
 """Where independent units of work run: in this process (the default) or on a Ray cluster.
 
 The calibration, the sensitivity scan, calibrated quantization and evaluation cut their work into
-units that do not depend on each other (a scan's (tensor, type) pairs of one layer, a tensor given
-its Hessian, a variant × text chunk) and hand them to an ``Executor``:
+units that do not depend on each other (a few calibration chunks, a scan's (tensor, type) pairs of
+some layers, a tensor given its Hessian, a variant × text chunk) and hand them to an ``Executor``:
 
 * ``InProcess`` runs them here, one after the other (what the studio always did);
 * ``studio.core.cluster.ray_executor.RayExecutor`` sends them to a Ray cluster (the optional extra
@@ -114,8 +114,8 @@ class Executor(Protocol):
         ...
 
     def job(self, name: str) -> Callable[..., Any]:
-        """A distributed executor's own implementation of one of the studio's jobs (``"scan"``,
-        ``"round_layer"``, ``"score"``): the calibrated features call it through the executor, so the
+        """A distributed executor's own implementation of one of the studio's jobs (``"calibrate"``,
+        ``"scan"``, ``"round_layer"``, ``"score"``): the calibrated features call it through the executor, so the
         cluster package sits above them and none of them imports it."""
         ...
 

@@ -24,6 +24,7 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "argv",
     [
+        ["calibrate", "MODEL", "-o", "im.gguf", "--cluster", "local:2"],
         ["sensitivity", "MODEL", "--cluster", "local:2"],
         ["plan", "MODEL", "--budget", "4.5bpw", "-o", "p.json", "--cluster", "auto"],
         [

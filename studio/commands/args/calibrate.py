@@ -46,5 +46,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--int8", action="store_true", help="also run the LLM.int8() analysis per layer")
     p.add_argument("--top", type=int, default=10, metavar="N", help="outlier features to list (default 10)")
     options.add_allow_pickle(p)
+    options.add_cluster(p)
     options.add_json(p)
     p.set_defaults(handler="studio.commands.calibrate:run")

@@ -181,6 +181,22 @@ class InputStats:
         return sum(a.nbytes for a in (self.count, self.sum_sq, self.absmax, self.sum_abs, self.hist)) + 256
 
 
+def merge_input_stats(parts: list[InputStats]) -> InputStats:
+    """The statistics of consecutive batches of rows from each batch's own (in order): the sums are
+    added in that order from zero, as one ``InputAccumulator`` fed every batch in turn adds them."""
+    first = parts[0]
+    count = np.zeros_like(first.count)
+    sq, sa = np.zeros_like(first.sum_sq), np.zeros_like(first.sum_abs)
+    am, hist = np.zeros_like(first.absmax), np.zeros_like(first.hist)
+    for p in parts:
+        count += p.count
+        np.add(sq, p.sum_sq, out=sq)
+        np.add(sa, p.sum_abs, out=sa)
+        np.maximum(am, p.absmax, out=am)
+        hist += p.hist
+    return InputStats(first.n_cols, count, sq, am, sa, hist)
+
+
 class InputAccumulator:
     """Running sums for one linear layer's input; feed it ``Reduction`` objects."""
 
@@ -288,6 +304,19 @@ class HiddenAccumulator:
         self.sums[2] += sq.sum()
         self.absmax = self.absmax.maximum(hf.abs().amax(0))
 
+    def merge(self, other: HiddenAccumulator) -> None:
+        """Add ``other``'s sums (of batches that came after this one's): each batch's sums are added
+        whole, so merging per-batch accumulators in order gives the sums of one fed every batch."""
+        import torch
+
+        dev = self.sums.device
+        o = other.sums.to(dev, self.sums.dtype)
+        self.tokens += other.tokens
+        self.sums[0] += o[0]
+        self.sums[1] = torch.maximum(self.sums[1], o[1])
+        self.sums[2] += o[2]
+        self.absmax = self.absmax.maximum(other.absmax.to(dev))
+
     def result(self) -> HiddenStats:
         """The frozen statistics."""
         n = max(self.tokens, 1)
@@ -339,4 +368,5 @@ __all__ = [
     "InputStats",
     "Reduction",
     "hist_edges",
+    "merge_input_stats",
 ]

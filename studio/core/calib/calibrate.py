@@ -102,13 +102,16 @@ def calibrate(
     allow_pickle: bool = False,
     mode: str = "auto",
     ctx: JobContext | None = None,
+    executor: Any = None,
 ) -> ActivationStats:
     """Run ``text`` (``"builtin"``, a text file, a ``.jsonl`` of chats or a ``CalibrationText``) through
     ``model`` and return what entered each linear layer.
 
     Extra ``consumers`` (an LLM.int8() analysis, GPTQ, ...) ride along on the same run, after the
     ``collector`` (give your own to configure it or to hand it to them); a run with extra consumers is
-    never served from ``cache``.
+    never served from ``cache``. ``executor`` (``studio.core.executor``): a distributed one runs the
+    chunks as units on a cluster (``studio.core.cluster.calibrate``), with the same statistics; a run
+    with extra consumers or Hessians stays in this process (they need every activation here).
     """
     ctx = ctx or null_context()
     ckpt = _open(model, allow_pickle)
@@ -122,6 +125,17 @@ def calibrate(
         collector.wants_head = bool(process_output)
 
         def run() -> ActivationStats:
+            if (
+                executor is not None
+                and executor.distributed
+                and not consumers
+                and collector.hessian_for is None
+            ):
+                on_cluster = executor.job("calibrate")  # studio.core.cluster.calibrate
+                return on_cluster(
+                    executor, str(info.path), inp, histogram=collector.histogram, process_output=process_output,
+                    device=device, dtype=dtype, mode=mode, ctx=ctx,
+                )  # fmt: skip
             run_info = run_model(
                 ckpt, inp.chunks, [collector, *consumers], device=device, dtype=dtype, ctx=ctx, mode=mode
             )

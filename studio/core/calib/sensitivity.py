@@ -889,14 +889,22 @@ def measure_plans(
     *,
     imatrix: Mapping[str, np.ndarray] | None = None,
     ctx: JobContext | None = None,
+    executor: Any = None,
 ) -> tuple[float, ...]:
-    """The KL of each plan (HF name → qtype) on the scan chunks, every tensor quantized at once."""
+    """The KL of each plan (HF name → qtype) on the scan chunks, every tensor quantized at once
+    (``executor``: a distributed one measures each plan as a unit, as the scan does)."""
     st = dataclasses.replace(settings or ScanSettings(), exact=True)
-    return _run_plans(model, plans, text, st, imatrix, ctx)
+    return _run_plans(model, plans, text, st, imatrix, ctx, executor)
 
 
 def _run_plans(
-    model: Any, plans: Sequence[Mapping[str, str]], text: Any, st: ScanSettings, imatrix: Any, ctx: Any
+    model: Any,
+    plans: Sequence[Mapping[str, str]],
+    text: Any,
+    st: ScanSettings,
+    imatrix: Any,
+    ctx: Any,
+    executor: Any = None,
 ) -> tuple[float, ...]:
     ctx = ctx or null_context()
     ckpt = _open(model, False)
@@ -906,6 +914,12 @@ def _run_plans(
         inp = prepare_input(info.path, text, n_ctx=st.calib_ctx, n_chunks=st.calib_chunks, ctx=ctx)
         chunks = spread_chunks(inp.chunks, st.n_chunks, st.n_ctx)
         qw = hf_imatrix(imatrix or {}, info)
+        if executor is not None and executor.distributed:
+            on_cluster = executor.job("scan")  # studio.core.cluster.scan
+            scan = on_cluster(
+                executor, ckpt, chunks, targets, st, exact={}, errors={}, plans=plans, imatrix=qw, ctx=ctx
+            )
+            return tuple(scan.plan_kl)
         scan = SensitivityScan(targets, chunks.tokens, exact={}, plans=plans, imatrix=qw, ctx=ctx)
         run_model(ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=_Muted(ctx))
     finally:

@@ -2,8 +2,9 @@
 
 The head scores the original once (its logits of the scored rows are kept, as in process) and puts
 each chunk's rows into the object store once; a unit loads one variant in llama.cpp on a worker (kept
-there for the variant's next chunks) and returns that chunk's token NLLs, KLs and top-token matches.
-The head puts every variant's chunks back in text order and computes the same statistics as in process.
+there for the variant's next chunks) and scores one chunk with evaluation's own ``score_chunk``. The
+head puts every variant's chunks back in text order and computes the same statistics as in process
+(``variant_score``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.errors import EvaluationError, StudioError
-from studio.core.evaluate import metrics as M
+from studio.core.errors import StudioError
 from studio.core.evaluate import run as R
 from studio.core.executor import Executor, Unit
 from studio.core.jobs import JobContext, null_context
-from studio.core.lab.memory import gguf_kv_cache_bytes
 
 
 def score_on_cluster(
@@ -42,22 +41,8 @@ def score_on_cluster(
     heads: list[Any] = []
     for vpath, kv_type in runs:
         path = Path(vpath).expanduser()
-        label = path.name if kv_type is None else f"{path.name} [KV {kv_type}]"
-        kv = {"kv_type": kv_type or "f32", "kv_cache_bytes": 0}
-        try:
-            if path.is_dir():
-                raise EvaluationError(
-                    f"{path.name} is a folder; a variant must be a GGUF file.",
-                    hint="Export it first with quant-studio-cli export.",
-                )
-            file_bytes, bpw = R.gguf_size(path)
-            if identity is not None:
-                identity.check_dims(path)
-            kv["kv_cache_bytes"] = gguf_kv_cache_bytes(path, n_ctx, kv_type or "f32")
-        except StudioError as err:
-            heads.append(R.VariantScore(str(path), label, *[nan] * 7, 0, nan, 0, str(err), **kv))
-            continue
-        heads.append((path, label, kv, file_bytes, bpw, kv_type))
+        facts = R.variant_facts(path, kv_type, n_ctx, identity)
+        heads.append(facts if isinstance(facts, R.VariantScore) else (path, kv_type, *facts))
     tok = executor.share(np.asarray(tokens, dtype=np.int64))
     rows = [executor.share(np.ascontiguousarray(base[ci])) for ci in range(len(starts))]
     ident = executor.share(identity)
@@ -65,7 +50,7 @@ def score_on_cluster(
     for ri, h in enumerate(heads):
         if not isinstance(h, tuple):
             continue
-        path, _, _, _, _, kv_type = h
+        path, kv_type = h[0], h[1]
         for ci, start in enumerate(starts):
             args = (
                 str(path),
@@ -89,32 +74,13 @@ def score_on_cluster(
         if not isinstance(h, tuple):
             out.append(h)
             continue
-        path, label, kv, file_bytes, bpw, _ = h
+        path, _, label, kv, file_bytes, bpw = h
         got = [parts[(ri, ci)] for ci in range(len(starts))]
-        err = next((g["error"] for g in got if "error" in g), None)
+        err = next((g for g in got if isinstance(g, str)), None)
         if err is not None:
             out.append(R.VariantScore(str(path), label, *[nan] * 7, file_bytes, bpw, 0, err, **kv))
             continue
-        all_nll = np.concatenate([g["nll"] for g in got])
-        ppl, perr = M.perplexity(all_nll)
-        st = M.kl_stats(np.concatenate([g["kl"] for g in got]), np.concatenate([g["same"] for g in got]))
-        out.append(
-            R.VariantScore(
-                str(path),
-                label,
-                ppl,
-                perr,
-                st.mean,
-                st.median,
-                st.p99,
-                st.max,
-                st.same_top_pct,
-                file_bytes,
-                bpw,
-                st.n,
-                **kv,
-            )  # fmt: skip
-        )
+        out.append(R.variant_score(path, label, kv, file_bytes, bpw, got))
     return out
 
 
@@ -152,42 +118,30 @@ def eval_unit(
     bos: int | None,
     ref: Any,
     identity: Any,
-) -> dict[str, Any]:
-    """One variant on one chunk: token NLLs, KLs and top-token matches of the scored rows (a worker)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | str:
+    """One variant on one chunk (a worker): evaluation's ``score_chunk``, or the sentence of what failed."""
     tokens = _resolve(tokens)
     ref = np.asarray(_resolve(ref))
     identity = _resolve(identity)
-    key = (path, kv_type, n_ctx, n_gpu_layers, extra_buffers)
     p = Path(path)
     try:
-
-        def open_() -> Any:
-            var = R._llama_scorer(p, n_ctx, n_gpu_layers, extra_buffers, lambda _m: None, kv_type)
-            try:
-                var.load(null_context())
-                if var.n_vocab != ref.shape[-1]:
-                    raise EvaluationError(
-                        f"{p.name} has {var.n_vocab} tokens in its vocabulary, the original {ref.shape[-1]}; "
-                        "it is not a variant of this model."
-                    )
-                if identity is not None:
-                    identity.check_vocab(p, var.vocab_tokens())
-            except BaseException:
-                var.close()
-                raise
-            return var
-
-        var = _variant(key, open_)
-        sl = M.scored_positions(n_ctx)
-        ids = M.chunk_tokens(tokens, start, n_ctx, bos)
-        rows = np.asarray(var.logits(ids), dtype=np.float32)[sl]
-        return {
-            "nll": M.token_nll(rows, tokens[start + sl.start + 1 : start + sl.stop + 1]),
-            "kl": M.kl_rows(ref, rows),
-            "same": ref.argmax(-1) == rows.argmax(-1),
-        }
+        var = _variant(
+            (path, kv_type, n_ctx, n_gpu_layers, extra_buffers),
+            lambda: R.open_variant(
+                p,
+                n_ctx,
+                n_gpu_layers,
+                extra_buffers,
+                lambda _m: None,
+                kv_type,
+                ref.shape[-1],
+                identity,
+                null_context(),
+            ),  # fmt: skip
+        )
+        return R.score_chunk(var, tokens, start, bos, n_ctx, ref)
     except StudioError as err:
-        return {"error": str(err)}
+        return str(err)
 
 
 __all__ = ["eval_unit", "score_on_cluster"]

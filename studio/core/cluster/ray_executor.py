@@ -12,11 +12,13 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import studio
+from studio.core.cluster.calibrate import calibrate_on_cluster
 from studio.core.cluster.evaluate import score_on_cluster
 from studio.core.cluster.quantize import round_layer
 from studio.core.cluster.scan import scan_on_cluster
@@ -44,8 +46,13 @@ class RayExecutor:
     distributed = True
 
     def job(self, name: str) -> Callable[..., Any]:
-        """The cluster's implementation of a studio job: ``scan``, ``round_layer`` or ``score``."""
-        jobs = {"scan": scan_on_cluster, "round_layer": round_layer, "score": score_on_cluster}
+        """The cluster's implementation of a studio job: ``calibrate``, ``scan``, ``round_layer`` or ``score``."""
+        jobs = {
+            "calibrate": calibrate_on_cluster,
+            "scan": scan_on_cluster,
+            "round_layer": round_layer,
+            "score": score_on_cluster,
+        }
         if name in jobs:
             return jobs[name]
         raise ClusterError(f"The Ray executor has no '{name}' job.")
@@ -79,7 +86,7 @@ class RayExecutor:
                     ray.init(address="auto", **kw)
                 else:
                     _token_if_any()
-                    ray.init(address=spec.address, **kw)
+                    _connect(ray, spec.address, kw)
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ClusterError(f"Cannot reach the {self.label}: {first[:200]}") from None
@@ -261,6 +268,25 @@ class _Caller:
             except BaseException as err:  # noqa: BLE001 - handed to the caller as it was raised
                 job.error = err
             job.done.set()
+
+
+_CONNECT_TRIES = 3  # a Ray client server that is slow to start its session answers "Initialization failure"
+
+
+def _connect(ray: Any, address: str | None, kw: dict[str, Any]) -> None:
+    """``ray.init(address)``; a client session the server failed to start (a busy head) is asked again."""
+    for attempt in range(_CONNECT_TRIES):
+        try:
+            ray.init(address=address, **kw)
+            return
+        except ConnectionError as err:
+            if attempt + 1 == _CONNECT_TRIES or "Initialization failure" not in str(err):
+                raise
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - nothing was connected
+                pass
+            time.sleep(2.0 * (attempt + 1))
 
 
 def _probe_address(spec: ClusterSpec) -> tuple[str, int] | None:

@@ -3,18 +3,21 @@
 In process the scan carries every perturbed stream through the model in one layer-by-layer run
 (``studio.core.calib.sensitivity``). Here the head runs the original model once, layer by layer, and
 puts each layer's input hidden states into the object store (once per layer, ``Executor.share``);
-then one unit per starting point is submitted: the candidates of every tensor of one decoder layer (or
-of the token embedding, of the output head, or one plan). A unit runs the scan's own consumer
-(``SensitivityScan``, so every number is computed by the same code) from its layer to the head, on a
+then the pairs are submitted as a few units per worker (``_tasks``): each unit holds the candidates
+of every tensor of some starting points (decoder layers, the token embedding, the output head), the
+starting points dealt largest first to the unit with the least work, and each plan is a unit of its
+own. A unit runs the scan's own consumer (``SensitivityScan``, so every number is computed by the
+same code) from its earliest layer to the head, starting each tensor's streams at its layer, on a
 worker that reads the checkpoint through the same lazy reader (one layer's weights at a time) from a
-path it can see, and reads the original's hidden states of each later layer and its logits from the
+path it can see, and reads the original's hidden states of each layer and its logits from the
 object store. The head assembles the KLs in the scan's tensor order.
 
 Proxy errors (a random sample of rows per tensor) are computed on the head during its pass, in the
 same order as in process, so a proxy scan is the same scan wherever its pairs ran.
 
 Resuming: with a cache folder each finished unit is kept (``sensitivity-KEY.units/``, one JSON file
-per unit, written atomically); a rerun of the same scan after a lost cluster submits only the rest.
+per unit, written atomically); a rerun of the same scan after a lost cluster submits only the pairs
+not measured yet (cut into units for the cluster it runs on, which may have another size).
 """
 
 from __future__ import annotations
@@ -54,10 +57,14 @@ class ClusterScan:
     unit_seconds: list[float] = field(default_factory=list)  # each unit's time on its worker
 
 
+UNITS_PER_WORKER = 3  # units per worker: few enough that a unit's fixed costs (its head, its layers'
+# loads) stay small against its streams, enough to balance the workers and to resume after a loss
+
+
 @dataclass(frozen=True)
 class _Task:
     key: str
-    start: int  # -1: the token embedding; n_layers: the output head only
+    start: int  # the earliest starting point: -1 the token embedding, n_layers the output head only
     exact: Mapping[str, tuple[str, ...]]
     plans: tuple[int, ...]
 
@@ -66,22 +73,41 @@ class _Task:
         return sum(len(v) for v in self.exact.values()) + len(self.plans)
 
 
+def _start_of(t: ScanTarget, n_layers: int) -> int:
+    return -1 if t.kind == "embedding" else n_layers if t.kind == "output" else int(t.layer or 0)
+
+
 def _tasks(
-    targets: Sequence[ScanTarget], exact: Mapping[str, Sequence[str]], n_plans: int, n_layers: int
+    targets: Sequence[ScanTarget],
+    exact: Mapping[str, Sequence[str]],
+    plans: Sequence[int],
+    n_layers: int,
+    n_units: int,
 ) -> list[_Task]:
-    """One task per starting point (most layers to go first, so the longest tasks start first)."""
+    """The pairs of ``exact`` and the ``plans`` as at most ``n_units`` units (plus one per plan).
+
+    A starting point's streams cost (pairs × layers still to go); the starting points are dealt to the
+    units largest first, each to the unit with the least work so far, so the units are about even and
+    the longest start first. A unit carries the streams of all its starting points in one run, as the
+    scan does in process: its head's fixed costs and its layers' loads are paid once per unit.
+    """
     by_start: dict[int, dict[str, tuple[str, ...]]] = {}
     for t in targets:
         qs = tuple(exact.get(t.name, ()))
-        if not qs:
+        if qs:
+            by_start.setdefault(_start_of(t, n_layers), {})[t.name] = qs
+    work = {s: sum(map(len, ex.values())) * (n_layers - max(s, 0) + 1) for s, ex in by_start.items()}
+    bins: list[tuple[int, list[int]]] = [(0, []) for _ in range(max(1, min(n_units, len(by_start))))]
+    for s in sorted(by_start, key=lambda s: (-work[s], s)):
+        i = min(range(len(bins)), key=lambda i: (bins[i][0], i))
+        bins[i] = (bins[i][0] + work[s], [*bins[i][1], s])
+    out = [_Task(f"plan-{i}", -1, {}, (i,)) for i in plans]
+    for _work, starts in sorted(bins, key=lambda b: -b[0]):
+        if not starts:
             continue
-        start = -1 if t.kind == "embedding" else n_layers if t.kind == "output" else int(t.layer or 0)
-        by_start.setdefault(start, {})[t.name] = qs
-    out = [_Task(f"plan-{i}", -1, {}, (i,)) for i in range(n_plans)]
-    for start in sorted(by_start):
-        ex = by_start[start]
+        ex = {n: qs for s in sorted(starts) for n, qs in by_start[s].items()}
         digest = hashlib.sha256(json.dumps(sorted(ex.items())).encode()).hexdigest()[:12]
-        out.append(_Task(f"start{start}-{digest}", start, ex, ()))
+        out.append(_Task(f"pairs-{digest}", min(starts), ex, ()))
     return out
 
 
@@ -136,15 +162,16 @@ def scan_on_cluster(
     """The scan's measurements with its pairs run as units on ``executor`` (see the module docstring)."""
     ctx = ctx or null_context()
     n_layers = max([t.layer + 1 for t in targets if t.layer is not None], default=0)
-    tasks = _tasks(targets, exact, len(plans), n_layers)
     out = ClusterScan(plan_kl=[float("nan")] * len(plans))
-    done = {t.key for t in tasks if _load_unit(resume_dir, t.key, out)}
-    out.resumed = sum(t.weight for t in tasks if t.key in done)
-    todo = [t for t in tasks if t.key not in done]
+    # a resume keeps pairs, not units: a rerun on another cluster (another unit count) still resumes
+    _load_units(resume_dir, out)
+    total = sum(len(qs) for qs in exact.values()) + len(plans)
+    left = {n: tuple(q for q in qs if (n, q) not in out.kl) for n, qs in exact.items()}
+    left_plans = [i for i, v in enumerate(out.plan_kl) if v != v]  # NaN: not measured yet
+    todo = _tasks(targets, left, left_plans, n_layers, executor.workers * UNITS_PER_WORKER)
+    out.resumed = total - sum(t.weight for t in todo)
     if out.resumed:
-        ctx.log(
-            f"Resuming the scan: {out.resumed} of {sum(t.weight for t in tasks)} pairs were measured before."
-        )
+        ctx.log(f"Resuming the scan: {out.resumed} of {total} pairs were measured before.")
     # in process the pairs quantized whole (measured or in a plan) draw no sample: leave them out here
     # too, so the proxy's row samples are drawn in the same order and give the same errors
     full = {(n, q) for n, qs in exact.items() for q in qs} | {(n, q) for p in plans for n, q in p.items()}
@@ -171,7 +198,6 @@ def scan_on_cluster(
         Unit((job_ref, t.start, rec.states[max(t.start, 0) :], dict(t.exact), t.plans), t.weight, t.key)
         for t in todo
     ]
-    total = sum(t.weight for t in tasks)
     try:
         for i, res in executor.run(
             scan_unit, units, ctx, what="scan pairs", done_before=out.resumed, total=total
@@ -206,15 +232,22 @@ def _merge(out: ClusterScan, res: Mapping[str, Any]) -> None:
         out.plan_kl[int(i)] = float(v)
 
 
-def _load_unit(resume_dir: Path | None, key: str, out: ClusterScan) -> bool:
-    if resume_dir is None:
-        return False
-    try:
-        res = json.loads((resume_dir / f"{key}.json").read_text(encoding="utf-8"))
-        _merge(out, res)
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return False
-    return True
+def _load_units(resume_dir: Path | None, out: ClusterScan) -> None:
+    """Merge every unit a previous run of this scan finished (one that cannot be read is measured again)."""
+    if resume_dir is None or not resume_dir.is_dir():
+        return
+    for f in sorted(resume_dir.glob("*.json")):
+        try:
+            res = json.loads(f.read_text(encoding="utf-8"))
+            part = ClusterScan(plan_kl=[float("nan")] * len(out.plan_kl))
+            _merge(part, res)
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+        out.kl.update(part.kl)
+        out.err.update(part.err)
+        for i, v in enumerate(part.plan_kl):
+            if v == v:
+                out.plan_kl[i] = v
 
 
 def _save_unit(resume_dir: Path | None, key: str, res: Mapping[str, Any]) -> None:

@@ -425,6 +425,100 @@ def evaluate(
             tmpdir.cleanup()
 
 
+def variant_facts(
+    path: Path, kv_type: str | None, n_ctx: int, identity: _Identity | None
+) -> tuple[str, dict[str, Any], int, float] | VariantScore:
+    """(label, KV-cache facts, file bytes, bpw) of a variant, or its failed ``VariantScore`` when it is
+    not a GGUF of the original's shape (checked before loading it)."""
+    nan = float("nan")
+    label = path.name if kv_type is None else f"{path.name} [KV {kv_type}]"
+    kv: dict[str, Any] = {"kv_type": kv_type or "f32", "kv_cache_bytes": 0}
+    try:
+        if path.is_dir():
+            raise EvaluationError(
+                f"{path.name} is a folder; a variant must be a GGUF file.",
+                hint="Export it first with quant-studio-cli export.",
+            )
+        file_bytes, bpw = gguf_size(path)
+        if identity is not None:
+            identity.check_dims(path)
+
+        kv["kv_cache_bytes"] = gguf_kv_cache_bytes(path, n_ctx, kv_type or "f32")
+    except StudioError as err:
+        return VariantScore(str(path), label, nan, nan, nan, nan, nan, nan, nan, 0, nan, 0, str(err), **kv)
+    return label, kv, file_bytes, bpw
+
+
+def open_variant(
+    path: Path,
+    n_ctx: int,
+    n_gpu_layers: int,
+    extra_buffers: str,
+    on_note: Callable[[str], None],
+    kv_type: str | None,
+    n_vocab: int,
+    identity: _Identity | None,
+    ctx: JobContext,
+) -> Any:
+    """A variant loaded in llama.cpp and checked to be one of the original (``n_vocab`` tokens, the same
+    vocabulary); closed again when a check fails."""
+    var = _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note, kv_type)
+    try:
+        var.load(ctx)
+        if var.n_vocab != n_vocab:
+            raise EvaluationError(
+                f"{path.name} has {var.n_vocab} tokens in its vocabulary, the original {n_vocab}; "
+                "it is not a variant of this model."
+            )
+        if identity is not None:
+            identity.check_vocab(path, var.vocab_tokens())
+    except BaseException:
+        var.close()
+        raise
+    return var
+
+
+def score_chunk(
+    var: Any, tokens: Sequence[int], start: int, bos: int | None, n_ctx: int, ref: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One chunk of a loaded variant against the original's scored rows ``ref``: (token NLLs, KLs,
+    same top token)."""
+    sl = scored_positions(n_ctx)
+    ids = chunk_tokens(tokens, start, n_ctx, bos)
+    rows = np.asarray(var.logits(ids), dtype=np.float32)[sl]
+    ref = np.asarray(ref)
+    nll = token_nll(rows, tokens[start + sl.start + 1 : start + sl.stop + 1])
+    return nll, kl_rows(ref, rows), ref.argmax(-1) == rows.argmax(-1)
+
+
+def variant_score(
+    path: Path,
+    label: str,
+    kv: dict[str, Any],
+    file_bytes: int,
+    bpw: float,
+    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> VariantScore:
+    """A variant's statistics from its chunks' (NLLs, KLs, same top token), in text order."""
+    ppl, err = perplexity(np.concatenate([p[0] for p in parts]))
+    st = kl_stats(np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
+    return VariantScore(
+        str(path),
+        label,
+        ppl,
+        err,
+        st.mean,
+        st.median,
+        st.p99,
+        st.max,
+        st.same_top_pct,
+        file_bytes,
+        bpw,
+        st.n,
+        **kv,
+    )
+
+
 def _score_variant(
     path: Path,
     tokens: Sequence[int],
@@ -441,43 +535,29 @@ def _score_variant(
     on_note: Callable[[str], None] | None = None,
     kv_type: str | None = None,
 ) -> VariantScore:
-    sl = scored_positions(n_ctx)
     nan = float("nan")
-    label = path.name if kv_type is None else f"{path.name} [KV {kv_type}]"
-    kv = {"kv_type": kv_type or "f32", "kv_cache_bytes": 0}
-    try:
-        if path.is_dir():
-            raise EvaluationError(
-                f"{path.name} is a folder; a variant must be a GGUF file.",
-                hint="Export it first with quant-studio-cli export.",
-            )
-        file_bytes, bpw = gguf_size(path)
-        if identity is not None:
-            identity.check_dims(path)
-
-        kv["kv_cache_bytes"] = gguf_kv_cache_bytes(path, n_ctx, kv_type or "f32")
-    except StudioError as err:
-        return VariantScore(str(path), label, nan, nan, nan, nan, nan, nan, nan, 0, nan, 0, str(err), **kv)
+    facts = variant_facts(path, kv_type, n_ctx, identity)
+    if isinstance(facts, VariantScore):
+        return facts
+    label, kv, file_bytes, bpw = facts
     ctx.report(done, total, f"Loading {label}")
-    var = _llama_scorer(path, n_ctx, n_gpu_layers, extra_buffers, on_note or ctx.log, kv_type)
+    var = None
     try:
-        var.load(ctx)
-        if var.n_vocab != base.shape[-1]:
-            raise EvaluationError(
-                f"{path.name} has {var.n_vocab} tokens in its vocabulary, the original {base.shape[-1]}; "
-                "it is not a variant of this model."
-            )
-        if identity is not None:
-            identity.check_vocab(path, var.vocab_tokens())
-        nll, kl, same = [], [], []
+        var = open_variant(
+            path,
+            n_ctx,
+            n_gpu_layers,
+            extra_buffers,
+            on_note or ctx.log,
+            kv_type,
+            base.shape[-1],
+            identity,
+            ctx,
+        )
+        parts = []
         for ci, start in enumerate(starts):
             ctx.check_cancelled()
-            ids = chunk_tokens(tokens, start, n_ctx, bos)
-            rows = np.asarray(var.logits(ids), dtype=np.float32)[sl]
-            ref = np.asarray(base[ci])
-            nll.append(token_nll(rows, tokens[start + sl.start + 1 : start + sl.stop + 1]))
-            kl.append(kl_rows(ref, rows))
-            same.append(ref.argmax(-1) == rows.argmax(-1))
+            parts.append(score_chunk(var, tokens, start, bos, n_ctx, base[ci]))
             ctx.report(done + ci + 1, total, f"{label}: chunk {ci + 1}/{len(starts)}")
     except JobCancelled:
         raise
@@ -486,22 +566,6 @@ def _score_variant(
             str(path), label, nan, nan, nan, nan, nan, nan, nan, file_bytes, bpw, 0, str(err), **kv
         )
     finally:
-        var.close()
-    all_nll = np.concatenate(nll)
-    ppl, err = perplexity(all_nll)
-    st = kl_stats(np.concatenate(kl), np.concatenate(same))
-    return VariantScore(
-        str(path),
-        label,
-        ppl,
-        err,
-        st.mean,
-        st.median,
-        st.p99,
-        st.max,
-        st.same_top_pct,
-        file_bytes,
-        bpw,
-        st.n,
-        **kv,
-    )
+        if var is not None:
+            var.close()
+    return variant_score(path, label, kv, file_bytes, bpw, parts)

@@ -37,6 +37,7 @@ from studio.core.calib.analysis import layer_outlier_counts, top_outlier_feature
 from studio.core.calib.calibrate import calibrate
 from studio.core.calib.data import BUILTIN
 from studio.core.calib.imatrix import check_for_model, imatrix_from_stats, read_imatrix, write_imatrix
+from studio.core.cluster import open_executor
 from studio.core.errors import CalibrationError, StudioError
 from studio.core.stats.cache import StatsCache
 from studio.qt import folders, widgets
@@ -251,18 +252,24 @@ class CalibratePanel(JobPanel, QWidget):
         n_ctx, chunks = self.ctx_spin.value(), self.chunks_spin.value() or None
         device, process_output, cache = self.device.device, self.output_check.isChecked(), self.cache
         model = Path(info.path)
+        cluster = self.state.cluster  # the window's device choice: a Ray cluster runs the chunks
 
         def work(ctx: Any) -> tuple[Any, Any]:
-            stats = calibrate(
-                model,
-                text,
-                n_ctx=n_ctx,
-                n_chunks=chunks,
-                device=device,
-                process_output=process_output,
-                cache=cache,
-                ctx=ctx,
-            )
+            executor = open_executor(cluster)
+            try:
+                stats = calibrate(
+                    model,
+                    text,
+                    n_ctx=n_ctx,
+                    n_chunks=chunks,
+                    device=device,
+                    process_output=process_output,
+                    cache=cache,
+                    ctx=ctx,
+                    executor=executor,
+                )
+            finally:
+                executor.close()
             return stats, imatrix_from_stats(stats, info, process_output=process_output)
 
         self._run = CalibrationRun(str(text), n_ctx, chunks, None)

@@ -96,6 +96,25 @@ def test_proxy_scan_and_plans_on_the_cluster_equal_in_process(local_cluster, mod
     assert there.check is not None and there.check.pairs == pytest.approx(here.check.pairs, rel=1e-6)
 
 
+def test_plan_measure_through_the_cluster_equals_in_process(local_cluster, model_and_imatrix, calib_text):
+    """``plan --measure``: each plan a unit, the same KL as in process."""
+    from studio.core.calib.sensitivity import measure_plans
+
+    model, im = model_and_imatrix
+    plans = [
+        {"model.layers.0.mlp.down_proj.weight": "Q2_K"},
+        {"model.layers.1.self_attn.q_proj.weight": "Q4_0", "model.layers.0.mlp.up_proj.weight": "Q8_0"},
+    ]
+    torch.set_num_threads(1)
+    try:
+        here = measure_plans(model, plans, calib_text, EXACT, imatrix=im)
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    there = measure_plans(model, plans, calib_text, EXACT, imatrix=im, executor=local_cluster)
+    assert len(there) == 2 and all(k > 0 for k in there)
+    assert there == pytest.approx(here, rel=1e-6)
+
+
 def _scan_workers() -> list[int]:
     """This test's Ray workers running a scan unit (their process title names the task)."""
     return [p for p in descendants(os.getpid()) if cmdline(p).startswith("ray::scan_unit")]
