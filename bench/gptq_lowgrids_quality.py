@@ -96,13 +96,22 @@ def main() -> int:
         ref = out / f"llama-{preset}.gguf"
         if not ref.exists():
             subprocess.run(
-                [str(LLAMA_BIN / "llama-quantize"), "--imatrix", args.imatrix, args.f32_gguf, str(ref), preset],
+                [
+                    str(LLAMA_BIN / "llama-quantize"),
+                    "--imatrix",
+                    args.imatrix,
+                    args.f32_gguf,
+                    str(ref),
+                    preset,
+                ],
                 check=True,
                 capture_output=True,
             )
         mine = out / f"studio-{preset}-{args.method}.gguf"
         if not mine.exists():
-            export_calibrated(args.model, mine, plan_like(args.model, ref, args.method), text=args.calib, device="cpu")
+            export_calibrated(
+                args.model, mine, plan_like(args.model, ref, args.method), text=args.calib, device="cpu"
+            )
         a, b = held_types(ref), held_types(mine)
         same = all(a[k] == b.get(k) for k in a) and len(a) == len(b)
         kl_ref, _ = kld(ref, Path(args.base_kld), args.threads)

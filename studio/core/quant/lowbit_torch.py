@@ -33,11 +33,15 @@ def _roundf(v: torch.Tensor) -> torch.Tensor:
 def _lround_low32(v: torch.Tensor) -> torch.Tensor:
     """(int) lroundf(v) on x86-64 as int64: 0 where |v| ≥ 2^31, inf or NaN (LONG_MIN's low bits)."""
     ok = v.abs() < _TWO31
-    return torch.where(ok, _roundf(torch.where(ok, v, torch.zeros_like(v))), torch.zeros_like(v)).to(torch.int64)
+    return torch.where(ok, _roundf(torch.where(ok, v, torch.zeros_like(v))), torch.zeros_like(v)).to(
+        torch.int64
+    )
 
 
 def _recip(d: torch.Tensor) -> torch.Tensor:
-    return torch.where(d != 0, div(torch.ones_like(d), torch.where(d != 0, d, torch.ones_like(d))), torch.zeros_like(d))
+    return torch.where(
+        d != 0, div(torch.ones_like(d), torch.where(d != 0, d, torch.ones_like(d))), torch.zeros_like(d)
+    )
 
 
 def _ternary_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +82,9 @@ def _tq2(x: torch.Tensor) -> torch.Tensor:
 
 
 def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
-    bits = torch.where(e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e.clamp(max=1)), (e - 1) << 23)
+    bits = torch.where(
+        e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e.clamp(max=1)), (e - 1) << 23
+    )
     return bits.to(torch.int32).view(torch.float32)
 
 
@@ -114,7 +120,12 @@ def _q2(x: torch.Tensor) -> torch.Tensor:
     amax = x.abs().amax(dim=1)
     v = x * _recip(amax)[:, None]
     ok = v.abs() < _TWO31  # C: (int) of roundf(v), or of v itself, out of range → INT_MIN → code 0
-    q = torch.where(ok, _roundf(torch.where(ok, v, torch.zeros_like(v))), torch.full_like(v, -2.0)).to(torch.int64) + 1
+    q = (
+        torch.where(ok, _roundf(torch.where(ok, v, torch.zeros_like(v))), torch.full_like(v, -2.0)).to(
+            torch.int64
+        )
+        + 1
+    )
     q = q.clamp(0, 3)
     B = x.shape[0]
     out = torch.empty((B, 18), dtype=torch.uint8, device=x.device)
@@ -123,7 +134,13 @@ def _q2(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-_FNS = {"TQ1_0": (_tq1, 256), "TQ2_0": (_tq2, 256), "MXFP4": (_mxfp4, 32), "Q1_0": (_q1, 128), "Q2_0": (_q2, 64)}
+_FNS = {
+    "TQ1_0": (_tq1, 256),
+    "TQ2_0": (_tq2, 256),
+    "MXFP4": (_mxfp4, 32),
+    "Q1_0": (_q1, 128),
+    "Q2_0": (_q2, 64),
+}
 
 
 def quantize_rows_torch(x: torch.Tensor, qtype: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:

@@ -121,7 +121,9 @@ def test_gptq_keeps_llamacpps_scale_fields(qtype: str) -> None:
         assert not np.array_equal(a.idx, b.idx)
     else:
         r = gptq_quantize(w, h, qtype, imatrix=imx, options=GptqOptions(scales="float"))
-        mask = np.tile(gptq_lowbit.grid_spec(qtype).code_mask(), want.shape[1] // gptq_lowbit.grid_spec(qtype).nbytes)
+        mask = np.tile(
+            gptq_lowbit.grid_spec(qtype).code_mask(), want.shape[1] // gptq_lowbit.grid_spec(qtype).nbytes
+        )
         assert np.array_equal(r.data & ~mask, want & ~mask)
         assert not np.array_equal(r.data, want)
 
