@@ -178,3 +178,13 @@ def test_torch_path_gives_the_numba_bytes(qtype: str) -> None:
         assert np.array_equal(quantize_rows_torch(torch.from_numpy(x), qtype).numpy(), want)
         if qtype != "Q2_0":  # blocks.quantize's torch back end (Q2_0 is not a registered type yet)
             assert np.array_equal(blocks.quantize(torch.from_numpy(x), qtype, backend="torch"), want)
+
+
+@pytest.mark.parametrize("qtype", ["Q2_0", "MXFP4", "TQ1_0"])
+def test_scalar_gptq_sweeps_give_the_same_bytes_in_numba_and_torch(qtype: str) -> None:
+    """The GPU sweep (torch) and the CPU one (numba) round the low-bit grids alike."""
+    w, h, imx = _outlier_problem(8)
+    opt = GptqOptions(scales="arrival", act_order=False)
+    fast = gptq_quantize(w, h, qtype, imatrix=imx, options=opt)
+    ref = gptq_quantize(w, h, qtype, imatrix=imx, options=opt, backend="torch")
+    assert np.array_equal(fast.data, ref.data)
