@@ -2,15 +2,17 @@
 
 For each preset (IQ2_M, IQ3_XXS, IQ3_M): ``llama-quantize --imatrix`` writes the reference file; the
 studio exports the same model with ``gptq`` at exactly that file's per-tensor types (read from it, so
-both files hold the same types and bytes per tensor), calibrated on CALIB; ``llama-perplexity
+both files hold the same types and bytes per tensor), calibrated on CALIB (a file, or ``builtin``: the
+project's calibration text); ``llama-perplexity
 --kl-divergence`` scores both against the F32 model's logits on EVAL (a text not used for calibration).
 
     QS_LLAMA_BIN=/work/llama.cpp/build/bin python bench/gptq_lowgrids_quality.py \\
         --model DEMO_FOLDER --f32-gguf MODEL-F32.gguf --imatrix llama-imatrix.gguf \\
-        --base-kld base.kld --calib resources/calibration/prose.txt --out /tmp/lowgrids [--presets IQ2_M]
+        --base-kld base.kld --calib builtin --out /tmp/lowgrids [--presets IQ2_M]
 
 ``--base-kld`` is ``llama-perplexity -m MODEL-F32.gguf -f EVAL --kl-divergence-base base.kld -c 512``;
-``--imatrix`` is ``llama-imatrix -m MODEL-F32.gguf -f CALIB -c 512``. Prints, per preset, the types
+``--imatrix`` is ``llama-imatrix -m MODEL-F32.gguf -f CALIB.txt -c 512 --parse-special`` on the same
+text (for ``builtin``: ``bench/gptq_quality.py``'s ``render_calibration``, chats rendered). Prints, per preset, the types
 the files hold (tensor counts), both files' sizes and KLDs, and the ratio gptq / llama.cpp (the
 issue's target: ≤ 0.85). Existing files in --out are reused. Minutes per preset on a CPU.
 """
