@@ -1,8 +1,8 @@
 """Vector GPTQ (GPTVQ) onto the lattice i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S).
 
 ``gptq_lattice(w, h, qtype)`` keeps everything llama.cpp's imatrix-weighted search wrote that is a
-scale (the fp16 super-block scale, the 3- or 4-bit sub-block scales, IQ1_S's per-32 delta sign) and
-chooses the rest again, one group of 8 input columns at a time (the span of one 8-sign byte: one
+scale (the fp16 super-block scale, the 3- or 4-bit sub-block scales, IQ1_S's per-32 delta sign), found
+on the float weights (``GptqOptions.scales`` and ``refit`` do not apply here), and chooses the rest again, one group of 8 input columns at a time (the span of one 8-sign byte: one
 8-dimensional grid point, or two 4-dimensional ones for IQ3):
 
 1. the group's current weights (rows × 8, already moved by the errors of earlier groups) are
