@@ -168,8 +168,8 @@ def quantize(
     if rows == 0 or n == 0:
         return out
     use_torch = backend == "torch" or (backend == "auto" and is_t and x.device.type != "cpu")
-    if use_torch and (name in iquants.IQ_TYPES or name in lowbit.LOWBIT_TYPES):
-        use_torch = False  # no torch path for these yet: the CPU kernels run (a GPU tensor is copied over)
+    if use_torch and name in iquants.IQ_TYPES:
+        use_torch = False  # no torch path for these: the CPU kernels run (a GPU tensor is copied over)
     if use_torch:
         _quantize_torch(x, shape, rows, n, name, qw, out, ctx)
         return out
@@ -280,6 +280,8 @@ def _quantize_torch(x, shape, rows, n, name, qw, out, ctx) -> None:
     qwt = None if qw is None else torch.from_numpy(qw).to(dev)
     if QTYPES[name].kquant:
         from studio.core.quant.kquants_torch import quantize_rows_torch as fn
+    elif name in lowbit.LOWBIT_TYPES:
+        from studio.core.quant.lowbit_torch import quantize_rows_torch as fn
     else:
         from studio.core.quant.legacy_torch import quantize_rows_torch as fn
     # ~1M values per CPU chunk: a torch chunk takes ~0.5 s there, so Stop stays prompt

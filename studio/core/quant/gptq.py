@@ -228,11 +228,20 @@ def output_error(w: Any, q: Any, h: Any) -> float:
     return float(((e @ h) * e).sum())
 
 
+def _grids(qtype: str) -> Any:
+    """The module that takes ``qtype``'s blocks apart: ``grid``, or ``gptq_lowbit`` for the scalar low-bit types."""
+    if qtype in G.GRID_TYPES:
+        return G
+    from studio.core.quant import gptq_lowbit  # numba's kernels: only when a low-bit type is asked for
+
+    return gptq_lowbit if qtype in gptq_lowbit.LOWBIT_GRID_TYPES else G
+
+
 def _search(w: Any, qtype: str, imatrix: np.ndarray | None) -> tuple[G.BlockGrid, np.ndarray]:
     x = w.detach()
     if x.device.type == "cpu":
         x = x.numpy()
-    return G.search(x, qtype, imatrix)
+    return _grids(qtype).search(x, qtype, imatrix)
 
 
 # ------------------------------------------------------------------------------------------ GPTQ
@@ -297,7 +306,8 @@ def gptq_quantize(
 
     opt = options or GptqOptions()
     ctx = ctx or null_context()
-    sp = G.grid_spec(qtype)
+    ops = _grids(qtype)
+    sp = ops.grid_spec(qtype)
     rows, n = (int(s) for s in w.shape)
     if n % sp.block:
         raise QuantizationError(f"{qtype} needs rows of a multiple of {sp.block} weights, not {n}.")
@@ -343,13 +353,13 @@ def gptq_quantize(
         _sweep(W, hinv, bs, sp, arrival, cols, imatrix, tgrid, codes, inner, pool, ctx)
     del W, hinv
 
-    final = G.BlockGrid(qtype, tgrid.scale.cpu().numpy(), _np(tgrid.offset), tgrid.template)
+    final = ops.BlockGrid(qtype, tgrid.scale.cpu().numpy(), _np(tgrid.offset), tgrid.template)
     codes_np = codes.cpu().numpy()
     if opt.refit and qtype in REFIT_TYPES:
         final = refit_scales(final, codes_np, w0, h)
-    data = G.encode(final, codes_np)
-    q_gptq = torch.as_tensor(G.values(final, codes_np), device=dev)
-    q_rtn = torch.as_tensor(G.values(grid0, codes0), device=dev)
+    data = ops.encode(final, codes_np)
+    q_gptq = torch.as_tensor(ops.values(final, codes_np), device=dev)
+    q_rtn = torch.as_tensor(ops.values(grid0, codes0), device=dev)
     notes: list[str] = []
     if tries:
         notes.append(f"the Hessian needed damping {lam:g} (not {opt.damp:g}) to be positive definite")

@@ -91,9 +91,16 @@ def gptq(weights: Any, stats: SiteStats, qtype: str, ctx: Any = None) -> Encoded
     """GPTQ onto ``qtype``'s grid (``studio.core.quant.gptq``); raises HessianError when it cannot run."""
     if stats.hessian is None:
         raise QuantizationError(f"GPTQ of {stats.name} needs the Hessian of its inputs; none was collected.")
-    r = gptq_module.gptq_quantize(
-        weights, stats.hessian, qtype, imatrix=stats.imatrix, options=stats.options, ctx=ctx
-    )
+    from studio.core.quant.iquants import IQ_TYPES
+
+    if qtype in IQ_TYPES:  # the lattice types: vector GPTQ over groups of 8 columns
+        from studio.core.quant.gptq_lattice import gptq_lattice
+
+        r = gptq_lattice(weights, stats.hessian, qtype, imatrix=stats.imatrix, options=stats.options, ctx=ctx)
+    else:
+        r = gptq_module.gptq_quantize(
+            weights, stats.hessian, qtype, imatrix=stats.imatrix, options=stats.options, ctx=ctx
+        )
     return Encoded(r.data, qtype, r.error, r.rtn_error, r.notes)
 
 

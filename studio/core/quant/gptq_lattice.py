@@ -1,0 +1,443 @@
+"""Vector GPTQ (GPTVQ) onto the lattice i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S).
+
+``gptq_lattice(w, h, qtype)`` keeps everything llama.cpp's imatrix-weighted search wrote that is a
+scale (the fp16 super-block scale, the 3- or 4-bit sub-block scales, IQ1_S's per-32 delta sign), found
+on the float weights (``GptqOptions.scales`` and ``refit`` do not apply here), and chooses the rest again, one group of 8 input columns at a time (the span of one 8-sign byte: one
+8-dimensional grid point, or two 4-dimensional ones for IQ3):
+
+1. the group's current weights (rows × 8, already moved by the errors of earlier groups) are
+   quantized jointly: per row the grid point (and signs; IQ1_M's delta sign too) nearest under the
+   sub-block scale, the distance weighted per column by ``1 / U_jj²`` (``U`` the upper Cholesky factor
+   of ``H⁻¹``: the imatrix ``H_jj`` given the columns already quantized, GPTQ's own metric). The signs
+   are the weights' own; where the type stores 7 sign bits (even parity: IQ2_XXS, IQ2_XS, IQ3_XXS)
+   and the count of negatives is odd, the cheapest coordinate is flipped, chosen jointly with the point;
+2. the group's error goes forward through ``U`` column by column (GPTQ's update with the group's
+   values fixed), in lazy batches, groups in order of decreasing ``H_dd`` (act-order keeps the 8
+   columns of a group together, since they share a code).
+
+The bytes are the search's with the point indices, sign bits and (IQ1_M) delta bits replaced: a
+standard GGUF tensor of the same type and size, read back as gguf-py's dequantizer reads it (a
+sub-block ggml left empty decodes to what the decoder sees in its slot, and GPTQ works with that).
+The search runs in torch on the weight's device (CPU, CUDA, MPS): per group one (rows × 8) @ (8 ×
+points) product and, for the parity types, a (rows × points × 8) minimum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import gguf
+import numpy as np
+
+from studio.core.errors import QuantizationError
+from studio.core.jobs import JobContext, null_context
+from studio.core.quant import iquants
+from studio.core.quant.gptq import GptqOptions, GptqResult, HessianError, _inverse_factor, output_error
+from studio.core.quant.types import QK_K
+
+__all__ = ["LATTICE_TYPES", "LatticeCodes", "decode", "encode", "gptq_lattice", "unpack"]
+
+LATTICE_TYPES: tuple[str, ...] = iquants.IQ_TYPES
+_PARITY = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS"})  # 7 stored sign bits, the 8th their parity
+_DIM = {"IQ3_XXS": 4, "IQ3_S": 4}  # coordinates per grid point (8 for the others)
+_BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110, "IQ1_S": 50, "IQ1_M": 56}
+_DELTA = np.float32(0.125)
+G = QK_K // 8  # sign groups (8 columns) per super-block
+
+
+@cache
+def table(qtype: str) -> np.ndarray:
+    """The decoder's grid (points × coordinates, float32): gguf-py's, so values match its dequantizer."""
+    cls = getattr(gguf.quants, qtype)
+    cls.init_grid()
+    t = np.array(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
+    t.setflags(write=False)
+    return t
+
+
+@dataclass(frozen=True, eq=False)
+class LatticeCodes:
+    """What a lattice tensor's bytes say, per super-block (``B`` = rows × super-blocks per row).
+
+    A weight of sign group ``g`` (8 columns) decodes as ``scale[·, g] · table[idx] · sign`` (IQ2/IQ3)
+    or ``scale[·, g] · (table[idx] ± 0.125)`` (IQ1, ``dneg``: the delta is negative).
+    """
+
+    qtype: str
+    scale: np.ndarray  # float32 (B, 32)
+    idx: np.ndarray  # int64 (B, points): 32, or 64 for IQ3 (two per sign group)
+    neg: np.ndarray | None  # bool (B, 32, 8): negative coordinates (IQ2/IQ3)
+    dneg: np.ndarray | None  # bool (B, 32) (IQ1)
+
+
+def _f16(b: np.ndarray, at: int) -> np.ndarray:
+    return np.ascontiguousarray(b[:, at : at + 2]).view("<f2").astype(np.float32)[:, 0]
+
+
+def _u16(b: np.ndarray, at: int, count: int) -> np.ndarray:
+    return np.ascontiguousarray(b[:, at : at + 2 * count]).view("<u2").astype(np.int64)
+
+
+def _u32(b: np.ndarray, at: int, count: int) -> np.ndarray:
+    return np.ascontiguousarray(b[:, at : at + 4 * count]).view("<u4").astype(np.int64)
+
+
+def _nib(b: np.ndarray, at: int, count: int) -> np.ndarray:
+    """``count`` 4-bit fields, low nibble first, from byte ``at`` on."""
+    k = np.arange(count)
+    return (b[:, at + k // 2].astype(np.int64) >> (4 * (k % 2))) & 15
+
+
+def _bits8(v: np.ndarray) -> np.ndarray:
+    return ((v[..., None] >> np.arange(8)) & 1).astype(bool)
+
+
+def _neg_of7(s7: np.ndarray) -> np.ndarray:
+    """ksigns: 7 stored bits, the 8th their parity."""
+    neg = _bits8(s7 & 127)
+    neg[..., 7] = (neg[..., :7].sum(-1) % 2).astype(bool)
+    return neg
+
+
+def _sub(x: np.ndarray, per: int) -> np.ndarray:
+    """Sub-block values (B, 256/(8·per)) spread to the 32 sign groups (``per`` groups each)."""
+    return np.repeat(x, per, axis=1)
+
+
+def unpack(data: np.ndarray, qtype: str, n: int) -> LatticeCodes:
+    """The scales and codes of ``qtype`` bytes (rows × row bytes) of rows of ``n`` weights."""
+    if qtype not in LATTICE_TYPES or n % QK_K:
+        raise QuantizationError(f"{qtype} rows of {n} weights have no lattice codes.")
+    b = np.ascontiguousarray(np.asarray(data, np.uint8)).reshape(-1, _BYTES[qtype])
+    f = np.float32
+    neg = dneg = None
+    if qtype == "IQ2_XXS":
+        d = _f16(b, 0)
+        q = _u32(b, 2, 16).reshape(-1, 8, 2)
+        db = d[:, None] * (f(0.5) + (q[:, :, 1] >> 28).astype(f)) * f(0.25)
+        scale = _sub(db, 4)
+        idx = b[:, 2:66].reshape(-1, 8, 8)[:, :, :4].reshape(-1, 32).astype(np.int64)
+        neg = _neg_of7((q[:, :, 1, None] >> (7 * np.arange(4))).reshape(-1, 32))
+    elif qtype == "IQ2_XS":
+        d = _f16(b, 0)
+        qs = _u16(b, 2, 32)
+        db = d[:, None] * (f(0.5) + _nib(b, 66, 16).astype(f)) * f(0.25)
+        scale, idx, neg = _sub(db, 2), qs & 511, _neg_of7(qs >> 9)
+    elif qtype == "IQ2_S":
+        d = _f16(b, 0)
+        g = np.arange(32)
+        hi = (b[:, 66 + g // 4].astype(np.int64) >> (2 * (g % 4))) & 3
+        idx = b[:, 2:34].astype(np.int64) | (hi << 8)
+        neg = _bits8(b[:, 34:66].astype(np.int64))
+        db = d[:, None] * (f(0.5) + _nib(b, 74, 16).astype(f)) * f(0.25)
+        scale = _sub(db, 2)
+    elif qtype == "IQ3_XXS":
+        d = _f16(b, 0)
+        ss = _u32(b, 66, 8)
+        db = d[:, None] * (f(0.5) + (ss >> 28).astype(f)) * f(0.5)
+        scale, idx = _sub(db, 4), b[:, 2:66].astype(np.int64)
+        neg = _neg_of7((ss[:, :, None] >> (7 * np.arange(4))).reshape(-1, 32))
+    elif qtype == "IQ3_S":
+        d = _f16(b, 0)
+        p = np.arange(64)
+        hi = (b[:, 66 + p // 8].astype(np.int64) >> (p % 8)) & 1
+        idx = b[:, 2:66].astype(np.int64) | (hi << 8)
+        neg = _bits8(b[:, 74:106].astype(np.int64))
+        db = d[:, None] * (1 + 2 * _nib(b, 106, 8)).astype(f)
+        scale = _sub(db, 4)
+    elif qtype == "IQ1_S":
+        d = _f16(b, 0)
+        qh = _u16(b, 34, 8)
+        dl = d[:, None] * (2 * ((qh >> 12) & 7) + 1).astype(f)
+        hi = ((qh[:, :, None] >> (3 * np.arange(4))) & 7).reshape(-1, 32)
+        idx = b[:, 2:34].astype(np.int64) | (hi << 8)
+        scale, dneg = _sub(dl, 4), _sub((qh & 0x8000) != 0, 4)
+    else:  # IQ1_M
+        sc = _u16(b, 48, 4)
+        dbits = (
+            ((sc[:, 0] & 0xF000) >> 12)
+            | ((sc[:, 1] & 0xF000) >> 8)
+            | ((sc[:, 2] & 0xF000) >> 4)
+            | (sc[:, 3] & 0xF000)
+        )
+        d = dbits.astype(np.uint16).view(np.float16).astype(f)
+        s3 = ((sc[:, :, None] >> (3 * np.arange(4))) & 7).reshape(-1, 16)
+        dl = d[:, None] * (2 * s3 + 1).astype(f)
+        qh = b[:, 32:48].astype(np.int64)
+        nibs = np.stack([qh & 15, qh >> 4], axis=2).reshape(-1, 32)
+        idx = b[:, 0:32].astype(np.int64) | ((nibs & 7) << 8)
+        scale, dneg = _sub(dl, 2), (nibs & 8) != 0
+    return LatticeCodes(qtype, np.ascontiguousarray(scale, dtype=f), np.ascontiguousarray(idx), neg, dneg)
+
+
+def decode(c: LatticeCodes) -> np.ndarray:
+    """(B, 256) float32 weights of ``c``: gguf-py's dequantizer's arithmetic."""
+    t = table(c.qtype)
+    dim = t.shape[1]
+    pts = t[c.idx].reshape(c.idx.shape[0], 32, 8)  # (B, 32, 8): a sign group's 8 coordinates
+    s = c.scale[:, :, None]
+    if c.neg is not None:
+        y = s * pts * np.where(c.neg, np.float32(-1), np.float32(1))
+    else:
+        y = s * (pts + np.where(c.dneg, -_DELTA, _DELTA)[:, :, None])
+    del dim
+    return y.reshape(-1, QK_K).astype(np.float32)
+
+
+def _put_u32(b: np.ndarray, at: int, v: np.ndarray) -> None:
+    b[:, at : at + 4 * v.shape[1]] = np.ascontiguousarray(v.astype("<u4")).view(np.uint8)
+
+
+def _put_u16(b: np.ndarray, at: int, v: np.ndarray) -> None:
+    b[:, at : at + 2 * v.shape[1]] = np.ascontiguousarray(v.astype("<u2")).view(np.uint8)
+
+
+def _mask8(neg: np.ndarray) -> np.ndarray:
+    return (neg.astype(np.int64) << np.arange(8)).sum(-1)
+
+
+def encode(template: np.ndarray, c: LatticeCodes) -> np.ndarray:
+    """``template``'s bytes (rows × row bytes) with ``c``'s point indices, signs and IQ1_M deltas written in."""
+    q = c.qtype
+    rows = template.shape[0]
+    b = np.array(template, dtype=np.uint8).reshape(-1, _BYTES[q])
+    idx = c.idx
+    if c.neg is not None and q in _PARITY and bool((c.neg.sum(-1) % 2).any()):
+        raise QuantizationError(f"{q} stores only sign patterns with an even number of negatives.")
+    if q == "IQ2_XXS":
+        w = _u32(b, 2, 16).reshape(-1, 8, 2)
+        s7 = (_mask8(c.neg) & 127).reshape(-1, 8, 4)
+        w[:, :, 1] = (w[:, :, 1] & 0xF0000000) | (s7 << (7 * np.arange(4))).sum(-1)
+        w[:, :, 0] = (idx.reshape(-1, 8, 4) << (8 * np.arange(4))).sum(-1)
+        _put_u32(b, 2, w.reshape(-1, 16))
+    elif q == "IQ2_XS":
+        _put_u16(b, 2, idx | ((_mask8(c.neg) & 127) << 9))
+    elif q == "IQ2_S":
+        g = np.arange(32)
+        b[:, 2:34] = idx & 255
+        qh = np.zeros((b.shape[0], 8), np.int64)
+        np.add.at(qh, (slice(None), g // 4), (idx >> 8) << (2 * (g % 4)))
+        b[:, 66:74] = qh
+        b[:, 34:66] = _mask8(c.neg)
+    elif q == "IQ3_XXS":
+        b[:, 2:66] = idx
+        ss = _u32(b, 66, 8)
+        s7 = (_mask8(c.neg) & 127).reshape(-1, 8, 4)
+        _put_u32(b, 66, (ss & 0xF0000000) | (s7 << (7 * np.arange(4))).sum(-1))
+    elif q == "IQ3_S":
+        p = np.arange(64)
+        b[:, 2:66] = idx & 255
+        qh = np.zeros((b.shape[0], 8), np.int64)
+        np.add.at(qh, (slice(None), p // 8), (idx >> 8) << (p % 8))
+        b[:, 66:74] = qh
+        b[:, 74:106] = _mask8(c.neg)
+    elif q == "IQ1_S":
+        b[:, 2:34] = idx & 255
+        qh = _u16(b, 34, 8)
+        hi = ((idx >> 8).reshape(-1, 8, 4) << (3 * np.arange(4))).sum(-1)
+        _put_u16(b, 34, (qh & 0xF000) | hi)
+    else:  # IQ1_M
+        b[:, 0:32] = idx & 255
+        nib = ((idx >> 8) | (c.dneg.astype(np.int64) << 3)).reshape(-1, 16, 2)
+        b[:, 32:48] = nib[:, :, 0] | (nib[:, :, 1] << 4)
+    return b.reshape(rows, -1)
+
+
+# ------------------------------------------------------------------------------------------ search
+
+
+class _Searcher:
+    """The nearest grid point of one sign group, per row, under the weighted metric (torch)."""
+
+    def __init__(self, qtype: str, device: Any) -> None:
+        import torch
+
+        self.q = qtype
+        self.T = torch.as_tensor(np.array(table(qtype)), device=device)  # (P, dim)
+        self.dim = int(self.T.shape[1])
+        self.parity = qtype in _PARITY
+
+    def _half(self, a: Any, c: Any, s: Any) -> tuple[Any, Any, Any]:
+        """Per row and point: the weighted distance of |w| (``a``: R × dim) to ``s · T``, and the cheapest flip."""
+        T = self.T
+        ca = a * c
+        score = (s * s)[:, None] * ((T * T) @ c)[None, :] - 2 * s[:, None] * (ca @ T.T)
+        if not self.parity:
+            return score, None, None
+        pen, at = (4 * s[:, None, None] * ca[:, None, :] * T[None, :, :]).min(-1)
+        return score, pen, at
+
+    def choose(self, wg: Any, c: Any, s: Any, dneg: Any) -> tuple[Any, Any, Any, Any]:
+        """(idx (R, points), neg (R, 8) or None, dneg (R,) or None, values (R, 8)) for group weights ``wg``."""
+        import torch
+
+        R = wg.shape[0]
+        rows = torch.arange(R, device=wg.device)
+        if self.q in ("IQ1_S", "IQ1_M"):
+            T = self.T
+            t2 = (T * T) @ c
+            best = None
+            options = (dneg,) if self.q == "IQ1_S" else (torch.zeros_like(dneg), torch.ones_like(dneg))
+            for dn in options:
+                delta = torch.where(dn, -_DELTA, _DELTA).to(wg.dtype) * s
+                y = wg - delta[:, None]
+                score = (s * s)[:, None] * t2[None, :] - 2 * s[:, None] * ((y * c) @ T.T)
+                v, p = score.min(1)
+                if best is None:
+                    best = (v, p, dn)
+                else:
+                    better = v < best[0]
+                    best = (
+                        torch.where(better, v, best[0]),
+                        torch.where(better, p, best[1]),
+                        torch.where(better, dn, best[2]),
+                    )
+            _, p, dn = best
+            vals = s[:, None] * (T[p] + torch.where(dn, -_DELTA, _DELTA).to(wg.dtype)[:, None])
+            return p[:, None], None, dn, vals
+        a = wg.abs()
+        neg = wg < 0
+        odd = (neg.sum(1) % 2 == 1) if self.parity else None
+        if self.dim == 8:
+            score, pen, at = self._half(a, c, s)
+            if self.parity:
+                total = score + torch.where(odd[:, None], pen, torch.zeros_like(pen))
+                p = total.argmin(1)
+                j = at[rows, p]
+                neg = neg ^ (odd[:, None] & (torch.arange(8, device=wg.device)[None, :] == j[:, None]))
+            else:
+                p = score.argmin(1)
+            idx = p[:, None]
+            pts = self.T[p]
+        else:
+            sa, pa, ja = self._half(a[:, :4], c[:4], s)
+            sb, pb, jb = self._half(a[:, 4:], c[4:], s)
+            va, ia = sa.min(1)
+            vb, ib = sb.min(1)
+            if self.parity:
+                fa, fia = (sa + pa).min(1)
+                fb, fib = (sb + pb).min(1)
+                in_a = (fa + vb) <= (va + fb)
+                ia = torch.where(odd & in_a, fia, ia)
+                ib = torch.where(odd & ~in_a, fib, ib)
+                flip = torch.where(in_a, ja[rows, ia], 4 + jb[rows, ib])
+                neg = neg ^ (odd[:, None] & (torch.arange(8, device=wg.device)[None, :] == flip[:, None]))
+            idx = torch.stack([ia, ib], 1)
+            pts = torch.cat([self.T[ia], self.T[ib]], 1)
+        vals = s[:, None] * pts * torch.where(neg, -1.0, 1.0).to(wg.dtype)
+        return idx, neg, None, vals
+
+
+# ------------------------------------------------------------------------------------------ GPTQ
+
+
+def gptq_lattice(
+    w: Any,
+    h: Any,
+    qtype: str,
+    *,
+    imatrix: np.ndarray | None = None,
+    options: GptqOptions | None = None,
+    ctx: JobContext | None = None,
+) -> GptqResult:
+    """Vector GPTQ of weight ``w`` (torch, rows × n) with Hessian ``h`` (n × n) onto lattice type ``qtype``.
+
+    The scales are llama.cpp's imatrix-weighted search's (``imatrix``; the types that need one refuse
+    without it, as llama.cpp does). Raises ``HessianError`` when no damping makes ``h`` positive definite.
+    """
+    import torch
+
+    opt = options or GptqOptions()
+    ctx = ctx or null_context()
+    if qtype not in LATTICE_TYPES:
+        raise QuantizationError(f"{qtype} is not a lattice type ({', '.join(LATTICE_TYPES)}).")
+    rows, n = (int(x) for x in w.shape)
+    if n % QK_K:
+        raise QuantizationError(f"{qtype} needs rows of a multiple of {QK_K} weights, not {n}.")
+    if tuple(h.shape) != (n, n):
+        raise QuantizationError(
+            f"A Hessian of shape {tuple(h.shape)} does not fit a weight with {n} columns."
+        )
+    dev = w.device
+    w0 = w.detach().to(torch.float32)
+    h = h.detach().to(device=dev, dtype=torch.float32)
+    if not bool(torch.isfinite(h).all()):
+        raise HessianError("The Hessian holds NaN or infinite values.")
+    template = iquants.quantize_rows(w0.cpu().numpy(), qtype, imatrix)
+    codes0 = unpack(template, qtype, n)
+    nbl = n // QK_K
+    ng = n // 8
+    scale = torch.as_tensor(codes0.scale.reshape(rows, ng), device=dev)
+    dneg0 = None if codes0.dneg is None else torch.as_tensor(codes0.dneg.reshape(rows, ng), device=dev)
+
+    W = w0.clone()
+    H = h.clone()
+    diag = torch.diagonal(H)
+    dead = diag <= 0
+    n_dead = int(dead.sum())
+    if n_dead:
+        ii = torch.nonzero(dead).reshape(-1)
+        H[ii, ii] = 1.0
+        W[:, ii] = 0.0
+    if opt.act_order:  # whole sign groups, by decreasing energy
+        gorder = torch.argsort(torch.diagonal(H).reshape(ng, 8).sum(1), descending=True)
+    else:
+        gorder = torch.arange(ng, device=dev)
+    perm = (gorder[:, None] * 8 + torch.arange(8, device=dev)[None, :]).reshape(-1)
+    W = W[:, perm]
+    H = H[perm][:, perm]
+    hinv, lam, tries = _inverse_factor(H, opt.damp, opt.damp_mode)
+    del H
+    search = _Searcher(qtype, dev)
+    npts = 8 // search.dim
+    idx_out = torch.zeros((rows, ng, npts), dtype=torch.long, device=dev)
+    neg_out = torch.zeros((rows, ng, 8), dtype=torch.bool, device=dev)
+    dneg_out = torch.zeros((rows, ng), dtype=torch.bool, device=dev)
+    bs = max(8, opt.block_size // 8 * 8)
+    for i1 in range(0, n, bs):
+        ctx.check_cancelled()
+        i2 = min(i1 + bs, n)
+        W1 = W[:, i1:i2].clone()
+        E1 = torch.zeros_like(W1)
+        Hi1 = hinv[i1:i2, i1:i2]
+        dg = torch.diagonal(Hi1)
+        for b0 in range(0, i2 - i1, 8):
+            g = int(gorder[(i1 + b0) // 8])
+            c = 1.0 / (dg[b0 : b0 + 8] ** 2)
+            dn = None if dneg0 is None else dneg0[:, g]
+            idx, neg, dnew, vals = search.choose(W1[:, b0 : b0 + 8], c, scale[:, g], dn)
+            idx_out[:, g] = idx
+            if neg is not None:
+                neg_out[:, g] = neg
+            if dnew is not None:
+                dneg_out[:, g] = dnew
+            for j in range(8):
+                i = b0 + j
+                err = (W1[:, i] - vals[:, j]) / Hi1[i, i]
+                W1[:, i:] -= err[:, None] * Hi1[i, i:][None, :]
+                E1[:, i] = err
+        if i2 < n:
+            W[:, i2:] -= E1 @ hinv[i1:i2, i2:]
+    del W, hinv
+
+    B = rows * nbl
+    new = LatticeCodes(
+        qtype,
+        codes0.scale,
+        idx_out.reshape(B, -1).cpu().numpy(),
+        None if codes0.neg is None else neg_out.reshape(B, 32, 8).cpu().numpy(),
+        None if codes0.dneg is None else dneg_out.reshape(B, 32).cpu().numpy(),
+    )
+    data = encode(template, new)
+    q_gptq = torch.as_tensor(decode(new).reshape(rows, n), device=dev)
+    q_rtn = torch.as_tensor(decode(codes0).reshape(rows, n), device=dev)
+    notes: list[str] = []
+    if tries:
+        notes.append(f"the Hessian needed damping {lam:g} (not {opt.damp:g}) to be positive definite")
+    if n_dead:
+        notes.append(f"{n_dead} input column(s) never active: their weights were set to zero")
+    return GptqResult(
+        data, qtype, lam, n_dead, output_error(w0, q_gptq, h), output_error(w0, q_rtn, h), tuple(notes)
+    )

@@ -1,0 +1,190 @@
+"""GPTQ on the new grids: the scalar low-bit types (gptq_lowbit), the lattice i-quants (gptq_lattice, vector
+GPTQ), and the torch path of the scalar quantizers (lowbit_torch)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from studio.core.errors import QuantizationError
+from studio.core.quant import blocks, gptq_lattice, gptq_lowbit, lowbit
+from studio.core.quant.gptq import GptqOptions, gptq_quantize, output_error
+from studio.core.quant.methods import SiteStats
+from studio.core.quant.methods import gptq as gptq_method
+
+ROWS, N = 32, 512
+SCALAR = lowbit.LOWBIT_TYPES
+LATTICE = gptq_lattice.LATTICE_TYPES
+
+
+def _outlier_problem(seed: int = 0):
+    """A layer with correlated inputs, one loud input channel, and planted weight outliers."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.eye(N) + 0.6 * torch.randn(N, N, generator=g) / N**0.5
+    x = (torch.randn(2048, N, generator=g) @ mix) * (0.2 + 2 * torch.rand(N, generator=g))
+    x[:, 17] *= 12  # an activation outlier channel
+    h = 2 * x.T @ x / x.shape[0]
+    w = 0.05 * torch.randn(ROWS, N, generator=g)
+    r = torch.randint(0, ROWS, (24,), generator=g)
+    c = torch.randint(0, N, (24,), generator=g)
+    w[r, c] = 0.6 * torch.sign(torch.randn(24, generator=g))  # planted weight outliers
+    imx = (x * x).mean(0).numpy().astype(np.float32)
+    return w, h, imx
+
+
+def _gguf_decode(data: np.ndarray, qtype: str) -> np.ndarray:
+    """gguf-py's dequantizer (Q1_0 and Q2_0, which gguf-py 0.19 cannot decode, by the studio's decoder)."""
+    if qtype in ("Q1_0", "Q2_0"):
+        return lowbit.dequantize_rows(data, qtype, N)
+    y = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype])
+    return np.asarray(y, np.float32).reshape(data.shape[0], -1)
+
+
+def _llama_bytes(x: np.ndarray, qtype: str, imx: np.ndarray | None) -> np.ndarray:
+    if qtype in SCALAR:
+        return lowbit.quantize_rows(x, qtype)
+    return blocks.quantize(x, qtype, imx)
+
+
+# ------------------------------------------------------------------------------------------ layouts
+
+
+@pytest.mark.parametrize("qtype", SCALAR)
+def test_scalar_grids_take_llamacpps_bytes_apart_and_back(qtype: str) -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((9, N)) * rng.uniform(0.01, 3, (9, 1))).astype(np.float32)
+    x[0] = 0.0
+    x[1, ::3] = -0.0
+    data = lowbit.quantize_rows(x, qtype)
+    g, codes = gptq_lowbit.unpack(data, qtype, N)
+    assert np.array_equal(gptq_lowbit.encode(g, codes), data)
+    assert np.array_equal(gptq_lowbit.values(g, codes), lowbit.dequantize_rows(data, qtype, N))
+    # every code the type has (Q2_0's and TQ2_0's 2, which ggml's rounding never writes, too) decodes
+    sp = gptq_lowbit.grid_spec(qtype)
+    all_codes = np.resize(np.arange(sp.n_levels, dtype=np.uint8), codes.shape)
+    y = gptq_lowbit.values(g, all_codes)
+    assert np.array_equal(_gguf_decode(gptq_lowbit.encode(g, all_codes), qtype), y)
+
+
+@pytest.mark.parametrize("qtype", LATTICE)
+def test_lattice_codes_take_llamacpps_bytes_apart_and_back(qtype: str) -> None:
+    w, _, imx = _outlier_problem(2)
+    data = blocks.quantize(w.numpy(), qtype, imx)
+    c = gptq_lattice.unpack(data, qtype, N)
+    assert np.array_equal(gptq_lattice.encode(data, c), data)
+    assert np.array_equal(gptq_lattice.decode(c).reshape(ROWS, N), _gguf_decode(data, qtype))
+
+
+def test_parity_types_refuse_an_odd_sign_pattern() -> None:
+    w, _, imx = _outlier_problem(3)
+    data = blocks.quantize(w.numpy(), "IQ2_XS", imx)
+    c = gptq_lattice.unpack(data, "IQ2_XS", N)
+    c.neg[0, 0, 0] = ~c.neg[0, 0, 0]
+    with pytest.raises(QuantizationError, match="even number of negatives"):
+        gptq_lattice.encode(data, c)
+
+
+# ------------------------------------------------------------------------------------------ GPTQ
+
+
+@pytest.mark.parametrize("qtype", SCALAR + LATTICE)
+def test_gptq_lowers_the_output_error_on_the_new_grids(qtype: str) -> None:
+    import torch
+
+    w, h, imx = _outlier_problem()
+    if qtype in LATTICE:
+        r = gptq_lattice.gptq_lattice(w, h, qtype, imatrix=imx)
+    else:
+        r = gptq_quantize(w, h, qtype, imatrix=imx)
+    want = _llama_bytes(w.numpy(), qtype, imx)
+    assert r.data.shape == want.shape and r.data.dtype == np.uint8  # the same type and size
+    back = torch.from_numpy(_gguf_decode(r.data, qtype))  # the bytes decode with gguf-py
+    rtn = torch.from_numpy(_gguf_decode(want, qtype))
+    assert output_error(w, back, h) == pytest.approx(r.error, rel=1e-4)
+    assert output_error(w, rtn, h) == pytest.approx(r.rtn_error, rel=1e-4)
+    bound = 0.95 if qtype == "IQ1_M" else 0.85
+    assert r.error < bound * r.rtn_error, f"{qtype}: gptq/llama.cpp output error {r.gain:.3f}"
+
+
+@pytest.mark.parametrize("qtype", ["Q1_0", "TQ2_0", "MXFP4", "IQ2_XXS", "IQ3_S", "IQ1_S"])
+def test_gptq_keeps_llamacpps_scale_fields(qtype: str) -> None:
+    w, h, imx = _outlier_problem(4)
+    want = _llama_bytes(w.numpy(), qtype, imx)
+    if qtype in LATTICE:
+        r = gptq_lattice.gptq_lattice(w, h, qtype, imatrix=imx)
+        a, b = gptq_lattice.unpack(r.data, qtype, N), gptq_lattice.unpack(want, qtype, N)
+        assert np.array_equal(a.scale, b.scale)
+        assert (a.dneg is None) or np.array_equal(a.dneg, b.dneg)  # IQ1_S: per-32 delta kept
+        assert not np.array_equal(a.idx, b.idx)
+    else:
+        r = gptq_quantize(w, h, qtype, imatrix=imx, options=GptqOptions(scales="float"))
+        mask = np.tile(
+            gptq_lowbit.grid_spec(qtype).code_mask(), want.shape[1] // gptq_lowbit.grid_spec(qtype).nbytes
+        )
+        assert np.array_equal(r.data & ~mask, want & ~mask)
+        assert not np.array_equal(r.data, want)
+
+
+def test_the_gptq_method_routes_lattice_types_to_vector_gptq() -> None:
+    w, h, imx = _outlier_problem(5)
+    enc = gptq_method(w, SiteStats("t", 2048, imx, h, GptqOptions(act_order=False)), "IQ3_XXS")
+    assert enc.qtype == "IQ3_XXS" and enc.error < enc.rtn_error
+    assert enc.data.shape == blocks.quantize(w.numpy(), "IQ3_XXS", imx).shape
+
+
+def test_lattice_gptq_on_a_cuda_like_torch_run_matches_cpu_bytes() -> None:
+    """The sweep is torch throughout: the same call with act-order on and off gives standard bytes."""
+    w, h, imx = _outlier_problem(6)
+    for act in (True, False):
+        r = gptq_lattice.gptq_lattice(w, h, "IQ2_S", imatrix=imx, options=GptqOptions(act_order=act))
+        assert np.isfinite(_gguf_decode(r.data, "IQ2_S")).all()
+
+
+# ------------------------------------------------------------------------------------------ torch path
+
+
+def _edge_rows() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    xs = [
+        rng.standard_normal((16, N)).astype(np.float32),
+        (rng.standard_normal((8, N)) * 1e-40).astype(np.float32),  # subnormals
+        (np.round(rng.standard_normal((8, N)) * 2) / 4).astype(np.float32),  # ties
+        np.zeros((2, N), np.float32),
+        (rng.standard_normal((8, N)) * 6e4).astype(np.float32),  # beyond fp16
+    ]
+    x = (rng.standard_normal((8, N)) * 1e-6).astype(np.float32)
+    x[:, 3] = 3e38  # one-hot outlier
+    xs.append(x)
+    x = rng.standard_normal((8, N)).astype(np.float32)
+    x[:, ::7] = -0.0
+    x[:, 1] = 1e-45  # a block whose reciprocal scale overflows
+    x[:, 256:] = 0.0
+    x[:, 300] = 1e-45
+    xs.append(x)
+    return xs
+
+
+@pytest.mark.parametrize("qtype", SCALAR)
+def test_torch_path_gives_the_numba_bytes(qtype: str) -> None:
+    import torch
+
+    from studio.core.quant.lowbit_torch import quantize_rows_torch
+
+    for x in _edge_rows():
+        want = lowbit.quantize_rows(x, qtype)
+        assert np.array_equal(quantize_rows_torch(torch.from_numpy(x), qtype).numpy(), want)
+        if qtype != "Q2_0":  # blocks.quantize's torch back end (Q2_0 is not a registered type yet)
+            assert np.array_equal(blocks.quantize(torch.from_numpy(x), qtype, backend="torch"), want)
+
+
+@pytest.mark.parametrize("qtype", ["Q2_0", "MXFP4", "TQ1_0"])
+def test_scalar_gptq_sweeps_give_the_same_bytes_in_numba_and_torch(qtype: str) -> None:
+    """The GPU sweep (torch) and the CPU one (numba) round the low-bit grids alike."""
+    w, h, imx = _outlier_problem(8)
+    opt = GptqOptions(scales="arrival", act_order=False)
+    fast = gptq_quantize(w, h, qtype, imatrix=imx, options=opt)
+    ref = gptq_quantize(w, h, qtype, imatrix=imx, options=opt, backend="torch")
+    assert np.array_equal(fast.data, ref.data)
