@@ -10,6 +10,8 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import read_text
+from studio.core.calib.data import BUILTIN
+from studio.core.calib.rounding import GPTQ_METHODS, corrected_scan, rounding_ratios
 from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
 from studio.core.errors import StudioError
 
@@ -51,6 +53,15 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
     p.add_argument(
         "--scan", metavar="SCAN.json", help="use a scan saved by sensitivity -o instead of scanning"
     )
+    p.add_argument(
+        "--scan-also",
+        action="append",
+        metavar="FILE",
+        help=(
+            "also measure the scan on this text (builtin: the studio's mixed text), so the plan fits more than one "
+            "kind of text; the imatrix stays the calibration text's (repeatable)"
+        ),
+    )
     p.add_argument("--no-cache", action="store_true", help="scan again even when a cached scan matches")
     options.add_cluster(p)
 
@@ -70,14 +81,18 @@ def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
     )
 
 
-def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
-    """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``)."""
+def calibration(args: argparse.Namespace, info: Any, ctx: Any, text: Any = None) -> Any:
+    """The imatrix of the calibration text (``text``: a ``CalibrationText`` in its place, e.g. the text less
+    its held-out end), kept in the scan cache folder (unless ``--no-cache``)."""
     from studio.core.calib.calibrate import calibrate, load_tokenizer
-    from studio.core.calib.data import BUILTIN, ChatFormat, load_calibration
+    from studio.core.calib.data import CalibrationText, ChatFormat, load_calibration
     from studio.core.calib.imatrix import imatrix_from_stats
 
     tok = load_tokenizer(info.path)
-    data = load_calibration(args.calib_text or BUILTIN, ChatFormat.of_tokenizer(tok, info.path.name), ctx)
+    if isinstance(text, CalibrationText):
+        data = text
+    else:
+        data = load_calibration(args.calib_text or BUILTIN, ChatFormat.of_tokenizer(tok, info.path.name), ctx)
     cached = (
         None if args.no_cache else imatrix_cache_path(info, data.digest, args.calib_ctx, args.calib_chunks)
     )
@@ -101,9 +116,9 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
     return im
 
 
-def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
-    """The scan the arguments ask for: read from ``--scan``, or run (cached unless ``--no-cache``)."""
-    from studio.core.calib.data import BUILTIN
+def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None, text: Any = None) -> Any:
+    """The scan the arguments ask for: read from ``--scan``, or run on ``text`` (default the calibration
+    text; cached unless ``--no-cache``)."""
     from studio.core.calib.sensitivity import Sensitivity, scan_sensitivity
 
     if getattr(args, "scan", None):
@@ -118,9 +133,10 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None)
     try:
         return scan_sensitivity(
             info.path,
-            args.calib_text or BUILTIN,
+            text if text is not None else args.calib_text or BUILTIN,
             settings_of(args),
             imatrix=imatrix,
+            also=tuple(getattr(args, "scan_also", None) or ()),
             cache_dir=None if args.no_cache else default_cache_dir(),
             ctx=ctx,
             executor=executor,
@@ -182,7 +198,13 @@ def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = 
 
 
 def allocation(
-    args: argparse.Namespace, info: Any, scan: Any, imatrix: Any, method: str | None, ctx: Any
+    args: argparse.Namespace,
+    info: Any,
+    scan: Any,
+    imatrix: Any,
+    method: str | None,
+    ctx: Any,
+    text: Any = None,
 ) -> Any:
     """The budget plan for ``--budget`` (with ``--exclude`` and ``--measure``)."""
     from studio.core.plan.allocate import allocate, parse_budget
@@ -199,16 +221,44 @@ def allocation(
         exclude=_types(args.exclude) or (),
     )
     if args.measure:
-        from studio.core.calib.data import BUILTIN
         from studio.core.calib.sensitivity import measure_plans
 
         (kl,) = measure_plans(
             info.path,
             [dict(alloc.plan.types)],
-            args.calib_text or BUILTIN,
+            text if text is not None else args.calib_text or BUILTIN,
             settings_of(args),
             imatrix=imatrix,
             ctx=ctx,
         )
         alloc = dataclasses.replace(alloc, measured_kl=kl)
     return alloc
+
+
+def for_rounding(
+    args: argparse.Namespace, info: Any, scan: Any, text: Any, method: str, ctx: Any
+) -> tuple[Any, str]:
+    """(the scan as the export's rounding will see it, a note): for gptq and awq+gptq each decoder tensor's
+    KL is scaled by GPTQ's output error over the imatrix search's for its type, measured on a sample of
+    layers (``studio.core.calib.rounding``); other methods keep the scan as measured."""
+    if method not in GPTQ_METHODS:
+        return scan, ""
+    ctx.report(0, 1, "Measuring GPTQ's rounding on a sample of layers")
+    ratios = rounding_ratios(
+        info.path,
+        text if text is not None else args.calib_text or BUILTIN,
+        _candidates(args, scan.types) if getattr(args, "budget", None) else scan.types,
+        method=method,
+        n_ctx=args.calib_ctx,
+        n_chunks=args.calib_chunks,
+        cache_dir=None if args.no_cache else default_cache_dir(),
+        ctx=ctx,
+    )
+    if not ratios.ratios:
+        return scan, ""
+    shown = ", ".join(f"{q} ×{r:.2f}" for q, r in sorted(ratios.ratios.items(), key=lambda x: x[1]))
+    note = (
+        f"Planned for {method}'s rounding: each layer tensor's KL scaled by GPTQ's output error over the "
+        f"imatrix search's for its type, measured on layers {', '.join(map(str, ratios.layers))} ({shown})."
+    )
+    return corrected_scan(scan, ratios), note

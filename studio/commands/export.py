@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from typing import Any
 
 from studio.commands import _options as options
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
+from studio.commands._heldout import add_heldout_args, guard, judge, split
 from studio.commands._scan import (
     add_budget_args,
     add_scan_args,
     allocation,
     calibration,
     check_budget_args,
+    for_rounding,
     run_scan,
 )
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
+from studio.core.quant.methods import check_method
 from studio.core.units import format_bytes
 
 
@@ -96,7 +100,7 @@ def register(subparsers: Any) -> None:
         metavar="M",
         help=(
             "how codes and scales are chosen: rtn (llama.cpp's search, the default), imatrix, gptq, awq "
-            "or awq+gptq (calibrated on --calib-text)"
+            "or awq+gptq (calibrated on --calib-text); best is awq+gptq, the rounding that measured best"
         ),
     )
     p.add_argument(
@@ -121,6 +125,7 @@ def register(subparsers: Any) -> None:
         "-v", "--verbose", action="store_true", help="list every fallback tensor (default: one summary line)"
     )
     add_budget_args(p)
+    add_heldout_args(p)
     add_scan_args(p, calib_text=False)
     options.add_json(p)
     p.set_defaults(handler=run)
@@ -223,15 +228,22 @@ def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
     return check_budget_args(args, info, method)
 
 
-def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any]:
-    """The allocation for ``--budget`` and the imatrix the export weights its search with (None when the
-    method collects its own statistics): the scan is weighted by the calibration text's imatrix."""
-    method = args.method or "imatrix"
+def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any, Any]:
+    """The allocation for ``--budget``, the imatrix the export weights its search with (None when the
+    method collects its own statistics) and the held-out judgement (None without one): the scan is
+    weighted by the calibration text's imatrix."""
+    method = check_method(args.method or "imatrix")
+    fit, held = split(args, info, ctx)
     if imatrix is None:
-        imatrix = calibration(args, info, ctx)
-    scan = run_scan(args, info, ctx, imatrix)
+        imatrix = calibration(args, info, ctx, fit)
+    scan = run_scan(args, info, ctx, imatrix, fit)
+    scan, rounding_note = for_rounding(args, info, scan, fit, method, ctx)
+    guarded, presets, note = guard(args, info, scan, imatrix)
     own = imatrix if method == "imatrix" else None
-    return allocation(args, info, scan, own, method, ctx), own
+    alloc = allocation(args, info, guarded, own, method, ctx, fit)
+    notes = tuple(n for n in (rounding_note, note) if n)
+    alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))
+    return alloc, own, judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
@@ -306,11 +318,12 @@ def run(args: argparse.Namespace) -> int:
         plan = _with_method(args, build_plan(args, info), info)
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
+    verdict = None
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         if args.budget:
             if alloc is None:
-                alloc, imatrix = _budget_plan(args, info, imatrix, ctx)
+                alloc, imatrix, verdict = _budget_plan(args, info, imatrix, ctx)
             plan = alloc.plan
             if args.save_plan:
                 write_text(args.save_plan, plan.to_json(), "plan")
@@ -356,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
     }
     if alloc is not None:
         out["budget"] = alloc.to_dict()
+        out["budget"]["heldout"] = None if verdict is None else verdict.to_dict()
     if source is not None:
         out["source"] = source.to_dict()
     if imatrix is not None and args.imatrix:
@@ -400,6 +414,8 @@ def run(args: argparse.Namespace) -> int:
                 else ""
             )
         )
+        if verdict is not None:
+            print(verdict.verdict)
         print_notes(alloc.notes)
     for line in fallback_lines(res.fallbacks, verbose=args.verbose):
         print(line)

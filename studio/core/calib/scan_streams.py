@@ -77,7 +77,8 @@ class SensitivityScan(Consumer):
     imatrix-weighted error is wanted (a ``row_share`` of the rows, at least ``min_rows``; measured
     candidates use every row); ``plans``: assignments (tensor → qtype) measured as one stream each;
     ``imatrix``: HF tensor name → importance per column (what the export uses); ``chunk_ids``: the
-    run's token ids (chunks × tokens), which the embedding's streams start from.
+    run's token ids (chunks × tokens), which the embedding's streams start from; ``groups``: chunks per
+    text when the chunks are several texts one after another (``plan_group_kl``: each plan's KL per text).
     """
 
     needs_layerwise = True
@@ -95,6 +96,7 @@ class SensitivityScan(Consumer):
         row_share: float = PROXY_ROW_SHARE,
         min_rows: int = PROXY_MIN_ROWS,
         seed: int = 0,
+        groups: Sequence[int] = (),
         ctx: JobContext | None = None,
     ) -> None:
         self.targets = {t.name: t for t in targets}
@@ -110,6 +112,9 @@ class SensitivityScan(Consumer):
         self.kl: dict[tuple[str, str], float] = {}
         self.err: dict[tuple[str, str], float] = {}
         self.plan_kl: list[float] = [float("nan")] * len(self.plans)
+        # chunks per text when the run's chunks are several texts one after another (plans measured on each)
+        self.groups = tuple(int(g) for g in groups)
+        self.plan_group_kl: list[tuple[float, ...]] = [()] * len(self.plans)
         self._spec: RunSpec | None = None
         self._streams: list[_Stream] = []
         self._ref: dict[int, Any] = {}
@@ -292,6 +297,18 @@ class SensitivityScan(Consumer):
             shift = None  # the head's own change moves the mean too: measured from δ
         return kl_from_delta(p, delta, shift, owned=True)
 
+    def _kl_between(self, s: _Stream, h2: Any, c0: int, c1: int, env: tuple[Any, ...]) -> float:
+        """The stream's mean KL over chunks ``c0 … c1 − 1`` (``h2``: its head input, all chunks)."""
+        p, mvec, wb, head_w, hh, ref, fast, outer = env
+        if s.delta is None and s.head is None:
+            return 0.0
+        t = int(ref.shape[1])
+        rows = slice(c0 * t, c1 * t)
+        if fast:
+            return self._fast_kl(p[rows], mvec[rows], wb, head_w, hh[c0:c1], h2[c0:c1], s.head)
+        d = (outer.logits(h2[c0:c1], weight=s.head) - ref[c0:c1]).reshape(p[rows].shape)
+        return kl_from_delta(p[rows], d)
+
     def logits(self, chunk: int, logits: Any) -> None:
         """Keep the original's logits of every chunk."""
         self._ref[chunk] = logits
@@ -339,17 +356,18 @@ class SensitivityScan(Consumer):
                     h2s[id(s)] = h2
             for s in group:
                 self.ctx.check_cancelled()
-                kl = 0.0
-                if s.delta is not None or s.head is not None:
-                    h2 = h2s.get(id(s), hh)
-                    if fast:
-                        kl = self._fast_kl(p, mvec, wb, head_w, hh, h2, s.head)
-                    else:
-                        kl = kl_from_delta(p, (outer.logits(h2, weight=s.head) - ref).reshape(p.shape))
+                h2f, env = h2s.get(id(s), hh), (p, mvec, wb, head_w, hh, ref, fast, outer)
+                n_chunks = int(ref.shape[0])
                 if s.key[0] == "t":
-                    self.kl[(s.key[1], s.key[2])] = kl
+                    self.kl[(s.key[1], s.key[2])] = self._kl_between(s, h2f, 0, n_chunks, env)
                 else:
-                    self.plan_kl[s.key[1]] = kl
+                    self.plan_kl[s.key[1]] = self._kl_between(s, h2f, 0, n_chunks, env)
+                    if self.groups:  # the plan on each text of the run, one KL per group of chunks
+                        ends = np.cumsum((0, *self.groups)).tolist()
+                        self.plan_group_kl[s.key[1]] = tuple(
+                            self._kl_between(s, h2f, a0, a1, env)
+                            for a0, a1 in zip(ends, ends[1:], strict=False)
+                        )
                 self._step(1, "output head")
         self._streams.clear()
         self._ref.clear()

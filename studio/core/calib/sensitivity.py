@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.calib.calibrate import _open, calibrate, prepare_input
+from studio.core.calib.data import Chunks
 from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.runner import run_model
 from studio.core.calib.scan_cache import imatrix_digest, load_cached_scan, save_cached_scan, scan_digest
@@ -105,6 +106,7 @@ def scan_sensitivity(
     *,
     imatrix: Mapping[str, np.ndarray] | None = None,
     plans: Sequence[Mapping[str, str]] = (),
+    also: Sequence[Any] = (),
     cache_dir: str | os.PathLike[str] | None = None,
     stats_cache: Any = None,
     ctx: JobContext | None = None,
@@ -112,7 +114,9 @@ def scan_sensitivity(
 ) -> Sensitivity:
     """Scan ``model`` (a Hugging Face folder) on ``text`` (``"builtin"``, a file or a ``CalibrationText``).
 
-    ``imatrix`` (GGUF names, as ``Imatrix``) is computed from ``text`` when not given; ``plans`` are
+    ``also``: more texts whose chunks (``n_chunks`` each, spread alike) the scan measures beside
+    ``text``'s, e.g. texts of other kinds, so the plan does not fit one kind only; the imatrix stays
+    ``text``'s. ``imatrix`` (GGUF names, as ``Imatrix``) is computed from ``text`` when not given; ``plans`` are
     measured in the same run (``Sensitivity.plan_kls``); a scan found in ``cache_dir`` (JSON files
     keyed by the model's files, the text, the settings and the imatrix) is returned without running.
     ``executor`` (``studio.core.executor``): a distributed one runs the pairs as units on a cluster
@@ -150,6 +154,18 @@ def scan_sensitivity(
             imatrix = imatrix_from_stats(stats, info)
         qw = hf_imatrix(imatrix, info)
         chunks = spread_chunks(inp.chunks, st.n_chunks, st.n_ctx)
+        extra = [
+            prepare_input(info.path, t, n_ctx=st.calib_ctx, n_chunks=st.calib_chunks, ctx=ctx) for t in also
+        ]
+        if extra:
+            parts = [chunks, *(spread_chunks(e.chunks, st.n_chunks, st.n_ctx) for e in extra)]
+            chunks = Chunks(
+                np.ascontiguousarray(np.concatenate([c.tokens for c in parts])),
+                chunks.n_ctx,
+                sum(c.n_text_tokens for c in parts),
+                chunks.bos,
+                " + ".join(c.dataset for c in parts),
+            )
         ck = checkpoint_key(info, "")
         key = scan_digest(
             {
@@ -157,6 +173,7 @@ def scan_sensitivity(
                 "model": str(info.path),
                 "files": [ck.mtime_ns, ck.size],
                 "text": inp.data.digest,
+                **({"also": [e.data.digest for e in extra]} if extra else {}),
                 "settings": dataclasses.asdict(st),
                 "imatrix": imatrix_digest(qw),
                 "plans": [sorted(p.items()) for p in plans],
@@ -184,7 +201,8 @@ def scan_sensitivity(
             )
     finally:
         ckpt.close()
-    result = assemble(info, inp.data.name, st, targets, fixed, scan, check, chunks.n_tokens)
+    name = " + ".join([inp.data.name, *(e.data.name for e in extra)])
+    result = assemble(info, name, st, targets, fixed, scan, check, chunks.n_tokens)
     result = dataclasses.replace(
         result, seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0, key=key
     )
@@ -206,6 +224,55 @@ def measure_plans(
     """The KL of each plan (HF name → qtype) on the scan chunks, every tensor quantized at once."""
     st = dataclasses.replace(settings or ScanSettings(), exact=True)
     return _run_plans(model, plans, text, st, imatrix, ctx)
+
+
+def measure_plans_on(
+    model: str | os.PathLike[str],
+    plans: Sequence[Mapping[str, str]],
+    inputs: Sequence[tuple[Any, ScanSettings]],
+    *,
+    imatrix: Mapping[str, np.ndarray] | None = None,
+    ctx: JobContext | None = None,
+) -> tuple[tuple[float, ...], ...]:
+    """The KL of each plan on each of several texts, ``((text, settings), …)``, in one run: every plan's
+    tensors are quantized once and the texts' chunks (of one length) go through the model together.
+    Returns one tuple of plan KLs per text."""
+    ctx = ctx or null_context()
+    if not inputs:
+        return ()
+    ckpt = _open(model, False)
+    try:
+        info = ckpt.info
+        targets, _ = scan_targets(info, inputs[0][1].types)
+        parts = []
+        for text, st in inputs:
+            inp = prepare_input(info.path, text, n_ctx=st.calib_ctx, n_chunks=st.calib_chunks, ctx=ctx)
+            parts.append(spread_chunks(inp.chunks, st.n_chunks, st.n_ctx))
+        if len({c.n_ctx for c in parts}) != 1:
+            raise CalibrationError("Texts measured in one run need chunks of one length.")
+        first = parts[0]
+        chunks = Chunks(
+            np.ascontiguousarray(np.concatenate([c.tokens for c in parts])),
+            first.n_ctx,
+            sum(c.n_text_tokens for c in parts),
+            first.bos,
+            " + ".join(c.dataset for c in parts),
+        )
+        qw = hf_imatrix(imatrix or {}, info)
+        scan = SensitivityScan(
+            targets,
+            chunks.tokens,
+            exact={},
+            plans=plans,
+            imatrix=qw,
+            groups=[c.n_chunks for c in parts],
+            ctx=ctx,
+        )
+        run_model(ckpt, chunks, [scan], device=inputs[0][1].device, dtype="float32", mode="layerwise",
+                  ctx=_Muted(ctx))  # fmt: skip
+    finally:
+        ckpt.close()
+    return tuple(tuple(scan.plan_group_kl[i][g] for i in range(len(plans))) for g in range(len(parts)))
 
 
 def _run_plans(
@@ -245,6 +312,7 @@ __all__ = [
     "hf_imatrix",
     "kl_from_delta",
     "measure_plans",
+    "measure_plans_on",
     "quantize_rows",
     "scan_sensitivity",
     "scan_targets",
