@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +124,7 @@ class Judgement:
     heldout_tokens: int
     preset: PresetPoint | None  # the largest preset whose file fits the plan's budget (None: none fits)
     method: str = "imatrix"
+    seconds: float = 0.0  # what the judgement cost (its one run)
 
     @property
     def beats_preset(self) -> bool | None:
@@ -166,6 +168,7 @@ class Judgement:
             "heldout_kl": self.heldout_kl,
             "heldout": self.heldout,
             "heldout_tokens": self.heldout_tokens,
+            "seconds": round(self.seconds, 1),
             "preset": None
             if self.preset is None
             else {
@@ -248,6 +251,7 @@ def judge(
     """Measure ``alloc``'s plan (an ``Allocation``) and the same-size preset on ``heldout``; with
     ``scan_text`` also the plan on the scan's chunks (unless the allocation already carries it)."""
     ctx = ctx or null_context()
+    t0 = time.monotonic()
     pres = preset_plans(info, imatrix=imatrix) if presets is None else list(presets)
     preset = (
         same_size_preset(pres, int(alloc.limit_bytes))
@@ -271,7 +275,9 @@ def judge(
                 model, [dict(alloc.plan.types)], scan_text, settings, imatrix=imatrix, ctx=ctx
             )
     point = None if preset is None else PresetPoint(preset[0], preset[1], kls[1], dict(preset[2]))
-    return Judgement(alloc.predicted_kl, scan_kl, kls[0], heldout.name, n_tok, point, method)
+    return Judgement(
+        alloc.predicted_kl, scan_kl, kls[0], heldout.name, n_tok, point, method, time.monotonic() - t0
+    )
 
 
 def preset_heldout_points(
