@@ -11,9 +11,10 @@ from typing import Any
 from studio.commands import _options as options
 from studio.commands._common import read_text
 from studio.core.calib.data import BUILTIN
-from studio.core.calib.rounding import GPTQ_METHODS, corrected_scan, rounding_ratios
+from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, corrected_scan, rounding_ratios
 from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
 from studio.core.errors import StudioError
+from studio.core.plan.plan import with_method
 
 
 def _types(spec: str | None) -> tuple[str, ...] | None:
@@ -220,6 +221,10 @@ def allocation(
         method=method,
         exclude=_types(args.exclude) or (),
     )
+    if method not in (None, "imatrix", "rtn"):
+        # the plan carries its method, so the export rounds as planned (gptq, awq, awq+gptq); before, a
+        # budget plan kept the default "rtn" and --method best wrote llama.cpp's unweighted rounding
+        alloc = dataclasses.replace(alloc, plan=with_method(alloc.plan, info, method))
     if args.measure:
         from studio.core.calib.sensitivity import measure_plans
 
@@ -250,7 +255,9 @@ def for_rounding(
         _candidates(args, scan.types) if getattr(args, "budget", None) else scan.types,
         method=method,
         n_ctx=args.calib_ctx,
-        n_chunks=args.calib_chunks,
+        # a sample: the first chunks of the text (4096 tokens at 512), enough for GPTQ's Hessians of the
+        # sampled layers; the export itself calibrates on all of them
+        n_chunks=min(args.calib_chunks or PROBE_CHUNKS, PROBE_CHUNKS),
         cache_dir=None if args.no_cache else default_cache_dir(),
         ctx=ctx,
     )

@@ -99,3 +99,23 @@ def test_heldout_text_is_judged_beside_the_whole_calibration_text(llama_model, t
     # --no-heldout: the whole text, no judgement
     assert main([*argv[: -len(CALIB)], "--no-heldout", *CALIB, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["heldout"] is None
+
+
+def test_a_gptq_budget_plan_carries_its_method_and_is_planned_for_gptqs_rounding(
+    llama_model, text, cache, tmp_path, capsys
+):
+    from studio.core.model import open_model
+
+    with open_model(llama_model) as ck:
+        info = ck.info
+    scan_file = tmp_path / "scan.json"
+    _misleading_scan(info, scan_file)
+    out = tmp_path / "p.json"
+    argv = ["plan", str(llama_model), "--budget", "6bpw", "-o", str(out), "--method", "best", "--no-heldout"]
+    assert main([*argv, "--calib-text", str(text), "--scan", str(scan_file), *CALIB, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    # the plan file records awq+gptq, so `export --plan` rounds as planned (a budget plan used to keep "rtn")
+    assert got["method"] == "awq+gptq" and json.loads(out.read_text())["method"] == "awq+gptq"
+    note = next(n for n in got["notes"] if n.startswith("Planned for awq+gptq's rounding"))
+    assert "Q4_0 ×" in note and "Q8_0 ×" in note
+    assert len(list(cache.glob("rounding-*.json"))) == 1  # the probe is kept for the next plan

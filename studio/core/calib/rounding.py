@@ -43,6 +43,7 @@ from studio.core.stats.cache import checkpoint_key
 
 GPTQ_METHODS = frozenset({"gptq", "awq+gptq"})  # methods whose rounding the correction models
 PROBE_LAYERS = 3  # decoder layers sampled: the first, the middle and the last of the proxy's layers
+PROBE_CHUNKS = 8  # calibration chunks the probe runs (the CLI's default: 4096 tokens at 512)
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,7 @@ def corrected_scan(scan: Sensitivity, ratios: RoundingRatios) -> Sensitivity:
 
 __all__ = [
     "GPTQ_METHODS",
+    "PROBE_CHUNKS",
     "PROBE_LAYERS",
     "RoundingRatios",
     "corrected_scan",
