@@ -56,7 +56,7 @@ def reference(demo_dir, tmp_path_factory):
             )
     if not all((LICENCES / p).is_file() for p in CALIB_PARTS):
         pytest.skip(f"the calibration prose ({', '.join(CALIB_PARTS)}) is not in {LICENCES}")
-    from studio.core.gguf.export import export_gguf
+    from studio.core.export.run import export_gguf
 
     root = tmp_path_factory.mktemp("heldout")
     calib = root / "calib_licences.txt"
