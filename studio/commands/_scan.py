@@ -13,6 +13,8 @@ from studio.commands._cluster import open_cluster
 from studio.commands._common import read_text
 from studio.core.calib.data import BUILTIN
 from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
+from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, corrected_scan, rounding_ratios
+from studio.core.calib.scan_cache import default_cache_dir
 from studio.core.calib.sensitivity import (
     DEFAULT_TYPES,
     ScanSettings,
@@ -21,6 +23,7 @@ from studio.core.calib.sensitivity import (
 )
 from studio.core.errors import StudioError
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
+from studio.core.plan.plan import with_method
 from studio.core.quant.types import QTYPES
 
 
@@ -43,17 +46,23 @@ def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
     )
 
 
-def calibration(args: argparse.Namespace, info: Any, ctx: Any) -> Any:
-    """The imatrix of the calibration text, kept in the scan cache folder (unless ``--no-cache``): the
-    first step of ``calibrate_then_scan``, for the commands that also plan with it."""
-    text = args.calib_text or BUILTIN
+def calibration(args: argparse.Namespace, info: Any, ctx: Any, text: Any = None) -> Any:
+    """The imatrix of the calibration text (``text``: a ``CalibrationText`` in its place, e.g. the text less
+    its held-out end), kept in the scan cache folder (unless ``--no-cache``): the first step of
+    ``calibrate_then_scan``, for the commands that also plan with it."""
     return scan_imatrix(
-        info, text, calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, ctx=ctx, cache=not args.no_cache
+        info,
+        text if text is not None else args.calib_text or BUILTIN,
+        calib_ctx=args.calib_ctx,
+        calib_chunks=args.calib_chunks,
+        ctx=ctx,
+        cache=not args.no_cache,
     )[0]
 
 
-def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None) -> Any:
-    """The scan the arguments ask for: read from ``--scan``, or run (cached unless ``--no-cache``)."""
+def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None, text: Any = None) -> Any:
+    """The scan the arguments ask for: read from ``--scan``, or run on ``text`` (default the calibration
+    text; cached unless ``--no-cache``)."""
     if getattr(args, "scan", None):
         try:
             scan = Sensitivity.from_dict(json.loads(read_text(args.scan, "sensitivity scan")))
@@ -64,10 +73,15 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None)
         return scan
     executor = open_cluster(args)
     try:
-        text = args.calib_text or BUILTIN
-        cache = not args.no_cache
         run = calibrate_then_scan(
-            info, text, settings_of(args), imatrix=imatrix, cache=cache, ctx=ctx, executor=executor
+            info,
+            text if text is not None else args.calib_text or BUILTIN,
+            settings_of(args),
+            imatrix=imatrix,
+            also=tuple(getattr(args, "scan_also", None) or ()),
+            cache=not args.no_cache,
+            ctx=ctx,
+            executor=executor,
         )
         return run.scan
     finally:
@@ -100,7 +114,13 @@ def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = 
 
 
 def allocation(
-    args: argparse.Namespace, info: Any, scan: Any, imatrix: Any, method: str | None, ctx: Any
+    args: argparse.Namespace,
+    info: Any,
+    scan: Any,
+    imatrix: Any,
+    method: str | None,
+    ctx: Any,
+    text: Any = None,
 ) -> Any:
     """The budget plan for ``--budget`` (with ``--exclude`` and ``--measure``)."""
     budget = parse_budget(args.budget, ctx_len=args.ctx)
@@ -114,12 +134,16 @@ def allocation(
         method=method,
         exclude=_types(args.exclude) or (),
     )
+    if method not in (None, "imatrix", "rtn"):
+        # the plan carries its method, so the export rounds as planned (gptq, awq, awq+gptq); before, a
+        # budget plan kept the default "rtn" and --method best wrote llama.cpp's unweighted rounding
+        alloc = dataclasses.replace(alloc, plan=with_method(alloc.plan, info, method))
     if args.measure:
         with contextlib.closing(open_cluster(args)) as executor:
             (kl,) = measure_plans(
                 info.path,
                 [dict(alloc.plan.types)],
-                args.calib_text or BUILTIN,
+                text if text is not None else args.calib_text or BUILTIN,
                 settings_of(args),
                 imatrix=imatrix,
                 ctx=ctx,
@@ -127,3 +151,34 @@ def allocation(
             )
         alloc = dataclasses.replace(alloc, measured_kl=kl)
     return alloc
+
+
+def for_rounding(
+    args: argparse.Namespace, info: Any, scan: Any, text: Any, method: str, ctx: Any
+) -> tuple[Any, str]:
+    """(the scan as the export's rounding will see it, a note): for gptq and awq+gptq each decoder tensor's
+    KL is scaled by GPTQ's output error over the imatrix search's for its type, measured on a sample of
+    layers (``studio.core.calib.rounding``); other methods keep the scan as measured."""
+    if method not in GPTQ_METHODS:
+        return scan, ""
+    ctx.report(0, 1, "Measuring GPTQ's rounding on a sample of layers")
+    ratios = rounding_ratios(
+        info.path,
+        text if text is not None else args.calib_text or BUILTIN,
+        _candidates(args, scan.types) if getattr(args, "budget", None) else scan.types,
+        method=method,
+        n_ctx=args.calib_ctx,
+        # a sample: the first chunks of the text (4096 tokens at 512), enough for GPTQ's Hessians of the
+        # sampled layers; the export itself calibrates on all of them
+        n_chunks=min(args.calib_chunks or PROBE_CHUNKS, PROBE_CHUNKS),
+        cache_dir=None if args.no_cache else default_cache_dir(),
+        ctx=ctx,
+    )
+    if not ratios.ratios:
+        return scan, ""
+    shown = ", ".join(f"{q} ×{r:.2f}" for q, r in sorted(ratios.ratios.items(), key=lambda x: x[1]))
+    note = (
+        f"Planned for {method}'s rounding: each layer tensor's KL scaled by GPTQ's output error over the "
+        f"imatrix search's for its type, measured on layers {', '.join(map(str, ratios.layers))} ({shown})."
+    )
+    return corrected_scan(scan, ratios), note

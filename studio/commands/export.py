@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from typing import Any
 
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
+from studio.commands._heldout import guard, judge, split
 from studio.commands._scan import (
     allocation,
     calibration,
     check_budget_args,
+    for_rounding,
     run_scan,
 )
 from studio.core.calib.data import BUILTIN
@@ -124,15 +127,22 @@ def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
     return check_budget_args(args, info, method)
 
 
-def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any]:
-    """The allocation for ``--budget`` and the imatrix the export weights its search with (None when the
-    method collects its own statistics): the scan is weighted by the calibration text's imatrix."""
-    method = args.method or "imatrix"
+def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any, Any]:
+    """The allocation for ``--budget``, the imatrix the export weights its search with (None when the
+    method collects its own statistics) and the held-out judgement (None without one): the scan is
+    weighted by the calibration text's imatrix."""
+    method = check_method(args.method or "imatrix")
+    fit, held = split(args, info, ctx)
     if imatrix is None:
-        imatrix = calibration(args, info, ctx)
-    scan = run_scan(args, info, ctx, imatrix)
+        imatrix = calibration(args, info, ctx, fit)
+    scan = run_scan(args, info, ctx, imatrix, fit)
+    scan, rounding_note = for_rounding(args, info, scan, fit, method, ctx)
+    guarded, presets, note = guard(args, info, scan, imatrix)
     own = imatrix if method == "imatrix" else None
-    return allocation(args, info, scan, own, method, ctx), own
+    alloc = allocation(args, info, guarded, own, method, ctx, fit)
+    notes = tuple(n for n in (rounding_note, note) if n)
+    alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))
+    return alloc, own, judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
@@ -192,11 +202,12 @@ def run(args: argparse.Namespace) -> int:
         plan = _with_method(args, build_plan(args, info), info)
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
+    verdict = None
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         if args.budget:
             if alloc is None:
-                alloc, imatrix = _budget_plan(args, info, imatrix, ctx)
+                alloc, imatrix, verdict = _budget_plan(args, info, imatrix, ctx)
             plan = alloc.plan
             if args.save_plan:
                 write_text(args.save_plan, plan.to_json(), "plan")
@@ -242,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     }
     if alloc is not None:
         out["budget"] = alloc.to_dict()
+        out["budget"]["heldout"] = None if verdict is None else verdict.to_dict()
     if source is not None:
         out["source"] = source.to_dict()
     if imatrix is not None and args.imatrix:
@@ -285,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
                 else ""
             )
         )
+        if verdict is not None:
+            print(verdict.verdict)
         print_notes(alloc.notes)
     for line in fallback_lines(res.fallbacks, verbose=args.verbose):
         print(line)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from studio.commands._common import ProgressLine, print_json, print_notes, write_text
+from studio.commands._heldout import guard, judge, split
 from studio.commands._scan import (
     allocation,
     calibration,
     check_budget_args,
+    for_rounding,
     run_scan,
 )
 from studio.core.export.run import check_exportable
@@ -30,13 +33,21 @@ def run(args: argparse.Namespace) -> int:
     alloc = check_budget_args(args, info, method)
 
     check_output_path(Path(args.output).expanduser())
-    scan = None
+    scan = verdict = None
     if alloc is None:
         with ProgressLine() as line:
             ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
-            imatrix = calibration(args, info, ctx)
-            scan = run_scan(args, info, ctx, imatrix)
-            alloc = allocation(args, info, scan, imatrix if method == "imatrix" else None, method, ctx)
+            fit, held = split(args, info, ctx)
+            imatrix = calibration(args, info, ctx, fit)
+            scan = run_scan(args, info, ctx, imatrix, fit)
+            planned, rounding_note = for_rounding(args, info, scan, fit, method, ctx)
+            guarded, presets, note = guard(args, info, planned, imatrix)
+            alloc = allocation(
+                args, info, guarded, imatrix if method == "imatrix" else None, method, ctx, fit
+            )
+            notes = tuple(n for n in (rounding_note, note) if n)
+            alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))
+            verdict = judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
     write_text(args.output, alloc.plan.to_json(), "plan")
     out = {"output": args.output, "plan": alloc.plan.name, "method": method, **alloc.to_dict()}
     out["scan"] = None
@@ -48,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             "key": scan.key,
         }
     out["types"] = dict(alloc.plan.summary(info).tensors_by_type)
+    out["heldout"] = None if verdict is None else verdict.to_dict()
     if args.json:
         print_json(out)
         return 0
@@ -57,5 +69,7 @@ def run(args: argparse.Namespace) -> int:
         + (f", measured {alloc.measured_kl:.4f} on the scan chunks" if alloc.measured_kl is not None else "")
     )
     print("types: " + ", ".join(f"{k}×{v}" for k, v in sorted(out["types"].items())))
+    if verdict is not None:
+        print(verdict.verdict)
     print_notes(alloc.notes)
     return 0

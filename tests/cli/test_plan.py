@@ -74,7 +74,12 @@ def test_scan_plan_and_budget_export(llama_model, text, cache, tmp_path, capsys)
     assert main([*argv, *SCAN, "--json"]) == 0
     e = json.loads(capsys.readouterr().out)
     assert out.stat().st_size == e["file_bytes"] == e["budget"]["file_bytes"] == p["file_bytes"]
-    assert len(list(cache.glob("sensitivity-*.json"))) == 1  # the cached scan served both
+    # `sensitivity` scanned the whole text; plan and export scan its first 75 % (the rest is held out to
+    # judge the plan), and one cached scan served both
+    assert len(list(cache.glob("sensitivity-*.json"))) == 2
+    assert (
+        p["heldout"]["heldout_kl"] > 0 and e["budget"]["heldout"]["heldout_kl"] == p["heldout"]["heldout_kl"]
+    )
     g = read_gguf(out)
     assert any(k.startswith("quantize.imatrix") for k in g.metadata)  # weighted by the text's imatrix
 

@@ -39,6 +39,15 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
     p.add_argument(
         "--scan", metavar="SCAN.json", help="use a scan saved by sensitivity -o instead of scanning"
     )
+    p.add_argument(
+        "--scan-also",
+        action="append",
+        metavar="FILE",
+        help=(
+            "also measure the scan on this text (builtin: the studio's mixed text), so the plan fits more than one "
+            "kind of text; the imatrix stays the calibration text's (repeatable)"
+        ),
+    )
     p.add_argument("--no-cache", action="store_true", help="scan again even when a cached scan matches")
     options.add_cluster(p)
 

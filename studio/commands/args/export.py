@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from studio.commands import _options as options
+from studio.commands.args._heldout import add_heldout_args
 from studio.commands.args._scan import add_budget_args, add_scan_args
 
 
@@ -81,7 +82,7 @@ def register(subparsers: Any) -> None:
         metavar="M",
         help=(
             "how codes and scales are chosen: rtn (llama.cpp's search, the default), imatrix, gptq, awq "
-            "or awq+gptq (calibrated on --calib-text)"
+            "or awq+gptq (calibrated on --calib-text); best is awq+gptq, the rounding that measured best"
         ),
     )
     p.add_argument(
@@ -106,6 +107,7 @@ def register(subparsers: Any) -> None:
         "-v", "--verbose", action="store_true", help="list every fallback tensor (default: one summary line)"
     )
     add_budget_args(p)
+    add_heldout_args(p)
     add_scan_args(p, calib_text=False)
     options.add_json(p)
     p.set_defaults(handler="studio.commands.export:run")

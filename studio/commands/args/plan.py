@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from studio.commands import _options as options
+from studio.commands.args._heldout import add_heldout_args
 from studio.commands.args._scan import add_budget_args, add_scan_args
 
 
@@ -30,6 +31,7 @@ def register(subparsers: Any) -> None:
         help="the method the plan records for the export (default imatrix; gptq, awq, awq+gptq)",
     )
     add_budget_args(p)
+    add_heldout_args(p)
     add_scan_args(p)
     options.add_json(p)
     p.set_defaults(handler="studio.commands.plan:run")

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from studio.core.calib.calibrate import load_tokenizer
 from studio.core.calib.data import CalibrationText, ChatFormat, load_calibration, tokenize
-from studio.core.calib.sensitivity import ScanSettings, measure_plans
+from studio.core.calib.sensitivity import ScanSettings, measure_plans, measure_plans_on
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.allocate import BudgetKind, allocate
@@ -123,6 +124,7 @@ class Judgement:
     heldout_tokens: int
     preset: PresetPoint | None  # the largest preset whose file fits the plan's budget (None: none fits)
     method: str = "imatrix"
+    seconds: float = 0.0  # what the judgement cost (its one run)
 
     @property
     def beats_preset(self) -> bool | None:
@@ -166,6 +168,7 @@ class Judgement:
             "heldout_kl": self.heldout_kl,
             "heldout": self.heldout,
             "heldout_tokens": self.heldout_tokens,
+            "seconds": round(self.seconds, 1),
             "preset": None
             if self.preset is None
             else {
@@ -216,12 +219,20 @@ def measure_heldout(
     ctx: JobContext | None = None,
 ) -> tuple[tuple[float, ...], int]:
     """(KL of each plan on ``heldout``, tokens measured), every tensor quantized at once, in one run."""
+    st, n_tok = heldout_chunks(model, heldout, settings)
+    kls = measure_plans(model, list(plans), heldout, st, imatrix=imatrix, ctx=ctx or null_context())
+    return kls, n_tok
+
+
+def heldout_chunks(
+    model: str | os.PathLike[str], heldout: CalibrationText, settings: Any = None
+) -> tuple[Any, int]:
+    """(the settings that measure ``heldout``: up to ``HELDOUT_CHUNKS`` chunks of ``HELDOUT_CTX``, tokens
+    measured)."""
     st = heldout_settings(settings)
     n = len(tokenize(load_tokenizer(model), heldout))
     chunks = max(2, min(HELDOUT_CHUNKS, n // st.calib_ctx))
-    st = dataclasses.replace(st, n_chunks=chunks)
-    kls = measure_plans(model, list(plans), heldout, st, imatrix=imatrix, ctx=ctx or null_context())
-    return kls, chunks * st.n_ctx
+    return dataclasses.replace(st, n_chunks=chunks), chunks * st.n_ctx
 
 
 def judge(
@@ -240,6 +251,7 @@ def judge(
     """Measure ``alloc``'s plan (an ``Allocation``) and the same-size preset on ``heldout``; with
     ``scan_text`` also the plan on the scan's chunks (unless the allocation already carries it)."""
     ctx = ctx or null_context()
+    t0 = time.monotonic()
     pres = preset_plans(info, imatrix=imatrix) if presets is None else list(presets)
     preset = (
         same_size_preset(pres, int(alloc.limit_bytes))
@@ -247,14 +259,25 @@ def judge(
         else (same_size_preset(pres, int(alloc.file_bytes)))
     )
     plans = [dict(alloc.plan.types)] + ([dict(preset[2])] if preset is not None else [])
-    kls, n_tok = measure_heldout(model, plans, heldout, imatrix=imatrix, settings=settings, ctx=ctx)
     scan_kl = alloc.measured_kl
-    if scan_kl is None and scan_text is not None:
-        (scan_kl,) = measure_plans(
-            model, [dict(alloc.plan.types)], scan_text, settings, imatrix=imatrix, ctx=ctx
+    base = settings or ScanSettings()
+    held_st, n_tok = heldout_chunks(model, heldout, base)
+    if scan_kl is None and scan_text is not None and base.n_ctx == held_st.n_ctx:
+        # one run: the plans' tensors quantized once, the held-out and the scan's chunks side by side
+        kls, scan_kls = measure_plans_on(
+            model, plans, [(heldout, held_st), (scan_text, base)], imatrix=imatrix, ctx=ctx
         )
+        scan_kl = scan_kls[0]
+    else:
+        kls, n_tok = measure_heldout(model, plans, heldout, imatrix=imatrix, settings=settings, ctx=ctx)
+        if scan_kl is None and scan_text is not None:
+            (scan_kl,) = measure_plans(
+                model, [dict(alloc.plan.types)], scan_text, settings, imatrix=imatrix, ctx=ctx
+            )
     point = None if preset is None else PresetPoint(preset[0], preset[1], kls[1], dict(preset[2]))
-    return Judgement(alloc.predicted_kl, scan_kl, kls[0], heldout.name, n_tok, point, method)
+    return Judgement(
+        alloc.predicted_kl, scan_kl, kls[0], heldout.name, n_tok, point, method, time.monotonic() - t0
+    )
 
 
 def preset_heldout_points(
@@ -273,6 +296,37 @@ def preset_heldout_points(
         model, [p[2] for p in pres], heldout, imatrix=imatrix, settings=settings, ctx=ctx
     )
     return tuple(PresetPoint(n, b, k, dict(t)) for (n, b, t), k in zip(pres, kls, strict=True))
+
+
+def judge_against_points(
+    model: str | os.PathLike[str],
+    types: Mapping[str, str],
+    limit_bytes: int,
+    heldout: CalibrationText,
+    points: Sequence[PresetPoint],
+    *,
+    imatrix: Mapping[str, Any] | None,
+    predicted_kl: float | None,
+    scan_text: Any,
+    settings: Any = None,
+    method: str = "imatrix",
+    ctx: JobContext | None = None,
+) -> tuple[float, Judgement]:
+    """(the plan's KL on the scan's chunks, its ``Judgement``) for a plan (HF name → qtype) whose presets
+    were measured on ``heldout`` already (``preset_heldout_points``): one run measures the plan on the
+    held-out and the scan's chunks together (two when their chunk lengths differ)."""
+    base = settings or ScanSettings()
+    held_st, n_tok = heldout_chunks(model, heldout, base)
+    if base.n_ctx == held_st.n_ctx:
+        (held_kl,), (scan_kl,) = measure_plans_on(
+            model, [dict(types)], [(heldout, held_st), (scan_text, base)], imatrix=imatrix, ctx=ctx
+        )
+    else:
+        (held_kl,) = measure_plans(model, [dict(types)], heldout, held_st, imatrix=imatrix, ctx=ctx)
+        (scan_kl,) = measure_plans(model, [dict(types)], scan_text, base, imatrix=imatrix, ctx=ctx)
+    fit = [p for p in points if p.file_bytes <= limit_bytes * SAME_SIZE]
+    preset = max(fit, key=lambda p: p.file_bytes) if fit else None
+    return scan_kl, Judgement(predicted_kl or 0.0, scan_kl, held_kl, heldout.name, n_tok, preset, method)
 
 
 # ------------------------------------------------------------------------------------------ the guard
@@ -352,8 +406,10 @@ __all__ = [
     "LLAMA_PRESETS",
     "Judgement",
     "PresetPoint",
+    "heldout_chunks",
     "heldout_settings",
     "judge",
+    "judge_against_points",
     "measure_heldout",
     "preset_heldout_points",
     "preset_plans",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.calib.calibrate import calibrate, load_tokenizer
-from studio.core.calib.data import ChatFormat, load_calibration
+from studio.core.calib.data import CalibrationText, ChatFormat, load_calibration
 from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
 from studio.core.calib.sensitivity import ScanSettings, Sensitivity, scan_sensitivity
@@ -33,7 +33,7 @@ class ScanRun:
 
 def scan_imatrix(
     info: Any,
-    text: str,
+    text: Any,
     *,
     calib_ctx: int,
     calib_chunks: int | None,
@@ -41,10 +41,14 @@ def scan_imatrix(
     cache: bool = True,
 ) -> tuple[Any, bool]:
     """(the imatrix of ``text`` for ``info``'s model, whether it had to calibrate): the cached one when
-    there is one, else calibrated now on the CPU in float32 and stored (``cache=False``: neither)."""
-    ctx.report(0, 1, "Reading the calibration text")
-    tok = load_tokenizer(info.path)
-    data = load_calibration(text, ChatFormat.of_tokenizer(tok, Path(info.path).name), ctx)
+    there is one, else calibrated now on the CPU in float32 and stored (``cache=False``: neither).
+    ``text``: ``"builtin"``, a file, or a ``CalibrationText`` (e.g. a text less its held-out end)."""
+    if isinstance(text, CalibrationText):
+        data = text
+    else:
+        ctx.report(0, 1, "Reading the calibration text")
+        tok = load_tokenizer(info.path)
+        data = load_calibration(text, ChatFormat.of_tokenizer(tok, Path(info.path).name), ctx)
     path = imatrix_cache_path(info, data.digest, calib_ctx, calib_chunks) if cache else None
     im = None if path is None else cached_imatrix(path)
     if im is not None:
@@ -68,16 +72,18 @@ def scan_imatrix(
 
 def calibrate_then_scan(
     info: Any,
-    text: str,
+    text: Any,
     settings: ScanSettings,
     *,
     ctx: JobContext,
     imatrix: Any = None,
+    also: tuple[Any, ...] = (),
     cache: bool = True,
     executor: Any = None,
 ) -> ScanRun:
     """Scan ``info``'s model on ``text``: on ``imatrix`` when given (a Calibrate run's), else on
     ``scan_imatrix``'s (cached or calibrated now); the scan itself is cached too unless ``cache=False``.
+    ``also``: more texts the scan measures beside ``text`` (``scan_sensitivity``'s ``also``).
     ``executor`` (``studio.core.executor``) runs the scan's units, on a cluster or here."""
     calibrated = False
     if imatrix is None:
@@ -94,6 +100,7 @@ def calibrate_then_scan(
         text,
         settings,
         imatrix=imatrix,
+        also=also,
         cache_dir=default_cache_dir() if cache else None,
         ctx=ctx,
         executor=executor,

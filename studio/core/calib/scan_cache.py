@@ -8,15 +8,31 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from studio.core.atomic import write_atomic
 from studio.core.calib.imatrix import read_imatrix, write_imatrix
-from studio.core.errors import StudioError
+from studio.core.errors import CalibrationError, StudioError
 from studio.core.paths import user_cache_dir
+from studio.core.plan.scan import Sensitivity
 from studio.core.stats.cache import checkpoint_key
 
-__all__ = ["cached_imatrix", "default_cache_dir", "imatrix_cache_path", "store_imatrix"]
+__all__ = [
+    "cached_imatrix",
+    "default_cache_dir",
+    "imatrix_cache_path",
+    "imatrix_digest",
+    "load_cached_scan",
+    "save_cached_scan",
+    "scan_digest",
+    "store_imatrix",
+]
 
 
 def default_cache_dir() -> Path:
@@ -52,3 +68,39 @@ def store_imatrix(imatrix: Any, path: Path) -> None:
         write_imatrix(imatrix, path)
     except (OSError, StudioError):
         pass
+
+
+def scan_digest(obj: Any) -> str:
+    """A short digest of a scan's JSON-able description (the key of its cache file)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def imatrix_digest(imatrix: Mapping[str, np.ndarray]) -> str:
+    """A short digest of an imatrix's names and values."""
+    h = hashlib.sha256()
+    for k in sorted(imatrix):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(imatrix[k], dtype=np.float32).tobytes())
+    return h.hexdigest()[:24]
+
+
+def load_cached_scan(cache_dir: str | os.PathLike[str] | None, key: str) -> Sensitivity | None:
+    """The scan kept under ``key`` in ``cache_dir``, or None (no cache, absent or damaged)."""
+    if cache_dir is None:
+        return None
+    p = Path(cache_dir) / f"sensitivity-{key}.json"
+    try:
+        return Sensitivity.from_dict(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, ValueError, CalibrationError):
+        return None
+
+
+def save_cached_scan(cache_dir: str | os.PathLike[str] | None, key: str, result: Sensitivity) -> None:
+    """Keep ``result`` under ``key``; a failure only costs the next scan its time."""
+    if cache_dir is None:
+        return
+    try:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(cache_dir) / f"sensitivity-{key}.json", json.dumps(result.to_dict()))
+    except OSError:
+        pass  # a cache that cannot be written only costs the next scan its time

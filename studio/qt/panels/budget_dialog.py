@@ -2,7 +2,10 @@
 front (llama.cpp's presets as points on it), see where the KL comes from (a heat map of layers × roles and
 the most sensitive tensors; a click opens the tensor in the inspector), and hand the chosen plan to the
 plan editor. After the plan is exported (or on Measure) a job measures its KL with every tensor quantized
-at once, and the dialog shows it next to the prediction, as a point on the front.
+at once, and the dialog shows it next to the prediction, as a point on the front. As on the command line,
+the scan keeps the last quarter of the calibration text held out (or a held-out file beside it): llama.cpp's
+presets are measured on it and drawn on the same axes, the measurement adds the plan's held-out KL, and a
+plan that does not beat the same-size preset there says so in one sentence (``studio.core.calib.heldout``).
 
 A thin face over ``studio.core.calib.sensitivity`` (the scan and the measurement, in a job),
 ``studio.core.calib.sensitivity_map`` (the map and the ranking) and ``studio.core.plan.allocate`` (the
@@ -11,6 +14,7 @@ front, the presets' points and the plan for a budget, instant).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -41,6 +45,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.calib.heldout import (
+    guarded_scan,
+    judge_against_points,
+    preset_heldout_points,
+    preset_plans,
+    texts,
+)
 from studio.core.calib.pipeline import calibrate_then_scan
 from studio.core.calib.sensitivity import ScanSettings, measure_plans
 from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
@@ -93,6 +104,7 @@ class Measured:
     measured_kl: float
     verify_kl: float | None = None  # the export's own check (llama.cpp on its verify text), when it ran
     verify_tokens: int = 0
+    judgement: Any = None  # heldout.Judgement: the plan and the same-size preset on held-out text
 
     def describe(self) -> str:
         """One line: predicted and measured KL (and the file's verify KL)."""
@@ -107,7 +119,10 @@ class Measured:
         text += " on the scan's chunks with every tensor quantized at once"
         if self.verify_kl is not None:
             text += f"; the file's verify KL {self.verify_kl:.4f} over {self.verify_tokens} tokens"
-        return text + "."
+        text += "."
+        if self.judgement is not None:  # beside the prediction: how the plan fares on text it never saw
+            text += f" Held-out KL {self.judgement.heldout_kl:.4f}. {self.judgement.verdict}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,9 @@ class Planned:
     presets: tuple[Any, ...] | None
     allocation: Any  # the Allocation, or None when the budget was refused
     error: str = ""  # the one sentence of a refused budget
+    preset_plans: Any = (
+        None  # llama.cpp's presets for the model (heldout.preset_plans), kept for the next plans
+    )
 
 
 class BudgetDialog(JobPanel, QDialog):
@@ -151,10 +169,13 @@ class BudgetDialog(JobPanel, QDialog):
         )
         self.scan: Any = None
         self.imatrix: Any = None
+        self._preset_plans: Any = None
         self.scan_text: Any = "builtin"
         self.scan_settings: Any = None
         self.calibrated = False  # whether the last scan had to calibrate (it reuses an imatrix when it can)
-        self._scans: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # this window's scans: key → (scan, imatrix)
+        self._scans: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # this window's scans: key → set_scan's args
+        self.heldout: Any = None  # the held-out CalibrationText plans are judged on (None: not judged)
+        self.heldout_presets: tuple[Any, ...] = ()  # llama.cpp's presets measured on it (PresetPoint)
         self.front: tuple[Any, ...] = ()
         self.presets: tuple[Any, ...] = ()
         self.allocation: Any = None
@@ -171,6 +192,10 @@ class BudgetDialog(JobPanel, QDialog):
         self.exclude_edit = QLineEdit(self, placeholderText="e.g. Q4_1,Q5_1")
         self.exclude_edit.setToolTip(
             "Quantization types the plan may not use, even as another type's fallback (Enter re-plans)"
+        )
+        self.heldout_edit = QLineEdit(self, placeholderText="empty: the last quarter of the calibration text")
+        self.heldout_edit.setToolTip(
+            "Text the plan is judged on against llama.cpp's preset of the same size (best of another kind)"
         )
         self.scan_button = QPushButton("Scan", self)
         self.budget_edit = QLineEdit(self, placeholderText="80MB, 4.5GB, 4.8bpw, vram=8GB")
@@ -224,7 +249,17 @@ class BudgetDialog(JobPanel, QDialog):
         self.preset_dots = pg.ScatterPlotItem(size=9, name="llama.cpp presets (predicted)")
         self.chosen_dot = pg.ScatterPlotItem(size=12, name="this plan (predicted)")
         self.measured_dot = pg.ScatterPlotItem(size=16, symbol="x", name="measured")
-        for item in (self.preset_dots, self.chosen_dot, self.measured_dot):
+        self.heldout_dot = pg.ScatterPlotItem(size=14, symbol="star", name="this plan (held-out)")
+        self.heldout_preset_dots = pg.ScatterPlotItem(
+            size=10, symbol="t", name="llama.cpp presets (held-out)"
+        )
+        for item in (
+            self.preset_dots,
+            self.chosen_dot,
+            self.measured_dot,
+            self.heldout_dot,
+            self.heldout_preset_dots,
+        ):
             self.plot.addItem(item)
         self.preset_labels: list[Any] = []
         self.heat = SensitivityHeatMap(state, self)
@@ -287,6 +322,8 @@ class BudgetDialog(JobPanel, QDialog):
         buttons.addWidget(self.use_button)
         buttons.addWidget(self.measure_button)
         fields.addLayout(buttons, 1, 5)
+        label("&Held-out text:", self.heldout_edit, 2, 0)
+        fields.addWidget(self.heldout_edit, 2, 1)
         fields.setColumnStretch(1, 3)
         fields.setColumnStretch(4, 2)
         prow = QHBoxLayout()
@@ -312,6 +349,8 @@ class BudgetDialog(JobPanel, QDialog):
         self.chosen_dot.setBrush(pg.mkBrush(c["outlier"]))
         self.measured_dot.setBrush(pg.mkBrush(c["fg"]))
         self.measured_dot.setPen(pg.mkPen(c["fg"], width=2))
+        self.heldout_dot.setBrush(pg.mkBrush(c["outlier"]))
+        self.heldout_preset_dots.setBrush(pg.mkBrush(c["fg"]))
         self.legend.setLabelTextColor(c["fg"])
         for label in self.preset_labels:
             label.setColor(c["fg"])
@@ -371,24 +410,33 @@ class BudgetDialog(JobPanel, QDialog):
         if run is not None:  # the page's chunking (the imatrix is keyed by it); scan chunks fit inside
             n_ctx = min(settings.n_ctx, run.n_ctx)
             settings = ScanSettings(n_ctx=n_ctx, calib_ctx=run.n_ctx, calib_chunks=run.n_chunks)
-        key = (str(info.path), text, settings, None if run is None else id(run.imatrix))
+        held_file = self.heldout_edit.text().strip() or None
+        key = (str(info.path), text, held_file, settings, None if run is None else id(run.imatrix))
         self.scan_text, self.scan_settings = text, settings
         if key in self._scans:  # scanned in this window already: nothing runs
             self.calibrated = False
             self._scan_note = "The scan of this text, kept in this window."
-            self.set_scan(*self._scans[key])
+            scan, im, held, points, self.scan_text = self._scans[key]
+            self.set_scan(scan, im, held, points)
             set_status(self.status, self._scan_note)
             return
         reused = None if run is None else run.imatrix
         cluster = self.state.cluster  # the window's device choice: a Ray cluster runs the scan's pairs
 
-        def work(ctx: JobContext) -> tuple[Any, Any, bool]:
+        def work(ctx: JobContext) -> tuple[Any, ...]:
+            # as the CLI: the scan (and a fresh imatrix) see the text less its held-out end, or all of it
+            # beside a held-out file; plans are judged on the held-out text
+            fit, held = texts(info.path, text, held_file, ctx=ctx)
             executor = open_executor(cluster)
             try:  # calibrate (unless the page's or the CLI's imatrix serves), then imatrix, then scan
-                done = calibrate_then_scan(info, text, settings, imatrix=reused, ctx=ctx, executor=executor)
+                done = calibrate_then_scan(info, fit, settings, imatrix=reused, ctx=ctx, executor=executor)
             finally:
                 executor.close()
-            return done.scan, done.imatrix, done.calibrated
+            ctx.report(0, 1, "llama.cpp's presets on the held-out text")
+            points = preset_heldout_points(
+                info.path, info, held, imatrix=done.imatrix, presets=PRESETS, ctx=ctx
+            )
+            return done.scan, done.imatrix, done.calibrated, fit, held, points
 
         self._scan_key = key
         self._phase_start, self._samples = (0.0, 0), []
@@ -424,10 +472,11 @@ class BudgetDialog(JobPanel, QDialog):
         if isinstance(result, Measured):
             self.show_measured(result)
         else:
-            scan, im, self.calibrated = result
-            self._scans[self._scan_key] = (scan, im)
+            scan, im, self.calibrated, fit, held, points = result
+            self.scan_text = fit  # measurements run on the chunks the scan measured
+            self._scans[self._scan_key] = (scan, im, held, points, fit)
             self.progress.setFormat("%p%")
-            self.set_scan(scan, im)
+            self.set_scan(scan, im, held, points)
             how = "calibrated, then scanned" if self.calibrated else "scanned without calibrating"
             self._scan_note = f"{Path(str(scan.model)).name}: {how} in {scan.seconds:.0f} s."
             set_status(self.status, self._scan_note)
@@ -464,7 +513,15 @@ class BudgetDialog(JobPanel, QDialog):
         self._scan_note = ""
         self._used.clear()
         self._scans.clear()
-        for item in (self.curve, self.preset_dots, self.chosen_dot, self.measured_dot):
+        self.heldout, self.heldout_presets = None, ()
+        for item in (
+            self.curve,
+            self.preset_dots,
+            self.chosen_dot,
+            self.measured_dot,
+            self.heldout_dot,
+            self.heldout_preset_dots,
+        ):
             item.setData([], [])
         self._label_presets()
         self.heat.set_grid(None)
@@ -493,12 +550,21 @@ class BudgetDialog(JobPanel, QDialog):
         """Whether a planning job (front, presets, plan) is queued or running."""
         return self.plan_task.running or self._plan_timer.isActive()
 
-    def set_scan(self, scan: Any, imatrix: Any = None) -> None:
+    def set_scan(
+        self, scan: Any, imatrix: Any = None, heldout: Any = None, heldout_presets: Any = ()
+    ) -> None:
         """Take ``scan``: its size/KL front, the presets on it and the plan for the budget field (or the
-        front's middle) are computed in a job and drawn when it ends (``planShown``)."""
+        front's middle) are computed in a job and drawn when it ends (``planShown``); llama.cpp's presets
+        measured on the ``heldout`` text (``PresetPoint``s) are drawn on the same axes at once."""
         self.scan, self.imatrix = scan, imatrix
+        self.heldout, self.heldout_presets = heldout, tuple(heldout_presets)
+        self._preset_plans = None
+        self.heldout_preset_dots.setData(
+            [{"pos": (p.file_bytes, _log(p.heldout_kl)), "data": p.name} for p in self.heldout_presets]
+        )
         self.allocation = None
         self.measured_dot.setData([], [])
+        self.heldout_dot.setData([], [])
         self.measured = None
         self.measured_label.setText("")
         self._fill_map_types(scan)
@@ -511,6 +577,7 @@ class BudgetDialog(JobPanel, QDialog):
             return
         self._plan_timer.stop()
         info, scan, imatrix, ex = self.state.info, self.scan, self.imatrix, self._exclude()
+        known = self._preset_plans
         cands = tuple(q for q in scan.types if q not in ex)
         typed = self.budget_edit.text().strip()
 
@@ -522,24 +589,25 @@ class BudgetDialog(JobPanel, QDialog):
                 )
                 presets = preset_points(info, scan, PRESETS)
             budget = typed or (str(front[len(front) // 2].file_bytes) if front else "")
+            pres = known if known is not None else preset_plans(info, imatrix=imatrix)
             try:
+                b = parse_budget(budget)
+                # as the CLI: the token embedding and output at least at the same-size preset's types
+                guarded, note = guarded_scan(info, scan, b, pres, candidates=cands, exclude=ex)
                 a = allocate(
-                    info,
-                    scan,
-                    parse_budget(budget),
-                    candidates=cands,
-                    exclude=ex,
-                    imatrix=imatrix,
-                    method="imatrix",
+                    info, guarded, b, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
                 )
             except StudioError as err:
-                return Planned(budget, front, presets, None, str(err))
-            return Planned(budget, front, presets, a)
+                return Planned(budget, front, presets, None, str(err), pres)
+            if note:
+                a = dataclasses.replace(a, notes=(*a.notes, note))
+            return Planned(budget, front, presets, a, "", pres)
 
         set_status(self.status, "Planning …")
         self.plan_task.start("Budget plan", work)
 
     def _show_planned(self, p: Planned) -> None:
+        self._preset_plans = p.preset_plans
         if p.front is not None:
             self._show_front(p.front, p.presets or ())
         if not self.budget_edit.text().strip() and p.budget:
@@ -600,9 +668,11 @@ class BudgetDialog(JobPanel, QDialog):
             self.plot.removeItem(label)
         self.preset_labels = []
         fg = plot_colors(self.state.dark)["fg"]
-        for p in self.presets:
-            label = pg.TextItem(p.label, color=fg, anchor=(0.5, 1.2))
-            label.setPos(p.file_bytes, _log(p.kl))
+        spots = [(p.label, p.file_bytes, p.kl) for p in self.presets]
+        spots += [(p.name, p.file_bytes, p.heldout_kl) for p in self.heldout_presets]
+        for name, x, kl in spots:
+            label = pg.TextItem(name, color=fg, anchor=(0.5, 1.2))
+            label.setPos(x, _log(kl))
             self.plot.addItem(label)
             self.preset_labels.append(label)
 
@@ -714,6 +784,9 @@ class BudgetDialog(JobPanel, QDialog):
     ) -> None:
         info, scan, imatrix, text = self.state.info, self.scan, self.imatrix, self.scan_text
         settings = self.scan_settings
+        held, points, a = self.heldout, self.heldout_presets, self.allocation
+        # the same-size preset is the largest within the budget, not within the plan's bytes
+        limit = max(file_bytes, a.limit_bytes if a is not None and a.budget.kind.value == "file" else 0)
         if info is None or scan is None:
             return
         try:
@@ -722,10 +795,15 @@ class BudgetDialog(JobPanel, QDialog):
             predicted = None
 
         def work(ctx: JobContext) -> Measured:
-            (kl,) = measure_plans(
-                info.path, [types], text, settings or ScanSettings(), imatrix=imatrix, ctx=ctx
-            )
-            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens)
+            st = settings or ScanSettings()
+            if held is None:
+                (kl,) = measure_plans(info.path, [types], text, st, imatrix=imatrix, ctx=ctx)
+                return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens)
+            kl, judgement = judge_against_points(
+                info.path, types, limit, held, points, imatrix=imatrix, predicted_kl=predicted,
+                scan_text=text, settings=st, ctx=ctx,
+            )  # fmt: skip
+            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement)
 
         if self.running:
             self._queued = (what, work)  # after the running job
@@ -748,6 +826,8 @@ class BudgetDialog(JobPanel, QDialog):
         self.measured = m
         self.progress.reset()
         self.measured_dot.setData([m.file_bytes], [_log(m.measured_kl)])
+        j = m.judgement
+        self.heldout_dot.setData([m.file_bytes] if j else [], [_log(j.heldout_kl)] if j else [])
         self.measured_label.setText(m.describe())
         set_status(self.status, "")
         self.update_controls()

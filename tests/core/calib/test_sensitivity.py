@@ -189,7 +189,7 @@ def test_bad_input_is_one_sentence(llama_model, tmp_path):
 
 @pytest.mark.parametrize("scale", [1e-4, 1e-2, 1.0, 8.0])
 def test_float32_kl_matches_float64_even_under_a_common_shift(scale):
-    from studio.core.calib.sensitivity import _kl_float64, kl_from_delta
+    from studio.core.calib.scan_kl import _kl_float64, kl_from_delta
 
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(3 * torch.randn(64, 4096, generator=g, dtype=torch.float64), -1)

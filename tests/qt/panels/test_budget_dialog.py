@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
+from studio.core.calib.heldout import guarded_scan, preset_plans
 from studio.core.model import open_model
 from studio.core.plan.allocate import allocate, parse_budget
 from studio.qt.jobs import JobManager
@@ -50,7 +51,10 @@ def test_slider_moves_the_plan_along_the_front(dialog, qtbot):
     assert high.file_bytes > low.file_bytes and high.predicted_kl < low.predicted_kl
     assert f"predicted KL {high.predicted_kl:.4f}" in d.result.text()
     assert list(d.chosen_dot.data["x"]) == [high.file_bytes]
-    want = allocate(state.info, scan, parse_budget(d.budget_edit.text()), method="imatrix")
+    # the core's plan for the budget, the token embedding/output kept at the same-size preset's types
+    budget = parse_budget(d.budget_edit.text())
+    guarded, _ = guarded_scan(state.info, scan, budget, preset_plans(state.info))
+    want = allocate(state.info, guarded, budget, method="imatrix")
     assert high.plan.types == want.plan.types
     # the table lists every scanned tensor with its type, coloured by bits (more bits, another colour)
     types = {d.table.item(r, 0).text(): d.table.item(r, 1).text() for r in range(d.table.rowCount())}
@@ -368,3 +372,44 @@ def test_every_field_is_labelled_axes_have_units_names_are_full_and_close_closes
     assert labels == [f"{n} @ {q}" for n, q, _ in d.bars.rows]  # Hugging Face names, as elsewhere
     d.close_button.click()
     assert not d.isVisible()
+
+
+# ------------------------------------------------------------------ held-out judgement
+
+
+def test_presets_sit_on_the_heldout_axis_and_a_losing_plan_says_so(dialog, qtbot):
+    from studio.core.calib.data import CalibrationText
+    from studio.core.calib.heldout import measure_heldout, preset_heldout_points
+    from studio.core.factory import sample_text
+
+    state, d = dialog
+    held = CalibrationText("held-out sample", "\n".join(reversed(sample_text().splitlines())))
+    points = preset_heldout_points(
+        state.info.path, state.info, held, imatrix=None, presets=("Q4_K_M", "Q8_0")
+    )
+    # a scan that calls Q4_0 nearly free and Q8_0 costly: where the Q8_0 file fits, the plan is all Q4_0
+    d.set_scan(synthetic_scan(state.info, {"Q4_0": 1e-5, "Q8_0": 1e-2}), None, held, points)
+    assert [p.name for p in points] == ["Q4_K_M", "Q8_0"] and all(p.heldout_kl > 0 for p in points)
+    # llama.cpp's presets on the held-out axis, labelled, before any plan is measured
+    assert list(d.heldout_preset_dots.data["x"]) == [p.file_bytes for p in points]
+    assert list(d.heldout_preset_dots.data["y"]) == pytest.approx([np.log10(p.heldout_kl) for p in points])
+    _settled(qtbot, d)
+    assert {lbl.toPlainText() for lbl in d.preset_labels} >= {"Q4_K_M", "Q8_0"}
+    q8 = next(p for p in points if p.name == "Q8_0")
+    d.budget_edit.setText(str(q8.file_bytes + 4096))
+    d.replan()
+    _settled(qtbot, d)
+    a = d.allocation
+    with qtbot.waitSignal(d.measuredShown, timeout=120_000) as sig:
+        d.measure_button.click()
+    m = sig.args[0]
+    j = m.judgement
+    (want,), _ = measure_heldout(state.info.path, [dict(a.plan.types)], held, imatrix=None)
+    assert j.heldout_kl == pytest.approx(want, rel=1e-4) and j.preset.name == "Q8_0"
+    assert j.beats_preset is False and j.heldout_kl > q8.heldout_kl
+    # held-out KL beside the predicted one, and the one sentence recommending the preset with calibrated rounding
+    text = d.measured_label.text()
+    assert f"predicted KL {a.predicted_kl:.4f}" in text and f"Held-out KL {j.heldout_kl:.4f}." in text
+    assert "No budget plan beats llama.cpp's Q8_0" in text and "--preset Q8_0 --method awq+gptq" in text
+    assert list(d.heldout_dot.data["x"]) == [m.file_bytes]
+    assert list(d.heldout_dot.data["y"]) == pytest.approx([np.log10(j.heldout_kl)])

@@ -1,0 +1,68 @@
+"""The KL of a perturbed model's next-token distributions against the original's, from the change of
+the logits alone: ``KL = log Σ_v p_v e^{δ_v} − Σ_v p_v δ_v`` (llama.cpp's convention: natural log,
+every position counted), and the small torch helpers the scan's streams share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def torch_cat(parts: Sequence[Any]) -> Any:
+    """``torch.cat`` along the batch axis (a lazy import for module-level helpers)."""
+    import torch
+
+    return torch.cat(list(parts), 0)
+
+
+def torch_stack(parts: Sequence[Any]) -> Any:
+    """``torch.stack`` (a lazy import for module-level helpers)."""
+    import torch
+
+    return torch.stack(list(parts))
+
+
+def kl_from_delta(p: Any, delta: Any, shift: Any = None, *, owned: bool = False) -> float:
+    """Mean over positions of KL(p ‖ softmax(log p + δ)) (``p`` and ``δ``: positions × vocabulary).
+
+    ``KL = log Σ p e^δ − Σ p δ`` is unchanged when a constant is taken from δ per position; with the
+    mean ``Σ p δ`` taken off (``shift`` when the caller knows it) the two terms no longer cancel, so
+    float32 keeps ~1e-5 relative precision where the uncentred sum needed float64 (and four times the
+    memory traffic). ``owned``: ``delta`` is a scratch float32 tensor that may be overwritten.
+    """
+    import torch
+
+    v = p.shape[-1]
+    pf = p.reshape(-1, 1, v).float()
+    d = delta.reshape(-1, v)
+    d = d if owned and d.dtype == torch.float32 else d.to(torch.float32, copy=True)
+
+    def dot(x: Any) -> Any:  # Σ_v p_v x_v per position, one pass
+        return torch.bmm(pf, x.unsqueeze(2)).reshape(-1)
+
+    d -= (dot(d) if shift is None else shift.reshape(-1).float()).unsqueeze(1)
+    r = dot(d)
+    s = dot(d.expm1_())
+    kl = torch.log1p(s.double()) - r.double()
+    if not bool(torch.isfinite(kl).all()):  # a change beyond float32's exp range: the float64 form
+        return _kl_float64(p, delta)
+    return float(kl.clamp_min(0).mean())
+
+
+def _kl_float64(p: Any, delta: Any) -> float:
+    import torch
+
+    d = delta.double().reshape(-1, p.shape[-1])
+    m = d.amax(-1, keepdim=True)
+    pd = p.double().reshape(d.shape)
+    lse = torch.log((pd * torch.exp(d - m)).sum(-1)) + m.squeeze(-1)
+    return float((lse - (pd * d).sum(-1)).clamp_min(0).mean())
+
+
+def head_is_linear(hh: Any, w: Any, ref: Any) -> bool:
+    """Whether the logits are ``ĥ Wᵀ`` (no soft-capping, no scaling), so that δ = W(ĥ' − ĥ) holds."""
+    import torch
+
+    z = hh.float() @ w.float().T
+    scale = float(ref.abs().amax()) or 1.0
+    return bool(torch.allclose(z, ref.float(), atol=1e-4 * scale, rtol=1e-4))

@@ -1,0 +1,410 @@
+"""The exact scan's consumer: perturbed streams carried beside the original through the layer runner.
+
+moves the original chunks through the model layer by layer; ``SensitivityScan`` carries *perturbed
+streams* alongside. When layer ``l`` is on the device it (1) moves every stream started in earlier
+layers through layer ``l`` (batched, original weights), and (2) starts new streams for the tensors of
+layer ``l``: the layer's original inputs run through the layer once with that tensor replaced by its
+dequantized candidate (all candidates of one tensor in one batched call). Every stream therefore
+runs only from its perturbed layer on, on a few hundred tokens, and memory stays one layer plus the
+streams' differences from the original (float16). At the head, the output change is
+``δ = W_head (ĥ' − ĥ)`` (bfloat16 matrix product of a small difference, float32 result) and
+``KL = log Σ_v p_v e^{δ_v} − Σ_v p_v δ_v``, which needs no second full softmax. The token embedding
+(tied to the output or not) and an untied output head are streams too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec
+from studio.core.calib.scan_kl import head_is_linear, kl_from_delta, torch_cat, torch_stack
+from studio.core.calib.scan_rows import from_rows, quantize_rows, rows_of, weighted_error
+from studio.core.errors import CalibrationError
+from studio.core.jobs import JobContext, null_context
+from studio.core.plan.scan import ScanTarget
+from studio.core.quant.types import QTYPES
+from studio.core.units import format_eta
+
+PROXY_ROW_SHARE = 1 / 16  # rows of a tensor quantized to estimate its error in proxy mode
+PROXY_MIN_ROWS = 64
+_BATCH_TOKENS = 8192  # tokens per batched layer call (bounds the activations' memory)
+_DELTA_DTYPE = "float16"  # streams store h' − h: small differences keep their precision in float16
+_F16_MAX = 65000.0
+_HEAD_GROUP = 16  # streams whose final norm runs in one call at the head
+
+
+@dataclass(eq=False)
+class _Stream:
+    """A perturbed copy of the scan chunks: ``delta`` is h' − h entering the current layer (None: no
+    difference yet)."""
+
+    key: tuple[Any, ...]  # ("t", tensor, qtype) or ("p", plan index)
+    delta: Any = None  # torch (C, T, H), float16 (float32 where float16 would overflow)
+    head: Any = None  # the head's weight for this stream (tied embedding or output quantized), or None
+    plan: Mapping[str, str] | None = None
+
+
+def _pack(delta: Any) -> Any:
+    import torch
+
+    # float16 holds |x| ≤ 65504; one max over the float32 values decides (a NaN fails the comparison)
+    # instead of a check of the float16 copy, which torch does not vectorise on the CPU
+    top = float(delta.detach().abs().amax()) if delta.numel() else 0.0
+    return delta.to(torch.float16) if top <= _F16_MAX else delta.float()
+
+
+def _pack_many(deltas: Any) -> list[Any]:
+    """``_pack`` of each ``deltas[i]`` with one max and one conversion for the whole batch."""
+    import torch
+
+    top = deltas.detach().abs().amax(tuple(range(1, deltas.dim()))).tolist()
+    d16 = deltas.to(torch.float16)
+    # float16 rows are views of one tensor, freed once every stream of the group has moved on
+    return [d16[i] if m <= _F16_MAX else deltas[i].float().clone() for i, m in enumerate(top)]
+
+
+class SensitivityScan(Consumer):
+    """The scan's consumer (see the module docstring).
+
+    ``exact``: tensor → effective qtypes whose KL is measured; ``errors``: tensor → qtypes whose
+    imatrix-weighted error is wanted (a ``row_share`` of the rows, at least ``min_rows``; measured
+    candidates use every row); ``plans``: assignments (tensor → qtype) measured as one stream each;
+    ``imatrix``: HF tensor name → importance per column (what the export uses); ``chunk_ids``: the
+    run's token ids (chunks × tokens), which the embedding's streams start from; ``groups``: chunks per
+    text when the chunks are several texts one after another (``plan_group_kl``: each plan's KL per text).
+    """
+
+    needs_layerwise = True
+    wants_head = True
+
+    def __init__(
+        self,
+        targets: Sequence[ScanTarget],
+        chunk_ids: Any,
+        *,
+        exact: Mapping[str, Sequence[str]],
+        errors: Mapping[str, Sequence[str]] | None = None,
+        plans: Sequence[Mapping[str, str]] = (),
+        imatrix: Mapping[str, np.ndarray] | None = None,
+        row_share: float = PROXY_ROW_SHARE,
+        min_rows: int = PROXY_MIN_ROWS,
+        seed: int = 0,
+        groups: Sequence[int] = (),
+        ctx: JobContext | None = None,
+    ) -> None:
+        self.targets = {t.name: t for t in targets}
+        self.chunk_ids = chunk_ids
+        self.exact = {k: tuple(v) for k, v in exact.items() if v}
+        self.errors = {k: tuple(v) for k, v in (errors or {}).items() if v}
+        self.plans = [dict(p) for p in plans]
+        self.imatrix = dict(imatrix or {})
+        self.row_share = row_share
+        self.min_rows = min_rows
+        self.rng = np.random.default_rng(seed)
+        self.ctx = ctx or null_context()
+        self.kl: dict[tuple[str, str], float] = {}
+        self.err: dict[tuple[str, str], float] = {}
+        self.plan_kl: list[float] = [float("nan")] * len(self.plans)
+        # chunks per text when the run's chunks are several texts one after another (plans measured on each)
+        self.groups = tuple(int(g) for g in groups)
+        self.plan_group_kl: list[tuple[float, ...]] = [()] * len(self.plans)
+        self._spec: RunSpec | None = None
+        self._streams: list[_Stream] = []
+        self._ref: dict[int, Any] = {}
+        self._last: Any = None
+        self._units = 1
+        self._done = 0
+        self._t0 = time.monotonic()
+
+    # -- progress: one unit per stream and layer it goes through, plus the head
+    def _plan_work(self, n_layers: int) -> int:
+        n = 0
+        for name, qs in self.exact.items():
+            t = self.targets[name]
+            start = 0 if t.layer is None else t.layer
+            n += len(qs) * (n_layers - start + 1) if t.kind != "output" else len(qs)
+        return max(1, n + len(self.plans) * (n_layers + 1))
+
+    def _step(self, n: int, msg: str) -> None:
+        self._done += n
+        el = time.monotonic() - self._t0
+        left = el / self._done * max(0, self._units - self._done) if self._done else None
+        self.ctx.report(min(self._done, self._units), self._units, f"{msg} · ETA {format_eta(left)}")
+
+    # -- quantizing
+    def _qw(self, name: str) -> np.ndarray | None:
+        v = self.imatrix.get(name)
+        return None if v is None else np.asarray(v, dtype=np.float32).reshape(-1)
+
+    def _quantized(
+        self, name: str, rows: np.ndarray, qtype: str, full: bool
+    ) -> tuple[np.ndarray | None, float]:
+        """(dequantized rows or None, weighted error): every row when ``full``, a sample otherwise."""
+        qw = self._qw(name)
+        n_rows, n_cols = rows.shape
+        if qw is not None and qw.size != n_cols and qw.size % n_cols == 0:
+            # experts: each block of rows takes its own expert's importance
+            n_exp = qw.size // n_cols
+            per = n_rows // n_exp
+            deq = np.empty_like(rows)
+            err = 0.0
+            for e in range(n_exp):
+                sl = slice(e * per, (e + 1) * per)
+                v = qw[e * n_cols : (e + 1) * n_cols]
+                deq[sl] = quantize_rows(rows[sl], qtype, v)
+                err += weighted_error(rows[sl], deq[sl], v)
+            return deq, err
+        if full:
+            deq = quantize_rows(rows, qtype, qw)
+            return deq, weighted_error(rows, deq, qw)
+        k = min(n_rows, max(self.min_rows, int(math.ceil(n_rows * self.row_share))))
+        idx = np.sort(self.rng.choice(n_rows, size=k, replace=False)) if k < n_rows else np.arange(n_rows)
+        sub = np.ascontiguousarray(rows[idx])
+        return None, weighted_error(sub, quantize_rows(sub, qtype, qw), qw) * (n_rows / k)
+
+    def _wanted(self, name: str) -> list[str]:
+        """Effective qtypes of ``name`` that need the whole tensor quantized (measured or in a plan)."""
+        want = set(self.exact.get(name, ())) | {p[name] for p in self.plans if name in p}
+        return sorted(q for q in want if not QTYPES[q].is_float)
+
+    def _errors_only(self, name: str, rows: np.ndarray) -> None:
+        for q in self.errors.get(name, ()):
+            if (name, q) not in self.err:
+                self.ctx.check_cancelled()
+                _, self.err[(name, q)] = self._quantized(name, rows, q, False)
+
+    # -- consumer
+    def start(self, spec: RunSpec) -> None:
+        """Check the run; start the plans' streams and those of the token embedding."""
+        import torch
+
+        if spec.outer is None or not spec.head:
+            raise CalibrationError(
+                "The sensitivity scan needs the layer-by-layer runner with the output head."
+            )
+        self._spec = spec
+        self._units = self._plan_work(spec.n_layers)
+        self._t0 = time.monotonic()
+        plan_streams = [_Stream(("p", i), plan=p) for i, p in enumerate(self.plans)]
+        self._streams.extend(plan_streams)
+        outer = spec.outer
+        emb = next((t for t in self.targets.values() if t.kind == "embedding"), None)
+        if emb is None or outer.embedding is None:
+            return
+        p = outer.param(outer.embedding)
+        rows = rows_of(p, None)
+        wanted = self._wanted(emb.name)
+        ids = torch.as_tensor(np.asarray(self.chunk_ids), device=p.device)
+        h0 = outer.embed(ids) if wanted else None
+        for q in wanted:
+            self.ctx.check_cancelled()
+            deq, self.err[(emb.name, q)] = self._quantized(emb.name, rows, q, True)
+            new = torch.from_numpy(deq).reshape(p.shape).to(device=p.device, dtype=p.dtype)
+            delta = _pack(outer.embed(ids, {outer.embedding: new}) - h0)
+            head = new if outer.tied else None
+            if q in self.exact.get(emb.name, ()):
+                self._streams.append(_Stream(("t", emb.name, q), delta, head))
+            for s in plan_streams:
+                if s.plan.get(emb.name) == q:
+                    s.delta, s.head = delta, head
+            self._step(1, f"token embedding at {q}")
+        self._errors_only(emb.name, rows)
+
+    def layer_collected(self, view: LayerView) -> None:
+        """Move the streams through this layer, then start the streams of its tensors."""
+        ctx = self.ctx
+        h_in = torch_cat(view.inputs)  # (C, T, H)
+        h_out = view.forward(h_in)
+        sites = {s.name: s for s in view.sites}
+        names = [n for n in sites if n in self.targets]
+        deq: dict[tuple[str, str], Any] = {}
+        for name in names:
+            site = sites[name]
+            w = view.weight(site)
+            rows = rows_of(w, site)
+            for q in self._wanted(name):
+                ctx.check_cancelled()
+                d, self.err[(name, q)] = self._quantized(name, rows, q, True)
+                deq[(name, q)] = from_rows(d, w, site).to(device=w.device, dtype=w.dtype)
+            self._errors_only(name, rows)
+        # 1. streams from earlier layers through the original layer, batched
+        carried = [s for s in self._streams if s.delta is not None and s.plan is None]
+        self._advance(view, carried, h_in, h_out)
+        # plans: every tensor of this layer at its plan's qtype
+        for s in self._streams:
+            if s.plan is None:
+                continue
+            mine = [(sites[n], deq[(n, s.plan[n])]) for n in names if (n, s.plan.get(n, "F32")) in deq]
+            if s.delta is None and not mine:
+                continue
+            ctx.check_cancelled()
+            x = h_in if s.delta is None else h_in + s.delta.to(h_in.dtype)
+            with contextlib.ExitStack() as stack:
+                for site, value in mine:
+                    stack.enter_context(view.swapped(site, value))
+                s.delta = _pack(view.forward(x) - h_out)
+        # 2. new streams: every candidate of one tensor in one batched call
+        for name in names:
+            qs = [q for q in self.exact.get(name, ()) if (name, q) in deq]
+            if not qs:
+                continue
+            ctx.check_cancelled()
+            ys = _each_weight(view, sites[name], [deq[(name, q)] for q in qs], h_in)
+            for q, d in zip(qs, _pack_many(torch_stack(ys) - h_out), strict=True):
+                self._streams.append(_Stream(("t", name, q), d))
+        n_new = sum(len([q for q in self.exact.get(n, ()) if (n, q) in deq]) for n in names)
+        n_plan = sum(1 for s in self._streams if s.plan is not None)
+        n = self._spec.n_layers if self._spec else 0
+        self._step(len(carried) + n_new + n_plan, f"layer {view.index + 1}/{n}")
+        self._last = h_out
+
+    def _advance(self, view: LayerView, streams: list[_Stream], h_in: Any, h_out: Any) -> None:
+        import torch
+
+        if not streams:
+            return
+        c, t = int(h_in.shape[0]), int(h_in.shape[1])
+        per = max(1, _BATCH_TOKENS // (c * t))
+        for a in range(0, len(streams), per):
+            self.ctx.check_cancelled()
+            group = streams[a : a + per]
+            # whole-group tensor operations: per-stream small ones cost more in dispatch than in work
+            x = torch.stack([s.delta.to(h_in.dtype) for s in group]) + h_in
+            y = view.forward(x.reshape(len(group) * c, t, -1)).reshape(len(group), c, t, -1)
+            for s, d in zip(group, _pack_many(y - h_out), strict=True):
+                s.delta = d
+
+    @staticmethod
+    def _fast_kl(p: Any, mvec: Any, wb: Any, head_w: Any, hh: Any, h2: Any, head: Any) -> float:
+        """KL of one stream through a linear head: δ = W(ĥ' − ĥ) (+ (Ŵ − W)ĥ' for a quantized head)."""
+        import torch
+
+        n = p.shape[0]
+        dh = (h2 - hh).reshape(n, -1)
+        # products of small differences keep their precision in bfloat16
+        delta = (dh.to(torch.bfloat16) @ wb.T).float()
+        shift = (dh.float() * mvec).sum(-1)
+        if head is not None:
+            dw = (head - head_w).to(torch.bfloat16)
+            delta += (h2.reshape(n, -1).to(torch.bfloat16) @ dw.T).float()
+            shift = None  # the head's own change moves the mean too: measured from δ
+        return kl_from_delta(p, delta, shift, owned=True)
+
+    def _kl_between(self, s: _Stream, h2: Any, c0: int, c1: int, env: tuple[Any, ...]) -> float:
+        """The stream's mean KL over chunks ``c0 … c1 − 1`` (``h2``: its head input, all chunks)."""
+        p, mvec, wb, head_w, hh, ref, fast, outer = env
+        if s.delta is None and s.head is None:
+            return 0.0
+        t = int(ref.shape[1])
+        rows = slice(c0 * t, c1 * t)
+        if fast:
+            return self._fast_kl(p[rows], mvec[rows], wb, head_w, hh[c0:c1], h2[c0:c1], s.head)
+        d = (outer.logits(h2[c0:c1], weight=s.head) - ref[c0:c1]).reshape(p[rows].shape)
+        return kl_from_delta(p[rows], d)
+
+    def logits(self, chunk: int, logits: Any) -> None:
+        """Keep the original's logits of every chunk."""
+        self._ref[chunk] = logits
+
+    def finish(self) -> None:
+        """The head: the KL of every stream against the original."""
+        import torch
+
+        spec = self._spec
+        assert spec is not None and spec.outer is not None
+        outer = spec.outer
+        ref = torch.stack([self._ref[c] for c in sorted(self._ref)])  # (C, T, V)
+        hidden = self._last
+        hh = outer.head_input(hidden)
+        head_name = outer.head or (outer.embedding if outer.tied else None)
+        head_w = outer.param(head_name) if head_name else None
+        fast = head_w is not None and head_is_linear(hh, head_w, ref)
+        wb = head_w.detach().to(torch.bfloat16) if fast else None
+        out = next((t for t in self.targets.values() if t.kind == "output"), None)
+        if out is not None and head_w is not None:
+            rows = rows_of(head_w, None)
+            for q in self._wanted(out.name):
+                self.ctx.check_cancelled()
+                d, self.err[(out.name, q)] = self._quantized(out.name, rows, q, True)
+                new = torch.from_numpy(d).reshape(head_w.shape).to(head_w.dtype)
+                if q in self.exact.get(out.name, ()):
+                    self._streams.append(_Stream(("t", out.name, q), None, new))
+                for s in self._streams:
+                    if s.plan is not None and s.plan.get(out.name) == q:
+                        s.head = new
+            self._errors_only(out.name, rows)
+        # the original's distribution once, in float32; m = pᵀW gives each stream's mean logit change
+        # Σ_v p_v δ_v = m·(ĥ' − ĥ) without a pass over the vocabulary
+        p = torch.softmax(ref.float(), -1).reshape(-1, ref.shape[-1])
+        mvec = (p @ head_w.detach().float()) if fast else None
+        streams = list(self._streams)
+        for a in range(0, len(streams), _HEAD_GROUP):
+            self.ctx.check_cancelled()
+            group = streams[a : a + _HEAD_GROUP]
+            moved = [s for s in group if s.delta is not None]
+            h2s = {}
+            if moved:  # the final norm of every moved stream of the group in one call
+                x = torch.cat([hidden + s.delta.to(hidden.dtype) for s in moved], 0)
+                for s, h2 in zip(moved, outer.head_input(x).split(int(hidden.shape[0])), strict=True):
+                    h2s[id(s)] = h2
+            for s in group:
+                self.ctx.check_cancelled()
+                h2f, env = h2s.get(id(s), hh), (p, mvec, wb, head_w, hh, ref, fast, outer)
+                n_chunks = int(ref.shape[0])
+                if s.key[0] == "t":
+                    self.kl[(s.key[1], s.key[2])] = self._kl_between(s, h2f, 0, n_chunks, env)
+                else:
+                    self.plan_kl[s.key[1]] = self._kl_between(s, h2f, 0, n_chunks, env)
+                    if self.groups:  # the plan on each text of the run, one KL per group of chunks
+                        ends = np.cumsum((0, *self.groups)).tolist()
+                        self.plan_group_kl[s.key[1]] = tuple(
+                            self._kl_between(s, h2f, a0, a1, env)
+                            for a0, a1 in zip(ends, ends[1:], strict=False)
+                        )
+                self._step(1, "output head")
+        self._streams.clear()
+        self._ref.clear()
+
+
+def _each_weight(view: LayerView, site: LinearSite, weights: Sequence[Any], h_in: Any) -> list[Any]:
+    """The layer's outputs for ``h_in`` once per candidate weight of ``site``.
+
+    Linear sites run all candidates in one call: the inputs are repeated and a forward hook gives
+    each copy the product with its own weight. Fused experts take one call per candidate.
+    """
+    import torch
+
+    k = len(weights)
+    if site.kind == "experts" or k == 1:
+        outs = []
+        for w in weights:
+            with view.swapped(site, w):
+                outs.append(view.forward(h_in))
+        return outs
+    mod = view.submodule(site)
+    stack = torch.stack(list(weights))  # (k, out, in); GPT-2 Conv1D (k, in, out)
+    c = int(h_in.shape[0])
+
+    def hook(m: Any, args: tuple[Any, ...], out: Any) -> Any:
+        x = args[0].reshape(k, -1, args[0].shape[-1])
+        y = torch.bmm(x, stack if site.kind == "conv1d" else stack.transpose(1, 2))
+        if getattr(m, "bias", None) is not None:
+            y = y + m.bias
+        return y.reshape(out.shape)
+
+    handle = mod.register_forward_hook(hook)
+    try:
+        y = view.forward(h_in.repeat(k, 1, 1))
+    finally:
+        handle.remove()
+    return list(y.reshape(k, c, *y.shape[1:]))
+
+
+# ------------------------------------------------------------------------------------------ the scan

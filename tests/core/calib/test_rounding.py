@@ -1,0 +1,79 @@
+"""Planning with the export's rounding: one run measures plans on several texts, and the scan is corrected
+by GPTQ's output error over the imatrix search's, measured on a sample of layers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from studio.core.calib.data import CalibrationText
+from studio.core.calib.rounding import RoundingRatios, corrected_scan, probe_layers, rounding_ratios
+from studio.core.calib.sensitivity import ScanSettings, measure_plans, measure_plans_on
+from studio.core.model import open_model
+from tests.scan_data import synthetic_scan
+
+ST = ScanSettings(types=("Q4_0", "Q8_0"), n_ctx=32, n_chunks=2, calib_ctx=64, calib_chunks=2)
+
+
+def _texts():
+    from studio.core.factory import sample_text
+
+    text = sample_text()
+    return CalibrationText("a", text), CalibrationText("b", "\n".join(reversed(text.splitlines())))
+
+
+def test_plans_on_two_texts_in_one_run_match_a_run_per_text(llama_model):
+    a, b = _texts()
+    with open_model(llama_model) as ck:
+        names = [t.name for t in ck.info.tensors if t.name.endswith("proj.weight")]
+    plans = [{n: "Q4_0" for n in names}, {n: "Q8_0" for n in names[:3]}]
+    on_a, on_b = measure_plans_on(llama_model, plans, [(a, ST), (b, ST)])
+    assert on_a == pytest.approx(measure_plans(llama_model, plans, a, ST), rel=1e-4)
+    assert on_b == pytest.approx(measure_plans(llama_model, plans, b, ST), rel=1e-4)
+    assert on_a[0] > on_a[1] > 0 and on_a != pytest.approx(on_b, rel=1e-3)  # the texts differ
+
+
+def test_gptq_lowers_the_output_error_and_the_scan_follows(llama_model, tmp_path):
+    a, _ = _texts()
+    r = rounding_ratios(
+        llama_model, a, ("Q2_K", "Q4_0", "Q8_0"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
+    )
+    assert r.layers == (0,) and r.tokens == 256 and set(r.ratios) >= {"Q4_0", "Q8_0"}
+    # GPTQ minimises the output error the imatrix search only weights: below 1 at every type, each ratio
+    # the median of the sampled linears' (layer 0's seven)
+    assert all(0 < v < 1.0 for v in r.ratios.values())
+    assert all(len(v) == 7 for v in r.samples.values())
+    assert r.ratios["Q4_0"] == pytest.approx(sorted(r.samples["Q4_0"])[3])
+    # kept in the cache: the same answer without a run
+    again = rounding_ratios(
+        llama_model, a, ("Q2_K", "Q4_0", "Q8_0"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
+    )
+    assert again == r and len(list(tmp_path.glob("rounding-*.json"))) == 1
+    with open_model(llama_model) as ck:
+        scan = synthetic_scan(ck.info, {"Q4_0": 0.01, "Q8_0": 0.001})
+    fixed = corrected_scan(scan, RoundingRatios("gptq", {"Q4_0": 0.5}, {}, (0,), 256))
+    assert fixed.method == "gptq"
+    for t0, t1 in zip(scan.tensors, fixed.tensors, strict=True):
+        want = 0.5 if t0.layer is not None else 1.0  # the embedding and the head are not GPTQ-rounded
+        assert t1.by_type["Q4_0"].kl == pytest.approx(t0.by_type["Q4_0"].kl * want)
+        assert t1.by_type["Q8_0"] == t0.by_type["Q8_0"]
+
+
+def test_probe_layers_spread_over_the_proxys_sample():
+    assert probe_layers(30) == (0, 15, 29)
+    assert probe_layers(2) == (0, 1)
+    assert dataclasses.is_dataclass(RoundingRatios)
+
+
+def test_a_scan_measures_texts_of_other_kinds_beside_the_calibration_text(llama_model, tmp_path):
+    from studio.core.calib.sensitivity import scan_sensitivity
+
+    a, b = _texts()
+    st = dataclasses.replace(ST, exact=True)
+    one = scan_sensitivity(llama_model, a, st, imatrix={}, cache_dir=tmp_path)
+    both = scan_sensitivity(llama_model, a, st, imatrix={}, also=[b], cache_dir=tmp_path)
+    assert both.n_tokens == 2 * one.n_tokens and both.dataset == "a + b" and both.key != one.key
+    kl_one = {t.name: t.by_type["Q4_0"].kl for t in one.tensors}
+    kl_both = {t.name: t.by_type["Q4_0"].kl for t in both.tensors}
+    assert kl_both != pytest.approx(kl_one, rel=1e-3)  # the other text's chunks count
