@@ -86,6 +86,7 @@ _CALIB = (
 )
 _SCAN = (
     PathArg("scan", Kind.JSON, "--scan", "sensitivity scan"),
+    PathArg("scan_also", Kind.TEXT, "--scan-also", "text to scan", ("builtin",)),
     Minimum("scan_ctx", "--scan-ctx", 8),
     Minimum("scan_chunks", "--scan-chunks"),
 )
@@ -101,6 +102,7 @@ SPECS: dict[str, tuple[Spec, ...]] = {
         PathArg("save_plan", Kind.OUT_FILE, "--save-plan", "plan"),
         *_CALIB,
         *_SCAN,
+        PathArg("heldout_text", Kind.TEXT, "--heldout-text", "held-out text"),
         Minimum("ctx", "--ctx"),
     ),
     "eval": (
@@ -135,6 +137,7 @@ SPECS: dict[str, tuple[Spec, ...]] = {
         PathArg("output", Kind.OUT_FILE, "-o", "plan"),
         *_CALIB,
         *_SCAN,
+        PathArg("heldout_text", Kind.TEXT, "--heldout-text", "held-out text"),
         Minimum("ctx", "--ctx"),
     ),
     "sweep": (PathArg("model", Kind.MODEL, "MODEL"),),
