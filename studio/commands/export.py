@@ -304,6 +304,10 @@ def run(args: argparse.Namespace) -> int:
         alloc = _check_budget_args(args, info)
     else:
         plan = _with_method(args, build_plan(args, info), info)
+        if not plan.calibrated:  # IQ2_XXS and the like without --imatrix: one sentence, before any work
+            from studio.core.plan.imatrix_need import check_imatrix
+
+            check_imatrix(plan, info, imatrix)
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
     with ProgressLine() as line:

@@ -46,6 +46,7 @@ from studio.core.plan.gguf_file import PlannedItem as _Item
 from studio.core.plan.gguf_file import export_file_bytes
 from studio.core.plan.gguf_file import planned_items as _items
 from studio.core.plan.gguf_file import write_metadata as _write_metadata
+from studio.core.plan.imatrix_need import check_imatrix
 from studio.core.plan.plan import Plan, check_plan, plan_from_preset
 from studio.core.plan.presets import Fallback, allows_quantization
 from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
@@ -224,6 +225,8 @@ def export_gguf(
         if out.suffix.lower() != ".gguf":
             raise ExportError(f"The output name {out.name} should end in .gguf.")
         plan = _resolve_plan(plan, info)
+        # a type that needs an importance matrix and has none: refused before anything is written
+        check_imatrix(plan, info, imatrix, exclude=precomputed if precomputed is not None else ())
         lay = layout(info)
         if precomputed is not None and len(precomputed):
             if info.format.value == "gguf":
