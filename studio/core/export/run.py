@@ -90,12 +90,13 @@ class ExportResult:
         return 8.0 * self.tensor_bytes / self.n_weights if self.n_weights else 0.0
 
 
-def _resolve_plan(plan: Plan | str, info: Any) -> Plan:
+def _resolve_plan(plan: Plan | str, info: Any, imatrix: bool = False) -> Plan:
     if isinstance(plan, Plan):
         check_plan(plan, info)
         return plan
     if isinstance(plan, str):
-        return plan_from_preset(info, plan)
+        # with an importance matrix a preset chooses as llama-quantize --imatrix does (IQ3_XXS, Q4_0 ...)
+        return plan_from_preset(info, plan, imatrix=imatrix)
     raise QuantizationError(f"An export needs a Plan or a preset name, not {type(plan).__name__}.")
 
 
@@ -224,7 +225,7 @@ def export_gguf(
         check_output_path(out, inputs=inputs)  # same-as-input, missing or read-only folder: refuse now
         if out.suffix.lower() != ".gguf":
             raise ExportError(f"The output name {out.name} should end in .gguf.")
-        plan = _resolve_plan(plan, info)
+        plan = _resolve_plan(plan, info, bool(imatrix))
         # a type that needs an importance matrix and has none: refused before anything is written
         check_imatrix(plan, info, imatrix, exclude=precomputed if precomputed is not None else ())
         lay = layout(info)

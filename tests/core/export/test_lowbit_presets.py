@@ -245,27 +245,37 @@ def _read(path: Path) -> dict[str, tuple[str, bytes]]:
     return {t.name: (t.tensor_type.name, bytes(t.data)) for t in gguf.GGUFReader(path).tensors}
 
 
-BYTE_FAMILIES = ["llama8", "qwen3_moe"]
+BYTE_FAMILIES = {"llama": ("llama", {}), "qwen3_moe": ("qwen3_moe", {})}
 
 
-@pytest.mark.parametrize("family", BYTE_FAMILIES, indirect=True)
-def test_low_bit_preset_exports_equal_llama_quantize_imatrix_byte_for_byte(family, tmp_path):
+@pytest.fixture(scope="module")
+def byte_family(request, tiny_model, exported, tmp_path_factory):
+    """(HF folder, ModelInfo, F32 export, synthetic imatrix file) of a 2-layer dense or MoE factory model."""
+    arch, kw = BYTE_FAMILIES[request.param]
+    model = tiny_model(arch, **kw)
+    with open_model(model) as ck:
+        info = ck.info
+    f32 = exported(model, "F32", "F32")
+    im = synthetic_imatrix(info, tmp_path_factory.mktemp("imatrix") / f"{request.param}.imatrix.gguf")
+    return model, info, f32, im
+
+
+@pytest.mark.slow  # a numba compile per type and the ggml lattice setup per run: minutes in all
+@pytest.mark.parametrize("preset", LOW_BIT_PRESETS)
+@pytest.mark.parametrize("byte_family", list(BYTE_FAMILIES), indirect=True)
+def test_low_bit_preset_exports_equal_llama_quantize_imatrix_byte_for_byte(byte_family, preset, tmp_path):
     """Widths multiples of 256, so the lattice types are written (not their IQ4_NL fallback)."""
     from studio.core.calib.imatrix import read_imatrix
     from studio.core.export.run import export_gguf
 
-    model, info, f32, im = family
-    imatrix = read_imatrix(im)
-    for preset in LOW_BIT_PRESETS:
-        ref = tmp_path / f"ref-{preset}.gguf"
-        cmd = [str(llama_tool("llama-quantize")), "--imatrix", str(im), str(f32), str(ref), preset, "1"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-        ours = export_gguf(model, tmp_path / f"{preset}.gguf", plan_from_preset(info, preset, imatrix=True), imatrix=imatrix)
-        a, b = _read(ours.path), _read(ref)
-        assert set(a) == set(b), preset
-        for name, (t, data) in b.items():
-            assert a[name][0] == t, f"{preset} {name}: {a[name][0]} vs llama.cpp {t}"
-            assert a[name][1] == data, f"{preset} {name} ({t}): bytes differ from llama-quantize"
-        ours.path.unlink()
-        ref.unlink()
+    model, info, f32, im = byte_family
+    ref = tmp_path / f"ref-{preset}.gguf"
+    cmd = [str(llama_tool("llama-quantize")), "--imatrix", str(im), str(f32), str(ref), preset, "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    ours = export_gguf(model, tmp_path / f"{preset}.gguf", preset, imatrix=read_imatrix(im))
+    a, b = _read(ours.path), _read(ref)
+    assert set(a) == set(b), preset
+    for name, (t, data) in b.items():
+        assert a[name][0] == t, f"{preset} {name}: {a[name][0]} vs llama.cpp {t}"
+        assert a[name][1] == data, f"{preset} {name} ({t}): bytes differ from llama-quantize"
