@@ -56,6 +56,7 @@ from studio.core.export.run import check_exportable
 from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import (  # the scan record lives with the plans it feeds
+    LOW_BIT_SCAN_TYPES,
     SCAN_VERSION,
     Mode,
     ProxyCheck,
@@ -83,8 +84,9 @@ DEFAULT_TYPES: tuple[str, ...] = (
     "Q4_1",
     "Q5_0",
     "Q5_1",
+    *LOW_BIT_SCAN_TYPES,
 )
-"""Candidate qtypes of a scan (Q2_K … Q8_0, IQ4_XS, IQ4_NL and the legacy 32-weight types)."""
+"""Candidate qtypes of a scan (Q2_K … Q8_0, IQ4_XS, IQ4_NL, the legacy 32-weight types and the low-bit ones)."""
 
 SCAN_CTX = 128  # tokens per scan chunk: short chunks keep the perturbed streams cheap
 SCAN_CHUNKS = 2

@@ -56,7 +56,9 @@ FAMILIES = {
     "gqa4": ("llama", {"hidden": 1024, "layers": 1, "heads": 32, "kv_heads": 8, "outliers": False}),
 }
 
-_LINE = re.compile(r"\]\s+(\S+)\s+- \[\s*([\d,\s]+)\], type =\s+(\S+), size =\s+([\d.]+) MiB(?: ->\s+[\d.]+ MiB \((\S+)\))?")
+_LINE = re.compile(
+    r"\]\s+(\S+)\s+- \[\s*([\d,\s]+)\], type =\s+(\S+), size =\s+([\d.]+) MiB(?: ->\s+[\d.]+ MiB \((\S+)\))?"
+)
 _TOTAL = re.compile(r"quant size\s*=\s*([\d.]+) MiB")
 
 
@@ -96,7 +98,9 @@ def dry_run(f32: Path, preset: str, imatrix: Path | None = None) -> tuple[dict[s
         types[name] = qtype
         total += int(np.prod(dims[1:])) * _row_bytes(qtype, dims[0])
     printed = _TOTAL.search(out)
-    assert printed is not None and f"{total / MIB:.2f}" == printed.group(1)  # the parse adds up as llama.cpp's
+    assert printed is not None and f"{total / MIB:.2f}" == printed.group(
+        1
+    )  # the parse adds up as llama.cpp's
     assert not f32.with_suffix(".never.gguf").exists()
     return types, total
 
@@ -179,7 +183,9 @@ def test_the_imatrix_rules_are_llama_quantizes_and_ggmls():
     # llama-quantize's tensor_requires_imatrix: the very low-bit types, not on token_embd/output
     for q in ("IQ3_XXS", "IQ2_S", "IQ1_M"):
         assert tensor_needs_imatrix("blk.0.attn_q.weight", q)
-        assert not tensor_needs_imatrix("token_embd.weight", q) and not tensor_needs_imatrix("output.weight", q)
+        assert not tensor_needs_imatrix("token_embd.weight", q) and not tensor_needs_imatrix(
+            "output.weight", q
+        )
     # ggml's own refusal (IQ2_XXS, IQ2_XS, IQ1_S) holds on every tensor
     for q in ("IQ2_XXS", "IQ2_XS", "IQ1_S"):
         assert tensor_needs_imatrix("token_embd.weight", q) and tensor_needs_imatrix("output.weight", q)
@@ -203,7 +209,9 @@ def test_a_preset_that_needs_an_imatrix_is_refused_before_anything_is_written(pr
         export_gguf(llama_model, out, plan)
     msg = str(err.value)
     gguf_names = {t.hf_name: t.gguf_name for t in layout(info).tensors}
-    want = [gguf_names[n] for n, q in plan.types.items() if tensor_needs_imatrix(gguf_names[n], q, plan.ftype)]
+    want = [
+        gguf_names[n] for n, q in plan.types.items() if tensor_needs_imatrix(gguf_names[n], q, plan.ftype)
+    ]
     assert want and list(err.value.tensors) == sorted(want, key=list(gguf_names.values()).index)
     assert err.value.message.count(". ") == 0 and err.value.message.endswith(".")  # one sentence
     assert want[0] in msg and f"{len(want)} tensors" in msg and "calibrate" in msg
