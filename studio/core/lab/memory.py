@@ -106,7 +106,11 @@ def _precisions() -> tuple[Precision, ...]:
         Precision("INT4/Q4_0", _format_bpw("Q4_0"), "format", "Q4_0"),
         Precision("Q3_K_M", typical["Q3_K_M"], "typical", "Q3_K_M"),
         Precision("Q2_K", typical["Q2_K"], "typical", "Q2_K"),
-        *(Precision(name, bpw, "stated", name) for name, bpw in _LOW_BIT_STATED.items() if name in LOW_BIT_PRESETS),
+        *(
+            Precision(name, bpw, "stated", name)
+            for name, bpw in _LOW_BIT_STATED.items()
+            if name in LOW_BIT_PRESETS
+        ),
     )
 
 

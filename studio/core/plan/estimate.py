@@ -46,8 +46,24 @@ PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "
 LOW_BIT_PRESETS: tuple[str, ...] = tuple(
     p
     for p in (
-        "IQ4_XS", "IQ4_NL", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS", "Q2_K_S", "IQ2_M", "IQ2_S", "Q2_0",
-        "IQ2_XS", "TQ2_0", "IQ2_XXS", "IQ1_M", "TQ1_0", "IQ1_S", "Q1_0", "MXFP4_MOE",
+        "IQ4_XS",
+        "IQ4_NL",
+        "IQ3_M",
+        "IQ3_S",
+        "IQ3_XS",
+        "IQ3_XXS",
+        "Q2_K_S",
+        "IQ2_M",
+        "IQ2_S",
+        "Q2_0",
+        "IQ2_XS",
+        "TQ2_0",
+        "IQ2_XXS",
+        "IQ1_M",
+        "TQ1_0",
+        "IQ1_S",
+        "Q1_0",
+        "MXFP4_MOE",
     )  # fmt: skip
     if p in TYPES_OF
 )

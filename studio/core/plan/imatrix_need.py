@@ -75,7 +75,9 @@ def check_imatrix(
     """Refuse ``plan`` (ImatrixRequiredError) when a tensor that needs an importance matrix has none in
     ``imatrix`` (keyed by HF or GGUF names); ``exclude``: HF names quantized another way."""
     need = tensors_needing_imatrix(plan, info, exclude=exclude)
-    missing = tuple(n for n in need if not imatrix or (imatrix.get(n[0]) is None and imatrix.get(n[1]) is None))
+    missing = tuple(
+        n for n in need if not imatrix or (imatrix.get(n[0]) is None and imatrix.get(n[1]) is None)
+    )
     if not missing:
         return
     given = "none was given" if not imatrix else "the importance matrix given has none for them"

@@ -3,7 +3,9 @@
 ``preset_types`` reproduces the per-tensor decisions of llama.cpp's ``llama_tensor_get_type``
 (src/llama-quant.cpp, as vendored in llama-cpp-python 0.3.x) for the architectures we export:
 which tensors may be quantized at all, the output/token-embedding rules, the ``use_more_bits``
-layers for attn_v/ffn_down, and the fallback for rows whose length the block size does not divide.
+layers for attn_v/ffn_down, the i-quant mixes (IQ2_M, IQ3_M, IQ3_XS, the IQ1/IQ2 group's Q2_K/IQ3_S
+tensors), Q2_K_S, MXFP4_MOE's experts-only rule, the choices that change with an importance matrix,
+and the fallback for rows whose length the block size does not divide (none for Q1_0: refused).
 The decision is taken on the GGUF tensor name (as llama.cpp does) and keyed by the HF name.
 """
 
@@ -165,7 +167,19 @@ class _Ctx:
 _IQ12 = frozenset({"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"})  # the 1–2-bit i-quant mixes
 _OUTPUT_Q5K = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"})
 _ATTN_OUT_8X = frozenset(
-    {"Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS"}
+    {
+        "Q2_K",
+        "IQ3_XS",
+        "IQ3_XXS",
+        "Q3_K_S",
+        "Q3_K_M",
+        "IQ4_NL",
+        "Q4_K_S",
+        "Q4_K_M",
+        "IQ3_S",
+        "IQ3_M",
+        "IQ4_XS",
+    }
 )
 
 
