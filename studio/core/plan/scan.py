@@ -291,6 +291,10 @@ def scan_targets(info: Any, types: Sequence[str]) -> tuple[list[ScanTarget], dic
         else:
             fixed[tm.hf_name] = fallback_type("Q8_0", tm.n_per_row).qtype
             continue
+        if kind != "linear":
+            # llama-imatrix collects no importance for the token embedding (nor, by default, the output):
+            # the types ggml refuses without one (IQ2_XXS, IQ2_XS, IQ1_S) are no candidates there
+            cands = {q: e for q, e in cands.items() if not QTYPES[e].needs_imatrix}
         if not cands:
             fixed[tm.hf_name] = "F16"
             continue
@@ -317,6 +321,7 @@ def sizes_only(info: Any, types: Sequence[str]) -> Sensitivity:
 
 
 __all__ = [
+    "LOW_BIT_SCAN_TYPES",
     "SCAN_VERSION",
     "Mode",
     "ProxyCheck",

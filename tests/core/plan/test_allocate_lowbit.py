@@ -93,3 +93,20 @@ def test_an_rtn_plan_without_an_imatrix_leaves_out_the_types_that_need_one(info)
     assert not set(a.plan.types.values()) & LLAMA_IMATRIX_TYPES
     with pytest.raises(QuantizationError, match="below what these types allow"):
         allocate(info, scan, parse_budget("2.4bpw"), method="rtn")
+
+
+@pytest.mark.slow  # a real proxy scan (calibration, the model's runs, the lattice searches)
+def test_a_real_scan_measures_the_low_bit_types_and_the_budget_uses_them(llama_model, info):
+    from studio.core.calib.sensitivity import scan_sensitivity
+
+    types = ("Q2_K", "Q4_K", "IQ2_XXS", "IQ1_S", "IQ3_S", "TQ2_0", "MXFP4")
+    scan = scan_sensitivity(llama_model, settings=ScanSettings(types=types, calib_chunks=2, n_chunks=1))
+    assert scan.types == types
+    for t in scan.tensors:
+        want = set(types) - (
+            {"IQ2_XXS", "IQ1_S"} if t.gguf_name in ("token_embd.weight", "output.weight") else set()
+        )
+        assert set(t.by_type) == want, t.gguf_name  # no importance for the embedding: no IQ2_XXS/IQ1_S there
+        assert all(c.kl >= 0 and c.bytes > 0 for c in t.by_type.values())
+    a = allocate(info, scan, parse_budget("2.4bpw"), method="imatrix")
+    assert a.bpw <= 2.4 and set(a.plan.types.values()) & {"IQ2_XXS", "IQ1_S"}
