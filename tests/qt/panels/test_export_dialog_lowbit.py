@@ -38,7 +38,9 @@ def test_the_low_bit_presets_are_offered_and_the_imatrix_requirement_shows(
     dlg.set_plan_choice("IQ2_XXS")
     text = dlg.imatrix_requirement()
     assert dlg.requirement.isVisibleTo(dlg) and dlg.requirement.text() == text
-    assert text.startswith("IQ2_XXS needs an importance matrix for ") and "blk.0.attn_q.weight" in text
+    assert text.startswith(
+        "IQ2_XXS needs an importance matrix for 12 tensors at IQ2_XXS (blk.0.ffn_down.weight"
+    )
     assert "calibrate" in text and "Calibrate page" in text
     # Export refuses at once, with the same sentence, and writes nothing
     assert dlg.start() is None
