@@ -137,7 +137,9 @@ def test_presets_order_and_monotone_sizes(tmp_path):
     )
     # the i-quants between and below: IQ4_XS under Q4_K_M, IQ3_S under Q3_K_M, IQ2_XXS under Q2_K, IQ1_S least
     assert sizes["Q4_K_M"] > sizes["IQ4_XS"] > sizes["IQ3_M"] > sizes["IQ3_S"] > sizes["IQ3_XXS"]
-    assert sizes["Q2_K"] > sizes["IQ2_M"] > sizes["IQ2_S"] > sizes["IQ2_XS"] > sizes["IQ2_XXS"] > sizes["IQ1_M"]
+    assert (
+        sizes["Q2_K"] > sizes["IQ2_M"] > sizes["IQ2_S"] > sizes["IQ2_XS"] > sizes["IQ2_XXS"] > sizes["IQ1_M"]
+    )
     assert sizes["IQ1_M"] > sizes["IQ1_S"]
     assert all(e.ctx_len == 512 for e in ests)
 
