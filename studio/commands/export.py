@@ -30,6 +30,7 @@ from studio.core.export.verify import check_verifiable
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
 from studio.core.model.gguf_source import source_summary
+from studio.core.plan.imatrix_need import check_imatrix
 from studio.core.plan.plan import (
     Override,
     Plan,
@@ -200,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
         alloc = _check_budget_args(args, info)
     else:
         plan = _with_method(args, build_plan(args, info), info)
+        if not plan.calibrated:  # IQ2_XXS and the like without --imatrix: one sentence, before any work
+            check_imatrix(plan, info, imatrix)
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
     verdict = None

@@ -14,6 +14,7 @@ import pytest
 
 from studio.cli import main
 from studio.core.modelinfo import Role
+from studio.core.plan.estimate import LOW_BIT_PRESETS
 
 R = Role
 MODELS = [
@@ -203,6 +204,7 @@ def test_inspect_json_on_factory_models(fixture, request, capsys):
         "Q4_0",
         "Q3_K_M",
         "Q2_K",
+        *LOW_BIT_PRESETS,
     ]
     for e in r["estimates"]:
         assert e["verdict"] in ("fits on the GPU", "fits with partial offload", "CPU only", "does not fit")

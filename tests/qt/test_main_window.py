@@ -12,6 +12,7 @@ import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QTableWidget
 
+from studio.core.plan.estimate import LOW_BIT_PRESETS
 from studio.qt.fmt import human_bytes
 from studio.qt.main_window import APP_TITLE
 from studio.qt.opener import DEMO_NAME
@@ -19,7 +20,7 @@ from studio.qt.panels.model_tree import COL_NAME, COL_ROLE, GLOBAL_GROUP, NAME_R
 from studio.qt.settings import RECENT_KEY
 from studio.qt.theme import verdict_colour
 
-PRESETS = ["F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K"]
+PRESETS = ["F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K", *LOW_BIT_PRESETS]
 OPEN_TIMEOUT_MS = 30_000
 
 

@@ -104,7 +104,6 @@ class _Probe(Consumer):
         """GPTQ against the imatrix search for every sampled linear of this layer."""
         import torch
 
-
         if view.index not in self.layers:
             return
         sites = [s for s in view.sites if s.name in self.types and s.kind != "experts"]

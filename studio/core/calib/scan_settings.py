@@ -12,6 +12,7 @@ import numpy as np
 from studio.core.calib.data import Chunks
 from studio.core.errors import CalibrationError
 from studio.core.gguf.layout import layout
+from studio.core.plan.scan import LOW_BIT_SCAN_TYPES
 
 DEFAULT_TYPES: tuple[str, ...] = (
     "Q2_K",
@@ -26,8 +27,9 @@ DEFAULT_TYPES: tuple[str, ...] = (
     "Q4_1",
     "Q5_0",
     "Q5_1",
+    *LOW_BIT_SCAN_TYPES,
 )
-"""Candidate qtypes of a scan (Q2_K … Q8_0, IQ4_XS, IQ4_NL and the legacy 32-weight types)."""
+"""Candidate qtypes of a scan (Q2_K … Q8_0, IQ4_XS, IQ4_NL, the legacy 32-weight types and the low-bit ones)."""
 
 SCAN_CTX = 128  # tokens per scan chunk: short chunks keep the perturbed streams cheap
 SCAN_CHUNKS = 2

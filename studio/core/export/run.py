@@ -46,6 +46,7 @@ from studio.core.plan.gguf_file import PlannedItem as _Item
 from studio.core.plan.gguf_file import export_file_bytes
 from studio.core.plan.gguf_file import planned_items as _items
 from studio.core.plan.gguf_file import write_metadata as _write_metadata
+from studio.core.plan.imatrix_need import check_imatrix
 from studio.core.plan.plan import Plan, check_plan, plan_from_preset
 from studio.core.plan.presets import Fallback, allows_quantization
 from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
@@ -89,12 +90,13 @@ class ExportResult:
         return 8.0 * self.tensor_bytes / self.n_weights if self.n_weights else 0.0
 
 
-def _resolve_plan(plan: Plan | str, info: Any) -> Plan:
+def _resolve_plan(plan: Plan | str, info: Any, imatrix: bool = False) -> Plan:
     if isinstance(plan, Plan):
         check_plan(plan, info)
         return plan
     if isinstance(plan, str):
-        return plan_from_preset(info, plan)
+        # with an importance matrix a preset chooses as llama-quantize --imatrix does (IQ3_XXS, Q4_0 ...)
+        return plan_from_preset(info, plan, imatrix=imatrix)
     raise QuantizationError(f"An export needs a Plan or a preset name, not {type(plan).__name__}.")
 
 
@@ -223,7 +225,9 @@ def export_gguf(
         check_output_path(out, inputs=inputs)  # same-as-input, missing or read-only folder: refuse now
         if out.suffix.lower() != ".gguf":
             raise ExportError(f"The output name {out.name} should end in .gguf.")
-        plan = _resolve_plan(plan, info)
+        plan = _resolve_plan(plan, info, bool(imatrix))
+        # a type that needs an importance matrix and has none: refused before anything is written
+        check_imatrix(plan, info, imatrix, exclude=precomputed if precomputed is not None else ())
         lay = layout(info)
         if precomputed is not None and len(precomputed):
             if info.format.value == "gguf":

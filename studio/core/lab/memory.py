@@ -38,7 +38,7 @@ from studio.core.model.checkpoint import gguf_config
 from studio.core.modelinfo import config_int as _cfg_int
 from studio.core.plan import memory as memory_model  # the one memory model (this module has its own names)
 from studio.core.plan.estimate import _TYPICAL_BPW as typical
-from studio.core.plan.estimate import estimate_preset, verdict_for
+from studio.core.plan.estimate import LOW_BIT_PRESETS, estimate_preset, verdict_for
 from studio.core.plan.estimate import kv_cache_bytes as f16_kv
 from studio.core.quant.types import qtype_info
 from studio.core.units import format_memory
@@ -88,7 +88,8 @@ class Precision:
 
     name: str
     bpw: float
-    source: str  # "format": its own storage; "typical": the average of llama.cpp's preset on 7-8B Llama
+    source: str  # "format": its own storage; "typical": the average of llama.cpp's preset on 7-8B Llama;
+    # "stated": what llama-quantize --help states for the preset
     preset: str | None = None  # the GGUF preset whose exact per-tensor sizes a known model gets
     note: str = ""
 
@@ -109,7 +110,36 @@ def _precisions() -> tuple[Precision, ...]:
         Precision("INT4/Q4_0", _format_bpw("Q4_0"), "format", "Q4_0"),
         Precision("Q3_K_M", typical["Q3_K_M"], "typical", "Q3_K_M"),
         Precision("Q2_K", typical["Q2_K"], "typical", "Q2_K"),
+        *(
+            Precision(name, bpw, "stated", name)
+            for name, bpw in _LOW_BIT_STATED.items()
+            if name in LOW_BIT_PRESETS
+        ),
     )
+
+
+# llama-quantize --help's bits per weight of its low-bit presets (pinned build; Q2_K_S: the help gives
+# it Q2_K's size; MXFP4_MOE: MXFP4's own 4.25, the experts' share of a mixture-of-experts model)
+_LOW_BIT_STATED = {
+    "IQ4_XS": 4.25,
+    "IQ4_NL": 4.5,
+    "IQ3_M": 3.66,
+    "IQ3_S": 3.44,
+    "IQ3_XS": 3.3,
+    "IQ3_XXS": 3.06,
+    "Q2_K_S": 3.35,
+    "IQ2_M": 2.7,
+    "IQ2_S": 2.5,
+    "Q2_0": 2.25,
+    "IQ2_XS": 2.31,
+    "TQ2_0": 2.06,
+    "IQ2_XXS": 2.06,
+    "IQ1_M": 1.75,
+    "TQ1_0": 1.69,
+    "IQ1_S": 1.56,
+    "Q1_0": 1.125,
+    "MXFP4_MOE": 4.25,
+}
 
 
 PRECISIONS: tuple[Precision, ...] = _precisions()
@@ -215,7 +245,7 @@ class MemoryRow:
 
     precision: str
     bpw: float
-    bpw_source: str  # "format", "typical" or "plan" (this model's per-tensor types)
+    bpw_source: str  # "format", "typical", "stated" or "plan" (this model's per-tensor types)
     weights_bytes: int
     kv_cache_bytes: int
     overhead_bytes: int

@@ -145,10 +145,13 @@ def _gguf_row(x: np.ndarray, qtype: str, ctx: JobContext) -> SweepRow:
     applied = fallback_type(qtype, cols).qtype
     y = np.empty_like(x)
     step = max(1, (1 << 22) // max(cols, 1))  # bounded temporaries on large tensors
+    # the sweep has no importance matrix: the types ggml refuses without one (IQ2_XXS, IQ2_XS, IQ1_S)
+    # get a flat one, every column alike, so they show as points too
+    flat = np.ones(cols, dtype=np.float32) if QTYPES[applied].needs_imatrix else None
     for r0 in range(0, rows, step):
         ctx.check_cancelled()
         r1 = min(rows, r0 + step)
-        y[r0:r1] = dequantize(quantize(x[r0:r1], applied), applied, (r1 - r0, cols))
+        y[r0:r1] = dequantize(quantize(x[r0:r1], applied, flat), applied, (r1 - r0, cols))
     m = error_metrics(x, y)
     info = QTYPES[applied]
     is_float = info.is_float
@@ -193,7 +196,8 @@ def sweep_array(
 ) -> SweepResult:
     """Sweep a weight laid out as llama.cpp stores it (rows = output channels); see the module docstring.
 
-    ``gguf_types`` defaults to every quantized GGUF type the studio writes (F16 and BF16 included).
+    ``gguf_types`` defaults to every quantized GGUF type the studio writes (F16 and BF16 included; IQ2_XXS,
+    IQ2_XS and IQ1_S, which need an importance matrix, with a flat one).
     """
     ctx = ctx or null_context()
     t0 = time.monotonic()
@@ -207,12 +211,8 @@ def sweep_array(
             f"Tensor {name or '?'} holds {int((~np.isfinite(x2)).sum())} NaN or infinite value(s), so it cannot be swept.",
             hint="Fix or exclude the tensor before quantizing.",
         )
-    # by default the types that need no importance matrix (the sweep has none to give)
-    types = (
-        tuple(q for q, i in QTYPES.items() if q != "F32" and not i.needs_imatrix)
-        if gguf_types is None
-        else gguf_types
-    )
+    # by default every type the studio writes (those that need an importance matrix with a flat one)
+    types = tuple(q for q in QTYPES if q != "F32") if gguf_types is None else gguf_types
     plan, skipped = _plan(cols, bits, groups)
     fp8_plan = [(f, g) for f in ("e4m3", "e5m2") for g in ("tensor", "channel")] if fp8 else []
     total = len(plan) + len(fp8_plan) + len(types)

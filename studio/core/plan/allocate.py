@@ -30,6 +30,7 @@ from studio.core.errors import QuantizationError
 from studio.core.gguf.layout import layout
 from studio.core.plan.estimate import _overhead, kv_cache_bytes
 from studio.core.plan.gguf_file import export_file_bytes
+from studio.core.plan.imatrix_need import LLAMA_IMATRIX_TYPES
 from studio.core.plan.memory import OVERHEAD_FRACTION
 from studio.core.plan.plan import Recipe, RecipeKind, plan_from_preset, plan_from_types
 from studio.core.plan.presets import allows_quantization
@@ -387,6 +388,9 @@ def allocate(
         raise QuantizationError(
             f"The scan did not measure {unknown[0]}; rescan with it or choose among {', '.join(scan.types)}."
         )
+    if method == "rtn" and imatrix is None:
+        # an export without an importance matrix cannot write the types that need one (IQ2_XXS, IQ3_XXS ...)
+        exclude = frozenset(exclude) | LLAMA_IMATRIX_TYPES
     m = _model(info, scan, cands, dict(keep or {}), frozenset(exclude))
     recipe = Recipe(RecipeKind.BUDGET, budget.text, candidates=cands, method=method or DEFAULT_METHOD)
     bound = _bound(budget, m)

@@ -43,6 +43,35 @@ if TYPE_CHECKING:  # only for annotations: estimates take a plan, they never mak
 
 PRESETS: tuple[str, ...] = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "Q3_K_M", "Q2_K")
 
+LOW_BIT_PRESETS: tuple[str, ...] = tuple(
+    p
+    for p in (
+        "IQ4_XS",
+        "IQ4_NL",
+        "IQ3_M",
+        "IQ3_S",
+        "IQ3_XS",
+        "IQ3_XXS",
+        "Q2_K_S",
+        "IQ2_M",
+        "IQ2_S",
+        "Q2_0",
+        "IQ2_XS",
+        "TQ2_0",
+        "IQ2_XXS",
+        "IQ1_M",
+        "TQ1_0",
+        "IQ1_S",
+        "Q1_0",
+        "MXFP4_MOE",
+    )  # fmt: skip
+    if p in TYPES_OF
+)
+"""llama-quantize's i-quant, ternary, 1-2-bit and MXFP4 presets, after ``PRESETS`` in every listing."""
+
+ALL_PRESETS: tuple[str, ...] = PRESETS + LOW_BIT_PRESETS
+"""The presets the Summary tab and ``inspect`` estimate (the Hub badges keep to ``PRESETS``)."""
+
 MPS_WORKING_SET_FRACTION = 0.75  # Metal lets the GPU wire about this share of unified RAM
 
 # Header allowance: fixed metadata, per-tensor info and the tokenizer arrays (a token string with its
@@ -227,9 +256,9 @@ def _gpu_layers(verdict: Verdict, hw: HardwareInfo, n_layers: int, layer_bytes: 
 
 
 def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
-    """The estimate for one preset (one of ``PRESETS``)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    """The estimate for one preset (any of ``studio.core.plan.presets.PRESETS``)."""
+    if preset not in TYPES_OF:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(TYPES_OF)}")
     types, exact = _preset_types(info, preset)
     return _estimate_types(info, preset, types, hw, ctx_len, TYPES_OF[preset].default_type, exact)
 
@@ -372,9 +401,11 @@ def _make_estimate(
     )
 
 
-def estimate_presets(info: ModelInfo, hw: HardwareInfo, ctx_len: int = 4096) -> tuple[Estimate, ...]:
-    """Estimates for every preset in ``PRESETS``, in that order."""
-    return tuple(estimate_preset(info, p, hw, ctx_len) for p in PRESETS)
+def estimate_presets(
+    info: ModelInfo, hw: HardwareInfo, ctx_len: int = 4096, presets: tuple[str, ...] = ALL_PRESETS
+) -> tuple[Estimate, ...]:
+    """Estimates for every preset in ``presets`` (``ALL_PRESETS``), in that order."""
+    return tuple(estimate_preset(info, p, hw, ctx_len) for p in presets)
 
 
 # ---------------------------------------------------------------------------- config-only models

@@ -22,6 +22,27 @@ from studio.core.quant.types import QTYPES, fallback_type, tensor_bytes
 SCAN_VERSION = 1
 """Bump when the scan record's JSON changes, so a stale cached scan is not read."""
 
+LOW_BIT_SCAN_TYPES: tuple[str, ...] = tuple(
+    q
+    for q in (
+        "IQ3_S",
+        "IQ3_XXS",
+        "IQ2_S",
+        "IQ2_XS",
+        "IQ2_XXS",
+        "IQ1_M",
+        "IQ1_S",
+        "MXFP4",
+        "Q2_0",
+        "TQ2_0",
+        "TQ1_0",
+        "Q1_0",
+    )
+    if q in QTYPES
+)
+"""The low-bit types llama-quantize writes, which a scan measures beside the K-quants and the 32-weight
+types (a scan always has its importance matrix, which the i-quants need), so budget plans may choose them."""
+
 
 class Mode(str):
     """Scan modes (plain strings so that JSON and the CLI read them as they are)."""
@@ -270,6 +291,10 @@ def scan_targets(info: Any, types: Sequence[str]) -> tuple[list[ScanTarget], dic
         else:
             fixed[tm.hf_name] = fallback_type("Q8_0", tm.n_per_row).qtype
             continue
+        if kind != "linear":
+            # llama-imatrix collects no importance for the token embedding (nor, by default, the output):
+            # the types ggml refuses without one (IQ2_XXS, IQ2_XS, IQ1_S) are no candidates there
+            cands = {q: e for q, e in cands.items() if not QTYPES[e].needs_imatrix}
         if not cands:
             fixed[tm.hf_name] = "F16"
             continue
@@ -296,6 +321,7 @@ def sizes_only(info: Any, types: Sequence[str]) -> Sensitivity:
 
 
 __all__ = [
+    "LOW_BIT_SCAN_TYPES",
     "SCAN_VERSION",
     "Mode",
     "ProxyCheck",

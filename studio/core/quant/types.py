@@ -83,13 +83,13 @@ def _ftype(name: str) -> int:
 def _new(
     name: str, fallback: str | None, file_type: str | None, *, needs_imatrix: bool = False
 ) -> list[QTypeInfo]:
-    """A not-yet-plannable type as a one-item list, or none when the installed gguf-py cannot name it."""
+    """A low-bit type as a one-item list, or none when the installed gguf-py cannot name it."""
     members = gguf.LlamaFileType.__members__
     if name not in gguf.GGMLQuantizationType.__members__ or (
         file_type and f"MOSTLY_{file_type}" not in members
     ):
         return []
-    return [_info(name, fallback, file_type, plannable=False, needs_imatrix=needs_imatrix)]
+    return [_info(name, fallback, file_type, needs_imatrix=needs_imatrix)]
 
 
 def _info(
@@ -114,7 +114,7 @@ def _info(
 
 
 # Menu order: floats, the 32-weight types, then the 256-weight ones. A K-quant's file type is the
-# _M mixture, the one llama.cpp names after it. No preset uses IQ4_XS; budget plans may choose it.
+# _M mixture, the one llama.cpp names after it. MXFP4 has no file type of its own (MXFP4_MOE is a preset).
 QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
     {
         i.name: i
@@ -134,8 +134,8 @@ QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
             _info("Q5_K", "Q5_1", "Q5_K_M"),
             _info("Q6_K", "Q8_0", "Q6_K"),
             _info("IQ4_XS", "IQ4_NL", "IQ4_XS"),
-            # The low-bit types llama-quantize writes (issue 24); plans do not offer them yet. The
-            # fallbacks are tensor_type_fallback's; Q1_0 has none there (llama.cpp throws), F16 here.
+            # The low-bit types llama-quantize writes (issue 24), plannable as the rest. The fallbacks
+            # are tensor_type_fallback's; Q1_0 has none there (llama.cpp throws), F16 here.
             # A type the installed gguf-py cannot name (Q2_0 in gguf 0.19) is left out.
             *_new("MXFP4", None, None),
             *_new("Q1_0", None, "Q1_0"),

@@ -40,6 +40,7 @@ from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_c
 from studio.core.export.run import export_gguf
 from studio.core.jobs import JobContext
 from studio.core.model.gguf_source import source_summary
+from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import METHODS
@@ -172,6 +173,10 @@ class ExportDialog(JobPanel, QDialog):
         self.plan_combo.currentIndexChanged.connect(self._on_plan_changed)
         self.plan_info = QLabel("", self)
         self.plan_info.setWordWrap(True)
+        # the importance-matrix requirement of the chosen plan (IQ2_XXS, Q2_K_S, ...), shown before export
+        self.requirement = QLabel("", self)
+        self.requirement.setWordWrap(True)
+        self.requirement.setVisible(False)
         self.path_edit = QLineEdit(self)
         self.path_edit.setPlaceholderText("Where to write the .gguf file")
         self.path_edit.textEdited.connect(self._on_path_edited)
@@ -215,6 +220,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Model:", self.model_label)
         form.addRow("Plan:", self.plan_combo)
         form.addRow("", self.plan_info)
+        form.addRow("", self.requirement)
         form.addRow("Output file:", output_row)
         form.addRow("Method:", self.method_combo)
         form.addRow("Calibration:", calib_row)
@@ -267,6 +273,7 @@ class ExportDialog(JobPanel, QDialog):
         lay.addLayout(buttons)
         self.setMinimumWidth(620)
         self.method_combo.currentIndexChanged.connect(self._on_method_changed)
+        self.imatrix_check.toggled.connect(self._show_requirement)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -414,6 +421,8 @@ class ExportDialog(JobPanel, QDialog):
         if plan is None:
             return self._refuse("Choose a preset, or make a plan on the Plan page first.")
         calibrated = isinstance(plan, Plan) and plan.calibrated
+        if not calibrated and (need := self.imatrix_requirement()):
+            return self._refuse(need)  # before any work: nothing is written
         calib = self.calibration_text
         if calibrated and calib is not None and not calib.is_file():
             return self._refuse(f"The calibration text {calib} does not exist; choose another file.")
@@ -576,6 +585,34 @@ class ExportDialog(JobPanel, QDialog):
         self.imatrix_check.setText("Quantize with the importance matrix" + note)
         self.upload_button.setEnabled(self.outcome is not None and not running)
         self.show_folder_button.setEnabled(self.outcome is not None)
+        self._show_requirement()
+
+    def _show_requirement(self, *_args: Any) -> None:
+        text = self.imatrix_requirement()
+        set_status(self.requirement, text, error=True)
+        self.requirement.setVisible(bool(text))
+
+    def imatrix_requirement(self) -> str:
+        """The sentence naming the tensors of the chosen plan that need an importance matrix it will not
+        have ("" when none do, or when the chosen method calibrates)."""
+        info = self.state.info
+        if info is None or self.method != "rtn":
+            return ""
+        try:
+            plan = self.chosen_plan()
+            if isinstance(plan, str):
+                plan = plan_from_preset(info, plan, imatrix=self.imatrix is not None)
+            if not isinstance(plan, Plan):
+                return ""
+            check_imatrix(plan, info, self.imatrix)
+        except ImatrixRequiredError as err:
+            return (
+                f"{err.message} Choose the imatrix method (it calibrates on the text below), or compute "
+                "an importance matrix on the Calibrate page."
+            )
+        except StudioError:
+            return ""
+        return ""
 
     def _upload(self) -> None:
         self.upload_dialog = open_upload_dialog(self, self.outcome, self.jobs)
@@ -634,6 +671,7 @@ class ExportDialog(JobPanel, QDialog):
         if not self._path_edited:
             default = self._default_path()
             self.path_edit.setText(str(default) if default else "")
+        self._show_requirement()
 
     @Slot()
     def _on_method_changed(self, *_args: Any) -> None:

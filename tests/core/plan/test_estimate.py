@@ -8,6 +8,7 @@ import pytest
 from studio.core.hardware import Backend, GpuInfo, HardwareInfo
 from studio.core.model import open_model
 from studio.core.plan.estimate import (
+    LOW_BIT_PRESETS,
     PRESETS,
     Verdict,
     estimate_from_config,
@@ -123,7 +124,7 @@ def test_presets_order_and_monotone_sizes(tmp_path):
     cfg = _cfg(256, 512, 2, vocab=300)
     with open_model(write_folder(tmp_path / "m", llama_tensors(cfg), cfg)) as ck:
         ests = estimate_presets(ck.info, CPU_BIG, ctx_len=512)
-    assert tuple(e.preset for e in ests) == PRESETS
+    assert tuple(e.preset for e in ests) == PRESETS + LOW_BIT_PRESETS
     sizes = {e.preset: e.tensor_bytes for e in ests}
     assert (
         sizes["F16"]
@@ -134,6 +135,12 @@ def test_presets_order_and_monotone_sizes(tmp_path):
         > sizes["Q3_K_M"]
         > sizes["Q2_K"]
     )
+    # the i-quants between and below: IQ4_XS under Q4_K_M, IQ3_S under Q3_K_M, IQ2_XXS under Q2_K, IQ1_S least
+    assert sizes["Q4_K_M"] > sizes["IQ4_XS"] > sizes["IQ3_M"] > sizes["IQ3_S"] > sizes["IQ3_XXS"]
+    assert (
+        sizes["Q2_K"] > sizes["IQ2_M"] > sizes["IQ2_S"] > sizes["IQ2_XS"] > sizes["IQ2_XXS"] > sizes["IQ1_M"]
+    )
+    assert sizes["IQ1_M"] > sizes["IQ1_S"]
     assert all(e.ctx_len == 512 for e in ests)
 
 
