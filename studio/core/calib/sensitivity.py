@@ -81,24 +81,6 @@ from studio.core.quant.types import QTYPES
 from studio.core.stats.cache import checkpoint_key
 
 
-class _Muted(JobContext):
-    """The runner's own progress is dropped (the scan reports its streams); cancel goes through."""
-
-    def __init__(self, parent: JobContext) -> None:
-        super().__init__()
-        self._parent = parent
-
-    def report(self, done: int, total: int, msg: str = "") -> None:  # noqa: D401
-        return None
-
-    def check_cancelled(self) -> None:
-        self._parent.check_cancelled()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._parent.cancelled
-
-
 def scan_sensitivity(
     model: str | os.PathLike[str],
     text: Any = "builtin",
@@ -197,7 +179,7 @@ def scan_sensitivity(
                 targets, chunks.tokens, exact=exact, errors=errors, plans=plans, imatrix=qw, ctx=ctx
             )
             run_model(
-                ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=_Muted(ctx)
+                ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=ctx.muted()
             )
     finally:
         ckpt.close()
@@ -271,7 +253,7 @@ def measure_plans_on(
             ctx=ctx,
         )
         run_model(ckpt, chunks, [scan], device=inputs[0][1].device, dtype="float32", mode="layerwise",
-                  ctx=_Muted(ctx))  # fmt: skip
+                  ctx=ctx.muted())  # fmt: skip
     finally:
         ckpt.close()
     return tuple(tuple(scan.plan_group_kl[i][g] for i in range(len(plans))) for g in range(len(parts)))
@@ -301,7 +283,7 @@ def _run_plans(
             )
             return tuple(scan.plan_kl)
         scan = SensitivityScan(targets, chunks.tokens, exact={}, plans=plans, imatrix=qw, ctx=ctx)
-        run_model(ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=_Muted(ctx))
+        run_model(ckpt, chunks, [scan], device=st.device, dtype="float32", mode="layerwise", ctx=ctx.muted())
     finally:
         ckpt.close()
     return tuple(scan.plan_kl)
