@@ -84,6 +84,17 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 pytest_plugins = ["tests.factory_fixtures", "tests.real_fixtures"]
 
 
+def _drives_ray(item) -> bool:
+    return "local_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray_driver")
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Tests that make this process a Ray driver run last (in their collected order). Ray leaves
+    process-wide state behind after ``ray.shutdown()`` (gRPC threads, its SIGTERM handler), and two
+    full runs ended in a crash or a hang in the Qt tests that ran after it; no other test meets it."""
+    items.sort(key=lambda item: bool(_drives_ray(item)))  # stable: every other order is kept
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """What the real-model tier spent preparing the demo and its exports (its fixed cost)."""
     from tests.real_fixtures import PREPARE_SECONDS

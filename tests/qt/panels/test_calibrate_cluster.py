@@ -14,10 +14,10 @@ from studio.qt.state import StudioState
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'quant-studio[cluster]')")
 
-# Slow tier: it connects a Ray driver inside the Qt test process, and two full-suite runs this session
-# ended in the Qt tests after it (a segfault at 93 %, a hang at 95 %) with Ray's threads alive in the
-# process; the same identity is tested without Qt in tests/core/cluster/test_ray_calibrate.py.
-pytestmark = pytest.mark.slow
+# It makes the Qt test process a Ray driver: marked so that it runs after every other test
+# (tests/conftest.py says why), and slow (a cluster of its own); the same identity is tested without
+# Qt in tests/core/cluster/test_ray_calibrate.py.
+pytestmark = [pytest.mark.slow, pytest.mark.ray_driver]
 
 CTX, CHUNKS = 64, 3
 
