@@ -4,8 +4,9 @@ One pipe message per token woke the window's process for every token; on two cor
 took its slice from one of llama.cpp's threads, and the other waited for it at the next barrier
 (``bench/chat_latency.py``: 0.70 × the direct call's tokens/s, issue 26). ``batched`` groups a
 stream's items: the first goes at once (the time to the first token is untouched), later ones
-wait at most about ``window_s`` for the next send, and an item whose successor would arrive after
-that (a slow model) goes at once too, so nothing lags the model by more than the window.
+wait at most about ``window_s`` for the next send while the model keeps its pace, and an item whose
+successor is expected after that (a slow model) goes at once too. The last items go out the moment
+the stream ends, so tokens/s measured where they arrive is the model's.
 """
 
 from __future__ import annotations
