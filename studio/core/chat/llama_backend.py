@@ -293,12 +293,12 @@ class LlamaCppBackend(BaseBackend):
                 if "end" in msg:
                     reason = StopReason(msg["end"])
                     continue
-                for tok, piece, p in msg["t"]:  # a batch: the tokens made since the last message
+                for tok, piece, p, waited in msg["t"]:  # a batch: the tokens made since the last message
                     if stop():
                         self._set_flag()
                         reason = StopReason.STOPPED
                         break  # drain: the child ends after its current token
-                    yield TokenEvent(index, int(tok), decoder.decode(piece), float(p))
+                    yield TokenEvent(index, int(tok), decoder.decode(piece), float(p), lag=float(waited))
                     index += 1
                     if stop():
                         self._set_flag()

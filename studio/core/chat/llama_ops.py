@@ -12,6 +12,7 @@ within one token.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Generator, Iterator
 from multiprocessing import shared_memory
 from typing import Any
@@ -91,8 +92,8 @@ def _tokens(
     top_p: float,
     seed: int,
     stop_name: str | None,
-) -> Generator[tuple[int, bytes, float], None, str]:
-    """``(id, bytes, p)`` per token; returns why it ended (``eos``, ``length``, ``context``, ``stopped``)."""
+) -> Generator[tuple[int, bytes, float, float], None, str]:
+    """``(id, bytes, p, time made)`` per token; returns why it ended (``eos``, ``length``, ``context``, ``stopped``)."""
     import llama_cpp
 
     llm = _need(state)
@@ -134,7 +135,7 @@ def _tokens(
         tok, p = choose(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
         if llama_cpp.llama_vocab_is_eog(vocab, tok):
             return "eos"
-        yield tok, _piece(vocab, tok), p
+        yield tok, _piece(vocab, tok), p, time.monotonic()
         pending = tok
     return "length"
 
@@ -150,7 +151,7 @@ def _op_chat_generate(
     stop_name: str | None = None,
     window_s: float = WINDOW_S,
 ) -> Iterator[dict[str, Any]]:
-    """Stream ``{"t": [(id, bytes, p), ...]}`` batches of tokens (``batching``), then one ``{"end": reason}``."""
+    """Stream ``{"t": [(id, bytes, p, waited_s), ...]}`` batches of tokens (``batching``), then one ``{"end": reason}``."""
     batches = batched(_tokens(state, ids, max_tokens, temperature, top_k, top_p, seed, stop_name), window_s)
     while True:
         try:
@@ -158,7 +159,8 @@ def _op_chat_generate(
         except StopIteration as end:
             yield {"end": end.value}
             return
-        yield {"t": batch}
+        now = time.monotonic()  # each token says how long it waited (the parent's clock may differ)
+        yield {"t": [(tok, piece, p, now - made) for tok, piece, p, made in batch]}
 
 
 def _op_chat_threads(state: Any, n: int) -> int:

@@ -12,6 +12,7 @@ import pytest
 from studio.core.chat import Message, Sampling, StopReason, generate
 from studio.core.chat.batching import batched
 from studio.core.chat.llama_backend import LlamaCppBackend
+from studio.core.chat.types import Prompt, TokenEvent
 
 
 def _timed(times: list[float], clock: list[float]) -> Generator[int, None, str]:
@@ -112,6 +113,32 @@ def test_batched_tokens_are_the_tokens_of_one_message_each(f32_llama):
         assert len(msgs[0]["t"]) == 1  # the first token alone, at once
     # a window longer than the reply: the first token, then all the others in one message
     assert [len(m["t"]) for m in msgs[:-1]] == [1, 47] and msgs[-1] == {"end": "length"}
+    # each held token says how long it waited, the earliest longest
+    lags = [t.lag for t in got.tokens]
+    assert lags[0] < 0.05 and lags[1] > lags[-1] >= 0 and lags[1:] == sorted(lags[1:], reverse=True)
+
+
+class _Batched:
+    """A back end whose tokens come as a child's batches do: token 0 at once, tokens 1-4 made every
+    100 ms but handed over together 100 ms after the last (the end-of-text step), with their lags."""
+
+    label = "batched"
+
+    def stream(self, ids, sampling, should_stop=None):
+        yield TokenEvent(0, 10, "a", 0.5)
+        time.sleep(0.5)
+        for i, lag in enumerate((0.4, 0.3, 0.2, 0.1), start=1):
+            yield TokenEvent(i, 10 + i, "b", 0.5, lag=lag)
+        return StopReason.EOS
+
+
+def test_tokens_per_s_counts_when_tokens_were_made_not_when_a_batch_arrived():
+    prompt = Prompt("x", (1, 2), "none")
+    res = generate(_Batched(), [], Sampling(max_tokens=8), prompt=prompt)
+    assert len(res.tokens) == 5 and res.stop_reason is StopReason.EOS
+    # made 0.1 … 0.4 s after the first: 4 tokens in 0.4 s (10/s), not in the 0.5 s until they arrived (8/s)
+    assert res.tokens_per_s == pytest.approx(10.0, rel=0.1)
+    assert res.tokens[-1].seconds >= 0.5  # shown when it arrived
 
 
 def test_stop_is_prompt_while_tokens_wait_in_a_batch(f32_llama):
