@@ -113,8 +113,11 @@ def _direct_hf(
     from transformers import AutoModelForCausalLM
     from transformers.generation.streamers import BaseStreamer
 
+    from studio.core.model.hf_progress import no_hf_progress_bars
+
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with no_hf_progress_bars():  # its "Loading weights" bar cluttered the bench's table
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
     class Stamps(BaseStreamer):
         def __init__(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.chat.backend import BaseBackend, StopCheck
+from studio.core.chat.batching import WINDOW_S
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
 from studio.core.gguf.read import read_gguf
@@ -112,6 +113,8 @@ class LlamaCppBackend(BaseBackend):
         self.header_warnings: tuple[str, ...] = ()
         self._vocab: tuple[str, ...] | None = None
         self._threads_in_child: int | None = None  # what the loaded child runs with
+        # the child sends tokens in batches at most this far apart (``studio.core.chat.batching``)
+        self.stream_window_s = WINDOW_S
 
     def set_threads(self, n: int | None) -> None:
         """llama.cpp's threads (generation and prompt) from the next load, or the next reply if loaded."""
@@ -257,7 +260,8 @@ class LlamaCppBackend(BaseBackend):
     def stream(
         self, ids: Sequence[int], sampling: Sampling, should_stop: StopCheck | None = None
     ) -> Generator[TokenEvent, None, StopReason]:
-        """Stream tokens from the child; Stop sets the shared flag, which the child checks per token."""
+        """Stream tokens from the child (sent in batches); Stop sets the shared flag, which the child
+        checks per token, and tokens of a batch after Stop are dropped here."""
         self._require_loaded()
         self._sync_threads()
         stop = self._stopper(should_stop)
@@ -270,6 +274,7 @@ class LlamaCppBackend(BaseBackend):
                 "chat_generate",
                 ids=[int(i) for i in ids],
                 stop_name=flag.name if flag is not None else None,
+                window_s=self.stream_window_s,
                 **sampling.as_dict(),
             )
         except ChildProcessError_:
@@ -288,14 +293,15 @@ class LlamaCppBackend(BaseBackend):
                 if "end" in msg:
                     reason = StopReason(msg["end"])
                     continue
-                if stop():
-                    self._set_flag()
-                    reason = StopReason.STOPPED
-                    continue  # drain: the child ends after its current token
-                yield TokenEvent(index, int(msg["id"]), decoder.decode(msg["b"]), float(msg["p"]))
-                index += 1
-                if stop():
-                    self._set_flag()
+                for tok, piece, p, waited in msg["t"]:  # a batch: the tokens made since the last message
+                    if stop():
+                        self._set_flag()
+                        reason = StopReason.STOPPED
+                        break  # drain: the child ends after its current token
+                    yield TokenEvent(index, int(tok), decoder.decode(piece), float(p), lag=float(waited))
+                    index += 1
+                    if stop():
+                        self._set_flag()
         except ChildProcessError_ as err:
             finished = True
             if not self._runner.alive:

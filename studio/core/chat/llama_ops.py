@@ -2,20 +2,24 @@
 
 ``chat_load`` loads a GGUF with llama-cpp-python's own chat-template machinery switched off (templates
 are rendered by the parent's sandbox, never by llama-cpp-python). ``chat_generate`` streams tokens
-of our own generation loop: raw logits → the shared numpy sampler → one message per token with the
-token's bytes and probability. Stop is a byte in shared memory the parent sets; the loop checks it
-before every token and between prompt batches, so it ends within one token.
+of our own generation loop: raw logits → the shared numpy sampler → each token's bytes and
+probability, sent in small batches (``studio.core.chat.batching``: the first token at once, then
+at most one message per 40 ms) rather than one message per token. Stop is a byte in shared memory
+the parent sets; the loop checks it before every token and between prompt batches, so it ends
+within one token.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+import time
+from collections.abc import Generator, Iterator
 from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 
+from studio.core.chat.batching import WINDOW_S, batched
 from studio.core.chat.sampling import choose, make_rng
 from studio.core.llamacpp.worker import _OPS, _need, before_decode
 
@@ -79,17 +83,17 @@ def _piece(vocab: Any, tok: int) -> bytes:
         size = -n + 8  # the piece needs -n bytes
 
 
-def _op_chat_generate(
+def _tokens(
     state: Any,
     ids: list[int],
-    max_tokens: int = 128,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    stop_name: str | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Stream ``{"id", "b", "p"}`` per token, then one ``{"end": reason}``."""
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    stop_name: str | None,
+) -> Generator[tuple[int, bytes, float, float], None, str]:
+    """``(id, bytes, p, time made)`` per token; returns why it ended (``eos``, ``length``, ``context``, ``stopped``)."""
     import llama_cpp
 
     llm = _need(state)
@@ -115,29 +119,48 @@ def _op_chat_generate(
     llm.n_tokens = common
     for start in range(common, len(ids), PROMPT_BATCH):
         if stopped():
-            yield {"end": "stopped"}
-            return
+            return "stopped"
         llm.eval(ids[start : start + PROMPT_BATCH])
     rng = None if temperature <= 0 else make_rng(seed)
     ctx_ptr = llm._ctx.ctx
     pending: int | None = None  # the last token, evaluated only if another one is wanted
     for _ in range(max_tokens):
         if stopped():
-            yield {"end": "stopped"}
-            return
+            return "stopped"
         if pending is not None:
             if llm.n_tokens >= n_ctx:
-                yield {"end": "context"}
-                return
+                return "context"
             llm.eval([pending])
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx_ptr, -1), shape=(n_vocab,))
         tok, p = choose(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
         if llama_cpp.llama_vocab_is_eog(vocab, tok):
-            yield {"end": "eos", "id": tok, "p": p}
-            return
-        yield {"id": tok, "b": _piece(vocab, tok), "p": p}
+            return "eos"
+        yield tok, _piece(vocab, tok), p, time.monotonic()
         pending = tok
-    yield {"end": "length"}
+    return "length"
+
+
+def _op_chat_generate(
+    state: Any,
+    ids: list[int],
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    stop_name: str | None = None,
+    window_s: float = WINDOW_S,
+) -> Iterator[dict[str, Any]]:
+    """Stream ``{"t": [(id, bytes, p, waited_s), ...]}`` batches of tokens (``batching``), then one ``{"end": reason}``."""
+    batches = batched(_tokens(state, ids, max_tokens, temperature, top_k, top_p, seed, stop_name), window_s)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration as end:
+            yield {"end": end.value}
+            return
+        now = time.monotonic()  # each token says how long it waited (the parent's clock may differ)
+        yield {"t": [(tok, piece, p, now - made) for tok, piece, p, made in batch]}
 
 
 def _op_chat_threads(state: Any, n: int) -> int:

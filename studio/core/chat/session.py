@@ -90,7 +90,8 @@ def generate(
     gen = backend.stream(prompt.ids, sampling, should_stop=stop)
     tokens: list[TokenEvent] = []
     reason = StopReason.LENGTH
-    first = last = None
+    first = None  # when the first token arrived (the time to first token)
+    made_first = made_last = None  # when the first and last tokens were made (tokens/s)
     while True:
         try:
             ev = next(gen)
@@ -99,7 +100,11 @@ def generate(
             break
         now = time.monotonic()
         first = now if first is None else first
-        last = now
+        # a batch's tokens arrive together; the last one waited for the end-of-text step, which
+        # counted as one token more in the rate (issue 26): the rate counts when they were made
+        made = now - max(0.0, ev.lag)
+        made_first = made if made_first is None else made_first
+        made_last = max(made, made_last if made_last is not None else made)
         ev = dataclasses.replace(ev, seconds=now - t0)
         tokens.append(ev)
         if on_token is not None:
@@ -109,7 +114,9 @@ def generate(
         reason = StopReason.STOPPED
     ttft = (first - t0) if first is not None else end_t - t0
     tps = (
-        (len(tokens) - 1) / (last - first) if first is not None and last is not None and last > first else 0.0
+        (len(tokens) - 1) / (made_last - made_first)
+        if made_first is not None and made_last is not None and made_last > made_first
+        else 0.0
     )
     return GenerationResult(
         label=backend.label,

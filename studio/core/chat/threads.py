@@ -17,6 +17,7 @@ its columns run (threads started afterwards take it; the calling thread is set a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,18 +64,36 @@ class ThreadShare:
         return f"{t} of {c} ({why})" if why else f"{t} of {c}"
 
 
-def busy_cores(loadavg: str = "/proc/loadavg") -> float:
+LOAD_SAMPLES = 5  # reads of the runnable count, the least kept: a passing process is not a busy core
+LOAD_SAMPLE_GAP_S = 0.002
+
+
+def busy_cores(loadavg: str = "/proc/loadavg", samples: int = LOAD_SAMPLES) -> float:
     """Cores other programs keep busy: the 1-minute load average, but no more than the threads that
     are runnable now besides the caller (Linux), so the studio's own work of the last minute (a
-    model it just loaded) does not count against it; 0 where the OS tells nothing."""
+    model it just loaded) does not count against it; 0 where the OS tells nothing.
+
+    "Now" is the least of up to ``samples`` reads 2 ms apart (one read when nothing else runs): a
+    single read counted whatever happened to run at that instant (a shell, a short-lived helper)
+    as a busy core, and one busy core took a whole thread from a single column on two cores.
+    """
     try:
         avg = max(0.0, float(os.getloadavg()[0]))
     except (AttributeError, OSError):
         return 0.0
-    try:
-        with open(loadavg, encoding="ascii") as f:
-            running = int(f.read().split()[3].split("/")[0]) - 1  # "R/T": R counts the reader too
-    except (OSError, ValueError, IndexError):
+    running: int | None = None
+    for i in range(max(1, samples)):
+        if i:
+            time.sleep(LOAD_SAMPLE_GAP_S)
+        try:
+            with open(loadavg, encoding="ascii") as f:
+                now = int(f.read().split()[3].split("/")[0]) - 1  # "R/T": R counts the reader too
+        except (OSError, ValueError, IndexError):
+            break
+        running = now if running is None else min(running, now)
+        if running <= 0:
+            break
+    if running is None:
         return avg
     return max(0.0, min(avg, float(running)))
 

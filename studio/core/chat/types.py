@@ -94,6 +94,9 @@ class TokenEvent:
     text: str  # may be "" while a multi-byte character is incomplete
     prob: float  # softmax of the raw logits (temperature 1) at the chosen token
     seconds: float = 0.0  # since the request started
+    # how long the token waited in its back end before it was handed over (the llama.cpp child sends
+    # tokens in batches): it was made ``lag`` seconds before it arrived; tokens/s counts when made
+    lag: float = 0.0
 
 
 class StopReason(str, Enum):

@@ -55,3 +55,24 @@ def test_busy_cores_leaves_out_the_studios_own_recent_work(tmp_path, monkeypatch
     f.write_text("20.0 18.0 15.0 23/900 12345\n")
     monkeypatch.setattr(chat_threads.os, "getloadavg", lambda: (20.0, 18.0, 15.0))
     assert chat_threads.busy_cores(str(f)) == 20.0
+
+
+def test_a_process_running_for_a_moment_does_not_take_a_thread(tmp_path, monkeypatch):
+    # issue 26: one read of the runnable count saw a passing process as a busy core, and the only
+    # column on 2 cores got 1 thread (0.70 × the direct call's tokens/s)
+    f = tmp_path / "loadavg"
+    f.write_text("1.50 1.20 0.90 3/400 12345\n")  # two others run at the first read …
+    reads = []
+    monkeypatch.setattr(chat_threads.os, "getloadavg", lambda: (1.5, 1.2, 0.9))
+
+    def gone(seconds):  # … and are gone 2 ms later
+        reads.append(seconds)
+        f.write_text("1.50 1.20 0.90 1/400 12345\n")
+
+    monkeypatch.setattr(chat_threads.time, "sleep", gone)
+    assert chat_threads.busy_cores(str(f)) == 0.0 and len(reads) == 1
+    assert chat_threads.share(1, cores=2, busy=chat_threads.busy_cores(str(f))).threads == 2
+    # a program that keeps running is seen in every read
+    f.write_text("1.50 1.20 0.90 2/400 12345\n")
+    monkeypatch.setattr(chat_threads.time, "sleep", lambda s: reads.append(s))
+    assert chat_threads.busy_cores(str(f)) == 1.0 and len(reads) == 1 + chat_threads.LOAD_SAMPLES - 1
