@@ -257,7 +257,10 @@ class MemoryPanel(QWidget):
     def _on_model(self, *_args: Any) -> None:
         has_model = self.state.info is not None
         self.source_combo.model().item(0).setEnabled(has_model)  # type: ignore[attr-defined]
+        # the combo's own signal would compute (and draw) the report once more before the call below
+        self.source_combo.blockSignals(True)
         choose(self.source_combo, "model" if has_model else "shape")
+        self.source_combo.blockSignals(False)
         self._on_source()
 
     @Slot()

@@ -89,3 +89,15 @@ def test_the_open_model_is_the_default_source(panel, tiny_models):
     assert panel.report.row("Q4_K_M").bpw_source == "plan"  # the exporter's per-tensor types
     panel.state.close_model()
     assert panel.source_combo.currentData() == "shape" and panel.layers_spin.isEnabled()
+
+
+def test_opening_or_closing_a_model_draws_the_report_once(panel, tiny_models):
+    # the source combo's own signal used to draw it a second time (the report is ~50 ms of table and bars)
+    from studio.core.model import open_model
+
+    shown: list[object] = []
+    panel.reportShown.connect(shown.append)
+    panel.state.set_checkpoint(open_model(tiny_models("llama")))
+    assert len(shown) == 1 and shown[0].shape.name != "typed shape"
+    panel.state.close_model()
+    assert len(shown) == 2 and shown[1].shape.name == "typed shape"
