@@ -44,6 +44,7 @@ from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import METHODS
+from studio.core.quant.warm import ensure_compiled
 from studio.qt import folders, widgets
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager
@@ -102,7 +103,10 @@ def run_export(
     """
 
     def write(c: JobContext, validate: Any) -> Any:
-        if isinstance(plan, Plan) and plan.calibrated:
+        calibrated = isinstance(plan, Plan) and plan.calibrated
+        if calibrated or backend == "studio":  # kernels compiled here would hold the GIL (quant/warm.py)
+            ensure_compiled(c)
+        if calibrated:
             executor = open_executor(cluster)
             try:
                 return export_calibrated(
