@@ -15,17 +15,23 @@ During each phase a 10 ms ``QTimer`` records the time between its ticks on the G
 interval is how long the GUI was unresponsive. Prints the worst and 99th-percentile gap per phase,
 the ratio to the idle reference measured in the same run, the most CPU time the GUI thread itself
 spent between two ticks (work on the GUI thread, as opposed to the machine's load or a worker holding
-the GIL), and the peak RSS. Then, for every stall over 100 ms, where it happened: a watchdog thread
-samples the GUI thread's stack (``sys._current_frames()``) every 10 ms once a tick is 50 ms late; when
-the GUI thread sits in the bench's own event loop (waiting for the GIL), the workers' stacks instead.
-Opening the model (a job) is a phase too; start-up includes the torch warm-up (``studio.qt.pages``).
+the GIL), and the peak RSS. Then, for every stall over 100 ms, who ran in it: a watchdog thread reads
+every thread's CPU clock (``/proc/self/task/*/schedstat``) and stack (``sys._current_frames()``) every
+10 ms once a tick is 50 ms late, and the late tick itself reads them once more (a worker that holds the
+GIL keeps the watchdog out too); each thread's CPU time is charged to where its stack was. A worker's
+CPU while the GUI thread waits in the bench's own loop is that worker holding the GIL; a stall in which
+the process itself barely ran is the machine's other processes.
+Opening the model (a job) is a phase too; start-up includes the torch warm-up and the quantization
+kernels' compile in a child process (``studio.qt.pages``, ``studio.core.quant.warm``).
 
     python bench/gui_responsiveness.py [--hidden 2048 --layers 2 --intermediate 8192]
         [--presets Q8_0,Q4_K_M] [--verify] [--model-dir DIR] [--skip calibrate,budget,export,evaluate]
 
 The budget dialog keeps its scans in the CLI's scan cache: a second run on the same model reads its
 scan back (seconds). For a real scan every time, give the run a fresh cache:
-``QUANT_STUDIO_CACHE=$(mktemp -d) python bench/gui_responsiveness.py``.
+``QUANT_STUDIO_CACHE=$(mktemp -d) python bench/gui_responsiveness.py``. A fresh numba cache as well
+(``NUMBA_CACHE_DIR=$(mktemp -d)``) is a first start after an install: the start-up job then compiles
+every quantization kernel in its child (minutes on a busy machine).
 """
 
 from __future__ import annotations
