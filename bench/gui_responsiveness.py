@@ -46,6 +46,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,16 +133,21 @@ class GapRecorder:
             time.sleep(SAMPLE_EVERY_S)
             now = time.perf_counter()
             late = self._running and (now - self._last) * 1000.0 >= SAMPLE_AFTER_MS
-            with self._lock:
-                if late:
-                    self._sample(in_tick=False)
-                elif now - self._base_at >= BASELINE_EVERY_S:
-                    self._base, self._base_at = _task_cpu(), now
+            if late:
+                self._sample(in_tick=False)
+            elif now - self._base_at >= BASELINE_EVERY_S:
+                cpu = _task_cpu()  # read outside the lock: the GUI thread's tick must never wait for /proc
+                with self._lock:
+                    self._base, self._base_at = cpu, now
 
     def _sample(self, in_tick: bool) -> None:
-        """Charge each thread's CPU since the last reading to where its stack is now (lock held)."""
-        cpu = _task_cpu()
+        """Charge each thread's CPU since the last reading to where its stack is now."""
+        cpu = _task_cpu()  # read outside the lock: the GUI thread's tick must never wait for /proc
         frames = sys._current_frames()
+        with self._lock:
+            self._charge(cpu, frames, in_tick)
+
+    def _charge(self, cpu: dict[int, float], frames: dict[int, Any], in_tick: bool) -> None:
         known = {t.ident: t for t in threading.enumerate()}
         native = {i: t.native_id for i, t in known.items()}
         gui_tid = native.get(self._gui) or threading.main_thread().native_id
@@ -181,10 +187,11 @@ class GapRecorder:
         # processes, or a worker holding the GIL), a long gap of as much CPU is work on the GUI thread
         self.cpu_gaps.append((cpu - self._last_cpu) * 1000.0)
         self._last, self._last_cpu = now, cpu
+        if gap > BUDGET_MS:
+            # a worker that held the GIL kept the watchdog out too: what it ran is read here as well
+            self._sample(in_tick=True)
         with self._lock:
             if gap > BUDGET_MS:
-                # a worker that held the GIL kept the watchdog out too: what it ran is read here as well
-                self._sample(in_tick=True)
                 top = sorted(self._gap_sites.items(), key=lambda kv: -kv[1][0])[:4]
                 self.sites.append((gap, self._gap_total, [(site, spent, int(n)) for site, (spent, n) in top]))
             self._gap_sites, self._gap_total = {}, 0.0
