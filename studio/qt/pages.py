@@ -52,6 +52,10 @@ WARM_MODULES = (
 )
 
 
+# the calibration's reductions (numba too): compiled in the same child, so a first Calibrate does not
+CHILD_KERNELS = ("studio.core.calib._reduce_kernel:prepare_kernels",)
+
+
 def _prepare_kernels(ctx: JobContext) -> None:
     """Compile the quantization kernels in a child process (once per install), then load them here.
 
@@ -60,8 +64,10 @@ def _prepare_kernels(ctx: JobContext) -> None:
     cache is short, and here it is paid while the window starts, not in the first scan."""
     warm = importlib.import_module("studio.core.quant.warm")  # numba: imported in this worker, not at start
     try:
-        if warm.ensure_compiled(ctx):
+        if warm.ensure_compiled(ctx, also=CHILD_KERNELS):
             warm.warm_kernels(ctx)
+            for name in CHILD_KERNELS:
+                warm.call_named(name)
     except JobCancelled:
         raise
     except Exception:  # the first scan or export compiles them instead

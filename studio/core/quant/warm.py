@@ -13,6 +13,7 @@ child on later starts.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import sys
 import threading
@@ -33,7 +34,7 @@ from studio.core.quant.types import QTYPES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ensure_compiled", "kernels_key", "marker_path", "warm_kernels"]
+__all__ = ["call_named", "ensure_compiled", "kernels_key", "marker_path", "warm_kernels"]
 
 ROW = 256  # one super-block: a whole row for every block size
 # the modules holding the block kernels (their sources key numba's cache, and so the marker)
@@ -70,40 +71,53 @@ def warm_kernels(ctx: JobContext | None = None) -> int:
     return runs
 
 
-def kernels_key() -> str:
+def kernels_key(also: tuple[str, ...] = ()) -> str:
     """A digest of what numba's cache of the kernels depends on: their sources, numba and Python."""
     import numba  # the version keys the cache
 
     here = Path(__file__).resolve().parent
-    h = hashlib.sha256(f"{sys.version}|{numba.__version__}|{here}".encode())
+    h = hashlib.sha256(f"{sys.version}|{numba.__version__}|{here}|{','.join(also)}".encode())
     for mod in KERNEL_MODULES:
         st = (here / f"{mod}.py").stat()
         h.update(f"|{mod}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()[:16]
 
 
-def marker_path() -> Path:
+def marker_path(also: tuple[str, ...] = ()) -> Path:
     """The file that says the kernels of this install were compiled into numba's cache."""
-    return user_cache_dir() / "kernels" / f"compiled-{kernels_key()}"
+    return user_cache_dir() / "kernels" / f"compiled-{kernels_key(also)}"
 
 
-def _child(ctx: JobContext, _emit: Callable[[Any], None]) -> int:
-    return warm_kernels(ctx)
+def call_named(name: str) -> Any:
+    """Call ``"package.module:function"`` with no arguments (a kernel module's own ``prepare_kernels``)."""
+    module, _, func = name.partition(":")
+    return getattr(importlib.import_module(module), func)()
 
 
-def ensure_compiled(ctx: JobContext | None = None) -> bool:
+def _child(ctx: JobContext, _emit: Callable[[Any], None], also: tuple[str, ...] = ()) -> int:
+    runs = warm_kernels(ctx)
+    for name in also:
+        ctx.check_cancelled()
+        call_named(name)
+        runs += 1
+    return runs
+
+
+def ensure_compiled(ctx: JobContext | None = None, also: tuple[str, ...] = ()) -> bool:
     """Compile every block kernel into numba's on-disk cache in a child process, once per install
-    (the marker) and per process; True when the cache is known good. Waits while another thread of
-    this process does it. Never raises for a failed compile: the kernels then compile on first use."""
+    (the marker) and per process; True when the cache is known good. ``also``: more kernels' set-up
+    functions (``"module:function"``, e.g. the calibration's reductions, above this layer) the child
+    calls too. Waits while another thread of this process does it. Never raises for a failed
+    compile: the kernels then compile on first use."""
     if not HAVE_NUMBA:
         return False
     with _lock:
         if _done:
             return True
         try:
-            marker = marker_path()
+            marker = marker_path(also)
             if not marker.is_file():
-                runs = call_in_child(_child, what="kernel compile", ctx=ctx)
+                runs = call_in_child(_child, {"also": tuple(also)}, what="kernel compile", ctx=ctx)
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(marker, f"{runs} kernel calls compiled\n")
         except StudioError as err:  # cancelled, or the child failed: the first use compiles instead

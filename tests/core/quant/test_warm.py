@@ -33,7 +33,7 @@ def test_the_child_runs_once_per_install_and_the_marker_spares_it(monkeypatch, t
     monkeypatch.setattr(warm, "_done", [])  # a new process of the same install: the marker spares the child
     assert warm.ensure_compiled() is True and len(calls) == 1
     # the marker is keyed by the kernels' sources: another install (or an edited kernel) compiles again
-    monkeypatch.setattr(warm, "kernels_key", lambda: "another")
+    monkeypatch.setattr(warm, "kernels_key", lambda also=(): "another")
     monkeypatch.setattr(warm, "_done", [])
     assert warm.ensure_compiled() is True and len(calls) == 2
 
@@ -55,10 +55,14 @@ SCRIPT = r"""
 import json, sys
 import numpy as np
 from numba.core.registry import CPUDispatcher
+from studio.core.calib import _reduce_kernel
 from studio.core.quant import blocks, iquants, kquants, legacy, lowbit, warm
 
+ALSO = ("studio.core.calib._reduce_kernel:prepare_kernels",)
+
 if __name__ == "__main__":
-    assert warm.ensure_compiled()
+    assert warm.ensure_compiled(also=ALSO)
+    warm.call_named(ALSO[0])  # the calibration's reductions, loaded here as the window's start-up job does
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 1024)).astype(np.float32)
     qw = rng.random(1024).astype(np.float32) + 0.1
@@ -70,7 +74,7 @@ if __name__ == "__main__":
                 continue
             blocks.dequantize(blocks.quantize(x, name, imatrix=im, threads=2), name, x.shape)
     hits, compiled = 0, []
-    for mod in (kquants, iquants, legacy, lowbit):
+    for mod in (kquants, iquants, legacy, lowbit, _reduce_kernel):
         for k, v in vars(mod).items():
             if isinstance(v, CPUDispatcher):
                 hits += sum(v.stats.cache_hits.values())
@@ -96,3 +100,16 @@ def test_after_ensure_compiled_this_process_compiles_no_kernel(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["compiled"] == [] and report["hits"] > 10
+
+
+def test_the_child_also_runs_the_named_set_ups_and_the_marker_names_them(monkeypatch, tmp_path):
+    from studio.core.jobs import null_context
+
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path))
+    called: list[str] = []
+    monkeypatch.setattr(warm, "warm_kernels", lambda ctx=None: 3)
+    monkeypatch.setattr(warm, "call_named", called.append)
+    assert warm._child(null_context(), lambda _e: None, also=("a.b:c", "d:e")) == 5
+    assert called == ["a.b:c", "d:e"]
+    # a marker for the block kernels alone does not stand for the calibration's too
+    assert warm.marker_path() != warm.marker_path(("a.b:c",))
