@@ -46,10 +46,19 @@ _lock = threading.Lock()
 _done: list[bool] = []
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    b = a.copy()
+    b.flags.writeable = False
+    return b
+
+
 def warm_kernels(ctx: JobContext | None = None) -> int:
     """Quantize and decode one tiny row in every GGUF type, with and without an importance matrix,
     so that numba compiles (or loads) every block kernel for the array types real calls use. Returns
-    how many calls ran."""
+    how many calls ran.
+
+    numba compiles once per argument type, and a read-only array is another type: the scan's importance
+    matrix is read-only (a cached file's buffer), as may be weights read from a file, so both kinds run."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, ROW)).astype(np.float32)
     qw = rng.random(ROW).astype(np.float32) + 0.5
@@ -59,15 +68,17 @@ def warm_kernels(ctx: JobContext | None = None) -> int:
         if ctx is not None:
             ctx.check_cancelled()
             ctx.report(i, len(names), f"Compiling the {name} kernels")
-        for imatrix in (None, qw):
-            if imatrix is None and QTYPES[name].needs_imatrix:
-                continue
-            try:
-                data = blocks.quantize(x, name, imatrix=imatrix, threads=1)
-                blocks.dequantize(data, name, x.shape)
-            except StudioError:  # a type these kernels do not write: nothing to compile
-                continue
-            runs += 1
+        for rows in (x, _readonly(x)):
+            for imatrix in (None, qw, _readonly(qw)):
+                if imatrix is None and QTYPES[name].needs_imatrix:
+                    continue
+                try:
+                    data = blocks.quantize(rows, name, imatrix=imatrix, threads=1)
+                    blocks.dequantize(data, name, x.shape)
+                    blocks.dequantize(_readonly(data), name, x.shape)  # a GGUF file's tensor
+                except StudioError:  # a type these kernels do not write: nothing to compile
+                    continue
+                runs += 1
     return runs
 
 

@@ -66,10 +66,12 @@ if __name__ == "__main__":
     rng = np.random.default_rng(1)
     x = rng.standard_normal((64, 1024)).astype(np.float32)
     qw = rng.random(1024).astype(np.float32) + 0.1
+    qw_ro = qw.copy()
+    qw_ro.flags.writeable = False  # the scan's importance matrix is a read-only buffer
     # the scan's and the exports' calls: whole tensors, chunks on two threads, with an imatrix or not
     for name in ("Q8_0", "Q4_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS",
                  "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "F16", "BF16"):
-        for im in (qw, None):
+        for im in (qw, qw_ro, None):
             if im is None and name in ("IQ2_XXS", "IQ1_S"):
                 continue
             blocks.dequantize(blocks.quantize(x, name, imatrix=im, threads=2), name, x.shape)
