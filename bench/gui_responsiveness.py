@@ -15,17 +15,23 @@ During each phase a 10 ms ``QTimer`` records the time between its ticks on the G
 interval is how long the GUI was unresponsive. Prints the worst and 99th-percentile gap per phase,
 the ratio to the idle reference measured in the same run, the most CPU time the GUI thread itself
 spent between two ticks (work on the GUI thread, as opposed to the machine's load or a worker holding
-the GIL), and the peak RSS. Then, for every stall over 100 ms, where it happened: a watchdog thread
-samples the GUI thread's stack (``sys._current_frames()``) every 10 ms once a tick is 50 ms late; when
-the GUI thread sits in the bench's own event loop (waiting for the GIL), the workers' stacks instead.
-Opening the model (a job) is a phase too; start-up includes the torch warm-up (``studio.qt.pages``).
+the GIL), and the peak RSS. Then, for every stall over 100 ms, who ran in it: a watchdog thread reads
+every thread's CPU clock (``/proc/self/task/*/schedstat``) and stack (``sys._current_frames()``) every
+10 ms once a tick is 50 ms late, and the late tick itself reads them once more (a worker that holds the
+GIL keeps the watchdog out too); each thread's CPU time is charged to where its stack was. A worker's
+CPU while the GUI thread waits in the bench's own loop is that worker holding the GIL; a stall in which
+the process itself barely ran is the machine's other processes.
+Opening the model (a job) is a phase too; start-up includes the torch warm-up and the quantization
+kernels' compile in a child process (``studio.qt.pages``, ``studio.core.quant.warm``).
 
     python bench/gui_responsiveness.py [--hidden 2048 --layers 2 --intermediate 8192]
         [--presets Q8_0,Q4_K_M] [--verify] [--model-dir DIR] [--skip calibrate,budget,export,evaluate]
 
 The budget dialog keeps its scans in the CLI's scan cache: a second run on the same model reads its
 scan back (seconds). For a real scan every time, give the run a fresh cache:
-``QUANT_STUDIO_CACHE=$(mktemp -d) python bench/gui_responsiveness.py``.
+``QUANT_STUDIO_CACHE=$(mktemp -d) python bench/gui_responsiveness.py``. A fresh numba cache as well
+(``NUMBA_CACHE_DIR=$(mktemp -d)``) is a first start after an install: the start-up job then compiles
+every quantization kernel in its child (minutes on a busy machine).
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ import tempfile
 import threading
 import time
 import traceback
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,12 +56,13 @@ TICK_MS = 10
 BUDGET_MS = 100.0
 
 
-SAMPLE_AFTER_MS = 50.0  # the watchdog samples the GUI thread's stack once a tick is this late
+SAMPLE_AFTER_MS = 50.0  # the watchdog samples every thread's stack once a tick is this late
 SAMPLE_EVERY_S = 0.01
+BASELINE_EVERY_S = 0.05  # how often the threads' CPU clocks are read while the GUI keeps time
 
 
 def _site(frame) -> str:
-    """The innermost frames of the GUI thread's stack that are our code (studio/, bench/), else the top."""
+    """The innermost frames of a thread's stack that are our code (studio/, bench/), else the top."""
     stack = traceback.extract_stack(frame)
     ours = [f for f in stack if "/studio/" in f.filename or "/bench/" in f.filename]
     top = stack[-1]
@@ -66,9 +73,33 @@ def _site(frame) -> str:
     return text
 
 
+def _task_cpu() -> dict[int, float]:
+    """CPU time (ms) of every native thread of this process, from /proc (precise, and safe for threads
+    that end meanwhile): the thread that ran while the GUI thread waited is the one that held the GIL."""
+    out: dict[int, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            out[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e6
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or no schedstat (then the stack samples still tell)
+    return out
+
+
+def _task_name(tid: int) -> str:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
 class GapRecorder:
-    """Records the intervals between the ticks of a ``TICK_MS`` timer on the GUI thread, and (a watchdog
-    thread) where the GUI thread is while a tick is late: the stall sites, sampled with sys._current_frames()."""
+    """Records the intervals between the ticks of a ``TICK_MS`` timer on the GUI thread and, for each
+    late interval, who ran meanwhile: a watchdog thread reads every thread's CPU clock (/proc) and
+    stack (sys._current_frames()) and charges each thread's CPU time to where its stack was.
+
+    A worker that holds the GIL in one long call keeps the watchdog out too; when it wakes, that worker's
+    CPU since the last reading (taken at most ``BASELINE_EVERY_S`` before the stall) is charged to the
+    line it stands on, just after the call: the culprit, with its milliseconds."""
 
     def __init__(self) -> None:
         from PySide6.QtCore import Qt, QTimer
@@ -82,30 +113,71 @@ class GapRecorder:
         self._last = self._last_cpu = 0.0
         self._gui = threading.get_ident()
         self._running = False
-        self._gap_sites: Counter[str] = Counter()  # the current late interval's samples
-        self.sites: list[tuple[float, list[tuple[str, int]]]] = []  # (gap ms, [(site, samples)]) per stall
-        self.history: list[list[tuple[float, list[tuple[str, int]]]]] = []
+        # the current late interval: site → [CPU ms, samples]
+        self._gap_sites: dict[str, list[float]] = {}
+        self._gap_total = 0.0  # CPU ms of all the process's threads (but the watchdog) in it
+        # per stall over BUDGET_MS: (gap ms, the process's CPU ms in it, [(site, CPU ms, samples)])
+        self.sites: list[tuple[float, float, list[tuple[str, float, int]]]] = []
+        self.history: list[list[tuple[float, float, list[tuple[str, float, int]]]]] = []
         self._lock = threading.Lock()
+        self._base: dict[int, float] = {}
+        self._base_at = 0.0
+        self._watch_tid = 0
         threading.Thread(target=self._watch, daemon=True, name="gui-watchdog").start()
 
     def _watch(self) -> None:
+        self._watch_tid = threading.get_native_id()
+        with self._lock:
+            self._base, self._base_at = _task_cpu(), time.perf_counter()
         while True:
             time.sleep(SAMPLE_EVERY_S)
-            if not self._running or (time.perf_counter() - self._last) * 1000.0 < SAMPLE_AFTER_MS:
-                continue
-            frames = sys._current_frames()
-            frame = frames.get(self._gui)
-            if frame is None:
-                continue
-            site = _site(frame)
-            seen = [site]
-            if site.startswith("gui_responsiveness.py"):
-                # The GUI thread sits in the bench's own event loop (processEvents, sleep) yet is late:
-                # another thread holds the GIL. Where the workers are is then the stall's site.
-                me = threading.get_ident()
-                seen = [f"[worker] {_site(f)}" for t, f in frames.items() if t not in (self._gui, me)] or seen
-            with self._lock:
-                self._gap_sites.update(seen)
+            now = time.perf_counter()
+            late = self._running and (now - self._last) * 1000.0 >= SAMPLE_AFTER_MS
+            if late:
+                self._sample(in_tick=False)
+            elif now - self._base_at >= BASELINE_EVERY_S:
+                cpu = _task_cpu()  # read outside the lock: the GUI thread's tick must never wait for /proc
+                with self._lock:
+                    self._base, self._base_at = cpu, now
+
+    def _sample(self, in_tick: bool) -> None:
+        """Charge each thread's CPU since the last reading to where its stack is now."""
+        cpu = _task_cpu()  # read outside the lock: the GUI thread's tick must never wait for /proc
+        frames = sys._current_frames()
+        with self._lock:
+            self._charge(cpu, frames, in_tick)
+
+    def _charge(self, cpu: dict[int, float], frames: dict[int, Any], in_tick: bool) -> None:
+        known = {t.ident: t for t in threading.enumerate()}
+        native = {i: t.native_id for i, t in known.items()}
+        gui_tid = native.get(self._gui) or threading.main_thread().native_id
+        names = {t.native_id: t.name for t in known.values()}
+        by_tid = {native[i]: f for i, f in frames.items() if native.get(i) is not None}
+        # Python threads a pool started without a threading.Thread (no native id known here)
+        unmapped = sorted({_site(f) for i, f in frames.items() if native.get(i) is None and i != self._gui})
+        for tid, ms in cpu.items():
+            spent = ms - self._base.get(tid, ms)
+            if tid == self._watch_tid:
+                continue  # the watchdog itself
+            self._gap_total += max(0.0, spent)
+            if spent < 1.0:
+                continue  # threads that did not run
+            frame = by_tid.get(tid)
+            if tid == gui_tid:
+                # read from the tick itself, the GUI thread's stack is the tick: its CPU is the interval's
+                site = "[GUI] (work between the samples)" if in_tick else f"[GUI] {_site(frame)}"
+            else:
+                who = f"[{names.get(tid) or _task_name(tid)}]"
+                if frame is not None:
+                    site = f"{who} {_site(frame)}"
+                elif unmapped:
+                    site = f"{who} (one of: {' | '.join(unmapped)})"
+                else:
+                    site = f"{who} (no Python frame: native code)"
+            entry = self._gap_sites.setdefault(site, [0.0, 0])
+            entry[0] += spent
+            entry[1] += 1
+        self._base, self._base_at = cpu, time.perf_counter()
 
     def _tick(self) -> None:
         now, cpu = time.perf_counter(), time.thread_time()
@@ -115,11 +187,14 @@ class GapRecorder:
         # processes, or a worker holding the GIL), a long gap of as much CPU is work on the GUI thread
         self.cpu_gaps.append((cpu - self._last_cpu) * 1000.0)
         self._last, self._last_cpu = now, cpu
+        if gap > BUDGET_MS:
+            # a worker that held the GIL kept the watchdog out too: what it ran is read here as well
+            self._sample(in_tick=True)
         with self._lock:
-            if self._gap_sites:
-                if gap > BUDGET_MS:
-                    self.sites.append((gap, self._gap_sites.most_common(4)))
-                self._gap_sites = Counter()
+            if gap > BUDGET_MS:
+                top = sorted(self._gap_sites.items(), key=lambda kv: -kv[1][0])[:4]
+                self.sites.append((gap, self._gap_total, [(site, spent, int(n)) for site, (spent, n) in top]))
+            self._gap_sites, self._gap_total = {}, 0.0
 
     def start(self) -> None:
         self.gaps, self.cpu_gaps = [], []
@@ -236,7 +311,8 @@ def main() -> int:
         t0 = time.monotonic()
         win.show()
         rec.start()
-        _wait(app, lambda: win.panels_ready and not win.jobs.busy, 120, "the panels")
+        # the start-up job compiles the quantization kernels in a child on a first run (minutes when busy)
+        _wait(app, lambda: win.panels_ready and not win.jobs.busy, 1800, "the panels")
         results.append(("start-up: show → panels built [cold]", rec.stop(), time.monotonic() - t0))
         t0 = time.monotonic()
         rec.start()
@@ -355,13 +431,17 @@ def main() -> int:
     stalled = [(label, sites) for (label, _s, _t), sites in zip(results, rec.history, strict=True) if sites]
     if stalled:
         print(
-            f"\nwhere the GUI thread was during each stall over {BUDGET_MS:.0f} ms (sampled every "
-            f"{SAMPLE_EVERY_S * 1000:.0f} ms once a tick is {SAMPLE_AFTER_MS:.0f} ms late; samples):"
+            f"\nwho ran during each stall over {BUDGET_MS:.0f} ms: each thread's CPU time in the stall, charged "
+            f"to where its stack was (read every {SAMPLE_EVERY_S * 1000:.0f} ms once a tick is "
+            f"{SAMPLE_AFTER_MS:.0f} ms late; ×samples). A worker's CPU while [GUI] waits in the bench's loop "
+            "is a worker holding the GIL:"
         )
     for label, sites in stalled:
         print(f"  {label}:")
-        for gap, top in sites[:8]:
-            print(f"    {gap:7.1f} ms: " + "; ".join(f"{site} ×{n}" for site, n in top))
+        for gap, total, top in sites[:8]:
+            who = "; ".join(f"{site} {ms:.0f} ms CPU ×{n}" for site, ms, n in top) or "nothing sampled"
+            load = "  ← little CPU here: the machine's other processes" if total < 0.3 * gap else ""
+            print(f"    {gap:7.1f} ms, this process's CPU {total:5.0f} ms{load}: {who}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # KiB on Linux → MB
     print(
         f"\nworst GUI-thread gap while working: {warm:.1f} ms (budget {BUDGET_MS:.0f} ms: "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import QApplication, QLabel, QTabWidget, QVBoxLayout, QWidget
 
-from studio.core.jobs import JobContext
+from studio.core.jobs import JobCancelled, JobContext
 from studio.qt.fit import fit_page, scrolled
 from studio.qt.jobs import Job, JobManager
 from studio.qt.state import StudioState
@@ -50,6 +50,28 @@ WARM_MODULES = (
     "transformers.models.auto.modeling_auto",
     "transformers.models.auto.tokenization_auto",
 )
+
+
+# the calibration's reductions (numba too): compiled in the same child, so a first Calibrate does not
+CHILD_KERNELS = ("studio.core.calib._reduce_kernel:prepare_kernels",)
+
+
+def _prepare_kernels(ctx: JobContext) -> None:
+    """Compile the quantization kernels in a child process (once per install), then load them here.
+
+    numba holds the GIL for up to a second at a time while it compiles, so a first scan or export that
+    compiled here froze the window (``studio.core.quant.warm``); loading the compiled code from numba's
+    cache is short, and here it is paid while the window starts, not in the first scan."""
+    warm = importlib.import_module("studio.core.quant.warm")  # numba: imported in this worker, not at start
+    try:
+        if warm.ensure_compiled(ctx, also=CHILD_KERNELS):
+            warm.warm_kernels(ctx)
+            for name in CHILD_KERNELS:
+                warm.call_named(name)
+    except JobCancelled:
+        raise
+    except Exception:  # the first scan or export compiles them instead
+        log.exception("preparing the quantization kernels failed")
 
 
 @dataclass(frozen=True)
@@ -272,6 +294,7 @@ class Pages(QObject):
                     importlib.import_module(name)
                 except Exception:  # the job that needs it reports the error in its place
                     log.exception("importing %s failed", name)
+            _prepare_kernels(ctx)
 
         return self._jobs.submit("Preparing torch and transformers", load, kind="startup")
 

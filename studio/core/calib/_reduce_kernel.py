@@ -89,4 +89,15 @@ def hidden_rows(h: np.ndarray, absmax: np.ndarray) -> tuple[float, float, float]
     return sum_norm, max_norm, total
 
 
-__all__ = ["N_KEYS", "hidden_rows", "reduce_rows"]
+def prepare_kernels() -> None:
+    """Compile (or load from numba's cache) both kernels for the array types ``accumulators`` passes."""
+    x = np.zeros((2, 8), np.float32)
+    cols = x.shape[1]
+    reduce_rows(
+        x, x.view(np.uint32), np.zeros(cols), np.zeros(cols), np.zeros(cols, np.float32),
+        np.zeros(N_KEYS, np.int64), True,
+    )  # fmt: skip
+    hidden_rows(x, np.zeros(cols, np.float32))
+
+
+__all__ = ["N_KEYS", "hidden_rows", "prepare_kernels", "reduce_rows"]

@@ -297,7 +297,10 @@ def _compiled_kernel() -> Any:
         from studio.core.stats import _hist_kernel
 
         kernel = _hist_kernel.histogram_into
-        kernel(np.zeros(1, np.float32), 0.0, 1.0, np.array([0.0, 1.0]), np.zeros(1, np.int64))  # compile now
+        ro = np.zeros(1, np.float32)
+        ro.flags.writeable = False  # a weight read from a file: numba compiles read-only arrays apart
+        for x in (np.zeros(1, np.float32), ro):  # compile both now, not in the first statistics job
+            kernel(x, 0.0, 1.0, np.array([0.0, 1.0]), np.zeros(1, np.int64))
     except Exception:  # numba missing or unable to compile here: the numpy path is exact too
         return None
     return kernel

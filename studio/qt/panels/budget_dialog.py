@@ -60,6 +60,7 @@ from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
 from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
 from studio.core.quant.types import QTYPES
+from studio.core.quant.warm import ensure_compiled
 from studio.core.units import format_bytes, format_eta
 from studio.qt import folders
 from studio.qt.jobs import JobManager
@@ -427,6 +428,8 @@ class BudgetDialog(JobPanel, QDialog):
             # as the CLI: the scan (and a fresh imatrix) see the text less its held-out end, or all of it
             # beside a held-out file; plans are judged on the held-out text
             fit, held = texts(info.path, text, held_file, ctx=ctx)
+            # the scan's 23 types' kernels compiled here would hold the GIL for up to a second at a time
+            ensure_compiled(ctx)
             executor = open_executor(cluster)
             try:  # calibrate (unless the page's or the CLI's imatrix serves), then imatrix, then scan
                 done = calibrate_then_scan(info, fit, settings, imatrix=reused, ctx=ctx, executor=executor)

@@ -44,6 +44,7 @@ from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import METHODS
+from studio.core.quant.warm import ensure_compiled
 from studio.qt import folders, widgets
 from studio.qt.fmt import human_bytes, model_display_name
 from studio.qt.jobs import Job, JobManager
@@ -102,7 +103,10 @@ def run_export(
     """
 
     def write(c: JobContext, validate: Any) -> Any:
-        if isinstance(plan, Plan) and plan.calibrated:
+        calibrated = isinstance(plan, Plan) and plan.calibrated
+        if calibrated or backend == "studio":  # kernels compiled here would hold the GIL (quant/warm.py)
+            ensure_compiled(c)
+        if calibrated:
             executor = open_executor(cluster)
             try:
                 return export_calibrated(
@@ -134,6 +138,11 @@ def run_export(
     return export_and_verify(ctx, source, write, verify=verify_in_child(device) if verify else None)
 
 
+def _same_plan(a: Any, b: Any) -> bool:
+    """A preset name equal, or the very same plan object."""
+    return a == b if isinstance(a, str) and isinstance(b, str) else a is b
+
+
 class ExportDialog(JobPanel, QDialog):
     """Preset or current plan, output file, device, back end and verification; progress and result."""
 
@@ -144,6 +153,7 @@ class ExportDialog(JobPanel, QDialog):
 
     def __init__(self, state: StudioState, jobs: JobManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._requirement_memo: tuple[Any, Any, Any, str] | None = None
         self.setObjectName("ExportDialog")
         self.setWindowTitle("Export GGUF")
         self.init_task(state, jobs, "export", progress=True)
@@ -598,8 +608,18 @@ class ExportDialog(JobPanel, QDialog):
         info = self.state.info
         if info is None or self.method != "rtn":
             return ""
+        chosen, imatrix = self.chosen_plan(), self.imatrix
+        memo = self._requirement_memo
+        # the same inputs as last time (start() and update_controls() ask again): the same sentence, not
+        # a preset's plan made again on the GUI thread (~20 ms each)
+        if memo is not None and memo[0] is info and memo[2] is imatrix and _same_plan(memo[1], chosen):
+            return memo[3]
+        text = self._requirement(info, chosen)
+        self._requirement_memo = (info, chosen, imatrix, text)
+        return text
+
+    def _requirement(self, info: Any, plan: Any) -> str:
         try:
-            plan = self.chosen_plan()
             if isinstance(plan, str):
                 plan = plan_from_preset(info, plan, imatrix=self.imatrix is not None)
             if not isinstance(plan, Plan):

@@ -92,9 +92,11 @@ class MemoryPanel(QWidget):
         self._bars: list[Any] = []
         self.plot_unit = 10**9  # bytes per unit of the bars' axis (decimal GB or MB)
         self._build()
+        self._stale = False  # the model changed while the page was hidden
+        self._stale_report = False  # the hardware changed while the page was hidden
         state.modelOpened.connect(self._on_model)
         state.modelClosed.connect(self._on_model)
-        state.hardwareChanged.connect(lambda _hw: self.recompute())
+        state.hardwareChanged.connect(self._on_hardware)
         follow_theme(state, self._apply_theme)
         self._on_model()
 
@@ -255,9 +257,18 @@ class MemoryPanel(QWidget):
 
     @Slot()
     def _on_model(self, *_args: Any) -> None:
+        if not self.isVisible():
+            # the report of every precision (~50-150 ms on the GUI thread) waits until the page shows:
+            # opening a model must not pay for a page nobody looks at
+            self._stale = True
+            return
+        self._stale = False
         has_model = self.state.info is not None
         self.source_combo.model().item(0).setEnabled(has_model)  # type: ignore[attr-defined]
+        # the combo's own signal would compute (and draw) the report once more before the call below
+        self.source_combo.blockSignals(True)
         choose(self.source_combo, "model" if has_model else "shape")
+        self.source_combo.blockSignals(False)
         self._on_source()
 
     @Slot()
@@ -267,12 +278,28 @@ class MemoryPanel(QWidget):
             spin.setEnabled(typed)
         self.recompute()
 
+    @Slot()
+    def _on_hardware(self, *_args: Any) -> None:
+        if self.isVisible():
+            self.recompute()
+        else:
+            self._stale_report = True
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        """Catch up with a model opened (or closed), or the hardware found, while the page was hidden."""
+        super().showEvent(event)
+        if self._stale:
+            self._on_model()
+        elif self._stale_report:
+            self.recompute()
+
     # -- results ----------------------------------------------------------------------------------
 
     @Slot()
     def recompute(self, *_args: Any) -> None:
         """Compute the report for the current inputs and show it (milliseconds: no job needed)."""
         assert_gui_thread("MemoryPanel.recompute")
+        self._stale_report = False
         try:
             shape = self.shape()
             if shape.info is not None:  # the open model's shape, shown in the (disabled) fields

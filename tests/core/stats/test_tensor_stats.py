@@ -202,3 +202,18 @@ def test_cache_evicts_by_bytes_and_computes_once_under_contention():
     for t in threads:
         t.join()
     assert len(calls) == 1 and len({id(v) for v in out}) == 1
+
+
+def test_prepare_kernels_compiles_what_a_read_only_weight_needs():
+    # a weight read from a file is a read-only array, another type to numba: compiling it in the first
+    # statistics job held the GIL ~0.3 s at a time (bench/gui_responsiveness.py's cold statistics phase)
+    from studio.core.stats import _hist_kernel, tensor_stats
+
+    if not tensor_stats.prepare_kernels():
+        pytest.skip("numba is not available")
+    kernel = _hist_kernel.histogram_into
+    before = len(kernel.signatures)
+    x = np.linspace(-1, 1, 1000, dtype=np.float32)
+    x.flags.writeable = False
+    counts = tensor_stats.histogram(x, 10, -1.0, 1.0, threads=1)
+    assert counts.sum() == 1000 and len(kernel.signatures) == before

@@ -55,3 +55,33 @@ def test_the_low_bit_presets_are_offered_and_the_imatrix_requirement_shows(
         dlg.set_plan_choice(preset)
         assert dlg.imatrix_requirement() == "", preset
     dlg.close()
+
+
+def test_the_requirement_is_worked_out_once_per_choice_not_on_every_ask(
+    qtbot, make_window, llama_model, monkeypatch
+):
+    # start() and update_controls() ask for it again: each time made the preset's plan again on the GUI
+    # thread (~20 ms each, three times per Export click)
+    from studio.qt.panels import export_dialog
+
+    win = make_window()
+    _open(qtbot, win, llama_model)
+    dlg = win.show_export_dialog()
+    dlg.set_method("rtn")
+    made: list[str] = []
+    real = export_dialog.plan_from_preset
+
+    def counting(info, preset, **kw):
+        made.append(preset)
+        return real(info, preset, **kw)
+
+    monkeypatch.setattr(export_dialog, "plan_from_preset", counting)
+    dlg.set_plan_choice("IQ2_XXS")
+    text = dlg.imatrix_requirement()
+    dlg.update_controls()
+    assert dlg.imatrix_requirement() == text and text.startswith("IQ2_XXS needs an importance matrix")
+    assert made == ["IQ2_XXS"]
+    dlg.set_plan_choice("Q4_K_M")  # another choice is worked out again, and its sentence shown
+    assert dlg.imatrix_requirement() == "" and not dlg.requirement.isVisibleTo(dlg)
+    assert made == ["IQ2_XXS", "Q4_K_M"]
+    dlg.close()

@@ -89,3 +89,38 @@ def test_the_open_model_is_the_default_source(panel, tiny_models):
     assert panel.report.row("Q4_K_M").bpw_source == "plan"  # the exporter's per-tensor types
     panel.state.close_model()
     assert panel.source_combo.currentData() == "shape" and panel.layers_spin.isEnabled()
+
+
+def test_opening_or_closing_a_model_draws_the_report_once(panel, tiny_models):
+    # the source combo's own signal used to draw it a second time (the report is ~50 ms of table and bars)
+    from studio.core.model import open_model
+
+    shown: list[object] = []
+    panel.reportShown.connect(shown.append)
+    panel.state.set_checkpoint(open_model(tiny_models("llama")))
+    assert len(shown) == 1 and shown[0].shape.name != "typed shape"
+    panel.state.close_model()
+    assert len(shown) == 2 and shown[1].shape.name == "typed shape"
+
+
+def test_a_hidden_page_waits_until_shown_then_draws_the_open_model_once(qtbot, tiny_models):
+    # opening a model must not pay the report of every precision on the GUI thread for a hidden page
+    from studio.core.model import open_model
+
+    p = MemoryPanel(StudioState(), JobManager())
+    qtbot.addWidget(p)
+    shown: list[object] = []
+    p.reportShown.connect(shown.append)
+    try:
+        checkpoint = open_model(tiny_models("llama"))
+        p.state.set_checkpoint(checkpoint)
+        assert shown == [] and p.report is None
+        p.show()
+        assert len(shown) == 1 and p.report.shape.params == checkpoint.info.parameters
+        assert p.source_combo.currentData() == "model" and not p.layers_spin.isEnabled()
+        p.hide()
+        p.state.close_model()
+        p.show()
+        assert len(shown) == 2 and p.report.shape.name == "typed shape" and p.layers_spin.isEnabled()
+    finally:
+        p.jobs.shutdown()
