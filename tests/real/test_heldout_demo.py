@@ -8,8 +8,8 @@ against llama.cpp's own Q4_K_M and Q3_K_M with an imatrix of the same prose, at 
 method (awq+gptq). Q4_1 and Q5_1 are excluded: the demo's weights were dequantized from a Q4_1 file.
 The same runs as ``bench/heldout_quality.py``; the README's table comes from it.
 
-Slow (calibrations, scans and exports of SmolLM2-135M; half an hour on 2 busy cores): ``-m slow``;
-skipped without llama.cpp's tools (``QS_LLAMA_BIN``).
+Slow (calibrations, scans and exports of SmolLM2-135M; over an hour on 2 busy cores, the awq+gptq
+exports most): ``-m slow``; skipped without llama.cpp's tools (``QS_LLAMA_BIN``).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from studio.core.calib.scan_proxy import gain_layers
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import Sensitivity, scan_targets
 from studio.core.quant.gptq import HessianError, gptq_quantize
+from studio.core.quant.grid import GRID_TYPES
 from studio.core.quant.types import QTYPES
 from studio.core.stats.cache import checkpoint_key
 
@@ -182,7 +183,9 @@ def rounding_ratios(
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # a damaged cache file: measure again
         chosen = {
-            t.name: tuple(dict.fromkeys(q for q in t.effective if not QTYPES[q].is_float))
+            # the block grids only: gptq_quantize has no lattice (IQ1_S … IQ3_S) or ternary grid, so the
+            # low-bit candidates keep the imatrix search's KL (uncorrected); before, they ended the probe
+            t.name: tuple(dict.fromkeys(q for q in t.effective if not QTYPES[q].is_float and q in GRID_TYPES))
             for t in targets
             if t.layer in picked
         }

@@ -60,6 +60,21 @@ def test_gptq_lowers_the_output_error_and_the_scan_follows(llama_model, tmp_path
         assert t1.by_type["Q8_0"] == t0.by_type["Q8_0"]
 
 
+def test_the_probe_takes_the_default_scans_low_bit_candidates(llama_model, tmp_path):
+    # the default scan measures the low-bit types (IQ3_S … IQ1_S) too; GPTQ's block grids have none of them,
+    # and the probe ended with "IQ1_S has no block grid", so `export --budget --method best` failed
+    a, _ = _texts()
+    r = rounding_ratios(
+        llama_model, a, ("Q4_0", "IQ3_S", "IQ1_S"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
+    )
+    assert set(r.ratios) == {"Q4_0"} and 0 < r.ratios["Q4_0"] < 1
+    with open_model(llama_model) as ck:
+        scan = synthetic_scan(ck.info, {"Q4_0": 0.01, "IQ3_S": 0.02})
+    fixed = corrected_scan(scan, r)
+    for t0, t1 in zip(scan.tensors, fixed.tensors, strict=True):
+        assert t1.by_type["IQ3_S"] == t0.by_type["IQ3_S"]  # no ratio: the imatrix search's KL, as measured
+
+
 def test_probe_layers_spread_over_the_proxys_sample():
     assert probe_layers(30) == (0, 15, 29)
     assert probe_layers(2) == (0, 1)
