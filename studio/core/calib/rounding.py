@@ -39,6 +39,7 @@ from studio.core.calib.scan_proxy import gain_layers
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import Sensitivity, scan_targets
 from studio.core.quant.gptq import HessianError, gptq_quantize
+from studio.core.quant.gptq_lattice import LATTICE_TYPES, gptq_lattice
 from studio.core.quant.types import QTYPES
 from studio.core.stats.cache import checkpoint_key
 
@@ -119,7 +120,8 @@ class _Probe(Consumer):
             for q in self.types[s.name]:
                 self.ctx.check_cancelled()
                 try:
-                    r = gptq_quantize(w, h[0].cpu(), q, imatrix=imx)
+                    rnd = gptq_lattice if q in LATTICE_TYPES else gptq_quantize  # as the export rounds
+                    r = rnd(w, h[0].cpu(), q, imatrix=imx)
                 except HessianError:  # a Hessian GPTQ cannot use: that sample is skipped
                     continue
                 if r.error is not None and r.rtn_error and r.rtn_error > 0:

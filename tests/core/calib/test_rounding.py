@@ -77,3 +77,14 @@ def test_a_scan_measures_texts_of_other_kinds_beside_the_calibration_text(llama_
     kl_one = {t.name: t.by_type["Q4_0"].kl for t in one.tensors}
     kl_both = {t.name: t.by_type["Q4_0"].kl for t in both.tensors}
     assert kl_both != pytest.approx(kl_one, rel=1e-3)  # the other text's chunks count
+
+
+def test_the_probe_rounds_the_lattice_types_as_the_export_does(llama_model, tmp_path):
+    # a budget plan with --method gptq over the low-bit candidates probes them with the vector GPTQ
+    # (before: "IQ2_XS has no block grid" stopped `export --budget --method gptq --types …,IQ2_XS`)
+    a, _ = _texts()
+    r = rounding_ratios(
+        llama_model, a, ("IQ2_XS", "IQ3_S"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
+    )
+    assert set(r.ratios) == {"IQ2_XS", "IQ3_S"} and all(len(v) == 7 for v in r.samples.values())
+    assert all(0 < v < 1.0 for v in r.ratios.values())  # GPTQ's output error below the imatrix search's
