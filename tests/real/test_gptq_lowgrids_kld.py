@@ -89,3 +89,30 @@ def test_gptq_kld_is_at_most_085_of_llamacpp_with_imatrix(preset: str, demo_dir:
     assert row["same_types"], row  # the studio's file holds llama.cpp's types, tensor for tensor
     assert row["bytes_studio"] <= row["bytes_llama"] * 1.001, row
     assert row["ratio"] <= 0.85, row
+
+
+# the budget planner's candidates on this model: the types a budget near these sizes trades between
+# (Q4_1/Q5_1 left out: the demo's weights lie exactly on those grids)
+BUDGET_TYPES = "Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,Q8_0,IQ4_XS,IQ4_NL,Q4_0,Q5_0,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S"
+
+
+@pytest.mark.parametrize("preset", ["IQ2_M", "IQ3_XXS", "IQ3_M"])
+def test_budget_plan_with_gptq_is_at_most_070_of_llamacpp_at_the_presets_size(
+    preset: str, demo_dir: Path, reference
+) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gptq_lowgrids_quality import kld
+
+    out = reference["work"]
+    ref = out / f"llama-{preset}.gguf"
+    if not ref.exists():
+        cmd = [_tool("llama-quantize"), "--imatrix", str(reference["imatrix"]), str(reference["f32"])]
+        subprocess.run([*cmd, str(ref), preset], check=True, capture_output=True)
+    mine = out / f"budget-{preset}.gguf"
+    cmd = [sys.executable, "-m", "studio.cli", "export", str(demo_dir), "-o", str(mine)]
+    cmd += ["--budget", str(ref.stat().st_size), "--method", "gptq", "--no-heldout", "--types", BUDGET_TYPES]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    assert mine.stat().st_size <= ref.stat().st_size  # the file meets the budget
+    kl_ref, _ = kld(ref, reference["base"], 2)
+    kl_mine, _ = kld(mine, reference["base"], 2)
+    assert kl_mine <= 0.70 * kl_ref, (kl_mine, kl_ref)

@@ -7,7 +7,7 @@ grid point, or two 4-dimensional ones for IQ3). With ``scales="arrival"`` (the d
 super-block by super-block (act-order: super-blocks by decreasing energy, then their groups), and each
 super-block's scales are llama.cpp's search on its weights as the errors of the super-blocks before
 left them (GPTQ's groups searched on arrival); with ``"float"``, on the float weights before the sweep.
-The damping is at least ``LATTICE_DAMP``. After the sweep each super-block's fp16 scale is re-fitted
+The damping of the IQ2/IQ3 types is at least ``LATTICE_DAMP``. With ``"arrival"`` or ``refit``, after the sweep each super-block's fp16 scale is re-fitted
 to its codes (least squares under ``H``, kept only where better; not IQ1_M, whose fp16 scale is spread
 over the sub-block scale bits). Per group:
 
@@ -55,7 +55,7 @@ G = QK_K // 8  # sign groups (8 columns) per super-block
 # demo's ffn_down (IQ2_S, IQ3_XXS), output error on held-out prose over the imatrix search's went from
 # 0.79 / 0.78 at 0.01 to 0.77 / 0.75 at 0.1 (while rising on the calibration text)
 LATTICE_DAMP = 0.1
-_SEARCH_WEIGHTS = "imatrix"  # the arrival search's column weights: "imatrix" or "gptq" (1 / U_jj²)
+_DAMPED = frozenset({"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"})  # IQ1_S/IQ1_M: not measured
 
 
 @cache
@@ -405,7 +405,8 @@ def gptq_lattice(
     perm = (gorder[:, None] * 8 + torch.arange(8, device=dev)[None, :]).reshape(-1)
     W = W[:, perm]
     H = H[perm][:, perm]
-    hinv, lam, tries = _inverse_factor(H, max(opt.damp, LATTICE_DAMP), opt.damp_mode)
+    damp = max(opt.damp, LATTICE_DAMP) if qtype in _DAMPED else opt.damp
+    hinv, lam, tries = _inverse_factor(H, damp, opt.damp_mode)
     del H
     search = _Searcher(qtype, dev)
     npts = 8 // search.dim
@@ -428,12 +429,7 @@ def gptq_lattice(
             local = (gorder[i1 // 8 : i2 // 8] - sb * G)[:, None] * 8 + torch.arange(8, device=dev)[None, :]
             x = torch.empty_like(W1)
             x[:, local.reshape(-1)] = W1
-            if _SEARCH_WEIGHTS == "gptq":  # GPTQ's own per-column cost given the columns before
-                wl = torch.empty(i2 - i1, device=dev)
-                wl[local.reshape(-1)] = 1.0 / torch.diagonal(hinv[i1:i2, i1:i2]) ** 2
-                sw = wl.cpu().numpy().astype(np.float32)
-            else:
-                sw = None if qw is None else qw[sb * QK_K : (sb + 1) * QK_K]
+            sw = None if qw is None else qw[sb * QK_K : (sb + 1) * QK_K]
             part = iquants.quantize_rows(x.cpu().numpy(), qtype, sw)
             template[:, sb * nb : (sb + 1) * nb] = part
             pc = unpack(part, qtype, QK_K)
@@ -472,7 +468,9 @@ def gptq_lattice(
         None if codes0.dneg is None else dneg_out.reshape(B, 32).cpu().numpy(),
     )
     data = encode(template, new)
-    if qtype != "IQ1_M":  # IQ1_M spreads its fp16 scale over the sub-block scale bits
+    if (
+        arrival or opt.refit
+    ) and qtype != "IQ1_M":  # IQ1_M spreads its fp16 scale over the sub-block scale bits
         data = refit_super_scales(data, qtype, w0, h)
         new = unpack(data, qtype, n)
     q_gptq = torch.as_tensor(decode(new).reshape(rows, n), device=dev)
