@@ -19,7 +19,7 @@ GPTQ over-fits the 1536-column ffn_down Hessians and loses to the imatrix on cod
 Measured 2026-12-02 with the built-in text (KLD gptq / llama.cpp+imatrix), before the lattice GPTQ searched
 its scales on arrival, re-fitted the super-block scale and damped at 0.1: IQ3_M 0.0914 / 0.1297 = 0.70,
 IQ3_XXS 0.1649 / 0.1808 = 0.91, IQ2_M 0.3036 / 0.3055 = 0.99; after: IQ2_M 0.2057 / 0.3055 = 0.67,
-IQ3_XXS 0.1326 / 0.1808 = 0.73 (README, "On the low-bit presets", has the rest).
+IQ3_XXS 0.1326 / 0.1808 = 0.73, IQ3_M 0.0870 / 0.1297 = 0.67 (README, "On the low-bit presets", has the rest).
 
 Tens of minutes on a CPU; skipped without llama.cpp's tools (QS_LLAMA_BIN).
 """
