@@ -39,6 +39,7 @@ from studio.core.calib.scan_proxy import gain_layers
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import Sensitivity, scan_targets
 from studio.core.quant.gptq import HessianError, gptq_quantize
+from studio.core.quant.gptq_lattice import LATTICE_TYPES, gptq_lattice
 from studio.core.quant.grid import GRID_TYPES
 from studio.core.quant.types import QTYPES
 from studio.core.stats.cache import checkpoint_key
@@ -120,7 +121,8 @@ class _Probe(Consumer):
             for q in self.types[s.name]:
                 self.ctx.check_cancelled()
                 try:
-                    r = gptq_quantize(w, h[0].cpu(), q, imatrix=imx)
+                    rnd = gptq_lattice if q in LATTICE_TYPES else gptq_quantize  # as the export rounds
+                    r = rnd(w, h[0].cpu(), q, imatrix=imx)
                 except HessianError:  # a Hessian GPTQ cannot use: that sample is skipped
                     continue
                 if r.error is not None and r.rtn_error and r.rtn_error > 0:
@@ -183,9 +185,16 @@ def rounding_ratios(
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # a damaged cache file: measure again
         chosen = {
-            # the block grids only: gptq_quantize has no lattice (IQ1_S … IQ3_S) or ternary grid, so the
-            # low-bit candidates keep the imatrix search's KL (uncorrected); before, they ended the probe
-            t.name: tuple(dict.fromkeys(q for q in t.effective if not QTYPES[q].is_float and q in GRID_TYPES))
+            # the types the export rounds with GPTQ here: the block grids (gptq_quantize) and the lattice
+            # i-quants (gptq_lattice); the others (ternary, MXFP4, Q1_0) keep the imatrix search's KL,
+            # uncorrected; before, any of them ended the probe
+            t.name: tuple(
+                dict.fromkeys(
+                    q
+                    for q in t.effective
+                    if not QTYPES[q].is_float and (q in GRID_TYPES or q in LATTICE_TYPES)
+                )
+            )
             for t in targets
             if t.layer in picked
         }

@@ -61,18 +61,19 @@ def test_gptq_lowers_the_output_error_and_the_scan_follows(llama_model, tmp_path
 
 
 def test_the_probe_takes_the_default_scans_low_bit_candidates(llama_model, tmp_path):
-    # the default scan measures the low-bit types (IQ3_S … IQ1_S) too; GPTQ's block grids have none of them,
-    # and the probe ended with "IQ1_S has no block grid", so `export --budget --method best` failed
+    # the default scan measures the low-bit types (IQ3_S … TQ1_0) too; the probe ended with "IQ1_S has no
+    # block grid", so `export --budget --method best` failed. The lattice types are rounded as the export
+    # rounds them (gptq_lattice); the ternary ones keep the imatrix search's KL
     a, _ = _texts()
     r = rounding_ratios(
-        llama_model, a, ("Q4_0", "IQ3_S", "IQ1_S"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
+        llama_model, a, ("Q4_0", "IQ3_S", "TQ2_0"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
     )
-    assert set(r.ratios) == {"Q4_0"} and 0 < r.ratios["Q4_0"] < 1
+    assert set(r.ratios) == {"Q4_0", "IQ3_S"} and all(0 < v < 1 for v in r.ratios.values())
     with open_model(llama_model) as ck:
-        scan = synthetic_scan(ck.info, {"Q4_0": 0.01, "IQ3_S": 0.02})
+        scan = synthetic_scan(ck.info, {"Q4_0": 0.01, "TQ2_0": 0.02})
     fixed = corrected_scan(scan, r)
     for t0, t1 in zip(scan.tensors, fixed.tensors, strict=True):
-        assert t1.by_type["IQ3_S"] == t0.by_type["IQ3_S"]  # no ratio: the imatrix search's KL, as measured
+        assert t1.by_type["TQ2_0"] == t0.by_type["TQ2_0"]  # no ratio: the imatrix search's KL, as measured
 
 
 def test_probe_layers_spread_over_the_proxys_sample():
@@ -92,3 +93,14 @@ def test_a_scan_measures_texts_of_other_kinds_beside_the_calibration_text(llama_
     kl_one = {t.name: t.by_type["Q4_0"].kl for t in one.tensors}
     kl_both = {t.name: t.by_type["Q4_0"].kl for t in both.tensors}
     assert kl_both != pytest.approx(kl_one, rel=1e-3)  # the other text's chunks count
+
+
+def test_the_probe_rounds_the_lattice_types_as_the_export_does(llama_model, tmp_path):
+    # a budget plan with --method gptq over the low-bit candidates probes them with the vector GPTQ
+    # (before: "IQ2_XS has no block grid" stopped `export --budget --method gptq --types …,IQ2_XS`)
+    a, _ = _texts()
+    r = rounding_ratios(
+        llama_model, a, ("IQ2_XS", "IQ3_S"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
+    )
+    assert set(r.ratios) == {"IQ2_XS", "IQ3_S"} and all(len(v) == 7 for v in r.samples.values())
+    assert all(0 < v < 1.0 for v in r.ratios.values())  # GPTQ's output error below the imatrix search's
