@@ -222,6 +222,54 @@ def _inverse_factor(h: Any, damp: float, mode: str) -> tuple[Any, float, int]:
     raise HessianError(f"The Hessian is not positive definite even with damping {MAX_DAMP:g}.")
 
 
+@dataclass(frozen=True)
+class GptqStart:
+    """What every GPTQ sweep starts from: the weight and Hessian in float32 (``w0``, ``h``), and the
+    working copies ``W``, ``H`` with the ``n_dead`` never-active columns set aside."""
+
+    w0: Any
+    h: Any
+    W: Any
+    H: Any
+    n_dead: int
+
+
+def gptq_start(w: Any, h: Any, qtype: str, block: int) -> GptqStart:
+    """Checks ``w`` (rows × n, ``n`` a multiple of ``block``) against ``h`` (n × n, finite) and sets the
+    dead columns (``h_dd ≤ 0``) to ``h_dd = 1``, ``w_:d = 0``; shared by the block and lattice sweeps."""
+    import torch
+
+    n = int(w.shape[1])
+    if n % block:
+        raise QuantizationError(f"{qtype} needs rows of a multiple of {block} weights, not {n}.")
+    if tuple(h.shape) != (n, n):
+        raise QuantizationError(
+            f"A Hessian of shape {tuple(h.shape)} does not fit a weight with {n} columns."
+        )
+    w0 = w.detach().to(torch.float32)
+    h = h.detach().to(device=w.device, dtype=torch.float32)
+    if not bool(torch.isfinite(h).all()):
+        raise HessianError("The Hessian holds NaN or infinite values.")
+    W, H = w0.clone(), h.clone()
+    dead = torch.diagonal(H) <= 0
+    n_dead = int(dead.sum())
+    if n_dead:
+        idx = torch.nonzero(dead).reshape(-1)
+        H[idx, idx] = 1.0
+        W[:, idx] = 0.0
+    return GptqStart(w0, h, W, H, n_dead)
+
+
+def gptq_notes(tries: int, lam: float, damp: float, n_dead: int) -> tuple[str, ...]:
+    """The sentences a GPTQ result carries about its damping and its dead columns."""
+    notes: list[str] = []
+    if tries:
+        notes.append(f"the Hessian needed damping {lam:g} (not {damp:g}) to be positive definite")
+    if n_dead:
+        notes.append(f"{n_dead} input column(s) never active: their weights were set to zero")
+    return tuple(notes)
+
+
 def output_error(w: Any, q: Any, h: Any) -> float:
     """tr((W − Q) H (W − Q)ᵀ): the summed squared output error over the calibration rows, ×2/n."""
     e = (w - q).to(h.dtype)
@@ -309,29 +357,11 @@ def gptq_quantize(
     ops = _grids(qtype)
     sp = ops.grid_spec(qtype)
     rows, n = (int(s) for s in w.shape)
-    if n % sp.block:
-        raise QuantizationError(f"{qtype} needs rows of a multiple of {sp.block} weights, not {n}.")
-    if tuple(h.shape) != (n, n):
-        raise QuantizationError(
-            f"A Hessian of shape {tuple(h.shape)} does not fit a weight with {n} columns."
-        )
     dev = w.device
-    w0 = w.detach().to(torch.float32)
-    h = h.detach().to(device=dev, dtype=torch.float32)
-    if not bool(torch.isfinite(h).all()):
-        raise HessianError("The Hessian holds NaN or infinite values.")
+    st = gptq_start(w, h, qtype, sp.block)
+    w0, h, W, H, n_dead = st.w0, st.h, st.W, st.H, st.n_dead
     grid0, codes0 = _search(w0, qtype, imatrix)
     tgrid = _TorchGrid(grid0, dev)
-
-    W = w0.clone()
-    H = h.clone()
-    diag = torch.diagonal(H)
-    dead = diag <= 0
-    n_dead = int(dead.sum())
-    if n_dead:
-        idx = torch.nonzero(dead).reshape(-1)
-        H[idx, idx] = 1.0
-        W[:, idx] = 0.0
     if backend not in ("auto", "torch"):
         raise QuantizationError(f"Unknown GPTQ back end {backend!r}; use auto or torch.")
     act = opt.act_order
@@ -360,11 +390,6 @@ def gptq_quantize(
     data = ops.encode(final, codes_np)
     q_gptq = torch.as_tensor(ops.values(final, codes_np), device=dev)
     q_rtn = torch.as_tensor(ops.values(grid0, codes0), device=dev)
-    notes: list[str] = []
-    if tries:
-        notes.append(f"the Hessian needed damping {lam:g} (not {opt.damp:g}) to be positive definite")
-    if n_dead:
-        notes.append(f"{n_dead} input column(s) never active: their weights were set to zero")
     return GptqResult(
         data,
         qtype,
@@ -372,7 +397,7 @@ def gptq_quantize(
         n_dead,
         output_error(w0, q_gptq, h),
         output_error(w0, q_rtn, h),
-        tuple(notes),
+        gptq_notes(tries, lam, opt.damp, n_dead),
     )
 
 

@@ -40,7 +40,14 @@ import numpy as np
 from studio.core.errors import QuantizationError
 from studio.core.jobs import JobContext, null_context
 from studio.core.quant import iquants
-from studio.core.quant.gptq import GptqOptions, GptqResult, HessianError, _inverse_factor, output_error
+from studio.core.quant.gptq import (
+    GptqOptions,
+    GptqResult,
+    _inverse_factor,
+    gptq_notes,
+    gptq_start,
+    output_error,
+)
 from studio.core.quant.types import QK_K
 
 __all__ = ["LATTICE_TYPES", "LatticeCodes", "decode", "encode", "gptq_lattice", "unpack"]
@@ -365,17 +372,9 @@ def gptq_lattice(
     if qtype not in LATTICE_TYPES:
         raise QuantizationError(f"{qtype} is not a lattice type ({', '.join(LATTICE_TYPES)}).")
     rows, n = (int(x) for x in w.shape)
-    if n % QK_K:
-        raise QuantizationError(f"{qtype} needs rows of a multiple of {QK_K} weights, not {n}.")
-    if tuple(h.shape) != (n, n):
-        raise QuantizationError(
-            f"A Hessian of shape {tuple(h.shape)} does not fit a weight with {n} columns."
-        )
     dev = w.device
-    w0 = w.detach().to(torch.float32)
-    h = h.detach().to(device=dev, dtype=torch.float32)
-    if not bool(torch.isfinite(h).all()):
-        raise HessianError("The Hessian holds NaN or infinite values.")
+    st = gptq_start(w, h, qtype, QK_K)
+    w0, h, W, H, n_dead = st.w0, st.h, st.W, st.H, st.n_dead
     template = iquants.quantize_rows(w0.cpu().numpy(), qtype, imatrix)
     codes0 = unpack(template, qtype, n)
     nbl = n // QK_K
@@ -383,15 +382,6 @@ def gptq_lattice(
     scale = torch.tensor(codes0.scale.reshape(rows, ng), device=dev)  # a copy: arrival rewrites it
     dneg0 = None if codes0.dneg is None else torch.tensor(codes0.dneg.reshape(rows, ng), device=dev)
 
-    W = w0.clone()
-    H = h.clone()
-    diag = torch.diagonal(H)
-    dead = diag <= 0
-    n_dead = int(dead.sum())
-    if n_dead:
-        ii = torch.nonzero(dead).reshape(-1)
-        H[ii, ii] = 1.0
-        W[:, ii] = 0.0
     arrival = opt.scales == "arrival"
     energy = torch.diagonal(H).reshape(ng, 8).sum(1)
     if opt.act_order and arrival:  # super-blocks by decreasing energy, then their sign groups
@@ -475,13 +465,9 @@ def gptq_lattice(
         new = unpack(data, qtype, n)
     q_gptq = torch.as_tensor(decode(new).reshape(rows, n), device=dev)
     q_rtn = torch.as_tensor(decode(codes0).reshape(rows, n), device=dev)
-    notes: list[str] = []
-    if tries:
-        notes.append(f"the Hessian needed damping {lam:g} (not {opt.damp:g}) to be positive definite")
-    if n_dead:
-        notes.append(f"{n_dead} input column(s) never active: their weights were set to zero")
+    notes = gptq_notes(tries, lam, opt.damp, n_dead)
     return GptqResult(
-        data, qtype, lam, n_dead, output_error(w0, q_gptq, h), output_error(w0, q_rtn, h), tuple(notes)
+        data, qtype, lam, n_dead, output_error(w0, q_gptq, h), output_error(w0, q_rtn, h), notes
     )
 
 
