@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import QuantizationError
+from studio.core.quant import grid as G
 from studio.core.quant import lowbit
 
 __all__ = ["LOWBIT_GRID_TYPES", "BlockGrid", "encode", "grid_spec", "search", "unpack", "values"]
@@ -77,33 +78,14 @@ def grid_spec(qtype: str) -> LowbitSpec:
 
 
 @dataclass(frozen=True, eq=False)
-class BlockGrid:
-    """The block scales of one tensor of a low-bit type and the bytes (``template``) that hold them."""
-
-    qtype: str
-    scale: np.ndarray  # float32 (rows, n // block)
-    offset: None
-    template: np.ndarray  # uint8 (rows, row bytes)
+class BlockGrid(G.BlockGrid):
+    """``grid.BlockGrid`` for one tensor of a low-bit type (``offset`` is None): its layout is this
+    module's ``grid_spec``; the properties GPTQ's sweep reads (levels, group, shape) are the base's."""
 
     @property
-    def spec(self) -> LowbitSpec:
+    def spec(self) -> LowbitSpec:  # type: ignore[override]
         """The type's layout."""
         return grid_spec(self.qtype)
-
-    @property
-    def levels(self) -> np.ndarray:
-        """Value of each code (float32, increasing)."""
-        return self.spec.levels
-
-    @property
-    def group(self) -> int:
-        """Weights per scale."""
-        return self.spec.group
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(rows, weights per row)."""
-        return int(self.scale.shape[0]), int(self.scale.shape[1]) * self.group
 
 
 def _e8m0_half(e: np.ndarray) -> np.ndarray:

@@ -214,7 +214,7 @@ class BlockGrid:
         g0, g1 = c0 // sp.group, c1 // sp.group
         b0, b1 = c0 // sp.block * sp.nbytes, c1 // sp.block * sp.nbytes
         off = None if self.offset is None else self.offset[:, g0:g1]
-        return BlockGrid(self.qtype, self.scale[:, g0:g1], off, self.template[:, b0:b1])
+        return type(self)(self.qtype, self.scale[:, g0:g1], off, self.template[:, b0:b1])
 
 
 # ------------------------------------------------------------------------------------------ scales
