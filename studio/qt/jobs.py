@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -100,6 +101,7 @@ class Job(QRunnable):
         self.on_success: Callable[[Any], None] | None = None
         self.on_error: Callable[[str], None] | None = None
         self.on_cancel: Callable[[], None] | None = None
+        self.gate: threading.Event | None = None  # set by the manager: wait for it before running
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.title!r} {self.state.value}>"
@@ -130,6 +132,10 @@ class Job(QRunnable):
         sig = self.signals
         sig.started.emit(self)
         try:
+            # the start-up job's imports of torch and transformers run first: their lazy modules are not
+            # thread-safe, and a job importing them at the same moment got "cannot import name"
+            while self.gate is not None and not self.gate.wait(0.1):
+                self.context.check_cancelled()
             self.context.check_cancelled()
             result = self._fn(self.context)
         except JobCancelled:
@@ -162,6 +168,8 @@ class JobManager(QObject):
         self._active: dict[int, Job] = {}
         self._history: list[Job] = []
         self._closed = False
+        self._imports_done = threading.Event()
+        self._imports_done.set()
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -182,6 +190,12 @@ class JobManager(QObject):
         job.on_success, job.on_error, job.on_cancel = on_success, on_error, on_cancel
         return self.start(job)
 
+    def hold_for_imports(self) -> threading.Event:
+        """Jobs started from now on wait until the returned event is set (by the start-up job, once its
+        heavy imports are done); the start-up job itself (kind "startup") does not wait."""
+        self._imports_done.clear()
+        return self._imports_done
+
     def start(self, job: Job) -> Job:
         """Start a prepared job; after ``shutdown`` it is cancelled at once instead of run."""
         if self._closed:
@@ -189,6 +203,8 @@ class JobManager(QObject):
             job.context.cancel()
             job.state = JobState.CANCELLED
             return job
+        if job.kind != "startup" and not self._imports_done.is_set():
+            job.gate = self._imports_done
         sig = job.signals
         sig.started.connect(self._on_started)
         sig.progress.connect(self._on_progress)

@@ -287,16 +287,26 @@ class Pages(QObject):
         if not todo or self._stopped:
             return None
 
+        imported = self._jobs.hold_for_imports()  # other jobs start once these imports are done
+
         def load(ctx: JobContext) -> None:
-            for name in todo:
-                ctx.check_cancelled()
-                try:
-                    importlib.import_module(name)
-                except Exception:  # the job that needs it reports the error in its place
-                    log.exception("importing %s failed", name)
+            try:
+                for name in todo:
+                    ctx.check_cancelled()
+                    try:
+                        importlib.import_module(name)
+                    except Exception:  # the job that needs it reports the error in its place
+                        log.exception("importing %s failed", name)
+            finally:
+                imported.set()
             _prepare_kernels(ctx)
 
-        return self._jobs.submit("Preparing torch and transformers", load, kind="startup")
+        job = self._jobs.submit("Preparing torch and transformers", load, kind="startup")
+        # cancelled before it ran, or never run (the manager shut down): the other jobs go on anyway
+        job.signals.finished.connect(lambda _job: imported.set())
+        if not job.active:
+            imported.set()
+        return job
 
     def stop(self) -> None:
         """Build nothing more (the window is closing)."""

@@ -125,3 +125,26 @@ def test_no_job_starts_after_shutdown(qtbot):
     assert QThreadPool.globalInstance().activeThreadCount() == 0
     qtbot.wait(50)
     assert ran == []
+
+
+def test_jobs_wait_for_the_start_up_imports_and_a_cancel_still_stops_a_waiting_one(qtbot):
+    # transformers' lazy modules are not thread-safe: a chat load importing them while the start-up job
+    # did failed on a fresh install with "cannot import name 'AutoModelForCausalLM'"
+    manager = JobManager()
+    imported = manager.hold_for_imports()
+    ran: list[str] = []
+    startup = manager.submit("Imports", lambda ctx: ran.append("startup"), kind="startup")
+    _wait_finished(qtbot, manager, startup)
+    job = manager.submit("Load", lambda ctx: ran.append("load"))
+    waiting = manager.submit("Other", lambda ctx: ran.append("other"))
+    time.sleep(0.4)
+    assert ran == ["startup"] and job.active and waiting.active  # held until the imports are done
+    waiting.cancel()
+    _wait_finished(qtbot, manager, waiting)
+    assert waiting.state == JobState.CANCELLED
+    imported.set()
+    _wait_finished(qtbot, manager, job)
+    assert ran == ["startup", "load"] and job.state == JobState.DONE
+    later = manager.submit("Later", lambda ctx: ran.append("later"))  # the gate is open from now on
+    _wait_finished(qtbot, manager, later)
+    assert ran[-1] == "later"
