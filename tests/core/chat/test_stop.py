@@ -70,6 +70,9 @@ def test_stop_ends_generation_within_one_token_and_the_model_stays_usable(backen
 
 def test_a_dead_child_fails_its_column_only(chat_model, f32_gguf, gguf_of):
     victim = LlamaCppBackend(f32_gguf, n_ctx=256, label="victim")
+    # every token sent at once: batched, the tiny model's 40 tokens (~15 ms) all reached this process
+    # before the kill at the third one, and the column had its whole answer
+    victim.stream_window_s = 0.0
     other = LlamaCppBackend(gguf_of(chat_model, "Q8_0"), n_ctx=256, label="survivor")
     session = ChatSession([victim, other])
     try:
