@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QTabWidget, QVBoxLayout, QWi
 
 from studio.core.jobs import JobCancelled, JobContext
 from studio.qt.fit import fit_page, scrolled
+from studio.qt.heap import settle_heap
 from studio.qt.jobs import Job, JobManager
 from studio.qt.state import StudioState
 from studio.qt.theme import set_plot_defaults
@@ -300,6 +301,7 @@ class Pages(QObject):
             finally:
                 imported.set()
             _prepare_kernels(ctx)
+            settle_heap()  # the start-up heap is done growing: no full collection walks it again
 
         job = self._jobs.submit("Preparing torch and transformers", load, kind="startup")
         # cancelled before it ran, or never run (the manager shut down): the other jobs go on anyway
