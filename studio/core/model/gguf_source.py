@@ -4,7 +4,9 @@ Face folder the studio writes from it.
 Decoding: the K-quants and IQ4 types go through our own numba decoders (``quant.blocks``: 2 to 8
 times faster than gguf-py's numpy code on the same rows, and bit-identical to it, see the tests), as do
 Q1_0 and Q2_0, which gguf-py 0.19 cannot decode; every other type gguf-py knows (legacy 32-blocks,
-the IQ1/IQ2/IQ3 and ternary types, MXFP4) through the reference llama.cpp's own Python tools use; plain integer and float64 tensors are numpy views. A type neither decodes is refused with the tensor's name before any work.
+the IQ1/IQ2/IQ3 and ternary types, MXFP4) through ``gguf.quants.dequantize``, the reference
+llama.cpp's own Python tools use; plain integer and float64 tensors are numpy views. A type neither
+decodes is refused with the tensor's name before any work.
 
 The Hugging Face folder (``write_hf_folder``) holds the tensors dequantized to float32 safetensors
 under their transformers names (llama.cpp's Q/K row permutation, Conv1D transpose and Gemma's norm

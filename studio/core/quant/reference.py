@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 
 from studio.core.errors import QuantizationError
-from studio.core.quant.types import NEWER_THAN_GGUF_PY
+from studio.core.ggml_types import NEWER_THAN_GGUF_PY
 
 __all__ = [
     "ReferenceUnavailable",
