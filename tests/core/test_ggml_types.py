@@ -119,3 +119,36 @@ def test_a_damaged_q2_0_file_is_refused(tmp_path):
     odd.write_bytes(data[:at] + np.array([96, 3], "<u8").tobytes() + data[at + 16 :])
     with pytest.raises(CorruptFileError, match="not a multiple of Q2_0's block of 64"):
         read_gguf(odd)
+
+
+def test_a_q2_0_export_opens_as_an_original_and_requantizes(tiny_model, tmp_path):
+    """The studio's Q2_0 file as a model source: inspect reads its types, a tensor decodes as llama.cpp
+    decodes it, and it requantizes (a GGUF original) to Q8_0."""
+    from studio.core.export.run import export_gguf
+    from studio.core.model import open_model
+
+    model = tiny_model("llama")
+    q2 = export_gguf(model, tmp_path / "m-Q2_0.gguf", "Q2_0").path
+    g = read_gguf(q2)
+    t = next(t for t in g.tensors if t.name == "blk.0.ffn_up.weight")
+    assert t.type_name == "Q2_0" and g.metadata["general.file_type"] == 41
+    raw = np.fromfile(q2, np.uint8, count=t.nbytes, offset=t.offset)
+    with open_model(q2) as ck:
+        assert ck.info.tensor(t.name).dtype == "Q2_0"
+        w = np.asarray(ck.read(t.name), np.float32)
+    if ref.available():
+        np.testing.assert_array_equal(w, ref.ggml_dequantize(raw, "Q2_0", t.shape))
+    out = export_gguf(q2, tmp_path / "m-Q8_0.gguf", "Q8_0").path
+    assert {t.type_name for t in read_gguf(out).tensors} <= {"Q8_0", "F32"}
+
+
+def test_the_row_check_finds_a_q2_0_block_with_an_infinite_scale():
+    """llama-quantize's ggml_validate_row_data checks Q2_0's fp16 d; so does the writer's row check."""
+    from studio.core.gguf.rowcheck import RowCheck, first_bad_block
+
+    q = blocks.quantize(np.random.default_rng(0).standard_normal((2, 128)).astype(np.float32), "Q2_0")
+    assert first_bad_block("Q2_0", q.reshape(-1)) is None
+    q.reshape(-1, 18)[2, 0:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    assert first_bad_block("Q2_0", q.reshape(-1)) == 2
+    check = RowCheck("Q2_0")
+    assert check.feed(q.reshape(-1)[:40]) is None and check.feed(q.reshape(-1)[40:]) == 2
