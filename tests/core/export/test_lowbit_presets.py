@@ -188,11 +188,12 @@ def test_the_imatrix_rules_are_llama_quantizes_and_ggmls():
     # ggml's own refusal (IQ2_XXS, IQ2_XS, IQ1_S) holds on every tensor
     for q in ("IQ2_XXS", "IQ2_XS", "IQ1_S"):
         assert tensor_needs_imatrix("token_embd.weight", q) and tensor_needs_imatrix("output.weight", q)
-    # Q2_K only inside a Q2_K_S file; IQ3_S, IQ4_XS, TQ*, MXFP4 never
+    # Q2_K only inside a Q2_K_S file; IQ3_S, IQ4_XS, TQ*, MXFP4, Q1_0/Q2_0 never
     assert tensor_needs_imatrix("blk.0.ffn_up.weight", "Q2_K", PRESETS["Q2_K_S"].ftype)
     assert not tensor_needs_imatrix("blk.0.ffn_up.weight", "Q2_K", PRESETS["Q2_K"].ftype)
-    for q in ("IQ3_S", "IQ4_XS", "IQ4_NL", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "Q4_K"):
+    for q in ("IQ3_S", "IQ4_XS", "IQ4_NL", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "Q2_0", "Q4_K"):
         assert not tensor_needs_imatrix("blk.0.ffn_up.weight", q, PRESETS["Q2_K_S"].ftype)
+    assert not tensor_needs_imatrix("blk.0.ffn_up.weight", "Q2_0", PRESETS["Q2_0"].ftype)
 
 
 @pytest.mark.parametrize("preset", ["IQ2_XXS", "IQ3_XXS", "Q2_K_S", "IQ1_M"])
