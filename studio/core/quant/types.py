@@ -1,11 +1,11 @@
 """The GGUF tensor types the studio quantizes to: one registry of their facts.
 
 In the spirit of gguf-py's ``GGML_QUANT_SIZES`` and optimum-quanto's ``qtypes``: a ``QTypeInfo`` per
-type holds its block geometry (taken from gguf-py, which states it for ggml, or for a type it cannot
-name yet, Q2_0, from ``studio.core.ggml_types``), what llama.cpp uses
-instead when a row does not fit (``tensor_type_fallback`` in llama-quant.cpp), whether it is a
-K-quant, whether a plan may ask for it, and the ``general.file_type`` number (llama.h's
-``LLAMA_FTYPE_*``, taken from gguf-py's ``LlamaFileType``) a file gets whose main type it is.
+type holds its ggml type number and block geometry (taken from gguf-py, which states them for ggml,
+or for a type it cannot name yet, Q2_0, from ``studio.core.ggml_types``), what llama.cpp uses instead
+when a row does not fit (``tensor_type_fallback`` in llama-quant.cpp), whether it is a K-quant,
+whether a plan may ask for it, and the ``general.file_type`` number (llama.h's ``LLAMA_FTYPE_*``,
+taken from gguf-py's ``LlamaFileType`` or that table) a file gets whose main type it is.
 Kernels, plans, presets, estimates and the Hub badges read these facts from here; the constants
 every kernel of ggml's reference quantizers shares (``QK_K``, ``GROUP_MAX_EPS``, the IQ4 levels)
 live here too. Importing this module costs gguf-py and numpy, never numba or torch.
@@ -25,7 +25,7 @@ import gguf
 import numpy as np
 
 from studio.core.errors import QuantizationError
-from studio.core.ggml_types import NEWER_THAN_GGUF_PY, NewerType, ggml_type_id, ggml_types
+from studio.core.ggml_types import NEWER_THAN_GGUF_PY, ggml_type_id, ggml_types
 
 __all__ = [
     "FLOAT_TYPES",
@@ -35,7 +35,6 @@ __all__ = [
     "PLAN_TYPES",
     "QK_K",
     "QTYPES",
-    "NewerType",
     "QTypeInfo",
     "TypeFallback",
     "check_type",
