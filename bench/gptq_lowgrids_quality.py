@@ -34,10 +34,10 @@ LLAMA_BIN = Path(os.environ.get("QS_LLAMA_BIN", "llama.cpp/build/bin"))
 
 
 def held_types(path: Path) -> dict[str, str]:
-    """GGUF tensor name → type name of a file."""
-    import gguf
+    """GGUF tensor name → type name of a file (the studio's reader: gguf-py 0.19's cannot read Q2_0)."""
+    from studio.core.gguf.read import read_gguf
 
-    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    return {t.name: t.type_name for t in read_gguf(path).tensors}
 
 
 def plan_like(model: str, ref: Path, method: str):

@@ -4,7 +4,8 @@ file: the studio's export equals ``llama-quantize --imatrix``'s tensor for tenso
 The demo's widths are 576 (hidden) and 1536 (FFN): only ffn_down's rows (1536 = 6 × 256) take the 256-weight
 lattice and ternary types; rows of 576 fall back as llama.cpp's tensor_type_fallback says (IQ4_NL for the
 i-quants, Q4_0 for TQ1_0/TQ2_0/Q2_K), and Q1_0 (blocks of 128) has no fallback there: llama-quantize stops,
-and the studio refuses the preset in one sentence.
+and the studio refuses the preset in one sentence. Q2_0's blocks of 64 divide 576: its tensors are written as
+Q2_0 (ggml type 42, which gguf-py 0.19 cannot name, so both files are read with the studio's reader).
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 
 from studio.core.errors import CorruptFileError
+from studio.core.ggml_types import ggml_types
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -95,11 +95,9 @@ class GGUFFile:
 
 
 def _ggml_types() -> dict[int, tuple[str, int, int]]:
-    """ggml type id -> (name, block size, bytes per block), from gguf-py's tables."""
-    out = {}
-    for qtype, (block, size) in gguf.GGML_QUANT_SIZES.items():
-        out[int(qtype)] = (qtype.name, int(block), int(size))
-    return out
+    """ggml type id -> (name, block size, bytes per block), from gguf-py's tables and the types of the
+    pinned llama.cpp that gguf-py cannot name yet (Q2_0)."""
+    return ggml_types()
 
 
 class _Cursor:

@@ -36,6 +36,8 @@ BLOCK_SCALES: dict[str, tuple[int, tuple[int, ...]]] = {
     "IQ4_XS": (136, (0,)),
     "TQ1_0": (54, (52,)),
     "TQ2_0": (66, (64,)),
+    "Q1_0": (18, (0,)),
+    "Q2_0": (18, (0,)),
 }
 _IQ1_M_BYTES = 56  # its fp16 scale is spread over the top nibbles of scales[0..3] (bytes 48..55)
 

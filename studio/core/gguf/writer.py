@@ -23,6 +23,7 @@ import gguf
 import numpy as np
 
 from studio.core.errors import CorruptFileError, ExportError
+from studio.core.ggml_types import ggml_type_id
 from studio.core.gguf.read import read_gguf
 from studio.core.gguf.rowcheck import RowCheck
 from studio.core.units import format_bytes
@@ -217,7 +218,9 @@ class AtomicGGUFWriter:
 
     def add_tensor_info(self, name: str, shape: tuple[int, ...], qtype: str, nbytes: int) -> None:
         """Declare the next tensor (order of declaration = order of writing)."""
-        gq = self._gguf.GGMLQuantizationType[qtype]
+        # gguf-py's writer packs raw_dtype as a u32: a bare id serves a type it cannot name (Q2_0)
+        members = self._gguf.GGMLQuantizationType.__members__
+        gq = members[qtype] if qtype in members else ggml_type_id(qtype)
         self.kv.add_tensor_info(
             name, tuple(int(s) for s in shape), np.dtype(np.float32), int(nbytes), raw_dtype=gq
         )

@@ -22,7 +22,7 @@ _QUANT_NAMES = (
     "IQ2_XXS IQ3_XXS IQ1_S IQ1_M IQ2_XS IQ2_S IQ2_M IQ3_XS IQ3_S IQ3_M IQ4_XS IQ4_NL "
     "Q2_K_S Q2_K_L Q3_K_XL Q3_K_S Q3_K_M Q3_K_L Q4_K_XL Q4_K_S Q4_K_M Q4_K_L Q5_K_XL Q5_K_S Q5_K_M Q5_K_L "
     "Q6_K_XL Q6_K_L Q8_K_XL Q4_0_4_4 Q4_0_4_8 Q4_0_8_8 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K Q4_0 Q4_1 Q5_0 Q5_1 "
-    "Q8_0 Q8_1 TQ1_0 TQ2_0 MXFP4 BF16 F16 F32 FP16 FP32"
+    "Q8_0 Q8_1 TQ1_0 TQ2_0 Q1_0 Q2_0 MXFP4 BF16 F16 F32 FP16 FP32"
 ).split()
 _QUANT_RE = re.compile(
     r"(?<![A-Za-z0-9])(" + "|".join(sorted(_QUANT_NAMES, key=len, reverse=True)) + r")(?![A-Za-z0-9])",

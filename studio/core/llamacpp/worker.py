@@ -468,9 +468,10 @@ def _op_quantize(
 ) -> int:
     """llama_model_quantize with per-tensor regex overrides, an imatrix and a general.file_type;
     ``allow_requantize``: accept an already quantized source (llama-quantize --allow-requantize)."""
-    import gguf  # child side: gguf-py stays out of the parent
     import llama_cpp
     import numpy as np  # child side: numpy stays out of the parent (the window starts without it)
+
+    from studio.core.ggml_types import ggml_type_id  # child side: its gguf-py stays out of the parent
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = int(nthread)
@@ -484,7 +485,7 @@ def _op_quantize(
             b = pat.encode("utf-8")
             keep.append(b)
             arr[i].pattern = b
-            arr[i].type = int(gguf.GGMLQuantizationType[qt])
+            arr[i].type = ggml_type_id(qt)
         arr[len(overrides)].pattern = None
         params.tt_overrides = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
         keep.append(arr)

@@ -2,10 +2,11 @@
 Face folder the studio writes from it.
 
 Decoding: the K-quants and IQ4 types go through our own numba decoders (``quant.blocks``: 2 to 8
-times faster than gguf-py's numpy code on the same rows, and bit-identical to it, see the tests);
-every other type gguf-py knows (legacy 32-blocks, the IQ1/IQ2/IQ3 and ternary types, MXFP4) through
-``gguf.quants.dequantize``, the reference llama.cpp's own Python tools use; plain integer and float64
-tensors are numpy views. A type neither decodes is refused with the tensor's name before any work.
+times faster than gguf-py's numpy code on the same rows, and bit-identical to it, see the tests), as do
+Q1_0 and Q2_0, which gguf-py 0.19 cannot decode; every other type gguf-py knows (legacy 32-blocks,
+the IQ1/IQ2/IQ3 and ternary types, MXFP4) through ``gguf.quants.dequantize``, the reference
+llama.cpp's own Python tools use; plain integer and float64 tensors are numpy views. A type neither
+decodes is refused with the tensor's name before any work.
 
 The Hugging Face folder (``write_hf_folder``) holds the tensors dequantized to float32 safetensors
 under their transformers names (llama.cpp's Q/K row permutation, Conv1D transpose and Gemma's norm
@@ -49,8 +50,9 @@ HF_FORMAT_VERSION = 1
 # from (its presence means "whole").
 
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
-# Our numba decoders: measurably faster than gguf-py's numpy ones for these (bench in the tests' note).
-_OWN_DECODERS = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"})
+# Our numba decoders: measurably faster than gguf-py's numpy ones for these (bench in the tests' note),
+# and the only ones for Q1_0 and Q2_0, which gguf-py 0.19 cannot decode (Q2_0 it cannot even name).
+_OWN_DECODERS = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q1_0", "Q2_0"})
 _PLAIN = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F64": "<f8"}
 # Tensors llama.cpp needs that a transformers model computes from its config instead.
 _DERIVED_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})

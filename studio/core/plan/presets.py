@@ -64,7 +64,7 @@ PRESETS: dict[str, Preset] = {
         Preset("Q2_K_S", "Q2_K", "2-bit k-quant, fewer 4-bit tensors (needs an importance matrix)"),
         Preset("IQ2_M", "IQ2_S", "2.7-bit i-quant mix (needs an importance matrix)"),
         Preset("IQ2_S", "IQ2_XS", "2.5-bit i-quant mix (needs an importance matrix)"),
-        *([Preset("Q2_0", "Q2_0", "2.25-bit, groups of 64")] if "Q2_0" in QTYPES else []),
+        Preset("Q2_0", "Q2_0", "2.25-bit, groups of 64"),
         Preset("IQ2_XS", "IQ2_XS", "2.31-bit i-quant (needs an importance matrix)"),
         Preset("TQ2_0", "TQ2_0", "2.06-bit ternary, for ternary-trained models (BitNet)"),
         Preset("IQ2_XXS", "IQ2_XXS", "2.06-bit i-quant (needs an importance matrix)"),
@@ -76,7 +76,7 @@ PRESETS: dict[str, Preset] = {
     )
 }
 """Every preset of the pinned llama-quantize (its QUANT_OPTIONS less the aliases Q3_K/Q4_K/Q5_K and
-COPY), roughly from high to low precision; Q2_0 only where the installed gguf-py knows the type."""
+COPY), roughly from high to low precision."""
 
 
 @dataclass(frozen=True)

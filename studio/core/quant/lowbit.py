@@ -16,16 +16,12 @@ import numpy as np
 from studio.core.errors import QuantizationError
 from studio.core.jit import njit
 from studio.core.quant.numba_ops import JIT, float_of, fp16_value, put_half
-from studio.core.quant.types import QK_K
+from studio.core.quant.types import QK_K, QTYPES
 
 LOWBIT_TYPES: tuple[str, ...] = ("TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "Q2_0")
-# (weights, bytes) per block, ggml-common.h; kept here because gguf-py (0.19) does not know Q2_0 yet
+# (weights, bytes) per block, from the type registry (Q2_0's through its NEWER_THAN_GGUF_PY)
 GEOMETRY: dict[str, tuple[int, int]] = {
-    "TQ1_0": (QK_K, 54),
-    "TQ2_0": (QK_K, 66),
-    "MXFP4": (32, 17),
-    "Q1_0": (128, 18),
-    "Q2_0": (64, 18),
+    q: (QTYPES[q].block_size, QTYPES[q].type_size) for q in LOWBIT_TYPES if q in QTYPES
 }
 
 _MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # kvalues_mxfp4

@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 
 from studio.core.errors import QuantizationError
+from studio.core.ggml_types import NEWER_THAN_GGUF_PY
 
 __all__ = [
     "ReferenceUnavailable",
@@ -124,13 +125,9 @@ def type_id(qtype: str) -> int:
     try:
         return int(gguf.GGMLQuantizationType[qtype.upper()])
     except KeyError:
-        if qtype.upper() in _NEWER_THAN_GGUF_PY:
-            return _NEWER_THAN_GGUF_PY[qtype.upper()]
+        if qtype.upper() in NEWER_THAN_GGUF_PY:  # a ggml type gguf-py cannot name yet (Q2_0)
+            return NEWER_THAN_GGUF_PY[qtype.upper()].type_id
         raise QuantizationError(f"Unknown GGML type {qtype!r}.") from None
-
-
-# ggml types of the pinned build that gguf-py 0.19 cannot name yet (ggml.h's enum ggml_type)
-_NEWER_THAN_GGUF_PY = {"Q2_0": 42}
 
 
 def ggml_row_size(qtype: str, n_per_row: int) -> int:

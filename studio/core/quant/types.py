@@ -1,10 +1,11 @@
 """The GGUF tensor types the studio quantizes to: one registry of their facts.
 
 In the spirit of gguf-py's ``GGML_QUANT_SIZES`` and optimum-quanto's ``qtypes``: a ``QTypeInfo`` per
-type holds its block geometry (taken from gguf-py, which states it for ggml), what llama.cpp uses
-instead when a row does not fit (``tensor_type_fallback`` in llama-quant.cpp), whether it is a
-K-quant, whether a plan may ask for it, and the ``general.file_type`` number (llama.h's
-``LLAMA_FTYPE_*``, taken from gguf-py's ``LlamaFileType``) a file gets whose main type it is.
+type holds its ggml type number and block geometry (taken from gguf-py, which states them for ggml,
+or for a type it cannot name yet, Q2_0, from ``studio.core.ggml_types``), what llama.cpp uses instead
+when a row does not fit (``tensor_type_fallback`` in llama-quant.cpp), whether it is a K-quant,
+whether a plan may ask for it, and the ``general.file_type`` number (llama.h's ``LLAMA_FTYPE_*``,
+taken from gguf-py's ``LlamaFileType`` or that table) a file gets whose main type it is.
 Kernels, plans, presets, estimates and the Hub badges read these facts from here; the constants
 every kernel of ggml's reference quantizers shares (``QK_K``, ``GROUP_MAX_EPS``, the IQ4 levels)
 live here too. Importing this module costs gguf-py and numpy, never numba or torch.
@@ -24,11 +25,13 @@ import gguf
 import numpy as np
 
 from studio.core.errors import QuantizationError
+from studio.core.ggml_types import NEWER_THAN_GGUF_PY, ggml_type_id, ggml_types
 
 __all__ = [
     "FLOAT_TYPES",
     "GROUP_MAX_EPS",
     "IQ4NL_LEVELS",
+    "NEWER_THAN_GGUF_PY",
     "PLAN_TYPES",
     "QK_K",
     "QTYPES",
@@ -57,6 +60,7 @@ class QTypeInfo:
     plannable: bool  # a plan (and so the exporter) may give it to a tensor
     ftype: int | None  # general.file_type of a file whose main type this is
     needs_imatrix: bool = False  # ggml refuses to quantize it without an importance matrix
+    type_id: int = -1  # ggml's type number, as GGUF tensor infos store it (12 is Q4_K)
 
     @property
     def bits_per_weight(self) -> float:
@@ -69,24 +73,38 @@ class QTypeInfo:
         return self.block_size == 1
 
     @property
-    def ggml_type(self) -> gguf.GGMLQuantizationType:
-        """gguf-py's enum member, whose value is the type id stored in GGUF tensor infos."""
-        return gguf.GGMLQuantizationType[self.name]
+    def ggml_type(self) -> gguf.GGMLQuantizationType | int:
+        """gguf-py's enum member, whose value is the type id stored in GGUF tensor infos (the bare
+        ``type_id`` for a type the installed gguf-py cannot name)."""
+        return gguf.GGMLQuantizationType.__members__.get(self.name, self.type_id)
 
 
 def _ftype(name: str) -> int:
     """llama_ftype number of a file type named as llama.cpp names it (``Q4_K_M``, ``F32``)."""
     member = "ALL_F32" if name == "F32" else f"MOSTLY_{name}"
+    if member not in gguf.LlamaFileType.__members__ and name in NEWER_THAN_GGUF_PY:
+        return NEWER_THAN_GGUF_PY[name].ftype
     return int(gguf.LlamaFileType[member])
+
+
+_GGML_TYPES = ggml_types()  # id -> (name, block, bytes): gguf-py's table and NEWER_THAN_GGUF_PY
+
+
+def _geometry(name: str) -> tuple[int, int, int]:
+    """(type id, weights per block, bytes per block) of a type, from gguf-py or ``NEWER_THAN_GGUF_PY``."""
+    tid = ggml_type_id(name)
+    return tid, _GGML_TYPES[tid][1], _GGML_TYPES[tid][2]
 
 
 def _new(
     name: str, fallback: str | None, file_type: str | None, *, needs_imatrix: bool = False
 ) -> list[QTypeInfo]:
-    """A low-bit type as a one-item list, or none when the installed gguf-py cannot name it."""
+    """A low-bit type as a one-item list, or none when neither the installed gguf-py nor
+    ``NEWER_THAN_GGUF_PY`` can name it."""
     members = gguf.LlamaFileType.__members__
-    if name not in gguf.GGMLQuantizationType.__members__ or (
-        file_type and f"MOSTLY_{file_type}" not in members
+    if name not in NEWER_THAN_GGUF_PY and (
+        name not in gguf.GGMLQuantizationType.__members__
+        or (file_type and f"MOSTLY_{file_type}" not in members)
     ):
         return []
     return [_info(name, fallback, file_type, needs_imatrix=needs_imatrix)]
@@ -100,16 +118,17 @@ def _info(
     plannable: bool = True,
     needs_imatrix: bool = False,
 ) -> QTypeInfo:
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    tid, block, size = _geometry(name)
     return QTypeInfo(
         name=name,
-        block_size=int(block),
-        type_size=int(size),
+        block_size=block,
+        type_size=size,
         fallback=fallback,
         kquant=name.endswith("_K"),
         plannable=plannable,
         ftype=None if file_type is None else _ftype(file_type),
         needs_imatrix=needs_imatrix,
+        type_id=tid,
     )
 
 
@@ -136,7 +155,7 @@ QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
             _info("IQ4_XS", "IQ4_NL", "IQ4_XS"),
             # The low-bit types llama-quantize writes (issue 24), plannable as the rest. The fallbacks
             # are tensor_type_fallback's; Q1_0 has none there (llama.cpp throws), F16 here.
-            # A type the installed gguf-py cannot name (Q2_0 in gguf 0.19) is left out.
+            # Q2_0, which gguf 0.19 cannot name, comes from NEWER_THAN_GGUF_PY.
             *_new("MXFP4", None, None),
             *_new("Q1_0", None, "Q1_0"),
             *_new("Q2_0", "Q4_0", "Q2_0"),
@@ -157,6 +176,8 @@ QTYPES: Mapping[str, QTypeInfo] = MappingProxyType(
 PLAN_TYPES: tuple[str, ...] = tuple(n for n, i in QTYPES.items() if i.plannable)
 """The types a plan may give a tensor, in menu order."""
 
+_BY_ID: Mapping[int, QTypeInfo] = MappingProxyType({i.type_id: i for i in QTYPES.values()})
+
 FLOAT_TYPES: frozenset[str] = frozenset(n for n, i in QTYPES.items() if i.is_float)
 
 QK_K = QTYPES["Q4_K"].block_size  # weights per K-quant super-block (256)
@@ -170,8 +191,9 @@ IQ4NL_LEVELS = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8)
 def qtype_info(qtype: Any) -> QTypeInfo:
     """The facts of a type given by name (``"Q4_K"``, any case), gguf.GGMLQuantizationType or type id."""
     if isinstance(qtype, (int, np.integer)) and not isinstance(qtype, bool):
+        tid = int(qtype)
         try:  # a GGML type id as stored in GGUF tensor infos (12 is Q4_K)
-            qtype = gguf.GGMLQuantizationType(int(qtype))
+            qtype = _BY_ID[tid] if tid in _BY_ID else gguf.GGMLQuantizationType(tid)
         except ValueError:
             pass
     name = getattr(qtype, "name", qtype)
@@ -237,11 +259,13 @@ def ftype_of(name: str) -> int:
 
 
 def ftype_name(ftype: int) -> str | None:
-    """The name of a ``general.file_type`` value (15 -> ``Q4_K_M``); None for a number gguf-py does not know."""
+    """The name of a ``general.file_type`` value (15 -> ``Q4_K_M``); None for a number neither gguf-py
+    nor ``NEWER_THAN_GGUF_PY`` knows."""
     try:
         name = gguf.LlamaFileType(ftype).name
     except ValueError:
-        return None
+        newer = [n for n, t in NEWER_THAN_GGUF_PY.items() if t.ftype == ftype]
+        return newer[0] if newer else None
     for prefix in ("MOSTLY_", "ALL_"):
         name = name.removeprefix(prefix)
     return name.removesuffix("_MOE")

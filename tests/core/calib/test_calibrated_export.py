@@ -287,3 +287,34 @@ def test_nan_activations_stop_the_run_in_one_sentence(llama_model, calib_text, t
         )
     assert "\n" not in str(e.value)
     assert not (tmp_path / "n.gguf").exists()
+
+
+def test_gptq_on_the_q2_0_grid_writes_a_file_llama_cpp_runs(
+    llama_model, calib_text, plan_of, llama_worker, tmp_path
+) -> None:
+    """Q2_0 (ggml type 42, which gguf-py 0.19 cannot name) through the calibrated export, as for the other
+    scalar low-bit grids: the preset's types, llama.cpp decodes the bytes as the studio does and runs the
+    file, and GPTQ beats llama.cpp's rounding on every Q2_0 tensor."""
+    from studio.core.calib.quantize import export_calibrated
+    from studio.core.gguf.layout import layout
+    from studio.core.llamacpp import LoadOptions
+    from studio.core.quant.blocks import dequantize
+    from studio.core.quant.reference import ggml_dequantize
+
+    plan, info = plan_of("gptq", "Q2_0")
+    res = export_calibrated(
+        llama_model, tmp_path / "q2.gguf", plan, text=calib_text, n_ctx=CTX, n_chunks=CHUNKS, device="cpu"
+    )
+    ts = _tensors(res.export.path)
+    want = {tm.gguf_name: plan.type_of(tm.hf_name) for tm in layout(info).tensors}
+    assert {k: ts[k][0] for k in want} == want
+    q2 = {k for k, v in want.items() if v == "Q2_0"}
+    assert len(q2) >= 10  # every linear of the blocks; token_embd/output take Q4_K/Q6_K as in llama.cpp
+    for name in q2:
+        qtype, shape, raw = ts[name]
+        assert np.array_equal(ggml_dequantize(raw, qtype, shape), dequantize(raw, qtype, shape)), name
+    gains = {t.name: t.gain for lr in res.layers for t in lr.tensors if t.gain is not None}
+    assert len(gains) >= len(q2) and max(gains.values()) < 1.0, gains
+    llama_worker.load(res.export.path, LoadOptions(n_ctx=128, logits_all=True, f32_kv=True))
+    got = np.asarray(llama_worker.request("eval_logits", ids=[1, 2, 3, 4, 5, 6]))
+    assert got.shape[0] == 6 and np.isfinite(got).all()

@@ -20,6 +20,7 @@ import pytest
 
 from studio.core.calib.imatrix import Imatrix, ImatrixEntry, write_imatrix
 from studio.core.gguf.layout import layout
+from studio.core.gguf.read import read_gguf
 from studio.core.hardware import HardwareInfo
 from studio.core.lab.memory import memory_report, shape_from_info
 from studio.core.model import open_model
@@ -71,10 +72,10 @@ def llama_tool(name: str) -> Path:
 
 
 def _row_bytes(qtype: str, ne0: int) -> int:
-    import gguf
+    # ggml's own ggml_row_size (gguf-py's table lacks Q2_0)
+    from studio.core.quant.reference import ggml_row_size
 
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
-    return ne0 // block * size
+    return ggml_row_size(qtype, ne0)
 
 
 def dry_run(f32: Path, preset: str, imatrix: Path | None = None) -> tuple[dict[str, str], int]:
@@ -166,14 +167,12 @@ def test_every_llama_quantize_preset_is_offered():
     text = src.read_text()
     table = text[text.index("QUANT_OPTIONS") : text.index("};", text.index("QUANT_OPTIONS"))]
     names = set(re.findall(r'\{\s*"(\w+)",\s*LLAMA_FTYPE_', table)) - {"COPY", "Q3_K", "Q4_K", "Q5_K"}
-    import gguf
-
-    known = {n for n in names if f"MOSTLY_{n}" in gguf.LlamaFileType.__members__ or n == "F32"}
-    # Q2_0 waits for a gguf-py that can name it (the installed gguf 0.19 cannot)
-    assert names - known <= {"Q2_0"}
-    assert set(PRESETS) == known
-    for name in known:
-        assert PRESETS[name].ftype == (0 if name == "F32" else int(gguf.LlamaFileType[f"MOSTLY_{name}"]))
+    # every one, Q2_0 included (the installed gguf-py may not name it: studio.core.ggml_types does)
+    assert set(PRESETS) == names
+    llama_h = (src.parents[2] / "include" / "llama.h").read_text()
+    ftypes = dict(re.findall(r"LLAMA_FTYPE_(?:MOSTLY|ALL)_(\w+)\s*=\s*(\d+)", llama_h))
+    for name in names:
+        assert PRESETS[name].ftype == int(ftypes[name]), name
 
 
 # ------------------------------------------------------------------------- the imatrix requirement
@@ -189,11 +188,12 @@ def test_the_imatrix_rules_are_llama_quantizes_and_ggmls():
     # ggml's own refusal (IQ2_XXS, IQ2_XS, IQ1_S) holds on every tensor
     for q in ("IQ2_XXS", "IQ2_XS", "IQ1_S"):
         assert tensor_needs_imatrix("token_embd.weight", q) and tensor_needs_imatrix("output.weight", q)
-    # Q2_K only inside a Q2_K_S file; IQ3_S, IQ4_XS, TQ*, MXFP4 never
+    # Q2_K only inside a Q2_K_S file; IQ3_S, IQ4_XS, TQ*, MXFP4, Q1_0/Q2_0 never
     assert tensor_needs_imatrix("blk.0.ffn_up.weight", "Q2_K", PRESETS["Q2_K_S"].ftype)
     assert not tensor_needs_imatrix("blk.0.ffn_up.weight", "Q2_K", PRESETS["Q2_K"].ftype)
-    for q in ("IQ3_S", "IQ4_XS", "IQ4_NL", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "Q4_K"):
+    for q in ("IQ3_S", "IQ4_XS", "IQ4_NL", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "Q2_0", "Q4_K"):
         assert not tensor_needs_imatrix("blk.0.ffn_up.weight", q, PRESETS["Q2_K_S"].ftype)
+    assert not tensor_needs_imatrix("blk.0.ffn_up.weight", "Q2_0", PRESETS["Q2_0"].ftype)
 
 
 @pytest.mark.parametrize("preset", ["IQ2_XXS", "IQ3_XXS", "Q2_K_S", "IQ1_M"])
@@ -248,9 +248,14 @@ def test_cli_export_refuses_in_one_sentence_and_writes_nothing(llama_model, tmp_
 
 
 def _read(path: Path) -> dict[str, tuple[str, bytes]]:
-    import gguf
-
-    return {t.name: (t.tensor_type.name, bytes(t.data)) for t in gguf.GGUFReader(path).tensors}
+    """Tensor name -> (type, bytes), by the studio's bounded reader (gguf-py's GGUFReader cannot read Q2_0)."""
+    g = read_gguf(path)
+    with open(path, "rb") as f:
+        out = {}
+        for t in g.tensors:
+            f.seek(t.offset)
+            out[t.name] = (t.type_name, f.read(t.nbytes))
+    return out
 
 
 BYTE_FAMILIES = {"llama": ("llama", {}), "qwen3_moe": ("qwen3_moe", {})}

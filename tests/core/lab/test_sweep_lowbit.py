@@ -8,7 +8,20 @@ import numpy as np
 from studio.core.lab.sweep import sweep_array
 from studio.core.quant.types import QTYPES
 
-NEW = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0")
+NEW = (
+    "IQ1_S",
+    "IQ1_M",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "TQ1_0",
+    "TQ2_0",
+    "MXFP4",
+    "Q1_0",
+    "Q2_0",
+)
 
 
 def test_the_sweep_has_a_point_for_every_low_bit_type():

@@ -47,6 +47,7 @@ def test_every_low_bit_type_is_a_scan_candidate_and_plannable():
         "TQ1_0",
         "TQ2_0",
         "Q1_0",
+        "Q2_0",
     }
     assert written <= set(LOW_BIT_SCAN_TYPES) <= set(DEFAULT_TYPES) == set(ScanSettings().types)
     assert written <= set(PLAN_TYPES) and all(QTYPES[q].plannable for q in written)

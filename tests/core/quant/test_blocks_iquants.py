@@ -38,7 +38,7 @@ def make(dist: str, rows: int = ROWS, cols: int = COLS, seed: int = 0) -> np.nda
 
 
 def mismatches(a: np.ndarray, b: np.ndarray, qtype: str) -> int:
-    size = lowbit.GEOMETRY[qtype][1] if qtype in lowbit.GEOMETRY else QTYPES[qtype].type_size
+    size = QTYPES[qtype].type_size
     return int((a != b).reshape(a.shape[0], -1, size).any(-1).sum())
 
 
@@ -47,16 +47,12 @@ def needs_imatrix(qtype: str) -> bool:
 
 
 def quantize(x: np.ndarray, qtype: str, qw: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
-    """blocks.quantize, or the kernel itself for a type gguf-py cannot name yet (Q2_0 with gguf 0.19)."""
-    if qtype in QTYPES:
-        return blocks.quantize(x, qtype, qw, threads=threads)
-    return lowbit.quantize_rows(x, qtype, qw)
+    """blocks.quantize (Q2_0 too, registered from studio.core.ggml_types where gguf-py cannot name it)."""
+    return blocks.quantize(x, qtype, qw, threads=threads)
 
 
 def dequantize(q: np.ndarray, qtype: str, shape: tuple[int, int]) -> np.ndarray:
-    if qtype in QTYPES:
-        return blocks.dequantize(q, qtype, shape)
-    return lowbit.dequantize_rows(q, qtype, shape[1])
+    return blocks.dequantize(q, qtype, shape)
 
 
 def _cases(types: list[str]) -> list[tuple[str, str | None]]:
@@ -65,8 +61,6 @@ def _cases(types: list[str]) -> list[tuple[str, str | None]]:
 
 def test_registry_knows_the_new_types() -> None:
     for qtype in SCALAR + LATTICE:
-        if qtype == "Q2_0" and "Q2_0" not in gguf.GGMLQuantizationType.__members__:
-            continue  # registered once gguf-py can name it
         info = QTYPES[qtype]
         assert (info.block_size, info.type_size) == (
             ref._block_size(ref.type_id(qtype)),

@@ -176,8 +176,7 @@ def test_torch_path_gives_the_numba_bytes(qtype: str) -> None:
     for x in _edge_rows():
         want = lowbit.quantize_rows(x, qtype)
         assert np.array_equal(quantize_rows_torch(torch.from_numpy(x), qtype).numpy(), want)
-        if qtype != "Q2_0":  # blocks.quantize's torch back end (Q2_0 is not a registered type yet)
-            assert np.array_equal(blocks.quantize(torch.from_numpy(x), qtype, backend="torch"), want)
+        assert np.array_equal(blocks.quantize(torch.from_numpy(x), qtype, backend="torch"), want)
 
 
 @pytest.mark.parametrize("qtype", ["Q2_0", "MXFP4", "TQ1_0"])

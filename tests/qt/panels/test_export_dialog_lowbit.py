@@ -10,7 +10,7 @@ from studio.core.plan.presets import PRESETS
 
 OPEN_TIMEOUT_MS = 60_000
 LOW_BIT = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M"]
-LOW_BIT += ["IQ4_NL", "IQ4_XS", "Q2_K_S", "TQ1_0", "TQ2_0", "Q1_0", "MXFP4_MOE"]
+LOW_BIT += ["IQ4_NL", "IQ4_XS", "Q2_K_S", "TQ1_0", "TQ2_0", "Q1_0", "Q2_0", "MXFP4_MOE"]
 
 
 def _open(qtbot, win, path: Path) -> None:
@@ -51,7 +51,7 @@ def test_the_low_bit_presets_are_offered_and_the_imatrix_requirement_shows(
     assert dlg.imatrix_requirement() == "" and not dlg.requirement.isVisibleTo(dlg)
     # IQ3_S and IQ4_XS need none
     dlg.set_method("rtn")
-    for preset in ("IQ3_S", "IQ4_XS", "TQ2_0", "MXFP4_MOE"):
+    for preset in ("IQ3_S", "IQ4_XS", "TQ2_0", "Q2_0", "MXFP4_MOE"):
         dlg.set_plan_choice(preset)
         assert dlg.imatrix_requirement() == "", preset
     dlg.close()
