@@ -107,8 +107,12 @@ def test_scalar_types_beyond_fp16_equal_llama_cpp(qtype: str) -> None:
 
 
 def ggml_in_child(x: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.ndarray | None:
-    """ggml's bytes computed in a forked child process; None when ggml aborted there."""
-    ctx = multiprocessing.get_context("fork")
+    """ggml's bytes computed in a child process; None when ggml aborted there."""
+    # Not "fork": once an earlier test ran an OpenMP region here (ggml's CPU code, torch), the forked
+    # child's copy of libgomp waits forever for the parent's pool threads in iq2xs_init_impl's
+    # GOMP_parallel. The fork server is a fresh process that imports this module once.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, x, qtype, qw))
     proc.start()
