@@ -113,12 +113,14 @@ def share(columns: int, cores: int | None = None, busy: float | None = None) -> 
 
 
 def torch_threads(backends: Sequence[Any]) -> int | None:
-    """The share torch should run with (``torch.set_num_threads``) for these columns; None without a
-    transformers column on the CPU (then torch is left as it is)."""
+    """The share this process's torch should run with (``torch.set_num_threads``) for these columns;
+    None without a transformers column on the CPU in this process (then torch is left as it is)."""
     shares = [
         getattr(b, "n_threads", None)
         for b in backends
-        if getattr(b, "kind", "") == "transformers" and getattr(b, "device", "cpu") in ("", "cpu")
+        if getattr(b, "kind", "") == "transformers"
+        and getattr(b, "device", "cpu") in ("", "cpu")
+        and not getattr(b, "own_process", False)  # a column in its own process sets its own torch
     ]
     shares = [s for s in shares if s]
     return min(shares) if shares else None
