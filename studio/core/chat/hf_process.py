@@ -28,7 +28,7 @@ from studio.core.chat.batching import WINDOW_S
 from studio.core.chat.hf_backend import check_folder
 from studio.core.chat.llama_backend import _exit_how, _make_flag
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
-from studio.core.errors import ChildProcessError_, StudioError
+from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
 from studio.core.jobs import JobCancelled, JobContext
 from studio.core.llamacpp.worker import LlamaWorker
 from studio.core.model.hf_folder import transformers_folder
@@ -134,15 +134,15 @@ class TransformersChildBackend(BaseBackend):
             watcher.start()
         try:
             info = self._worker.request("hf_load", **args)
-        except ChildProcessError_:
+        except ChildProcessError_ as err:
             if ctx is not None and ctx.cancelled:
                 self._kill()
                 raise JobCancelled() from None
             how = _exit_how(self._worker)
             alive = self._worker.alive
             self._kill()
-            if alive:
-                raise
+            if alive:  # an unexpected error in the child, which is still running
+                raise ModelOpenError(f"transformers could not load {self.path}: {err.message}") from None
             raise ChildProcessError_(
                 f"The transformers process of {self.label} stopped unexpectedly ({how}) while loading it.",
                 hint="The model may be too large for this machine's memory; the other models are not affected.",

@@ -24,7 +24,7 @@ from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.chat.session import open_backend
 from studio.core.chat.threads import torch_threads
 from studio.core.chat.types import ChatError
-from studio.core.errors import ModelOpenError, RemoteCodeError
+from studio.core.errors import ChildProcessError_, ModelOpenError, RemoteCodeError
 from studio.core.jobs import JobCancelled, JobContext
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -178,5 +178,19 @@ def test_cancel_while_loading_kills_the_child(chat_model, monkeypatch):
     with pytest.raises(JobCancelled):
         b.load(ctx)
     assert time.monotonic() - t0 < 60
+    assert not b.loaded and not b.worker.alive
+    b.close()
+
+
+def test_a_child_killed_while_loading_is_one_sentence(chat_model):
+    b = TransformersChildBackend(
+        chat_model, n_ctx=256, device="cpu", label="big", extra_ops="tests.core.chat.fake_hf_ops"
+    )
+    with pytest.raises(ChildProcessError_) as err:
+        b.load()
+    assert err.value.message == (
+        "The transformers process of big stopped unexpectedly (signal SIGKILL) while loading it."
+    )
+    assert "memory" in err.value.hint
     assert not b.loaded and not b.worker.alive
     b.close()
