@@ -20,6 +20,7 @@ llama.cpp; the export is made once with the CLI and cached), in one run:
   highest tokens/s, each on its own).
 * direct, together: both direct calls at the same moment in two processes, each with the same
   thread count (1 … cores), best setting kept — what the studio's "together" is compared with.
+  Every round starts in both at once and the next waits for both, as a Send waits for every column.
 
 The children send tokens in batches (at most one message per 40 ms). The judged tokens/s is the
 rate at which they arrived in this process (the window's), the honest figure; the ``made`` column is
@@ -87,8 +88,15 @@ def _rate(stamps: list[float]) -> float:
 
 
 def _direct_llama(
-    path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any, extra_buffers: bool
-) -> dict:
+    path: str,
+    ids: list[list[int]],
+    threads: int,
+    tokens: int,
+    rounds: int,
+    go: Any,
+    done: Any,
+    extra_buffers: bool,
+) -> None:
     from llama_cpp import Llama
 
     from studio.core.llamacpp.worker import model_params
@@ -104,21 +112,25 @@ def _direct_llama(
             type_v=0,
             verbose=False,
         )
-    go()
-    ttft, tps = [], []
     for r in range(rounds):
+        go()
         t0 = time.perf_counter()
         stamps = []
         for _chunk in llm.create_completion(ids[r], max_tokens=tokens, temperature=0.0, stream=True):
             stamps.append(time.perf_counter())
-        ttft.append(stamps[0] - t0 if stamps else float("nan"))
-        tps.append(_rate(stamps))
-    return {"ttft": ttft[1:], "tps": tps[1:]}
+        done(stamps[0] - t0 if stamps else float("nan"), _rate(stamps))
 
 
 def _direct_hf(
-    path: str, ids: list[list[int]], threads: int, tokens: int, rounds: int, go: Any, extra_buffers: bool
-) -> dict:
+    path: str,
+    ids: list[list[int]],
+    threads: int,
+    tokens: int,
+    rounds: int,
+    go: Any,
+    done: Any,
+    extra_buffers: bool,
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.generation.streamers import BaseStreamer
@@ -139,9 +151,8 @@ def _direct_hf(
         def end(self) -> None:
             pass
 
-    go()
-    ttft, tps = [], []
     for r in range(rounds):
+        go()
         x = torch.tensor([ids[r]])
         s = Stamps()
         t0 = time.perf_counter()
@@ -155,56 +166,83 @@ def _direct_hf(
                 pad_token_id=model.config.eos_token_id,
             )
         new = s.t[1:]  # the first put is the prompt
-        ttft.append(new[0] - t0 if new else float("nan"))
-        tps.append(_rate(new))
-    return {"ttft": ttft[1:], "tps": tps[1:]}
+        done(new[0] - t0 if new else float("nan"), _rate(new))
 
 
 def child_main(spec: dict) -> None:
-    """Run one direct measurement (``--child JSON``); prints ``ready`` when loaded, waits for a line."""
+    """Run one direct measurement (``--child JSON``): prints ``ready`` when loaded, then runs one round
+    per ``go`` line it reads and prints ``ROUND {"ttft", "tps"}`` after each."""
+    said_ready = False
 
     def go() -> None:
-        print("ready", flush=True)
+        nonlocal said_ready
+        if not said_ready:
+            print("ready", flush=True)
+            said_ready = True
         sys.stdin.readline()
 
+    def done(ttft: float, tps: float) -> None:
+        print("ROUND " + json.dumps({"ttft": ttft, "tps": tps}), flush=True)
+
     fn = _direct_llama if spec["kind"] == "llama_cpp" else _direct_hf
-    res = fn(
-        spec["path"], spec["ids"], spec["threads"], spec["tokens"], spec["rounds"], go, spec["extra_buffers"]
+    fn(
+        spec["path"],
+        spec["ids"],
+        spec["threads"],
+        spec["tokens"],
+        spec["rounds"],
+        go,
+        done,
+        spec["extra_buffers"],
     )
-    print("RESULT " + json.dumps(res), flush=True)
+
+
+def _line(proc: subprocess.Popen, prefix: str) -> str:
+    """The next line of ``proc`` that starts with ``prefix`` (libraries may print others)."""
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line
+    raise RuntimeError(f"a direct child ended without a {prefix.strip()!r} line (exit {proc.wait()})")
 
 
 def run_direct(specs: list[dict]) -> list[dict]:
-    """Start one child per spec, let them all load, then start them at the same moment."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(s["threads"] for s in specs))}
+    """One child per spec; once all have loaded, every round starts in all of them at the same moment
+    and the next waits until each has finished, as a Send of the studio waits for every column (rounds
+    left to run on their own drifted apart: the quick llama.cpp child finished its rounds while the
+    transformers child still ran, which then met no competition in the rounds that counted)."""
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--child", json.dumps(s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={**env, "OMP_NUM_THREADS": str(s["threads"])},
+            env={**os.environ, "OMP_NUM_THREADS": str(s["threads"])},
         )
         for s in specs
     ]
-    for p in procs:
-        line = p.stdout.readline()
-        if line.strip() != "ready":
-            raise RuntimeError(f"a direct child failed to load: {line!r}")
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    out = []
-    for p in procs:
-        res = None
-        for line in p.stdout:
-            if line.startswith("RESULT "):
-                res = json.loads(line[7:])
-        p.wait()
-        if res is None:
-            raise RuntimeError("a direct child gave no result")
-        out.append({"ttft": _median(res["ttft"]), "tps": _median(res["tps"])})
-    return out
+    try:
+        for p in procs:
+            _line(p, "ready")
+        rounds: list[list[dict]] = [[] for _ in procs]
+        for _ in range(specs[0]["rounds"]):
+            for p in procs:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            for p, got in zip(procs, rounds, strict=True):
+                got.append(json.loads(_line(p, "ROUND ")[6:]))
+        for p in procs:
+            p.stdin.close()
+            p.wait()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    # the first round is the warm-up
+    return [
+        {"ttft": _median([r["ttft"] for r in got[1:]]), "tps": _median([r["tps"] for r in got[1:]])}
+        for got in rounds
+    ]
 
 
 # -- the studio ------------------------------------------------------------------------------------
