@@ -8,12 +8,54 @@ is what the layout test and the screenshot script measure.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFrame, QGraphicsView, QScrollArea, QSplitter, QWidget
 
-__all__ = ["MIN_PLOT_HEIGHT", "MIN_PLOT_WIDTH", "fit_page", "plot_heights", "scrolled"]
+__all__ = [
+    "MIN_PLOT_HEIGHT",
+    "MIN_PLOT_WIDTH",
+    "fit_page",
+    "fit_window",
+    "keep_on_screen",
+    "plot_heights",
+    "scrolled",
+]
 
 MIN_PLOT_HEIGHT = 120  # px: below this a plot's axes leave no room for its data
 MIN_PLOT_WIDTH = 160
+
+
+FRAME_ALLOWANCE = (16, 40)  # px around a window's client area: its borders and title bar
+
+
+def fit_window(window: QWidget, width: int, height: int) -> None:
+    """Size ``window`` ``width``×``height``, or smaller so that it, frame included, fits its screen's
+    available area (a 1280×720 laptop showed only part of the 1400×860 default), centred there."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    if screen is None:  # no screen at all (a bare test platform): the size as asked
+        window.resize(width, height)
+        return
+    area = screen.availableGeometry()
+    fw, fh = FRAME_ALLOWANCE
+    w = max(1, min(width, area.width() - fw))
+    h = max(1, min(height, area.height() - fh))
+    window.resize(w, h)
+    # ``move`` places the frame's corner: centred, never above or left of the available area
+    window.move(
+        area.x() + max(0, (area.width() - w - fw) // 2), area.y() + max(0, (area.height() - h - fh) // 2)
+    )
+
+
+def keep_on_screen(window: QWidget) -> None:
+    """Shrink ``window`` to fit its screen when it is too big for it (a geometry remembered from a
+    bigger screen, which Qt restores to the screen's size with the frame past its edges)."""
+    screen = window.screen() or QGuiApplication.primaryScreen()
+    if screen is None:
+        return
+    area = screen.availableGeometry()
+    fw, fh = FRAME_ALLOWANCE
+    if window.width() > area.width() - fw or window.height() > area.height() - fh:
+        fit_window(window, window.width(), window.height())
 
 
 def fit_page(panel: QWidget) -> None:

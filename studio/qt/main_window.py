@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 from studio import __version__
 from studio.qt.banner import Banner
 from studio.qt.estimates import PresetEstimates
-from studio.qt.fit import scrolled
+from studio.qt.fit import fit_window, keep_on_screen, scrolled
 from studio.qt.fmt import describe_hardware
 from studio.qt.icons import app_icon, icon
 from studio.qt.jobs import Job, JobManager, JobState
@@ -66,6 +66,7 @@ LAYOUT_VERSION = 2  # bump when docks change incompatibly, so an old saved layou
 SHUTDOWN_WAIT_MS = 5000
 PANEL_BUILD_DELAY_MS = 150  # after the first paint, so the window appears before pyqtgraph and numba load
 STATUS_MS = 8000
+DEFAULT_SIZE = (1400, 860)  # the first start's window, shrunk to fit a smaller screen (fit_window)
 # How often a busy Python worker hands the GIL back. At CPython's 5 ms every Python call of the GUI
 # thread (pyqtgraph paints items in Python) waits up to 5 ms while a job plans or packs metadata in
 # Python, and a repaint of a few dozen items stalls for hundreds of ms (bench/gui_responsiveness.py).
@@ -130,7 +131,7 @@ class MainWindow(QMainWindow):
         if hasattr(hints, "colorSchemeChanged"):
             hints.colorSchemeChanged.connect(self._on_color_scheme_changed)
 
-        self.resize(1400, 860)
+        fit_window(self, *DEFAULT_SIZE)  # smaller on a small screen; a remembered geometry wins
         self._restore_layout()
         self._update_title()
         self.set_theme(self.theme(), remember=False)
@@ -535,6 +536,7 @@ class MainWindow(QMainWindow):
         geometry = self.settings.window_geometry
         if geometry is not None:
             self.restoreGeometry(geometry)
+            keep_on_screen(self)  # remembered on a bigger screen
         self._default_state = self.saveState(LAYOUT_VERSION)
         state = self.settings.window_state
         if state is not None:

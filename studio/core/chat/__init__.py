@@ -1,6 +1,7 @@
 """Chat with a model and its quantized variants side by side, through one back-end protocol.
 
-``TransformersBackend`` runs the original checkpoint; ``LlamaCppBackend`` runs any GGUF in a child
+``TransformersBackend`` runs the original checkpoint (in the calling process; the chat's column is
+``TransformersChildBackend``, the same in a child process); ``LlamaCppBackend`` runs any GGUF in a child
 process. Both render the model's chat template in our sandbox, sample with the same numpy sampler
 and stream ``TokenEvent``s with each token's probability; ``ChatSession`` runs several at once.
 Heavy modules (torch, transformers, llama_cpp) are imported only when a back end loads.

@@ -132,6 +132,31 @@ def token_bytes_table(tok: Any) -> list[bytes] | None:
     return table
 
 
+def check_folder(folder: Path) -> dict[str, Any]:
+    """The folder's config.json, after the checks every transformers load makes first (a folder
+    with config.json, no custom code); one ``ModelOpenError``/``RemoteCodeError`` sentence otherwise."""
+    cfg_path = folder / "config.json"
+    if not folder.exists():
+        raise ModelOpenError(f"{folder} does not exist.", hint="Check the path of the model.")
+    if not folder.is_dir():
+        raise ModelOpenError(
+            f"{folder} is neither a GGUF file (.gguf) nor a Hugging Face model folder.",
+            hint="Choose a .gguf file or a folder with config.json.",
+        )
+    if not cfg_path.is_file():
+        raise ModelOpenError(f"{folder} has no config.json, so transformers cannot load it.")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelOpenError(f"The config.json of {folder} cannot be read ({err}).") from None
+    if isinstance(cfg, dict) and cfg.get("auto_map"):
+        raise RemoteCodeError(
+            f"{folder} needs custom Python code from its repository, which Quant Studio does not run.",
+            hint="Use a model supported by transformers itself.",
+        )
+    return cfg if isinstance(cfg, dict) else {}
+
+
 class TransformersBackend(BaseBackend):
     """The original Hugging Face checkpoint on CUDA, MPS or CPU, in float32, float16 or bfloat16."""
 
@@ -172,26 +197,7 @@ class TransformersBackend(BaseBackend):
         if self._loaded:
             return
         folder = self.path
-        cfg_path = folder / "config.json"
-        if not folder.exists():
-            raise ModelOpenError(f"{folder} does not exist.", hint="Check the path of the model.")
-        if not folder.is_dir():
-            raise ModelOpenError(
-                f"{folder} is neither a GGUF file (.gguf) nor a Hugging Face model folder.",
-                hint="Choose a .gguf file or a folder with config.json.",
-            )
-        if not cfg_path.is_file():
-            raise ModelOpenError(f"{folder} has no config.json, so transformers cannot load it.")
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ModelOpenError(f"The config.json of {folder} cannot be read ({err}).") from None
-        if isinstance(cfg, dict) and cfg.get("auto_map"):
-            raise RemoteCodeError(
-                f"{folder} needs custom Python code from its repository, which Quant Studio does not run.",
-                hint="Use a model supported by transformers itself.",
-            )
-
+        cfg = check_folder(folder)
         # never from_pretrained on pickle weights here: refused, or their safetensors conversion
         weights = transformers_folder(folder, allow_pickle=self.allow_pickle, ctx=ctx)
         import torch

@@ -18,7 +18,7 @@ from typing import Any
 
 from studio.core.chat import threads as chat_threads
 from studio.core.chat.backend import ChatBackend, StopCheck
-from studio.core.chat.hf_backend import TransformersBackend
+from studio.core.chat.hf_process import TransformersChildBackend
 from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.chat.loading import forget as forget_load
 from studio.core.chat.loading import load_timed
@@ -41,7 +41,8 @@ def open_backend(
     allow_pickle: bool = False,
     kv_type: str | None = None,
 ) -> ChatBackend:
-    """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder.
+    """A back end for ``path``: llama.cpp for a .gguf file, transformers for a checkpoint folder, each
+    in a child process.
 
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``;
     ``allow_pickle`` lets a pickle-only folder be converted (in a child process) instead of refused;
@@ -58,7 +59,9 @@ def open_backend(
             kv_type=kv_type,
         )
 
-    return TransformersBackend(
+    # in its own process, as a GGUF is: generating in this one held the GIL the other columns'
+    # pipe readers need (issue 26)
+    return TransformersChildBackend(
         p, n_ctx=n_ctx, device=device, dtype=dtype, label=label, allow_pickle=allow_pickle
     )
 

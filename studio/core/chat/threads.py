@@ -7,11 +7,12 @@ the cores that are free (at least one thread): the cores this process may use, l
 programs keep busy (the 1-minute load average), because a spinning thread pool whose threads wait
 for a busy core ran a model 20 times slower than one thread did (``bench/chat_latency.py`` at load
 20 on 2 cores). ``apply`` tells each back end (``set_threads``), and ``describe`` is the line the
-chat shows in each column's header. torch's thread count is process-wide, so every
-transformers column gets the same share (that is why the share is equal for all columns), and it is
-global torch state, which the core never touches: ``torch_threads`` tells the face that owns the
-process (the Chat page, ``quant-studio-cli chat``) what to pass to ``torch.set_num_threads`` before
-its columns run (threads started afterwards take it; the calling thread is set at once).
+chat shows in each column's header. The chat's transformers column runs in its own process
+(``hf_process``) and sets torch's threads there. torch's thread count is process-wide, so a
+transformers back end in the caller's process is global torch state, which the core never touches:
+``torch_threads`` tells the face that owns the process (the Chat page, ``quant-studio-cli chat``)
+what to pass to ``torch.set_num_threads`` before such columns run (threads started afterwards take
+it; the calling thread is set at once).
 """
 
 from __future__ import annotations
@@ -113,12 +114,14 @@ def share(columns: int, cores: int | None = None, busy: float | None = None) -> 
 
 
 def torch_threads(backends: Sequence[Any]) -> int | None:
-    """The share torch should run with (``torch.set_num_threads``) for these columns; None without a
-    transformers column on the CPU (then torch is left as it is)."""
+    """The share this process's torch should run with (``torch.set_num_threads``) for these columns;
+    None without a transformers column on the CPU in this process (then torch is left as it is)."""
     shares = [
         getattr(b, "n_threads", None)
         for b in backends
-        if getattr(b, "kind", "") == "transformers" and getattr(b, "device", "cpu") in ("", "cpu")
+        if getattr(b, "kind", "") == "transformers"
+        and getattr(b, "device", "cpu") in ("", "cpu")
+        and not getattr(b, "own_process", False)  # a column in its own process sets its own torch
     ]
     shares = [s for s in shares if s]
     return min(shares) if shares else None

@@ -190,10 +190,13 @@ class _State:
 def _serve(conn: Any, extra_ops: str | None) -> None:
     """Child main loop: answer requests until told to exit or the pipe closes."""
     ops = dict(_OPS)
-    if extra_ops:
-        ops.update(importlib.import_module(extra_ops).OPS)
+    module = importlib.import_module(extra_ops) if extra_ops else None
+    if module is not None:
+        ops.update(module.OPS)
     state = _State()
-    log_callback = _quiet_llamacpp()  # noqa: F841 - ctypes needs it alive while the child runs
+    # a child that serves another library (the transformers column) leaves llama.cpp unimported
+    quiet = getattr(module, "USES_LLAMA_CPP", True)
+    log_callback = _quiet_llamacpp() if quiet else None  # noqa: F841 - ctypes needs it alive while the child runs
     while True:
         try:
             msg = conn.recv()

@@ -11,14 +11,17 @@ import pytest
 
 from studio.core.chat import ChatSession, Message, Sampling, StopReason, generate
 from studio.core.chat.hf_backend import TransformersBackend
+from studio.core.chat.hf_process import TransformersChildBackend
 from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.chat.types import ChatError
 
 
-@pytest.fixture(params=["llama.cpp", "transformers"])
+@pytest.fixture(params=["llama.cpp", "transformers", "transformers-child"])
 def backend(request, chat_model, f32_gguf):
     if request.param == "llama.cpp":
         b = LlamaCppBackend(f32_gguf, n_ctx=1024)
+    elif request.param == "transformers-child":  # the chat's column: transformers in its own process
+        b = TransformersChildBackend(chat_model, n_ctx=1024, device="cpu")
     else:
         b = TransformersBackend(chat_model, n_ctx=1024, device="cpu")
     b.load()
@@ -57,7 +60,7 @@ def test_stop_ends_generation_within_one_token_and_the_model_stays_usable(backen
     assert t_end - t_stop < 0.5, f"Stop took {t_end - t_stop:.3f} s"
     # the model answers the next prompt normally: as a freshly loaded copy of it does
     again = generate(backend, [Message("user", "Hello")], Sampling(max_tokens=5))
-    kw = {"device": "cpu"} if isinstance(backend, TransformersBackend) else {}
+    kw = {"device": "cpu"} if backend.kind == "transformers" else {}
     fresh = type(backend)(backend.path, n_ctx=1024, **kw)
     fresh.load()
     try:

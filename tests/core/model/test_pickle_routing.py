@@ -10,6 +10,7 @@ import pytest
 
 from studio.core.chat import Sampling, generate
 from studio.core.chat.hf_backend import TransformersBackend
+from studio.core.chat.hf_process import TransformersChildBackend
 from studio.core.chat.types import Message
 from studio.core.errors import StudioError, UnsafeFileError
 from studio.core.evaluate import evaluate
@@ -83,6 +84,21 @@ def test_opted_in_the_chat_original_reads_the_child_conversion(
     assert loaded_from != pickle_model and (loaded_from / "model.safetensors").is_file()
     assert str(loaded_from).startswith(str(tmp_path / "cache"))  # the cached conversion, reused
     assert not any(p.suffix == ".bin" for p in loaded_from.iterdir())
+
+
+def test_the_chat_column_in_its_child_refuses_pickles_or_reads_the_conversion(
+    pickle_model, llama_model, no_unpickling_here, tmp_path, monkeypatch
+):
+    # the chat's column loads in a child: the refusal comes before it starts, and the conversion is
+    # made here (in the pickle loader's own child) so the transformers child reads safetensors only
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
+    refused = TransformersChildBackend(pickle_model, n_ctx=128, device="cpu")
+    with pytest.raises(UnsafeFileError, match="pytorch_model.bin is a pickle checkpoint.*opt in"):
+        refused.load()
+    assert refused.worker is None
+    want = _greedy(TransformersChildBackend(llama_model, n_ctx=128, device="cpu"))
+    got = _greedy(TransformersChildBackend(pickle_model, n_ctx=128, device="cpu", allow_pickle=True))
+    assert got == want and len(got) > 0 and no_unpickling_here == []
 
 
 def test_evaluation_original_refuses_or_routes_pickles(

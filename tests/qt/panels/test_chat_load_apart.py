@@ -49,7 +49,7 @@ def test_models_load_when_added_and_the_load_is_shown_apart_from_the_first_token
     assert all(s > 0 for s in loads)
     for col, s in zip(panel.columns, loads, strict=True):
         assert f"loaded in {s:.1f} s" in col.load_info.text()
-    # both back ends run on the column's share: torch in this process, llama.cpp in its child
+    # both back ends run on the column's share, each in its own child (torch's and llama.cpp's threads)
     assert backends[0].n_threads == share.threads and backends[1].options.n_threads == share.threads
 
     panel.max_tokens.setValue(8)
