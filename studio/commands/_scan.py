@@ -168,8 +168,8 @@ def for_rounding(
         _candidates(args, scan.types) if getattr(args, "budget", None) else scan.types,
         method=method,
         n_ctx=args.calib_ctx,
-        # a sample: the first chunks of the text (4096 tokens at 512), enough for GPTQ's Hessians of the
-        # sampled layers; the export itself calibrates on all of them
+        # a sample: the first chunks of the text (half to fit GPTQ on, 4096 tokens at 512, half to judge
+        # it on); the export itself calibrates on all of them
         n_chunks=min(args.calib_chunks or PROBE_CHUNKS, PROBE_CHUNKS),
         cache_dir=None if args.no_cache else default_cache_dir(),
         ctx=ctx,
@@ -179,6 +179,7 @@ def for_rounding(
     shown = ", ".join(f"{q} ×{r:.2f}" for q, r in sorted(ratios.ratios.items(), key=lambda x: x[1]))
     note = (
         f"Planned for {method}'s rounding: each layer tensor's KL scaled by GPTQ's output error over the "
-        f"imatrix search's for its type, measured on layers {', '.join(map(str, ratios.layers))} ({shown})."
+        f"imatrix search's for its type, measured on layers {', '.join(map(str, ratios.layers))}, on "
+        f"calibration chunks GPTQ was not fitted to ({shown})."
     )
     return corrected_scan(scan, ratios), note

@@ -45,7 +45,7 @@ from studio.core.gguf import writer
 from studio.core.gguf.arch import Transform, apply_transform, head_counts, permute_rows
 from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, JobSpan, null_context
-from studio.core.quant.gptq import GptqOptions, HessianError
+from studio.core.quant.gptq import FactorCache, GptqOptions, HessianError
 from studio.core.quant.methods import SiteStats, imatrix, method_info
 from studio.core.quant.types import FLOAT_TYPES
 
@@ -187,6 +187,10 @@ class MethodConsumer(Consumer):
         self.warnings: list[str] = []
         self.layers: list[LayerReport] = []
         self.spec: RunSpec | None = None
+        # per layer: the AWQ-rescaled Hessians and GPTQ's inverse factors, one per shared input (q/k/v,
+        # gate/up), so the linears that read it do not factor the same matrix again
+        self._scaled: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        self._factors = FactorCache()
         head = next((t for t in layout.tensors if t.gguf_name == "output.weight"), None)
         self.head_name = head.hf_name if head is not None else None
         self.wants_head = bool(
@@ -227,6 +231,7 @@ class MethodConsumer(Consumer):
             if s.kind == "experts" and s.name in self.by_hf:
                 self._note(f"{s.name}: fused experts are quantized by the export without calibration.")
         hess = self.collector.take_hessians([s.name for s in sites])
+        self._scaled, self._factors = {}, FactorCache()  # the last layer's are not used again
         scales, alphas, changed = self._awq(view, sites, hess)
         pre: dict[str, Any] = {}
         if self.executor is not None and self.executor.distributed:
@@ -356,9 +361,8 @@ class MethodConsumer(Consumer):
             sn = s.double().cpu().numpy()
             imx = None if imx is None else (imx / sn**2).astype(np.float32)
             if hess is not None:
-                sd = s.to(hess.device, torch.float32)
-                hess = hess / (sd[:, None] * sd[None, :])
-        stats = SiteStats(site.name, st.tokens if st else 0, imx, hess, self.options.gptq)
+                hess = self._rescaled(hess, s)
+        stats = SiteStats(site.name, st.tokens if st else 0, imx, hess, self.options.gptq, self._factors)
         enc, used = rounded if rounded is not None else self._round(method, w, stats, qtype)
         if view is not None:
             new = torch.from_numpy(dequantize(enc.data, qtype, tuple(w.shape)))
@@ -371,6 +375,19 @@ class MethodConsumer(Consumer):
             )
         self.spool.put(site.name, data, qtype)
         return TensorReport(site.name, qtype, used, time.monotonic() - t0, enc.error, enc.rtn_error)
+
+    def _rescaled(self, hess: Any, s: Any) -> Any:
+        """``hess / (s sᵀ)``, one tensor for the linears that share the Hessian and AWQ's scales."""
+        import torch
+
+        key = (id(hess), id(s))
+        hit = self._scaled.get(key)
+        if hit is not None and hit[0] is hess and hit[1] is s:
+            return hit[2]
+        sd = s.to(hess.device, torch.float32)
+        out = hess / (sd[:, None] * sd[None, :])
+        self._scaled[key] = (hess, s, out)
+        return out
 
     def _round(self, method: Any, w: Any, stats: SiteStats, qtype: str) -> tuple[Any, str]:
         """The method's encoding, with the faults handled: OOM retries, singular Hessians."""

@@ -23,6 +23,7 @@ Memory is the weight, the Hessian and its factor (a few copies of ``rows × n`` 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -222,6 +223,35 @@ def _inverse_factor(h: Any, damp: float, mode: str) -> tuple[Any, float, int]:
     raise HessianError(f"The Hessian is not positive definite even with damping {MAX_DAMP:g}.")
 
 
+class FactorCache:
+    """The inverse factors already made, by Hessian: tensors that read the same input (q/k/v, gate/up)
+    share one Hessian and so one factor, and a probe rounds one tensor to many types on one Hessian.
+    Keyed by the Hessian object (held, so its id cannot be reused) and how the factor was made."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[int, tuple[Any, ...]], tuple[Any, tuple[Any, float, int]]] = {}
+
+    def factor(self, h: Any, how: tuple[Any, ...], make: Callable[[], tuple[Any, float, int]]) -> Any:
+        """``make()`` once per (``h``, ``how``); the same (factor, damping, tries) afterwards."""
+        key = (id(h), how)
+        hit = self._made.get(key)
+        if hit is not None and hit[0] is h:
+            return hit[1]
+        made = make()
+        self._made[key] = (h, made)
+        return made
+
+
+def inverse_factor(
+    h: Any, H: Any, damp: float, mode: str, how: tuple[Any, ...], cache: FactorCache | None
+) -> tuple[Any, float, int]:
+    """``_inverse_factor(H, damp, mode)``, from ``cache`` when ``H`` was made from ``h`` the same way
+    (``how``: the column order's recipe) before; the factor is only read by the sweeps."""
+    if cache is None:
+        return _inverse_factor(H, damp, mode)
+    return cache.factor(h, (*how, damp, mode), lambda: _inverse_factor(H, damp, mode))
+
+
 @dataclass(frozen=True)
 class GptqStart:
     """What every GPTQ sweep starts from: the weight and Hessian in float32 (``w0``, ``h``), and the
@@ -342,13 +372,15 @@ def gptq_quantize(
     options: GptqOptions | None = None,
     ctx: JobContext | None = None,
     backend: str = "auto",
+    factors: FactorCache | None = None,
 ) -> GptqResult:
     """GPTQ of weight ``w`` (torch, rows × n) with Hessian ``h`` (torch, n × n) onto ``qtype``'s grid.
 
     ``imatrix`` (n,) weights llama.cpp's scale search (None: its unweighted search). Raises
     ``HessianError`` when no damping up to ``MAX_DAMP`` makes ``h`` positive definite. ``backend``:
     "auto" sweeps the columns of a CPU tensor in a compiled kernel (rows in parallel, the same
-    arithmetic) and those of a CUDA/MPS tensor in torch; "torch" forces torch everywhere.
+    arithmetic) and those of a CUDA/MPS tensor in torch; "torch" forces torch everywhere. ``factors``
+    shares the inverse factor between calls on the same Hessian object (the same bytes, made once).
     """
     import torch
 
@@ -358,6 +390,7 @@ def gptq_quantize(
     sp = ops.grid_spec(qtype)
     rows, n = (int(s) for s in w.shape)
     dev = w.device
+    h_in = h  # the caller's object: the key of a shared factor
     st = gptq_start(w, h, qtype, sp.block)
     w0, h, W, H, n_dead = st.w0, st.h, st.W, st.H, st.n_dead
     grid0, codes0 = _search(w0, qtype, imatrix)
@@ -370,7 +403,7 @@ def gptq_quantize(
     if perm is not None:
         W = W[:, perm]
         H = H[perm][:, perm]
-    hinv, lam, tries = _inverse_factor(H, opt.damp, opt.damp_mode)
+    hinv, lam, tries = inverse_factor(h_in, H, opt.damp, opt.damp_mode, ("grid", act), factors)
     del H
     bs = opt.block_size
     if arrival and bs % sp.block:
@@ -447,10 +480,12 @@ __all__ = [
     "REFIT_TYPES",
     "refit_scales",
     "DAMP_MODES",
+    "FactorCache",
     "GptqOptions",
     "GptqResult",
     "HessianError",
     "SCALE_MODES",
     "gptq_quantize",
+    "inverse_factor",
     "output_error",
 ]

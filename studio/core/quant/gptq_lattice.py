@@ -41,11 +41,12 @@ from studio.core.errors import QuantizationError
 from studio.core.jobs import JobContext, null_context
 from studio.core.quant import iquants
 from studio.core.quant.gptq import (
+    FactorCache,
     GptqOptions,
     GptqResult,
-    _inverse_factor,
     gptq_notes,
     gptq_start,
+    inverse_factor,
     output_error,
 )
 from studio.core.quant.types import QK_K
@@ -359,11 +360,13 @@ def gptq_lattice(
     imatrix: np.ndarray | None = None,
     options: GptqOptions | None = None,
     ctx: JobContext | None = None,
+    factors: FactorCache | None = None,
 ) -> GptqResult:
     """Vector GPTQ of weight ``w`` (torch, rows × n) with Hessian ``h`` (n × n) onto lattice type ``qtype``.
 
     The scales are llama.cpp's imatrix-weighted search's (``imatrix``; the types that need one refuse
     without it, as llama.cpp does). Raises ``HessianError`` when no damping makes ``h`` positive definite.
+    ``factors`` shares the inverse factor between calls on the same Hessian object.
     """
     import torch
 
@@ -373,6 +376,7 @@ def gptq_lattice(
         raise QuantizationError(f"{qtype} is not a lattice type ({', '.join(LATTICE_TYPES)}).")
     rows, n = (int(x) for x in w.shape)
     dev = w.device
+    h_in = h  # the caller's object: the key of a shared factor
     st = gptq_start(w, h, qtype, QK_K)
     w0, h, W, H, n_dead = st.w0, st.h, st.W, st.H, st.n_dead
     template = iquants.quantize_rows(w0.cpu().numpy(), qtype, imatrix)
@@ -396,7 +400,8 @@ def gptq_lattice(
     W = W[:, perm]
     H = H[perm][:, perm]
     damp = max(opt.damp, LATTICE_DAMP) if qtype in _DAMPED else opt.damp
-    hinv, lam, tries = _inverse_factor(H, damp, opt.damp_mode)
+    how = ("lattice", opt.act_order, arrival)  # the column order depends on these and on H alone
+    hinv, lam, tries = inverse_factor(h_in, H, damp, opt.damp_mode, how, factors)
     del H
     search = _Searcher(qtype, dev)
     npts = 8 // search.dim

@@ -41,6 +41,7 @@ class SiteStats:
     imatrix: np.ndarray | None = None  # float32 (n,)
     hessian: Any = None  # torch (n, n) float32, 2XᵀX/n, on the layer's device
     options: Any = None  # GptqOptions for gptq
+    factors: Any = None  # gptq.FactorCache shared by the linears that read the same input
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,24 @@ def gptq(weights: Any, stats: SiteStats, qtype: str, ctx: Any = None) -> Encoded
     if qtype in IQ_TYPES:  # the lattice types: vector GPTQ over groups of 8 columns
         from studio.core.quant.gptq_lattice import gptq_lattice
 
-        r = gptq_lattice(weights, stats.hessian, qtype, imatrix=stats.imatrix, options=stats.options, ctx=ctx)
+        r = gptq_lattice(
+            weights,
+            stats.hessian,
+            qtype,
+            imatrix=stats.imatrix,
+            options=stats.options,
+            ctx=ctx,
+            factors=stats.factors,
+        )
     else:
         r = gptq_module.gptq_quantize(
-            weights, stats.hessian, qtype, imatrix=stats.imatrix, options=stats.options, ctx=ctx
+            weights,
+            stats.hessian,
+            qtype,
+            imatrix=stats.imatrix,
+            options=stats.options,
+            ctx=ctx,
+            factors=stats.factors,
         )
     return Encoded(r.data, qtype, r.error, r.rtn_error, r.notes)
 
