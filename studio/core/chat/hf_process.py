@@ -23,10 +23,10 @@ from typing import Any
 
 from studio.core import errors
 from studio.core.chat import types as chat_types
-from studio.core.chat.backend import BaseBackend, StopCheck
+from studio.core.chat.backend import StopCheck
 from studio.core.chat.batching import WINDOW_S
+from studio.core.chat.child_column import ChildColumn, exit_how, make_flag
 from studio.core.chat.hf_backend import check_folder
-from studio.core.chat.llama_backend import _exit_how, _make_flag
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
 from studio.core.jobs import JobCancelled, JobContext
@@ -48,10 +48,11 @@ def _raise_failure(reply: Any) -> None:
     raise cls(str(reply["error"]), hint=reply.get("hint") or None)
 
 
-class TransformersChildBackend(BaseBackend):
+class TransformersChildBackend(ChildColumn):
     """The original Hugging Face checkpoint, run by transformers in its own process."""
 
     kind = "transformers"
+    engine = "transformers"
     own_process = True  # torch runs in the child: the window's torch threads are not this column's
 
     def __init__(
@@ -109,7 +110,7 @@ class TransformersChildBackend(BaseBackend):
         if ctx is not None:
             ctx.check_cancelled()
         if self._shm is None:
-            self._shm = _make_flag()  # before the child starts: both share one resource tracker
+            self._shm = make_flag()  # before the child starts: both share one resource tracker
         self._kill()
         label = f"transformers ({self.path.name})"
         try:
@@ -138,7 +139,7 @@ class TransformersChildBackend(BaseBackend):
             if ctx is not None and ctx.cancelled:
                 self._kill()
                 raise JobCancelled() from None
-            how = _exit_how(self._worker)
+            how = exit_how(self._worker)
             alive = self._worker.alive
             self._kill()
             if alive:  # an unexpected error in the child, which is still running
@@ -180,11 +181,14 @@ class TransformersChildBackend(BaseBackend):
 
     # -- requests -----------------------------------------------------------------------------------
 
-    def _died(self, what: str) -> ChildProcessError_:
-        return ChildProcessError_(
-            f"The transformers process of {self.label} stopped unexpectedly ({_exit_how(self._worker)}) while {what}.",
-            hint="Load the model again to continue; the other models are not affected.",
-        )
+    def _child(self) -> Any:
+        return self._worker
+
+    def _on_end(self, msg: dict[str, Any]) -> None:
+        self.threads_used = msg.get("threads")
+
+    def _on_failure(self, msg: dict[str, Any]) -> None:
+        _raise_failure(msg)
 
     def _call(self, op: str, **args: Any) -> Any:
         self._require_loaded()
@@ -228,76 +232,7 @@ class TransformersChildBackend(BaseBackend):
     ) -> Generator[TokenEvent, None, StopReason]:
         """Stream tokens from the child (sent in batches); Stop sets the shared byte the child checks
         before every token, and tokens of a batch after Stop are dropped here."""
-        self._require_loaded()
-        self._sync_threads()
-        stop = self._stopper(should_stop)
-        flag = self._shm
-        if flag is not None:
-            flag.buf[0] = 0
-        try:
-            it = self._worker.stream(
-                "hf_generate",
-                ids=[int(i) for i in ids],
-                stop_name=flag.name if flag is not None else None,
-                window_s=self.stream_window_s,
-                **sampling.as_dict(),
-            )
-        except ChildProcessError_:
-            self._loaded = False
-            raise self._died("starting a generation") from None
-        reason = StopReason.LENGTH
-        index = 0
-        finished = False
-        failure: dict[str, Any] | None = None
-        try:
-            while True:
-                try:
-                    msg = next(it)
-                except StopIteration:
-                    finished = True
-                    break
-                if "error" in msg:  # read on to the child's final answer, then raise it
-                    failure = msg
-                    continue
-                if "end" in msg:
-                    reason = StopReason(msg["end"])
-                    self.threads_used = msg.get("threads")
-                    continue
-                for tok, text, p, waited in msg["t"]:
-                    if stop():
-                        self._set_flag()
-                        reason = StopReason.STOPPED
-                        break  # drain: the child ends before its next token
-                    yield TokenEvent(index, int(tok), str(text), float(p), lag=float(waited))
-                    index += 1
-                    if stop():
-                        self._set_flag()
-        except ChildProcessError_ as err:
-            finished = True
-            if not self._worker.alive:
-                self._loaded = False
-                raise self._died("generating") from None
-            raise ChatError(
-                f"transformers failed while generating with {self.label}: {err.message}"
-            ) from None
-        finally:
-            if not finished:  # the consumer left early: stop the child and drain its answer
-                self._set_flag()
-                with contextlib.suppress(StopIteration, StudioError):
-                    while True:
-                        next(it)
-        _raise_failure(failure)
-        return reason
-
-    def _set_flag(self) -> None:
-        if self._shm is not None:
-            with contextlib.suppress(Exception):
-                self._shm.buf[0] = 1
-
-    def request_stop(self) -> None:
-        """Stop before the next token (thread-safe: sets a byte the child polls)."""
-        super().request_stop()
-        self._set_flag()
+        return (yield from self._child_stream("hf_generate", ids, sampling, should_stop, str))
 
     # -- teardown -----------------------------------------------------------------------------------
 
@@ -305,16 +240,6 @@ class TransformersChildBackend(BaseBackend):
         if self._worker is not None:
             with contextlib.suppress(Exception):
                 self._worker.close(timeout=2.0)
-
-    def close(self) -> None:
-        """Stop the child and free the stop flag."""
-        self._loaded = False
-        self._kill()
-        if self._shm is not None:
-            with contextlib.suppress(Exception):
-                self._shm.close()
-                self._shm.unlink()
-            self._shm = None
 
 
 __all__ = ["HF_OPS", "TransformersChildBackend"]

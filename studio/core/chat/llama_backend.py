@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import signal
 from collections.abc import Callable, Generator, Sequence
-from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from studio.core.chat.backend import BaseBackend, StopCheck
+from studio.core.chat.backend import StopCheck
 from studio.core.chat.batching import WINDOW_S
+from studio.core.chat.child_column import ChildColumn, detail, exit_how, make_flag
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
 from studio.core.errors import ChildProcessError_, ModelOpenError, StudioError
 from studio.core.gguf.read import read_gguf
@@ -62,10 +61,11 @@ def gpu_attempts(n_gpu_layers: int, n_layers: int, n_ctx: int) -> list[tuple[int
     return out
 
 
-class LlamaCppBackend(BaseBackend):
+class LlamaCppBackend(ChildColumn):
     """A GGUF file run by llama.cpp in its own process."""
 
     kind = "llama.cpp"
+    engine = "llama.cpp"
 
     def __init__(
         self,
@@ -165,7 +165,7 @@ class LlamaCppBackend(BaseBackend):
             ctx.check_cancelled()
         if self._shm is None:
             # made before the child starts, so the child shares the parent's resource tracker
-            self._shm = _make_flag()
+            self._shm = make_flag()
         attempts = gpu_attempts(self.n_gpu_layers_request, max(n_layers, 1), self.n_ctx)
         threads_at_load = self.options.n_threads
         first_error: str | None = None
@@ -179,13 +179,13 @@ class LlamaCppBackend(BaseBackend):
             except StudioError as err:
                 crashed = not self._runner.alive
                 if crashed and layers == 0:
-                    how = _exit_how(self.worker)
+                    how = exit_how(self.worker)
                     self._kill()
                     raise ChildProcessError_(
                         f"{self.path.name} crashed the llama.cpp loader ({how}); the model may be damaged or malicious.",
                         hint="Do not open it again; if it came from a trusted source, update llama-cpp-python.",
                     ) from None
-                text = _detail(err)
+                text = detail(err)
                 if "utf-8" in text.lower() and "decode" in text.lower():
                     self._kill()
                     raise ModelOpenError(
@@ -244,11 +244,8 @@ class LlamaCppBackend(BaseBackend):
                 raise self._died(op) from None
             raise
 
-    def _died(self, what: str) -> ChildProcessError_:
-        return ChildProcessError_(
-            f"The llama.cpp process of {self.label} stopped unexpectedly ({_exit_how(self.worker)}) while {what}.",
-            hint="Load the model again to continue; the other models are not affected.",
-        )
+    def _child(self) -> Any:
+        return self._runner
 
     def vocab_tokens(self) -> tuple[str, ...] | None:
         """Token strings by id, from the GGUF header."""
@@ -262,69 +259,8 @@ class LlamaCppBackend(BaseBackend):
     ) -> Generator[TokenEvent, None, StopReason]:
         """Stream tokens from the child (sent in batches); Stop sets the shared flag, which the child
         checks per token, and tokens of a batch after Stop are dropped here."""
-        self._require_loaded()
-        self._sync_threads()
-        stop = self._stopper(should_stop)
-        flag = self._shm
-        if flag is not None:
-            flag.buf[0] = 0
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        try:
-            it = self._runner.stream(
-                "chat_generate",
-                ids=[int(i) for i in ids],
-                stop_name=flag.name if flag is not None else None,
-                window_s=self.stream_window_s,
-                **sampling.as_dict(),
-            )
-        except ChildProcessError_:
-            self._loaded = False
-            raise self._died("starting a generation") from None
-        reason = StopReason.LENGTH
-        index = 0
-        finished = False
-        try:
-            while True:
-                try:
-                    msg = next(it)
-                except StopIteration:
-                    finished = True
-                    break
-                if "end" in msg:
-                    reason = StopReason(msg["end"])
-                    continue
-                for tok, piece, p, waited in msg["t"]:  # a batch: the tokens made since the last message
-                    if stop():
-                        self._set_flag()
-                        reason = StopReason.STOPPED
-                        break  # drain: the child ends after its current token
-                    yield TokenEvent(index, int(tok), decoder.decode(piece), float(p), lag=float(waited))
-                    index += 1
-                    if stop():
-                        self._set_flag()
-        except ChildProcessError_ as err:
-            finished = True
-            if not self._runner.alive:
-                self._loaded = False
-                raise self._died("generating") from None
-            raise ChatError(f"llama.cpp failed while generating with {self.label}: {_detail(err)}") from None
-        finally:
-            if not finished:  # the consumer left early: stop the child and drain its answer
-                self._set_flag()
-                with contextlib.suppress(StopIteration, StudioError):
-                    while True:
-                        next(it)
-        return reason
-
-    def _set_flag(self) -> None:
-        if self._shm is not None:
-            with contextlib.suppress(Exception):
-                self._shm.buf[0] = 1
-
-    def request_stop(self) -> None:
-        """Stop before the next token (thread-safe: sets a byte the child polls)."""
-        super().request_stop()
-        self._set_flag()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a piece may end mid-character
+        return (yield from self._child_stream("chat_generate", ids, sampling, should_stop, decoder.decode))
 
     def logits(self, ids: Sequence[int]) -> Any:
         """float32 logits (n, vocab) of every position of ``ids`` (needs ``logits_all=True``)."""
@@ -349,44 +285,7 @@ class LlamaCppBackend(BaseBackend):
         with contextlib.suppress(Exception):
             self._runner.close()
 
-    def close(self) -> None:
-        """Stop the child and free the stop flag."""
-        self._loaded = False
-        self._kill()
-        if self._shm is not None:
-            with contextlib.suppress(Exception):
-                self._shm.close()
-                self._shm.unlink()
-            self._shm = None
-
 
 def np_integer() -> type:
     """numpy's integer base class (header values may be numpy scalars)."""
     return np.integer
-
-
-def _make_flag() -> Any:
-    try:
-        return shared_memory.SharedMemory(create=True, size=8)
-    except Exception:  # noqa: BLE001 - without shared memory Stop still works, one message later
-        return None
-
-
-def _exit_how(worker: Any) -> str:
-    """``signal SIGSEGV`` / ``exit code 1`` of a finished child."""
-    proc = getattr(worker, "_proc", None)
-    if proc is not None:
-        with contextlib.suppress(Exception):
-            proc.join(timeout=1.0)
-    code = getattr(proc, "exitcode", None)
-    if isinstance(code, int) and code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return "no exit code" if code is None else f"exit code {code}"
-
-
-def _detail(err: BaseException) -> str:
-    text = getattr(err, "message", None) or str(err)
-    return " ".join(str(text).split())[:300]
