@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -48,3 +48,17 @@ def batched(
             yield batch
             batch = []
             sent_at = clock()
+
+
+def token_messages(tokens: Iterator[tuple[Any, ...]], window_s: float = WINDOW_S) -> Iterator[dict[str, Any]]:
+    """The pipe messages of a child's answer: ``{"t": [(*token, waited_s), ...]}`` per batch of
+    ``tokens`` (each ``(*token, made_at)``), then ``{"end": <the tokens' return value>}``."""
+    batches = batched(tokens, window_s)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration as end:
+            yield {"end": end.value}
+            return
+        now = time.monotonic()  # each token says how long it waited (the parent's clock may differ)
+        yield {"t": [(*tok[:-1], now - tok[-1]) for tok in batch]}

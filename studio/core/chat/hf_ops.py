@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from studio.core.chat.batching import WINDOW_S, batched
+from studio.core.chat.batching import WINDOW_S, token_messages
 from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.chat.llama_ops import _flag
 from studio.core.chat.types import Sampling, StopReason
@@ -127,18 +127,13 @@ def _op_hf_generate(
                 return end.value or StopReason.LENGTH
             yield ev.token_id, ev.text, ev.prob, time.monotonic()
 
-    batches = batched(made(), window_s)
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration as end:
-            yield {"end": StopReason(end.value).value, "threads": threads}
-            return
-        except StudioError as err:
-            yield _failure(err)
-            return
-        now = time.monotonic()  # each token says how long it waited in this process
-        yield {"t": [(tok, text, p, now - t) for tok, text, p, t in batch]}
+    try:
+        for msg in token_messages(made(), window_s):
+            if "end" in msg:
+                msg = {"end": StopReason(msg["end"]).value, "threads": threads}
+            yield msg
+    except StudioError as err:
+        yield _failure(err)
 
 
 OPS = {

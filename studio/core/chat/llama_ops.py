@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.chat.batching import WINDOW_S, batched
+from studio.core.chat.batching import WINDOW_S, token_messages
 from studio.core.chat.sampling import choose, make_rng
 from studio.core.llamacpp.worker import _OPS, _need, before_decode
 
@@ -152,15 +152,9 @@ def _op_chat_generate(
     window_s: float = WINDOW_S,
 ) -> Iterator[dict[str, Any]]:
     """Stream ``{"t": [(id, bytes, p, waited_s), ...]}`` batches of tokens (``batching``), then one ``{"end": reason}``."""
-    batches = batched(_tokens(state, ids, max_tokens, temperature, top_k, top_p, seed, stop_name), window_s)
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration as end:
-            yield {"end": end.value}
-            return
-        now = time.monotonic()  # each token says how long it waited (the parent's clock may differ)
-        yield {"t": [(tok, piece, p, now - made) for tok, piece, p, made in batch]}
+    return token_messages(
+        _tokens(state, ids, max_tokens, temperature, top_k, top_p, seed, stop_name), window_s
+    )
 
 
 def _op_chat_threads(state: Any, n: int) -> int:
