@@ -95,27 +95,18 @@ def gptq(weights: Any, stats: SiteStats, qtype: str, ctx: Any = None) -> Encoded
     from studio.core.quant.iquants import IQ_TYPES
 
     if qtype in IQ_TYPES:  # the lattice types: vector GPTQ over groups of 8 columns
-        from studio.core.quant.gptq_lattice import gptq_lattice
-
-        r = gptq_lattice(
-            weights,
-            stats.hessian,
-            qtype,
-            imatrix=stats.imatrix,
-            options=stats.options,
-            ctx=ctx,
-            factors=stats.factors,
-        )
+        from studio.core.quant.gptq_lattice import gptq_lattice as sweep
     else:
-        r = gptq_module.gptq_quantize(
-            weights,
-            stats.hessian,
-            qtype,
-            imatrix=stats.imatrix,
-            options=stats.options,
-            ctx=ctx,
-            factors=stats.factors,
-        )
+        sweep = gptq_module.gptq_quantize
+    r = sweep(
+        weights,
+        stats.hessian,
+        qtype,
+        imatrix=stats.imatrix,
+        options=stats.options,
+        ctx=ctx,
+        factors=stats.factors,
+    )
     return Encoded(r.data, qtype, r.error, r.rtn_error, r.notes)
 
 
