@@ -295,6 +295,9 @@ def test_a_second_open_while_one_runs_is_ignored(qtbot, make_window, real_servic
     gate.set()
     qtbot.waitUntil(lambda: win.state.checkpoint is not None, timeout=OPEN_TIMEOUT_MS)
     assert win.state.info.model_type == "llama"
+    # the open starts the Chat column's load, a child process that imports torch and transformers
+    # (seconds on two cores): the indicator stays while that job runs and hides once no job does
+    qtbot.waitUntil(lambda: not win.jobs.busy, timeout=OPEN_TIMEOUT_MS)
     qtbot.waitUntil(lambda: win.job_progress.isHidden(), timeout=5000)
 
 
