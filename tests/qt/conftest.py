@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QCoreApplication, QStandardPaths, QThreadPool  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
+from studio.qt.heap import settle_heap  # noqa: E402
 from studio.qt.main_window import MainWindow  # noqa: E402
 from studio.qt.services import Services  # noqa: E402
 from studio.qt.settings import AppSettings  # noqa: E402
@@ -43,6 +45,21 @@ def _isolated_qt(qapp, qtlog, tmp_path: Path) -> Iterator[None]:
     assert leftover == 0, f"{leftover} worker thread(s) still running after the test"
     misuse = [r.message for r in qtlog.records if any(m in r.message for m in THREAD_MISUSE_MESSAGES)]
     assert not misuse, f"Qt reported thread misuse: {misuse}"
+
+
+@pytest.fixture
+def settled_heap() -> Iterator[int]:
+    """The heap as the window leaves it after its start-up job: everything alive now is frozen, so a full
+    cycle collection that trips inside a timed GUI action walks only what came after (yields the count).
+
+    Without it the test process's own heap (every earlier test's objects) makes one such pass cost
+    0.5-0.9 s, which the window, whose start-up heap is frozen, never pays; tests that time a GUI action
+    use this fixture so that they measure the window's work, not the suite's history."""
+    gc.collect()
+    try:
+        yield settle_heap()
+    finally:
+        gc.unfreeze()
 
 
 @pytest.fixture

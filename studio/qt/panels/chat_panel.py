@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import html
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,10 +54,36 @@ DIVERGE_COLOR = QColor(theme.DIVERGE_COLOR)
 USER_PREVIEW_CHARS = 2000  # a 5 MB paste is sent whole but shown shortened
 
 
-class _Bridge(QObject):
-    """Carries tokens from the column threads to the GUI thread (queued, since it lives on the GUI thread)."""
+class _TokenQueue(QObject):
+    """Carries tokens from the column threads to the GUI thread, many per wake-up.
 
-    token = Signal(int, int, object)  # turn, column, TokenEvent
+    A queued signal per token made the GUI thread render each token as its own event: with a fast
+    model (hundreds of tokens a second per column) the window fell behind the children, and Stop
+    waited for that backlog to be drawn one token at a time before the turn could end (0.66 s in CI).
+    Here the column threads append to a list and wake the GUI thread only when the list was empty, so
+    one wake-up takes every token that came in meanwhile and draws them in one edit of each column.
+    """
+
+    ready = Signal()
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._lock = threading.Lock()
+        self._items: list[tuple[int, int, TokenEvent]] = []
+
+    def put(self, turn: int, column: int, ev: TokenEvent) -> None:
+        """Queue one token (any thread)."""
+        with self._lock:
+            self._items.append((turn, column, ev))
+            wake = len(self._items) == 1
+        if wake:
+            self.ready.emit()
+
+    def take(self) -> list[tuple[int, int, TokenEvent]]:
+        """Every token queued so far, in order (GUI thread)."""
+        with self._lock:
+            items, self._items = self._items, []
+        return items
 
 
 class TokenView(QTextEdit):
@@ -76,14 +103,26 @@ class TokenView(QTextEdit):
 
     def append_token(self, ev: TokenEvent) -> tuple[int, int]:
         """Insert a token's text at the end; returns its character span."""
+        return self.append_tokens([ev])[-1]
+
+    def append_tokens(self, events: Sequence[TokenEvent]) -> list[tuple[int, int]]:
+        """Insert several tokens at the end in one edit (one layout pass); returns their character spans."""
         cur = QTextCursor(self.document())
         cur.movePosition(QTextCursor.MoveOperation.End)
-        start = cur.position()
-        cur.insertText(ev.text, QTextCharFormat())
-        end = cur.position()
-        self._starts.append(start)
-        self._spans.append((start, end, ev))
-        return start, end
+        plain = QTextCharFormat()
+        spans = []
+        cur.beginEditBlock()
+        try:
+            for ev in events:
+                start = cur.position()
+                cur.insertText(ev.text, plain)
+                end = cur.position()
+                self._starts.append(start)
+                self._spans.append((start, end, ev))
+                spans.append((start, end))
+        finally:
+            cur.endEditBlock()
+        return spans
 
     def token_span(self, index: int) -> tuple[int, int] | None:
         """Character span of the reply's token ``index``."""
@@ -231,8 +270,12 @@ class ChatColumn(QFrame):
 
     def add_token(self, ev: TokenEvent) -> None:
         """Append one streamed token."""
-        self.tokens.append(ev)
-        self.view.append_token(ev)
+        self.add_tokens([ev])
+
+    def add_tokens(self, events: Sequence[TokenEvent]) -> None:
+        """Append streamed tokens (drawn in one edit)."""
+        self.tokens.extend(events)
+        self.view.append_tokens(events)
         self.stats.setText(f"{len(self.tokens)} tokens…")
 
     def finish(self, outcome: ColumnOutcome, stopped: bool = False) -> None:
@@ -324,8 +367,8 @@ class ChatPanel(JobPanel, QWidget):
         self._session: ChatSession | None = None
         self._turn = 0
         self._stopping = False
-        self._bridge = _Bridge(self)
-        self._bridge.token.connect(self._on_token)
+        self._queue = _TokenQueue(self)
+        self._queue.ready.connect(self._show_tokens)
         self._build()
         state.modelOpened.connect(self._on_model_opened)
         state.exported.connect(self._on_exported)
@@ -548,13 +591,13 @@ class ChatPanel(JobPanel, QWidget):
             col.begin_turn(text)
         self.prompt.clear()
         self._stopping = False
-        bridge = self._bridge
+        queue = self._queue
 
         def work(ctx: Any) -> list[ColumnOutcome]:
             return session.send(
                 text,
                 sampling,
-                on_token=lambda column, ev: bridge.token.emit(turn, column, ev),
+                on_token=lambda column, ev: queue.put(turn, column, ev),
                 truncate=truncate,
                 ctx=ctx,
             )
@@ -573,13 +616,20 @@ class ChatPanel(JobPanel, QWidget):
         if self._session is not None:
             self._session.request_stop()
 
-    @Slot(int, int, object)
-    def _on_token(self, turn: int, column: int, ev: TokenEvent) -> None:
-        if turn != self._turn or column >= len(self.columns):
+    @Slot()
+    def _show_tokens(self) -> None:
+        """Draw every token the columns made since the last call (a turn's stale ones are dropped)."""
+        by_column: dict[int, list[TokenEvent]] = {}
+        for turn, column, ev in self._queue.take():
+            if turn == self._turn and column < len(self.columns):
+                by_column.setdefault(column, []).append(ev)
+        if not by_column:
             return
-        col = self.columns[column]
-        col.add_token(ev)
-        self.tokenShown.emit(column, ev)
+        for column, events in by_column.items():
+            self.columns[column].add_tokens(events)
+        for column, events in by_column.items():
+            for ev in events:
+                self.tokenShown.emit(column, ev)
         self._update_divergence()
 
     def _update_divergence(self) -> None:
@@ -596,6 +646,7 @@ class ChatPanel(JobPanel, QWidget):
                 ref.mark_divergence(i)
 
     def on_done(self, outcomes: list[ColumnOutcome]) -> None:
+        self._show_tokens()  # the last tokens, if their wake-up is still queued behind this call
         stopped = self._stopping
         for out in outcomes:
             if out.column < len(self.columns):

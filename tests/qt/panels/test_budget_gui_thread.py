@@ -4,7 +4,6 @@ so a busy machine does not decide the test); the plan itself is made in a worker
 
 from __future__ import annotations
 
-import gc
 import time
 
 import pytest
@@ -13,7 +12,6 @@ from PySide6.QtTest import QTest
 
 from studio.core.factory import make_tiny_model
 from studio.core.model import open_model
-from studio.qt.heap import settle_heap
 from studio.qt.jobs import JobManager
 from studio.qt.panels.budget_dialog import BudgetDialog
 from studio.qt.state import StudioState
@@ -55,22 +53,18 @@ def big_model(tmp_path_factory):
 
 
 @pytest.fixture
-def big_dialog(qtbot, big_model):
+def big_dialog(qtbot, big_model, settled_heap):
     state, jobs = StudioState(), JobManager()
     state.set_checkpoint(open_model(big_model))
     d = BudgetDialog(state, jobs)
     qtbot.addWidget(d)
     d.show()
-    # As in the window after its start-up job: the heap made so far is frozen, so a full cycle collection
-    # that trips inside a dialog method walks only what came after. Without it, the test process's own
-    # heap (every earlier test's objects) made one such pass cost 0.86 s inside the first _show_planned.
-    gc.collect()
-    settle_heap()
+    # settled_heap: as in the window after its start-up job (one full pass over the suite's own heap
+    # cost 0.86 s inside the first _show_planned without it)
     try:
         yield state, d
     finally:
         jobs.shutdown(5000)
-        gc.unfreeze()
 
 
 def _settled(qtbot, d):

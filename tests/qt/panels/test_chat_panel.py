@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from PySide6.QtGui import QHelpEvent, QTextCursor
 from PySide6.QtWidgets import QApplication, QToolTip
 
 from studio.core.chat.session import open_backend
+from studio.core.chat.types import TokenEvent
 from studio.qt.jobs import JobManager
 from studio.qt.panels.chat_panel import DIVERGE_COLOR, ChatPanel
 from studio.qt.state import StudioState
@@ -100,7 +102,9 @@ def test_first_divergent_token_is_highlighted(qtbot, make_panel, chat_model, f32
     assert cur.charFormat().background().color() == DIVERGE_COLOR
 
 
-def test_stop_ends_every_column_and_the_next_prompt_works(qtbot, make_panel, chat_model, f32_gguf, gguf_of):
+def test_stop_ends_every_column_and_the_next_prompt_works(
+    qtbot, make_panel, chat_model, f32_gguf, gguf_of, settled_heap
+):
     panel = make_panel(n_ctx=1024)
     panel.set_models([f32_gguf, gguf_of(chat_model, "Q8_0")])
     panel.max_tokens.setValue(900)
@@ -115,10 +119,33 @@ def test_stop_ends_every_column_and_the_next_prompt_works(qtbot, make_panel, cha
     assert took < 0.5, f"Stop took {took:.3f} s"
     assert all(0 < len(c.tokens) < 900 for c in panel.columns)
     assert all("stopped" in c.stats.text() for c in panel.columns)
+    # every token of the stopped reply is on screen, none twice
+    assert all(c.view.toPlainText().endswith(f"{c.label}: {c.text}") for c in panel.columns)
     assert panel.send_button.isEnabled() and not panel.stop_button.isEnabled()
     panel.max_tokens.setValue(4)
     outcomes = _send(qtbot, panel, "Short answer please.")
     assert all(o.error is None and o.result.stop_reason.value in ("length", "eos") for o in outcomes)
+
+
+def test_tokens_made_while_the_window_is_busy_are_drawn_in_one_wake_up(qtbot, make_panel, f32_gguf):
+    panel = make_panel()
+    panel.set_models([f32_gguf])
+    col = panel.columns[0]
+    col.begin_turn("hi")
+    wakes = []
+    panel._queue.ready.connect(lambda: wakes.append(len(col.tokens)))
+    events = [TokenEvent(i, 100 + i, f" w{i}", 0.5) for i in range(300)]
+    worker = threading.Thread(target=lambda: [panel._queue.put(panel._turn, 0, ev) for ev in events])
+    worker.start()  # the GUI thread is busy (here: joining) while a fast column makes 300 tokens
+    worker.join()
+    qtbot.waitUntil(lambda: len(col.tokens) == 300, timeout=5_000)
+    assert len(wakes) == 1  # one queued wake-up, not 300
+    assert col.view.toPlainText().endswith("".join(ev.text for ev in events))
+    start, end = col.view.token_span(299)
+    assert col.view.toPlainText()[start:end] == " w299"
+    panel._queue.put(panel._turn - 1, 0, events[0])  # a token of an earlier turn is dropped
+    qtbot.wait(50)
+    assert len(col.tokens) == 300
 
 
 def test_a_dead_child_shows_an_error_in_its_own_column(qtbot, make_panel, chat_model, f32_gguf, gguf_of):
