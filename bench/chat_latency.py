@@ -13,14 +13,19 @@ llama.cpp; the export is made once with the CLI and cached), in one run:
   streams both columns at once, each on its share of the cores (``studio.core.chat.threads``).
   First token = Send → the first token's arrival here (rendering, tokenizing and the prompt
   included); tokens/s = tokens after the first over the time after the first, by arrival here.
-* studio, alone: the same with one column at a time (the column then gets every core).
+* studio, alone: the same back ends in a session of one column (the column then gets every core).
 * direct, alone: ``llama_cpp.Llama.create_completion`` (streamed) and transformers' ``model.generate``
-  (greedy, a streamer timestamping each token), each in a fresh process, on the same prompt ids, for
+  (greedy, a streamer timestamping each token), each in its own process, on the same prompt ids, for
   every thread count from 1 to the cores; the best thread setting is kept (lowest first-token time,
   highest tokens/s, each on its own).
 * direct, together: both direct calls at the same moment in two processes, each with the same
   thread count (1 … cores), best setting kept — what the studio's "together" is compared with.
   Every round starts in both at once and the next waits for both, as a Send waits for every column.
+
+Every process is loaded once, first; then the rounds are interleaved: each round runs the studio's
+Sends (together, then each column alone) and then every direct call, one after another, on that
+round's question. A virtual machine's speed drifts by tens of percent over minutes, and with the
+studio's phase first and the direct phase after it, that drift decided the ratios.
 
 The children send tokens in batches (at most one message per 40 ms). The judged tokens/s is the
 rate at which they arrived in this process (the window's), the honest figure; the ``made`` column is
@@ -37,6 +42,7 @@ says so: on a shared machine the load moves every number, so rerun it on a quiet
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -64,6 +70,7 @@ def question(round_: int) -> str:
 
 TTFT_LIMIT = 1.3
 TPS_LIMIT = 0.85
+SETTLE_S = 0.3  # between two measurements: the last one's spinning OpenMP/ggml threads go to sleep
 BUSY_WARN = 0.5  # cores other programs keep busy at the start, above which the run is flagged
 
 
@@ -91,14 +98,7 @@ def _rate(stamps: list[float]) -> float:
 
 
 def _direct_llama(
-    path: str,
-    ids: list[list[int]],
-    threads: int,
-    tokens: int,
-    rounds: int,
-    go: Any,
-    done: Any,
-    extra_buffers: bool,
+    path: str, ids: list[list[int]], threads: int, tokens: int, go: Any, done: Any, extra_buffers: bool
 ) -> None:
     from llama_cpp import Llama
 
@@ -115,24 +115,17 @@ def _direct_llama(
             type_v=0,
             verbose=False,
         )
-    for r in range(rounds):
-        go()
+    while True:
+        go()  # appends this round's prompt ids (or ends the child)
         t0 = time.perf_counter()
         stamps = []
-        for _chunk in llm.create_completion(ids[r], max_tokens=tokens, temperature=0.0, stream=True):
+        for _chunk in llm.create_completion(ids[-1], max_tokens=tokens, temperature=0.0, stream=True):
             stamps.append(time.perf_counter())
         done(stamps[0] - t0 if stamps else float("nan"), _rate(stamps))
 
 
 def _direct_hf(
-    path: str,
-    ids: list[list[int]],
-    threads: int,
-    tokens: int,
-    rounds: int,
-    go: Any,
-    done: Any,
-    extra_buffers: bool,
+    path: str, ids: list[list[int]], threads: int, tokens: int, go: Any, done: Any, extra_buffers: bool
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -154,9 +147,9 @@ def _direct_hf(
         def end(self) -> None:
             pass
 
-    for r in range(rounds):
+    while True:
         go()
-        x = torch.tensor([ids[r]])
+        x = torch.tensor([ids[-1]])
         s = Stamps()
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -174,30 +167,21 @@ def _direct_hf(
 
 def child_main(spec: dict) -> None:
     """Run one direct measurement (``--child JSON``): prints ``ready`` when loaded, then runs one round
-    per ``go`` line it reads and prints ``ROUND {"ttft", "tps"}`` after each."""
-    said_ready = False
+    per ``go IDS`` line it reads (the prompt's ids as JSON) and prints ``ROUND {"ttft", "tps"}`` after each."""
+    print("ready", flush=True)
+    prompts: list[list[int]] = []
 
     def go() -> None:
-        nonlocal said_ready
-        if not said_ready:
-            print("ready", flush=True)
-            said_ready = True
-        sys.stdin.readline()
+        line = sys.stdin.readline()
+        if not line.startswith("go "):
+            raise SystemExit(0)  # the bench closed our stdin: no more rounds
+        prompts.append(json.loads(line[3:]))
 
     def done(ttft: float, tps: float) -> None:
         print("ROUND " + json.dumps({"ttft": ttft, "tps": tps}), flush=True)
 
     fn = _direct_llama if spec["kind"] == "llama_cpp" else _direct_hf
-    fn(
-        spec["path"],
-        spec["ids"],
-        spec["threads"],
-        spec["tokens"],
-        spec["rounds"],
-        go,
-        done,
-        spec["extra_buffers"],
-    )
+    fn(spec["path"], prompts, spec["threads"], spec["tokens"], go, done, spec["extra_buffers"])
 
 
 def _line(proc: subprocess.Popen, prefix: str) -> str:
@@ -208,83 +192,111 @@ def _line(proc: subprocess.Popen, prefix: str) -> str:
     raise RuntimeError(f"a direct child ended without a {prefix.strip()!r} line (exit {proc.wait()})")
 
 
-def run_direct(specs: list[dict]) -> list[dict]:
-    """One child per spec; once all have loaded, every round starts in all of them at the same moment
-    and the next waits until each has finished, as a Send of the studio waits for every column (rounds
-    left to run on their own drifted apart: the quick llama.cpp child finished its rounds while the
-    transformers child still ran, which then met no competition in the rounds that counted)."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--child", json.dumps(s)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": str(s["threads"])},
-        )
-        for s in specs
-    ]
-    try:
-        for p in procs:
+class Direct:
+    """Direct-call children, loaded once; ``round`` starts one round in all of them at the same moment and
+    waits until each has finished, as a Send of the studio waits for every column (rounds left to run
+    on their own drifted apart: the quick llama.cpp child finished its rounds while the transformers
+    child still ran, which then met no competition in the rounds that counted)."""
+
+    def __init__(self, specs: list[dict]) -> None:
+        self.specs = specs
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--child", json.dumps(s)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": str(s["threads"])},
+            )
+            for s in specs
+        ]
+        self.rounds: list[list[dict]] = [[] for _ in specs]
+        for p in self.procs:
             _line(p, "ready")
-        rounds: list[list[dict]] = [[] for _ in procs]
-        for _ in range(specs[0]["rounds"]):
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            for p, got in zip(procs, rounds, strict=True):
-                got.append(json.loads(_line(p, "ROUND ")[6:]))
-        for p in procs:
-            p.stdin.close()
-            p.wait()
-    finally:
-        for p in procs:
-            if p.poll() is None:
+
+    def round(self, ids: list[int]) -> None:
+        for p in self.procs:
+            p.stdin.write("go " + json.dumps(ids) + "\n")
+            p.stdin.flush()
+        for p, got in zip(self.procs, self.rounds, strict=True):
+            got.append(json.loads(_line(p, "ROUND ")[6:]))
+
+    def results(self) -> list[dict]:
+        """Per child, the medians of its rounds after the first (the warm-up)."""
+        return [
+            {"ttft": _median([r["ttft"] for r in got[1:]]), "tps": _median([r["tps"] for r in got[1:]])}
+            for got in self.rounds
+        ]
+
+    def close(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-    # the first round is the warm-up
-    return [
-        {"ttft": _median([r["ttft"] for r in got[1:]]), "tps": _median([r["tps"] for r in got[1:]])}
-        for got in rounds
-    ]
 
 
 # -- the studio ------------------------------------------------------------------------------------
 
 
-def run_studio(
-    paths: list[Path], tokens: int, rounds: int, cores: int | None
-) -> tuple[list[dict], list[list[int]]]:
-    """Load every column (timed apart), then ``rounds`` Sends; per column the medians after the warm-up.
+class Studio:
+    """The studio's columns as the Chat page runs them: every model loaded once (timed apart), then one
+    ``ChatSession`` per way of running them (both columns together, each alone), sharing the back ends.
 
-    ``tps`` is the rate by arrival in this process (judged); ``made`` the rate the window shows,
-    counted when the child made each token."""
-    from studio.core.chat import Sampling
-    from studio.core.chat import threads as chat_threads
-    from studio.core.chat.session import ChatSession, open_backend
+    Per Send and column: ``ttft`` is Send → the first token's arrival here; ``tps`` the rate by arrival
+    in this process (judged); ``made`` the rate the window shows, counted when the child made each token."""
 
-    backends = [open_backend(p, n_ctx=2048, device="cpu") for p in paths]
-    # as the Chat page does: torch's threads in this process are the face's to set, on each Send
-    # (every column runs in its own child now, so ``torch_threads`` leaves this process's torch alone)
-    session = ChatSession(backends, cores=cores, set_torch_threads=_set_torch_threads)
-    try:
-        chat_threads.apply(backends, cores)  # as the Chat page does when a column is added
-        _set_torch_threads(chat_threads.torch_threads(backends))  # the page's loading job does this
-        errors = session.load_all()
-        if any(errors):
-            raise RuntimeError(f"loading failed: {errors}")
-        per: list[dict] = [{"ttft": [], "tps": [], "made": []} for _ in paths]
-        ids: list[list[int]] = []
-        for r in range(rounds):
-            session.reset()
-            outs = session.send(question(r), Sampling(max_tokens=tokens))
-            ids.append(list(outs[0].result.prompt.ids) if outs[0].result is not None else [])
-            for i, o in enumerate(outs):
-                if o.error:
-                    raise RuntimeError(o.error)
-                per[i]["ttft"].append(o.result.ttft_s)  # Send → the first token's arrival here
-                # the rate as the tokens reached this process (a batch's tokens arrive together)
-                per[i]["tps"].append(_rate([t.seconds for t in o.result.tokens]))
-                per[i]["made"].append(o.result.tokens_per_s)  # counted when made, as the window shows
+    def __init__(self, paths: list[Path], cores: int | None) -> None:
+        from studio.core.chat import threads as chat_threads
+        from studio.core.chat.session import ChatSession, open_backend
+
+        self.cores = cores
+        self.backends = [open_backend(p, n_ctx=2048, device="cpu") for p in paths]
+        self.sessions: dict[str, Any] = {}
+        try:
+            # the page loads each model when its column is added, on its share of the cores
+            chat_threads.apply(self.backends, cores)
+            _set_torch_threads(chat_threads.torch_threads(self.backends))
+            errors = ChatSession(self.backends, cores=cores).load_all()
+            if any(errors):
+                raise RuntimeError(f"loading failed: {errors}")
+            self.sessions["together"] = ChatSession(
+                self.backends, cores=cores, set_torch_threads=_set_torch_threads
+            )
+            for i, b in enumerate(self.backends):
+                self.sessions[f"alone{i}"] = ChatSession(
+                    [b], cores=cores, set_torch_threads=_set_torch_threads
+                )
+        except BaseException:
+            self.close()
+            raise
+        self.per: dict[str, list[dict]] = {
+            k: [{"ttft": [], "tps": [], "made": []} for _ in s.backends] for k, s in self.sessions.items()
+        }
+
+    def send(self, mode: str, text: str, tokens: int) -> list[int]:
+        """One Send in ``mode`` ("together", "alone0", …); returns the first column's prompt ids."""
+        from studio.core.chat import Sampling
+
+        session = self.sessions[mode]
+        session.reset()  # each round a new conversation, as the direct calls get a fresh prompt
+        outs = session.send(text, Sampling(max_tokens=tokens))
+        for i, o in enumerate(outs):
+            if o.error:
+                raise RuntimeError(o.error)
+            got = self.per[mode][i]
+            got["ttft"].append(o.result.ttft_s)
+            got["tps"].append(_rate([t.seconds for t in o.result.tokens]))  # a batch arrives together
+            got["made"].append(o.result.tokens_per_s)
+        return list(outs[0].result.prompt.ids)
+
+    def results(self, mode: str) -> list[dict]:
+        """Per column of ``mode``, the medians after the warm-up round."""
+        session = self.sessions[mode]
         return [
             {
                 "ttft": _median(p["ttft"][1:]),
@@ -293,12 +305,14 @@ def run_studio(
                 "load": getattr(b, "load_seconds", float("nan")),
                 "threads": session.share.threads,
                 "extra_buffers": bool(getattr(getattr(b, "runner", None), "extra_buffers", False)),
-                "pid": getattr(getattr(b, "worker", None), "pid", None),
             }
-            for p, b in zip(per, backends, strict=True)
-        ], ids
-    finally:
-        session.close()
+            for p, b in zip(self.per[mode], session.backends, strict=True)
+        ]
+
+    def close(self) -> None:
+        for b in self.backends:
+            with contextlib.suppress(Exception):
+                b.close()
 
 
 def _set_torch_threads(n: int | None) -> None:
@@ -353,30 +367,52 @@ def main() -> int:
         f"cores {cores}; {args.tokens} tokens; median of {args.repeat} rounds after a warm-up; prompts like {question(0)!r}"
     )
     kinds = [("transformers", args.model), ("llama_cpp", gguf)]
+    studio = Studio([p for _, p in kinds], args.cores)
+    direct: dict[tuple[str, int], Direct] = {}
+    try:
 
-    together, ids = run_studio([p for _, p in kinds], args.tokens, rounds, args.cores)
-    alone = [run_studio([p], args.tokens, rounds, args.cores)[0][0] for _, p in kinds]
+        def spec(kind: str, path: Path, t: int) -> dict:
+            return {
+                "kind": kind,
+                # the same extra-buffer decision as the studio's child, so both do the same work
+                "extra_buffers": studio.results("together")[1]["extra_buffers"],
+                "path": str(path),
+                "threads": t,
+                "tokens": args.tokens,
+            }
 
-    def spec(kind: str, path: Path, t: int) -> dict:
-        return {
-            "kind": kind,
-            "extra_buffers": together[1]["extra_buffers"],  # the decision the studio's child made
-            "path": str(path),
-            "ids": ids,
-            "threads": t,
-            "tokens": args.tokens,
-            "rounds": rounds,
-        }
-
-    d_alone: list[dict] = [{"ttft": float("inf"), "tps": 0.0, "t_ttft": 0, "t_tps": 0} for _ in kinds]
-    d_tog: list[dict] = [{"ttft": float("inf"), "tps": 0.0, "t_ttft": 0, "t_tps": 0} for _ in kinds]
-    for t in range(1, cores + 1):
-        for i, (kind, path) in enumerate(kinds):
-            (r,) = run_direct([spec(kind, path, t)])
-            _keep(d_alone[i], r, t)
-        both = run_direct([spec(kind, path, t) for kind, path in kinds])
-        for i, r in enumerate(both):
-            _keep(d_tog[i], r, t)
+        for t in range(1, cores + 1):
+            for i, (kind, path) in enumerate(kinds):
+                direct[(f"alone{i}", t)] = Direct([spec(kind, path, t)])
+            direct[("together", t)] = Direct([spec(kind, path, t) for kind, path in kinds])
+        # Round by round, every way of running is measured once, close in time: the machine's speed
+        # drifted by ±30 % between the minutes-long phases of the earlier layout (studio first, then
+        # direct), which decided ratios by when each phase ran. Idle children sleep on their pipes.
+        for r in range(rounds):
+            time.sleep(SETTLE_S)
+            ids = studio.send("together", question(r), args.tokens)
+            for i in range(len(kinds)):
+                time.sleep(SETTLE_S)
+                studio.send(f"alone{i}", question(r), args.tokens)
+            for group in direct.values():
+                time.sleep(SETTLE_S)
+                group.round(ids)
+            print(f"round {r + 1}/{rounds} done ({_uptime()})", file=sys.stderr)
+        together = studio.results("together")
+        alone = [studio.results(f"alone{i}")[0] for i in range(len(kinds))]
+        d_alone: list[dict] = [{"ttft": float("inf"), "tps": 0.0, "t_ttft": 0, "t_tps": 0} for _ in kinds]
+        d_tog: list[dict] = [{"ttft": float("inf"), "tps": 0.0, "t_ttft": 0, "t_tps": 0} for _ in kinds]
+        for (mode, t), group in direct.items():
+            res = group.results()
+            if mode == "together":
+                for i, r_ in enumerate(res):
+                    _keep(d_tog[i], r_, t)
+            else:
+                _keep(d_alone[int(mode[5:])], res[0], t)
+    finally:
+        studio.close()
+        for group in direct.values():
+            group.close()
 
     ok = True
     print()
