@@ -141,15 +141,18 @@ _LOADED_AT = time.time()  # a bound for process_start_time where /proc is missin
 
 
 def process_start_time() -> float:
-    """When this process started (seconds since the epoch; at worst about a second early on Linux,
+    """When this process started (seconds since the epoch; at worst one clock tick, 10 ms, early on Linux,
     elsewhere when this module was loaded)."""
     try:
         with open("/proc/self/stat", encoding="ascii") as f:
             ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22: start time in clock ticks
-        with open("/proc/stat", encoding="ascii") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration, AttributeError):
+        # The start is counted in ticks since boot on the boot-time clock. /proc/stat's btime is whole
+        # seconds, so btime + ticks was up to a second early, and a partial file that a killed export had
+        # written in that second looked newer than this run and was kept. The same clock read now does not
+        # round.
+        since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - since_start
+    except (OSError, ValueError, IndexError, AttributeError):
         return _LOADED_AT
 
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -344,3 +345,20 @@ def test_stale_partials_are_cleaned(tmp_path):
     removed = remove_stale_partials(tmp_path)
     assert [p.name for p in removed] == ["a.gguf.partial"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.gguf", "notes.json"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_process_knows_when_it_started_to_a_clock_tick():
+    """Stale partials are those written before this run started: a start time a second early (btime is whole
+    seconds) kept the partial a kill -9 had left less than a second before the rerun (CI, issue 25's test)."""
+    before = time.time()
+    code = "import time; from studio.core.gguf.writer import process_start_time as s; print(s(), time.time())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[3],
+    )
+    start, now = map(float, out.stdout.split())
+    assert before - 0.02 <= start <= now  # forked after ``before``; one 10 ms tick of rounding
