@@ -101,10 +101,6 @@ class TokenView(QTextEdit):
         self._starts.clear()
         self._spans.clear()
 
-    def append_token(self, ev: TokenEvent) -> tuple[int, int]:
-        """Insert a token's text at the end; returns its character span."""
-        return self.append_tokens([ev])[-1]
-
     def append_tokens(self, events: Sequence[TokenEvent]) -> list[tuple[int, int]]:
         """Insert several tokens at the end in one edit (one layout pass); returns their character spans."""
         cur = QTextCursor(self.document())
@@ -267,10 +263,6 @@ class ChatColumn(QFrame):
         self.error = None
         self.divergence = None
         theme.set_status(self.stats, "working…")
-
-    def add_token(self, ev: TokenEvent) -> None:
-        """Append one streamed token."""
-        self.add_tokens([ev])
 
     def add_tokens(self, events: Sequence[TokenEvent]) -> None:
         """Append streamed tokens (drawn in one edit)."""
