@@ -11,7 +11,7 @@ from typing import Any
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
-from studio.commands._heldout import guard, judge, split
+from studio.commands._heldout import guard, judge, sources, split
 from studio.commands._scan import (
     allocation,
     calibration,
@@ -19,7 +19,6 @@ from studio.commands._scan import (
     for_rounding,
     run_scan,
 )
-from studio.core.calib.data import BUILTIN
 from studio.core.calib.imatrix import check_for_model, read_imatrix
 from studio.core.calib.quantize import CalibOptions, export_calibrated
 from studio.core.errors import StudioError
@@ -87,7 +86,9 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
         plan = with_method(plan, info, check_method(args.method))
     elif args.imatrix:
         plan = with_method(plan, info, "imatrix")  # the file records how its codes were chosen
-    calib_args = args.calib_text is not None or args.calib_chunks is not None or args.in_order
+    calib_args = (
+        args.calib_text is not None or args.calib_chunks is not None or args.in_order or args.calib_only
+    )
     if args.imatrix:
         if any(plan.method_of(n) not in ("rtn", "imatrix") for n in plan.types):
             raise StudioError(
@@ -100,7 +101,8 @@ def _with_method(args: argparse.Namespace, plan: Any, info: Any) -> Any:
         return plan
     if calib_args and not plan.calibrated:
         raise StudioError(
-            "--calib-text, --calib-chunks and --in-order need a calibrated --method (imatrix, gptq, awq, awq+gptq)."
+            "--calib-text, --calib-chunks, --calib-only and --in-order need a calibrated --method (imatrix, gptq, "
+            "awq, awq+gptq)."
         )
     if plan.calibrated and args.backend != "studio":
         raise StudioError("Calibrated methods are written by the studio back end; drop --backend llama.cpp.")
@@ -161,7 +163,8 @@ def _export_calibrated(
         info.path,
         args.output,
         plan,
-        text=args.calib_text or BUILTIN,
+        # awq+gptq calibrates on the user's text and the built-in text (unless --calib-only)
+        text=sources(args, "awq+gptq" if any(plan.method_of(n) == "awq+gptq" for n in plan.types) else None),
         n_ctx=args.calib_ctx,
         n_chunks=args.calib_chunks,
         device=args.device,

@@ -60,3 +60,18 @@ def test_imatrix_file_goes_with_method_imatrix_only(llama_model, tmp_path, capsy
     assert main([*base, "--imatrix", str(imx), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert "calibration" not in d and d["imatrix"]["chunks"] == 2
+
+
+def test_best_calibrates_on_the_users_text_and_the_builtin_one(llama_model, tmp_path, capsys):
+    text = _calib(tmp_path)
+    base = ["export", str(llama_model), "--preset", "Q8_0", "--method", "best", "--calib-text", str(text)]
+    base += ["--calib-ctx", "64", "--calib-chunks", "4", "--json"]
+    assert main([*base, "-o", str(tmp_path / "mixed.gguf")]) == 0
+    mixed = json.loads(capsys.readouterr().out)["calibration"]
+    assert mixed["method"] == "awq+gptq"
+    assert mixed["dataset"] == f"{text} + quant-studio built-in calibration text"
+    assert main([*base, "-o", str(tmp_path / "own.gguf"), "--calib-only"]) == 0
+    own = json.loads(capsys.readouterr().out)["calibration"]
+    assert own["dataset"] == str(text) and own["tokens"] == mixed["tokens"] == 256
+    # the mix's first four chunks already hold built-in text: the files differ
+    assert (tmp_path / "mixed.gguf").read_bytes() != (tmp_path / "own.gguf").read_bytes()

@@ -20,9 +20,9 @@ from studio.core.calib.data import (
     ChatFormat,
     Chunks,
     bos_of,
+    chunk_ids,
     load_calibration,
     make_chunks,
-    tokenize,
 )
 from studio.core.calib.runner import Consumer, run_model
 from studio.core.errors import CalibrationError
@@ -71,7 +71,7 @@ def prepare_input(
             *warnings,
             f"{Path(model_dir).name} has no chat template; dialogues are calibrated as plain 'Role: text' lines.",
         )
-    ids = tokenize(tok, data)
+    ids = chunk_ids(tok, data, n_ctx)
     return CalibrationInput(data, make_chunks(ids, n_ctx, n_chunks, bos_of(tok), data.name), warnings)
 
 

@@ -47,11 +47,16 @@ class CalibrationText:
     text: str
     parse_special: bool = False  # True: special-token text (from a chat template) becomes special tokens
     warnings: tuple[str, ...] = ()  # e.g. the model's chat template fell back to the built-in format
+    # a mix (``mix``): each part is tokenized on its own, with its own parse_special, its tokens in order
+    parts: tuple[CalibrationText, ...] = ()
 
     @property
     def digest(self) -> str:
-        """sha256 of the text (cache keys)."""
-        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+        """sha256 of the text (cache keys); a mix's also covers where its parts meet and how each is read."""
+        h = hashlib.sha256(self.text.encode("utf-8"))
+        for p in self.parts:
+            h.update(f"|{len(p.text)}:{int(p.parse_special)}".encode())
+        return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -254,10 +259,50 @@ def load_builtin(fmt: ChatFormat, ctx: JobContext | None = None) -> CalibrationT
     )
 
 
+def mix(texts: Sequence[CalibrationText]) -> CalibrationText:
+    """Several calibration texts as one, in order: each part keeps how it is tokenized (a user's plain text
+    keeps special-token text as text, rendered chats parse it), so a mix calibrates as its parts would."""
+    flat = [p for t in texts for p in (t.parts or (t,))]
+    if not flat:
+        raise CalibrationError("A calibration mix needs at least one text.")
+    if len(flat) == 1:
+        return flat[0]
+    return CalibrationText(
+        " + ".join(t.name for t in flat),
+        "\n\n".join(t.text for t in flat),
+        parse_special=any(t.parse_special for t in flat),
+        warnings=tuple(w for t in flat for w in t.warnings),
+        parts=tuple(flat),
+    )
+
+
+MIXED_METHODS = ("awq+gptq",)
+"""The methods calibrated on the user's text followed by the built-in text unless told otherwise: fitted to
+licence prose and judged on Python code, the demo's awq+gptq file had 0.53× llama.cpp's KL on the prose
+alone and 0.39× with the built-in text after it (README, issue 23); the imatrix's plan gained nothing."""
+
+
+def calibration_sources(
+    own: str | os.PathLike[str] | None, method: str | None, *, own_only: bool = False
+) -> str | os.PathLike[str] | list[str | os.PathLike[str]]:
+    """What ``method`` calibrates on: ``own`` (None: the built-in text), followed by the built-in text for
+    the ``MIXED_METHODS`` unless ``own_only``: GPTQ fits what it is shown, and the mix keeps it from
+    fitting one kind of text only."""
+    if own is None or str(own) == BUILTIN:
+        return BUILTIN
+    if own_only or method not in MIXED_METHODS:
+        return own
+    return [own, BUILTIN]
+
+
 def load_calibration(
-    source: str | os.PathLike[str], fmt: ChatFormat, ctx: JobContext | None = None
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    fmt: ChatFormat,
+    ctx: JobContext | None = None,
 ) -> CalibrationText:
-    """``"builtin"``, a ``.jsonl`` file of chats or a text file."""
+    """``"builtin"``, a ``.jsonl`` file of chats, a text file, or a list of these (``mix``, in order)."""
+    if isinstance(source, (list, tuple)):
+        return mix([load_calibration(s, fmt, ctx) for s in source])
     if str(source) == BUILTIN:
         return load_builtin(fmt, ctx)
     if str(source).lower().endswith(".jsonl"):
@@ -274,6 +319,14 @@ def tokenize(tok: Any, data: CalibrationText) -> list[int]:
     Plain text files keep special-token text as text (llama-imatrix's default); rendered chats
     have their special tokens parsed (llama-imatrix's ``--parse-special``).
     """
+    if data.parts:
+        # each part as it would be alone; a BOS the tokenizer puts in front of a later part is dropped (the
+        # text runs on), the chunks get theirs in make_chunks
+        bos, ids = bos_of(tok), []
+        for i, part in enumerate(data.parts):
+            got = tokenize(tok, part)
+            ids.extend(got[1:] if i and bos is not None and got[:1] == [bos] else got)
+        return ids
     kw: dict[str, Any] = {"add_special_tokens": True, "verbose": False}
     if not data.parse_special:
         kw["split_special_tokens"] = True
@@ -282,6 +335,27 @@ def tokenize(tok: Any, data: CalibrationText) -> list[int]:
     except TypeError:  # a tokenizer without split_special_tokens
         kw.pop("split_special_tokens", None)
         return [int(i) for i in tok(data.text, **kw)["input_ids"]]
+
+
+def chunk_ids(tok: Any, data: CalibrationText, n_ctx: int) -> list[int]:
+    """The token ids ``make_chunks`` cuts into chunks of ``n_ctx``: the text's, or for a mix each part's
+    whole chunks interleaved in proportion to their counts, so that the first chunks (``--calib-chunks``,
+    the rounding probe's sample) are already a mix; each part's last partial chunk is dropped, as
+    llama-imatrix drops the text's."""
+    if not data.parts:
+        return tokenize(tok, data)
+    if n_ctx < 1:
+        raise CalibrationError(f"A context of {n_ctx} tokens is too small to calibrate; use at least 16.")
+    bos = bos_of(tok)
+    keyed: list[tuple[float, int, list[int]]] = []
+    for i, part in enumerate(data.parts):
+        ids = tokenize(tok, part)
+        if bos is not None and ids[:1] == [bos]:
+            ids = ids[1:]  # make_chunks puts BOS first in every chunk
+        n = len(ids) // n_ctx
+        keyed.extend(((k + 0.5) / n, i, ids[k * n_ctx : (k + 1) * n_ctx]) for k in range(n))
+    keyed.sort(key=lambda x: (x[0], x[1]))
+    return [t for _, _, chunk in keyed for t in chunk]
 
 
 def bos_of(tok: Any) -> int | None:
@@ -325,18 +399,22 @@ def make_chunks(
 
 __all__ = [
     "BUILTIN",
+    "MIXED_METHODS",
     "CalibrationText",
     "ChatFormat",
     "Chunks",
     "bos_of",
     "builtin_dir",
     "builtin_pieces",
+    "calibration_sources",
+    "chunk_ids",
     "interleave",
     "load_builtin",
     "load_calibration",
     "load_chat_file",
     "load_text_file",
     "make_chunks",
+    "mix",
     "read_chats",
     "render_chats",
     "tokenize",

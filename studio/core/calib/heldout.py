@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from studio.core.calib.calibrate import load_tokenizer
-from studio.core.calib.data import CalibrationText, ChatFormat, load_calibration, tokenize
+from studio.core.calib.data import CalibrationText, ChatFormat, load_calibration, mix, tokenize
 from studio.core.calib.sensitivity import ScanSettings, measure_plans, measure_plans_on
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
@@ -51,6 +51,11 @@ def split_text(
     to calibrate and scan on, the held-out end)."""
     if not 0.0 < share < 1.0:
         raise CalibrationError(f"The held-out share must lie between 0 and 1, not {share}.")
+    if data.parts:
+        # a mix (the user's text, then the built-in one): the held-out end is cut from the first part only,
+        # so the judgement is on the user's own kind of text and none of it is calibrated on
+        fit, held = split_text(data.parts[0], share)
+        return mix([fit, *data.parts[1:]]), held
     text = data.text
     at = int(len(text) * (1.0 - share))
     cut = -1

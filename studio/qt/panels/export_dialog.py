@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.calib.data import BUILTIN
+from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources
 from studio.core.calib.quantize import export_calibrated
 from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
@@ -89,7 +89,7 @@ def run_export(
     backend: str = "studio",
     verify: bool = True,
     allow_pickle: bool = False,
-    calib_text: str | Path | None = None,
+    calib_text: Any = None,
     calib_chunks: int | None = None,
     imatrix: Any = None,
     cluster: str | None = None,
@@ -97,8 +97,8 @@ def run_export(
     """Export ``source`` to ``out`` and (optionally) verify it in a child process before it is renamed
     into place (``studio.core.export.job.export_and_verify``, the job ``export --verify`` runs too).
 
-    A ``plan`` with calibrated methods is calibrated on ``calib_text`` (None: the built-in text; the
-    first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
+    A ``plan`` with calibrated methods is calibrated on ``calib_text`` (a file, a list of them to mix, None:
+    the built-in text; the first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
     layer's tensors on the Ray ``cluster`` when one is named (the window's device choice).
     """
 
@@ -212,6 +212,13 @@ class ExportDialog(JobPanel, QDialog):
         self.calib_edit = widgets.line_edit(self, "Built-in calibration text (prose, chats, code, languages)")
         self.calib_browse = widgets.button("Browse…", self, self.browse_calibration)
         calib_row = widgets.path_row(self.calib_edit, self.calib_browse)
+        self.calib_mix_check = QCheckBox("Add the built-in text after mine (awq+gptq)", self)
+        self.calib_mix_check.setChecked(True)
+        self.calib_mix_check.setToolTip(
+            "GPTQ fits the text it is shown: your text followed by the built-in mix of prose, chats, code and "
+            "languages held better on other kinds of text (on the demo, 0.39× llama.cpp's KL on Python code "
+            "against 0.53× on licence prose alone)"
+        )
         self.chunks_spin = widgets.spin_box(
             self,
             0,
@@ -234,6 +241,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Output file:", output_row)
         form.addRow("Method:", self.method_combo)
         form.addRow("Calibration:", calib_row)
+        form.addRow("", self.calib_mix_check)
         form.addRow("Chunks:", self.chunks_spin)
         form.addRow("Device:", self.device_combo)
         form.addRow("Back end:", self.backend_combo)
@@ -284,6 +292,7 @@ class ExportDialog(JobPanel, QDialog):
         self.setMinimumWidth(620)
         self.method_combo.currentIndexChanged.connect(self._on_method_changed)
         self.imatrix_check.toggled.connect(self._show_requirement)
+        self.calib_edit.textChanged.connect(self._on_calib_edited)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -336,10 +345,20 @@ class ExportDialog(JobPanel, QDialog):
         text = self.calib_edit.text().strip()
         return Path(text).expanduser() if text else None
 
-    def set_calibration(self, path: str | Path | None, chunks: int = 0) -> None:
-        """Calibrate on ``path`` (None: the built-in text), its first ``chunks`` chunks (0: all)."""
+    def set_calibration(self, path: str | Path | None, chunks: int = 0, *, own_only: bool = False) -> None:
+        """Calibrate on ``path`` (None: the built-in text), its first ``chunks`` chunks (0: all); awq+gptq adds
+        the built-in text after ``path`` unless ``own_only``."""
         self.calib_edit.setText("" if path is None else str(path))
         self.chunks_spin.setValue(chunks)
+        self.calib_mix_check.setChecked(not own_only)
+
+    @property
+    def calibration_sources(self) -> Any:
+        """What the chosen method calibrates on (``studio.core.calib.data.calibration_sources``)."""
+        own = self.calibration_text
+        return calibration_sources(
+            None if own is None else str(own), self.method, own_only=not self.calib_mix_check.isChecked()
+        )
 
     def final_plan(self) -> Plan | str | None:
         """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
@@ -461,6 +480,7 @@ class ExportDialog(JobPanel, QDialog):
         if calibrated:
             backend = "studio"  # calibrated codes are written by the studio's exporter
         chunks = self.chunks_spin.value() or None
+        sources = self.calibration_sources
         imatrix = self.imatrix
         cluster = self.state.cluster if calibrated else None  # the window's device choice
         # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
@@ -480,7 +500,7 @@ class ExportDialog(JobPanel, QDialog):
                 backend=backend,
                 verify=verify,
                 allow_pickle=allow_pickle,
-                calib_text=calib,
+                calib_text=sources,
                 calib_chunks=chunks,
                 imatrix=imatrix,
                 cluster=cluster,
@@ -580,6 +600,10 @@ class ExportDialog(JobPanel, QDialog):
         calibrated = self.method != "rtn"
         for w in (self.calib_edit, self.calib_browse, self.chunks_spin):
             w.setEnabled(calibrated and not running)
+        # only awq+gptq mixes, and only a text of the user's has anything to add the built-in text to
+        self.calib_mix_check.setEnabled(
+            self.method in MIXED_METHODS and bool(self.calib_edit.text().strip()) and not running
+        )
         # calibrated codes are the studio's own: llama.cpp's quantizer cannot write them
         self.backend_combo.setEnabled(not calibrated and not running)
         has_im = self.state.imatrix is not None
@@ -698,6 +722,9 @@ class ExportDialog(JobPanel, QDialog):
         if self.method != "rtn":
             choose(self.backend_combo, "studio")
         self.update_controls()
+
+    def _on_calib_edited(self, *_args: Any) -> None:
+        self.update_controls()  # the mix check box needs a text of the user's
 
     def _on_path_edited(self, _text: str) -> None:
         self._path_edited = True

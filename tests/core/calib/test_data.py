@@ -13,9 +13,13 @@ from studio.core.calib.data import (
     CalibrationText,
     ChatFormat,
     builtin_pieces,
+    calibration_sources,
+    chunk_ids,
     interleave,
+    load_calibration,
     load_text_file,
     make_chunks,
+    mix,
     read_chats,
     tokenize,
 )
@@ -117,3 +121,56 @@ def test_prepare_input_on_a_text_file(llama_model, calib_text):
     assert inp.chunks.tokens.shape == (3, 64) and inp.chunks.tokens.dtype == np.int64
     assert inp.chunks.bos == 1 and (inp.chunks.tokens[:, 0] == 1).all()
     assert inp.chunks.dataset == str(calib_text)
+
+
+def test_a_mix_tokenizes_each_part_as_it_would_be_alone(qwen2_model, tmp_path):
+    tok = load_tokenizer(qwen2_model)
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    own = tmp_path / "mine.txt"
+    own.write_text("plain words <|im_start|>user more words " * 50, encoding="utf-8")
+    fmt = ChatFormat.of_tokenizer(tok)
+    m = load_calibration([own, BUILTIN], fmt)
+    plain, chats = m.parts
+    assert plain.name == str(own) and not plain.parse_special and chats.parse_special
+    ids = tokenize(tok, m)
+    # the user's plain text keeps its special-token text as text; the built-in chats have theirs parsed
+    assert ids == tokenize(tok, plain) + tokenize(tok, chats)
+    assert im_start not in ids[: len(tokenize(tok, plain))] and im_start in ids
+    assert m.name == f"{own} + quant-studio built-in calibration text"
+    # a mix of one is that text; mixes flatten; the digest tells where the parts meet
+    assert mix([plain]) is plain and mix([m, plain]).parts == (plain, chats, plain)
+    joined = CalibrationText("x", m.text, parse_special=True)
+    assert joined.digest != m.digest
+
+
+def test_a_mix_drops_the_bos_a_later_part_would_start_with(llama_model, tmp_path):
+    tok = load_tokenizer(llama_model)  # the tiny Llama puts BOS in front of plain text
+    a, b = CalibrationText("a.txt", "first part " * 20), CalibrationText("b.txt", "second part " * 20)
+    ids_a, ids_b = tokenize(tok, a), tokenize(tok, b)
+    assert ids_a[0] == ids_b[0] == 1
+    assert tokenize(tok, mix([a, b])) == ids_a + ids_b[1:]
+
+
+def test_best_calibrates_on_the_users_text_then_the_builtin_one():
+    assert calibration_sources("mine.txt", "awq+gptq") == ["mine.txt", BUILTIN]
+    assert calibration_sources("mine.txt", "awq+gptq", own_only=True) == "mine.txt"
+    assert calibration_sources("mine.txt", "imatrix") == "mine.txt"  # the plan gained nothing from the mix
+    assert calibration_sources(None, "awq+gptq") == BUILTIN
+    assert calibration_sources(BUILTIN, "awq+gptq") == BUILTIN
+
+
+def test_the_first_chunks_of_a_mix_are_already_a_mix(llama_model):
+    tok = load_tokenizer(llama_model)
+    a = CalibrationText("a.txt", "alpha beta gamma. " * 400)
+    b = CalibrationText("b.txt", "one two three. " * 100)
+    m = mix([a, b])
+    n_a, n_b = ((len(tokenize(tok, t)) - 1) // 64 for t in (a, b))
+    inp = prepare_input(llama_model, m, n_ctx=64, tokenizer=tok)
+    assert inp.chunks.n_chunks == n_a + n_b and n_a > 2 * n_b > 0  # each part's whole chunks, BOS dropped
+    only_b = set(tokenize(tok, b)) - set(tokenize(tok, a))
+    assert only_b
+    from_b = [bool(only_b & set(c[1:].tolist())) for c in inp.chunks.tokens]
+    assert sum(from_b) == n_b and (inp.chunks.tokens[:, 0] == 1).all()
+    # in proportion: b's chunks spread through the sequence, one of them within the first few
+    assert from_b.index(True) <= (n_a + n_b) // n_b
+    assert chunk_ids(tok, a, 64) == tokenize(tok, a)  # a single text is cut as before

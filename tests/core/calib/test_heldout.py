@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from studio.core.calib.data import CalibrationText
+from studio.core.calib.data import CalibrationText, mix
 from studio.core.calib.heldout import (
     Judgement,
     PresetPoint,
@@ -27,6 +27,15 @@ def test_split_cuts_at_a_paragraph_near_the_share_and_keeps_every_character():
     assert "held-out last 25 %" in held.name and "first 75 %" in fit.name
     with pytest.raises(CalibrationError):
         split_text(CalibrationText("t", text), 1.5)
+
+
+def test_a_mix_is_held_out_from_the_users_part_only():
+    own = CalibrationText("mine.txt", "\n\n".join(f"Mine {i} " + "word " * 9 for i in range(40)))
+    builtin = CalibrationText("built-in", "Built-in text. " * 200, parse_special=True)
+    fit, held = split_text(mix([own, builtin]), 0.25)
+    assert held.text.startswith("Mine ") and "Built-in" not in held.text and not held.parse_special
+    first, rest = fit.parts
+    assert rest is builtin and first.text + "\n\n" + held.text == own.text  # none of it is calibrated on
 
 
 def test_same_size_preset_is_the_largest_that_fits():

@@ -86,3 +86,27 @@ def test_cancel_mid_layer_leaves_no_file(qtbot, make_window, llama_model, tmp_pa
     assert list(folder.iterdir()) == []  # no file, no partial, no spool
     assert "no file was written" in dlg.status.text()
     qtbot.waitUntil(lambda: not win.jobs.busy, timeout=OPEN_TIMEOUT_MS)
+
+
+def test_best_adds_the_builtin_text_after_the_users_unless_unticked(
+    qtbot, make_window, llama_model, tmp_path, calib_file
+):
+    win = make_window()
+    dlg = _dialog(qtbot, win, llama_model)
+    dlg.set_method("awq+gptq")
+    assert not dlg.calib_mix_check.isEnabled()  # the built-in text alone: nothing to add it to
+    dlg.set_calibration(calib_file, chunks=2)
+    assert dlg.calib_mix_check.isEnabled() and dlg.calib_mix_check.isChecked()
+    assert dlg.calibration_sources == [str(calib_file), "builtin"]
+    dlg.set_method("gptq")  # only awq+gptq mixes
+    assert not dlg.calib_mix_check.isEnabled() and dlg.calibration_sources == str(calib_file)
+    dlg.set_method("awq+gptq")
+    out = tmp_path / "tiny-best.gguf"
+    dlg.set_output_path(out)
+    with qtbot.waitSignal(dlg.exportFinished, timeout=JOB_TIMEOUT_MS) as finished:
+        assert dlg.start() is not None
+    c = finished.args[0].calibration
+    assert c.method == "awq+gptq" and c.dataset == f"{calib_file} + quant-studio built-in calibration text"
+    assert f"of {calib_file} + quant-studio built-in calibration text" in dlg.result_label.text()
+    dlg.calib_mix_check.setChecked(False)
+    assert dlg.calibration_sources == str(calib_file)
