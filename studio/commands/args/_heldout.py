@@ -1,4 +1,4 @@
-"""The held-out judgement's options, shared by ``plan --budget`` and ``export --budget``."""
+"""The held-out judgement's and the calibration mix's options, shared by ``plan`` and ``export``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 
 def add_heldout_args(p: argparse.ArgumentParser) -> None:
-    """``--heldout-text`` and ``--no-heldout``."""
+    """``--heldout-text``, ``--no-heldout`` and ``--calib-only`` (awq+gptq on the user's text alone)."""
     p.add_argument(
         "--heldout-text",
         metavar="FILE",
@@ -20,4 +20,12 @@ def add_heldout_args(p: argparse.ArgumentParser) -> None:
         "--no-heldout",
         action="store_true",
         help="calibrate and scan on the whole calibration text and skip the held-out judgement",
+    )
+    p.add_argument(
+        "--calib-only",
+        action="store_true",
+        help=(
+            "awq+gptq (best): calibrate on --calib-text alone (default: your text followed by the built-in "
+            "mix of prose, chats, code and languages, which held better on other kinds of text)"
+        ),
     )

@@ -52,18 +52,6 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
     options.add_cluster(p)
 
 
-def add_calib_only(p: argparse.ArgumentParser) -> None:
-    """``--calib-only``: awq+gptq on the user's text alone, without the built-in text after it."""
-    p.add_argument(
-        "--calib-only",
-        action="store_true",
-        help=(
-            "awq+gptq (best): calibrate on --calib-text alone (default: your text followed by the built-in "
-            "mix of prose, chats, code and languages, which held better on other kinds of text)"
-        ),
-    )
-
-
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     """The budget plan's options beside ``--budget``."""
     p.add_argument(

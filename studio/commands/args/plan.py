@@ -6,7 +6,7 @@ from typing import Any
 
 from studio.commands import _options as options
 from studio.commands.args._heldout import add_heldout_args
-from studio.commands.args._scan import add_budget_args, add_calib_only, add_scan_args
+from studio.commands.args._scan import add_budget_args, add_scan_args
 
 
 def register(subparsers: Any) -> None:
@@ -32,7 +32,6 @@ def register(subparsers: Any) -> None:
     )
     add_budget_args(p)
     add_heldout_args(p)
-    add_calib_only(p)
     add_scan_args(p)
     options.add_json(p)
     p.set_defaults(handler="studio.commands.plan:run")
