@@ -203,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
     if args.budget:
         alloc = _check_budget_args(args, info)
     else:
+        if args.exclude or args.measure or args.heldout_text or args.no_heldout:
+            # they shape or judge a budget plan; a preset or a plan already names every type
+            raise StudioError("--exclude, --measure, --heldout-text and --no-heldout go with --budget.")
         plan = _with_method(args, build_plan(args, info), info)
         if not plan.calibrated:  # IQ2_XXS and the like without --imatrix: one sentence, before any work
             check_imatrix(plan, info, imatrix)

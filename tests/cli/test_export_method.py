@@ -39,6 +39,8 @@ def test_method_errors_are_one_line(llama_model, tmp_path, capsys):
         (["--calib-text", str(_calib(tmp_path))], "need a calibrated --method"),
         (["--method", "gptq", "--imatrix", str(tmp_path / "x.gguf")], None),  # missing file: its own sentence
         (["--method", "gptq", "--backend", "llama.cpp"], "studio back end"),
+        (["--exclude", "Q4_1,Q5_1"], "go with --budget"),  # a preset names its types: not silently ignored
+        (["--method", "best", "--no-heldout"], "go with --budget"),
     ]
     for extra, said in cases:
         assert main([*base, *extra]) == 2
