@@ -16,19 +16,15 @@ from studio.core.plan.allocate import parse_budget
 from studio.core.quant.methods import check_method
 
 
-def sources(args: argparse.Namespace, method: str | None) -> Any:
-    """What ``method`` calibrates on: ``--calib-text`` (or the built-in text), followed by the built-in text
-    for awq+gptq unless ``--calib-only`` (``studio.core.calib.data.calibration_sources``)."""
-    return calibration_sources(
-        getattr(args, "calib_text", None), method, own_only=bool(getattr(args, "calib_only", False))
-    )
-
-
 def split(args: argparse.Namespace, info: Any, ctx: Any) -> tuple[Any, Any]:
     """(text the imatrix and the scan use, held-out text or None): ``--heldout-text`` beside the whole
     calibration text, else the calibration text less its held-out end (None with ``--no-heldout``, or when
     the text is too short to spare a quarter)."""
-    src = sources(args, check_method(getattr(args, "method", None) or "imatrix"))
+    # awq+gptq calibrates on the user's text followed by the built-in text unless --calib-only
+    method = check_method(getattr(args, "method", None) or "imatrix")
+    src = calibration_sources(
+        getattr(args, "calib_text", None), method, own_only=bool(getattr(args, "calib_only", False))
+    )
     if getattr(args, "no_heldout", False):
         return src, None
     if args.heldout_text:

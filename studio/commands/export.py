@@ -11,7 +11,7 @@ from typing import Any
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
-from studio.commands._heldout import guard, judge, sources, split
+from studio.commands._heldout import guard, judge, split
 from studio.commands._scan import (
     allocation,
     calibration,
@@ -20,7 +20,7 @@ from studio.commands._scan import (
     run_scan,
 )
 from studio.core.calib.imatrix import check_for_model, read_imatrix
-from studio.core.calib.quantize import CalibOptions, export_calibrated
+from studio.core.calib.quantize import CalibOptions, export_calibrated, plan_sources
 from studio.core.errors import StudioError
 from studio.core.evaluate.verification import verification_dict, verification_line
 from studio.core.export.job import export_and_verify, verify_here
@@ -163,8 +163,7 @@ def _export_calibrated(
         info.path,
         args.output,
         plan,
-        # awq+gptq calibrates on the user's text and the built-in text (unless --calib-only)
-        text=sources(args, "awq+gptq" if any(plan.method_of(n) == "awq+gptq" for n in plan.types) else None),
+        text=plan_sources(plan, args.calib_text, own_only=args.calib_only),
         n_ctx=args.calib_ctx,
         n_chunks=args.calib_chunks,
         device=args.device,

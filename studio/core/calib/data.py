@@ -320,13 +320,8 @@ def tokenize(tok: Any, data: CalibrationText) -> list[int]:
     have their special tokens parsed (llama-imatrix's ``--parse-special``).
     """
     if data.parts:
-        # each part as it would be alone; a BOS the tokenizer puts in front of a later part is dropped (the
-        # text runs on), the chunks get theirs in make_chunks
-        bos, ids = bos_of(tok), []
-        for i, part in enumerate(data.parts):
-            got = tokenize(tok, part)
-            ids.extend(got[1:] if i and bos is not None and got[:1] == [bos] else got)
-        return ids
+        bos, parts = _part_ids(tok, data)
+        return [*(() if bos is None else (bos,)), *(t for ids in parts for t in ids)]
     kw: dict[str, Any] = {"add_special_tokens": True, "verbose": False}
     if not data.parse_special:
         kw["split_special_tokens"] = True
@@ -337,21 +332,23 @@ def tokenize(tok: Any, data: CalibrationText) -> list[int]:
         return [int(i) for i in tok(data.text, **kw)["input_ids"]]
 
 
+def _part_ids(tok: Any, data: CalibrationText) -> tuple[int | None, list[list[int]]]:
+    """(the BOS, a mix's parts' ids each tokenized as it would be alone, less the BOS in front of it): the
+    mix's text runs on, and make_chunks puts BOS first in every chunk."""
+    bos = bos_of(tok)
+    parts = [tokenize(tok, part) for part in data.parts]
+    return bos, [ids[1:] if bos is not None and ids[:1] == [bos] else ids for ids in parts]
+
+
 def chunk_ids(tok: Any, data: CalibrationText, n_ctx: int) -> list[int]:
     """The token ids ``make_chunks`` cuts into chunks of ``n_ctx``: the text's, or for a mix each part's
     whole chunks interleaved in proportion to their counts, so that the first chunks (``--calib-chunks``,
     the rounding probe's sample) are already a mix; each part's last partial chunk is dropped, as
     llama-imatrix drops the text's."""
-    if not data.parts:
+    if not data.parts or n_ctx < 16:  # make_chunks refuses a context that small in one sentence
         return tokenize(tok, data)
-    if n_ctx < 1:
-        raise CalibrationError(f"A context of {n_ctx} tokens is too small to calibrate; use at least 16.")
-    bos = bos_of(tok)
     keyed: list[tuple[float, int, list[int]]] = []
-    for i, part in enumerate(data.parts):
-        ids = tokenize(tok, part)
-        if bos is not None and ids[:1] == [bos]:
-            ids = ids[1:]  # make_chunks puts BOS first in every chunk
+    for i, ids in enumerate(_part_ids(tok, data)[1]):
         n = len(ids) // n_ctx
         keyed.extend(((k + 0.5) / n, i, ids[k * n_ctx : (k + 1) * n_ctx]) for k in range(n))
     keyed.sort(key=lambda x: (x[0], x[1]))

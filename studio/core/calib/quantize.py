@@ -36,7 +36,7 @@ import numpy as np
 from studio.core.calib import awq
 from studio.core.calib.calibrate import _open, prepare_input
 from studio.core.calib.collect import ActivationCollector
-from studio.core.calib.data import BUILTIN, CalibrationText
+from studio.core.calib.data import BUILTIN, MIXED_METHODS, CalibrationText, calibration_sources
 from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunInfo, RunSpec, run_model
 from studio.core.calib.spool import TensorSpool
@@ -437,6 +437,13 @@ def _imatrix_only(plan: Any) -> bool:
     return all(method_info(plan.method_of(n)).name in ("rtn", "imatrix") for n in plan.types)
 
 
+def plan_sources(plan: Any, own: Any, *, own_only: bool = False) -> Any:
+    """What a calibrated export of ``plan`` calibrates on (``calibration_sources``): the user's text ``own``
+    followed by the built-in text when any tensor is rounded by one of the ``MIXED_METHODS``."""
+    mixed = next((m for m in MIXED_METHODS if any(plan.method_of(n) == m for n in plan.types)), None)
+    return calibration_sources(own, mixed, own_only=own_only)
+
+
 def export_calibrated(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -586,6 +593,7 @@ def _result(
 
 
 __all__ = [
+    "plan_sources",
     "CalibOptions",
     "CalibratedExport",
     "LayerReport",

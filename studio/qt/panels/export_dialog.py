@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources
-from studio.core.calib.quantize import export_calibrated
+from studio.core.calib.quantize import export_calibrated, plan_sources
 from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
 from studio.core.evaluate.verification import verification_line
@@ -354,11 +354,17 @@ class ExportDialog(JobPanel, QDialog):
 
     @property
     def calibration_sources(self) -> Any:
-        """What the chosen method calibrates on (``studio.core.calib.data.calibration_sources``)."""
+        """What the export calibrates on: the final plan's ``plan_sources`` (the chosen method's
+        ``calibration_sources`` while no calibrated plan is chosen)."""
         own = self.calibration_text
-        return calibration_sources(
-            None if own is None else str(own), self.method, own_only=not self.calib_mix_check.isChecked()
-        )
+        own_text, own_only = None if own is None else str(own), not self.calib_mix_check.isChecked()
+        try:
+            plan = self.final_plan()
+        except StudioError:
+            plan = None
+        if isinstance(plan, Plan):
+            return plan_sources(plan, own_text, own_only=own_only)
+        return calibration_sources(own_text, self.method, own_only=own_only)
 
     def final_plan(self) -> Plan | str | None:
         """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
