@@ -13,18 +13,18 @@ from __future__ import annotations
 import argparse
 import codecs
 import enum
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from studio.core import safejson
 from studio.core.errors import StudioError
+from studio.core.textfile import read_untrusted
 
 GGUF_MAGIC = b"GGUF"
 MODEL_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth")
 TEXT_PROBE_BYTES = 1 << 16  # enough to tell a binary file from UTF-8 text
-JSON_LIMIT_BYTES = 256 << 20  # plans and scans are small; a larger "JSON" is the wrong file
 _HUB_ID = re.compile(r"[\w.\-]+/[\w.\-]+")
 
 
@@ -56,6 +56,7 @@ class PathArg:
     what: str = ""  # "calibration text", "plan"; default from the kind
     builtins: tuple[str, ...] = ()  # names that stand for a built-in text instead of a path
     remote_id: bool = False  # a Hub id not in the cache is fine (the command asks the Hub)
+    keys: tuple[str, ...] = ()  # a JSON file: the object's keys that must be there (its shape)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Minimum:
         return f"{self.flag} must be at least {self.least}, not {value}."
 
 
+SCAN_KEYS = ("version", "model", "tensors")  # what Sensitivity.from_dict cannot do without
 _CTX_EVAL = "A context of {value} tokens is too small to evaluate; use at least {least}."
 _CTX_CALIB = "A context of {value} tokens is too small to calibrate; use at least {least}."
 
@@ -85,7 +87,7 @@ _CALIB = (
     Minimum("calib_chunks", "--calib-chunks", 1, "At least one chunk must be used, not {value}."),
 )
 _SCAN = (
-    PathArg("scan", Kind.JSON, "--scan", "sensitivity scan"),
+    PathArg("scan", Kind.JSON, "--scan", "sensitivity scan", keys=SCAN_KEYS),
     PathArg("scan_also", Kind.TEXT, "--scan-also", "text to scan", ("builtin",)),
     Minimum("scan_ctx", "--scan-ctx", 8),
     Minimum("scan_chunks", "--scan-chunks"),
@@ -213,6 +215,7 @@ def check_path(value: str, spec: PathArg) -> None:
         return
     if p.is_dir():
         raise BadInput(f"{label} {p} is a folder, not a file.")
+    _head(p, 0, label)  # a FIFO, device or socket is refused before anything reads it
     if spec.kind is Kind.GGUF:
         _check_gguf(p, label)
     elif spec.kind is Kind.IMATRIX:
@@ -221,15 +224,11 @@ def check_path(value: str, spec: PathArg) -> None:
     elif spec.kind is Kind.TEXT:
         _check_text(p, label)
     elif spec.kind is Kind.JSON:
-        _check_json(p, label)
+        _check_json(p, label, spec.keys)
 
 
 def _head(p: Path, n: int, label: str) -> bytes:
-    try:
-        with open(p, "rb") as f:
-            return f.read(n)
-    except OSError as err:
-        raise BadInput(f"{label} {p} cannot be read ({err.strerror or err}).") from None
+    return read_untrusted(p, label[4:], BadInput, kind="header", head=n)
 
 
 def _check_gguf(p: Path, label: str, hint: str = "") -> None:
@@ -248,15 +247,9 @@ def _check_text(p: Path, label: str) -> None:
         raise BadInput(f"{label} {p} is a binary file, not UTF-8 text.")
 
 
-def _check_json(p: Path, label: str) -> None:
-    if p.stat().st_size > JSON_LIMIT_BYTES:
-        raise BadInput(f"{label} {p} is too large to be a JSON file of Quant Studio.")
-    try:
-        json.loads(p.read_bytes())
-    except (ValueError, UnicodeDecodeError):
-        raise BadInput(f"{label} {p} is not a JSON file.") from None
-    except OSError as err:
-        raise BadInput(f"{label} {p} cannot be read ({err.strerror or err}).") from None
+def _check_json(p: Path, label: str, keys: tuple[str, ...]) -> None:
+    data = read_untrusted(p, label[4:], BadInput, kind="json")
+    safejson.loads(data, f"{label} {p}", BadInput, keys=keys)  # depth and shape: a plan is an object
 
 
 def _check_out_file(p: Path, label: str, what: str) -> None:

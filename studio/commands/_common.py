@@ -14,6 +14,7 @@ from studio.core.atomic import write_atomic
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext
 from studio.core.model.gguf_source import hf_folder_for
+from studio.core.textfile import read_untrusted
 from studio.core.untrusted import terminal_safe
 
 
@@ -109,12 +110,11 @@ class ProgressLine:
 def read_text(path: str | os.PathLike[str], what: str) -> str:
     """The UTF-8 text of a small input file, or a StudioError naming ``what`` and the path."""
     p = Path(path)
+    data = read_untrusted(p, what, StudioError, kind="json" if p.suffix.lower() == ".json" else "text")
     try:
-        return p.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise StudioError(f"The {what} {p} is not UTF-8 text.") from None
-    except OSError as err:
-        raise StudioError(f"Cannot read the {what} {p}: {err.strerror or err}.") from None
 
 
 def write_text(path: str | os.PathLike[str], text: str, what: str) -> None:

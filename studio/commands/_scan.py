@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
+from studio.commands._check import SCAN_KEYS
 from studio.commands._cluster import open_cluster
-from studio.commands._common import read_text
+from studio.core import safejson
 from studio.core.calib.data import BUILTIN
 from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
 from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, corrected_scan, rounding_ratios
@@ -25,6 +25,7 @@ from studio.core.errors import StudioError
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
 from studio.core.plan.plan import with_method
 from studio.core.quant.types import QTYPES
+from studio.core.textfile import read_untrusted
 
 
 def _types(spec: str | None) -> tuple[str, ...] | None:
@@ -64,10 +65,9 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None,
     """The scan the arguments ask for: read from ``--scan``, or run on ``text`` (default the calibration
     text; cached unless ``--no-cache``)."""
     if getattr(args, "scan", None):
-        try:
-            scan = Sensitivity.from_dict(json.loads(read_text(args.scan, "sensitivity scan")))
-        except ValueError:
-            raise StudioError(f"The sensitivity scan {args.scan} is not valid JSON.") from None
+        what = f"The sensitivity scan {args.scan}"
+        data = read_untrusted(args.scan, "sensitivity scan", StudioError, kind="json")
+        scan = Sensitivity.from_dict(safejson.loads(data, what, StudioError, keys=SCAN_KEYS))
         if Path(scan.model).resolve() != Path(info.path).resolve():
             raise StudioError(f"The scan {args.scan} was made for {scan.model}, not for {info.path}.")
         return scan

@@ -37,9 +37,18 @@ def depth(obj: Any, limit: int = MAX_DEPTH) -> int:
 
 
 def loads(
-    text: str | bytes, what: str, error: type[StudioError], *, max_depth: int = MAX_DEPTH, **kwargs: Any
+    text: str | bytes,
+    what: str,
+    error: type[StudioError],
+    *,
+    max_depth: int = MAX_DEPTH,
+    keys: tuple[str, ...] | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """``json.loads(text)``, or ``error`` with one sentence starting with ``what`` ("The plan file x.json")."""
+    """``json.loads(text)``, or ``error`` with one sentence starting with ``what`` ("The plan file x.json").
+
+    ``keys`` (a tuple, possibly empty) asks for an object holding at least those keys (the shape check:
+    a plan is an object, a scan an object with its version, model and tensors)."""
     try:
         obj = json.loads(text, **kwargs)
     except json.JSONDecodeError as err:
@@ -54,6 +63,21 @@ def loads(
         ) from None
     if depth(obj, max_depth) > max_depth:
         raise error(f"{what} nests its JSON more than {max_depth} levels deep; it is not a file this reads.")
+    if keys is not None:
+        expect_object(obj, what, error, keys)
+    return obj
+
+
+def expect_object(obj: Any, what: str, error: type[StudioError], keys: tuple[str, ...] = ()) -> dict:
+    """``obj`` if it is a JSON object holding ``keys``, else ``error`` saying what it is instead."""
+    if not isinstance(obj, dict):
+        got = "null" if obj is None else {list: "a list", str: "a string", bool: "true or false"}.get(
+            type(obj), "a number"
+        )
+        raise error(f"{what} holds {got}, not a JSON object.")
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise error(f"{what} has no {quote(missing[0])} field; it is not a file this reads.")
     return obj
 
 
@@ -72,4 +96,4 @@ def bounded_int(value: Any, what: str, lo: int, hi: int, error: type[Exception])
     return value
 
 
-__all__ = ["MAX_DEPTH", "bounded_int", "depth", "loads"]
+__all__ = ["MAX_DEPTH", "bounded_int", "depth", "expect_object", "loads"]

@@ -28,7 +28,7 @@ from studio.core.chat.render import render_chats as render_all
 from studio.core.chat.template import fallback_text
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext
-from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
+from studio.core.textfile import decode_utf8, read_untrusted
 from studio.paths import resource_path
 
 BUILTIN = "builtin"
@@ -84,18 +84,7 @@ class Chunks:
 
 
 def _read_bytes(path: Path, what: str) -> bytes:
-    try:
-        if not path.is_file():
-            raise CalibrationError(f"The {what} {path} is not a file.")
-        size = path.stat().st_size
-    except OSError as err:
-        raise CalibrationError(f"The {what} {path} cannot be read ({err.strerror or err}).") from None
-    check_text_size(size, path, what, CalibrationError)
-    try:
-        with open(path, "rb") as f:
-            return f.read(MAX_TEXT_BYTES + 1)
-    except OSError as err:
-        raise CalibrationError(f"The {what} {path} cannot be read ({err.strerror or err}).") from None
+    return read_untrusted(path, what, CalibrationError, kind="text")
 
 
 def _decode(data: bytes, path: Path, what: str) -> str:

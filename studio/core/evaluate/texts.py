@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import EvaluationError
-from studio.core.textfile import MAX_TEXT_BYTES, check_text_size, decode_utf8
+from studio.core.textfile import decode_utf8, read_untrusted
 from studio.paths import resource_path
 
 SAMPLE_PATH = resource_path("eval", "sample_en.txt")
@@ -34,15 +34,7 @@ def load_text(source: str | os.PathLike[str] = "sample") -> EvalText:
 
 
 def _read(path: Path) -> str:
-    try:
-        size = path.stat().st_size
-    except OSError as err:
-        raise EvaluationError(f"The evaluation text {path} cannot be read ({err.strerror or err}).") from None
-    if not path.is_file():
-        raise EvaluationError(f"The evaluation text {path} is not a file.")
-    check_text_size(size, path, "evaluation text", EvaluationError)
-    with open(path, "rb") as f:
-        data = f.read(MAX_TEXT_BYTES + 1)
+    data = read_untrusted(path, "evaluation text", EvaluationError, kind="text")
     text = decode_utf8(
         data,
         path,
