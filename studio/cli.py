@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from studio import __version__
 from studio.commands._check import check_args
+from studio.commands._numbers import annotate as annotate_ranges
 from studio.commands._options import check_cluster
 from studio.core.errors import StudioError
 from studio.core.untrusted import terminal_safe
@@ -48,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"studio.commands.args.{name}").register(sub)
+    annotate_ranges(parser)  # every numeric option's help says its range (studio.commands._numbers)
     return parser
 
 
@@ -60,6 +64,22 @@ def handler_of(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     return getattr(importlib.import_module(module), name)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) while a command runs: a KeyboardInterrupt, so that every ``finally`` and
+    context manager on the way out runs: child processes are ended, spools and ``*.partial`` removed."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _on_stop_signals() -> dict[int, object]:
+    """Turn SIGTERM and SIGINT into ``Stopped`` (main thread only); the handlers they replace."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     parser = build_parser()
@@ -67,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
+    previous = _on_stop_signals()
     try:
         if getattr(args, "cluster", None):  # a cluster that cannot be used is refused before any work
             check_cluster(args.cluster)
@@ -77,13 +98,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StudioError as err:
         print(f"error: {terminal_safe(str(err))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        # by now every context manager on the way out has ended its children and removed its partials
+        sig = str(err) if isinstance(err, Stopped) else "SIGINT"
+        print(
+            f"error: {sig}: {args.command} was stopped; its child processes and partial files were removed.",
+            file=sys.stderr,
+        )
+        return 143 if sig == "SIGTERM" else 130
     except BrokenPipeError:
         # The reader went away (``| head``): stop quietly, and keep Python's exit flush from failing too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.core.executor import INSTALL_HINT, ClusterError, ClusterSpec, ray_installed
 from studio.core.llamacpp.options import EXTRA_BUFFER_CHOICES
 
@@ -49,7 +50,11 @@ def add_dtype(parser: Any, help: str | None = None) -> None:
 def add_gpu_layers(parser: Any) -> None:
     """``--gpu-layers N``: llama.cpp layers offloaded to the GPU."""
     parser.add_argument(
-        "--gpu-layers", type=int, default=0, metavar="N", help="llama.cpp layers on the GPU (-1: all)"
+        "--gpu-layers",
+        type=numbers.GPU_LAYERS,
+        default=0,
+        metavar="N",
+        help="llama.cpp layers on the GPU (-1: all)",
     )
 
 

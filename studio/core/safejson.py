@@ -71,8 +71,10 @@ def loads(
 def expect_object(obj: Any, what: str, error: type[StudioError], keys: tuple[str, ...] = ()) -> dict:
     """``obj`` if it is a JSON object holding ``keys``, else ``error`` saying what it is instead."""
     if not isinstance(obj, dict):
-        got = "null" if obj is None else {list: "a list", str: "a string", bool: "true or false"}.get(
-            type(obj), "a number"
+        got = (
+            "null"
+            if obj is None
+            else {list: "a list", str: "a string", bool: "true or false"}.get(type(obj), "a number")
         )
         raise error(f"{what} holds {got}, not a JSON object.")
     missing = [k for k in keys if k not in obj]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -18,13 +19,17 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
         )
         p.add_argument(
             "--calib-ctx",
-            type=int,
+            type=numbers.CTX,
             default=512,
             metavar="N",
             help="tokens per calibration chunk (default 512)",
         )
         p.add_argument(
-            "--calib-chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
+            "--calib-chunks",
+            type=numbers.CHUNKS,
+            default=None,
+            metavar="N",
+            help="use the first N chunks (default all)",
         )
     p.add_argument(
         "--types",
@@ -33,9 +38,11 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
     )
     p.add_argument("--exact", action="store_true", help="measure every (tensor, type) instead of the proxy")
     p.add_argument(
-        "--scan-ctx", type=int, default=128, metavar="N", help="tokens per scan chunk (default 128)"
+        "--scan-ctx", type=numbers.CTX, default=128, metavar="N", help="tokens per scan chunk (default 128)"
     )
-    p.add_argument("--scan-chunks", type=int, default=2, metavar="N", help="scan chunks (default 2)")
+    p.add_argument(
+        "--scan-chunks", type=numbers.CHUNKS, default=2, metavar="N", help="scan chunks (default 2)"
+    )
     p.add_argument(
         "--scan", metavar="SCAN.json", help="use a scan saved by sensitivity -o instead of scanning"
     )
@@ -56,7 +63,7 @@ def add_budget_args(p: argparse.ArgumentParser) -> None:
     """The budget plan's options beside ``--budget``."""
     p.add_argument(
         "--ctx",
-        type=int,
+        type=numbers.CTX,
         default=4096,
         metavar="N",
         help="context a memory budget (vram=…, gpu) is sized for",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -27,9 +28,13 @@ def register(subparsers: Any) -> None:
     src.add_argument(
         "--chat", metavar="FILE.jsonl", help='JSON lines of {"messages": [{"role", "content"}, ...]}'
     )
-    p.add_argument("--ctx", type=int, default=512, metavar="N", help="tokens per chunk (default 512)")
+    p.add_argument("--ctx", type=numbers.CTX, default=512, metavar="N", help="tokens per chunk (default 512)")
     p.add_argument(
-        "--chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
+        "--chunks",
+        type=numbers.CHUNKS,
+        default=None,
+        metavar="N",
+        help="use the first N chunks (default all)",
     )
     p.add_argument(
         "--format", choices=("gguf", "dat"), default=None, help="file format (default: from the suffix)"
@@ -44,7 +49,9 @@ def register(subparsers: Any) -> None:
     )
     options.add_dtype(p, "compute precision")
     p.add_argument("--int8", action="store_true", help="also run the LLM.int8() analysis per layer")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="outlier features to list (default 10)")
+    p.add_argument(
+        "--top", type=numbers.LISTED, default=10, metavar="N", help="outlier features to list (default 10)"
+    )
     options.add_allow_pickle(p)
     options.add_cluster(p)
     options.add_json(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -25,13 +26,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--prompt", required=True, metavar="TEXT", help="the user message")
     p.add_argument("--system", default=None, metavar="TEXT", help="an optional system message")
     p.add_argument(
-        "--max-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)"
+        "--max-tokens", type=numbers.TOKENS, default=128, metavar="N", help="tokens to generate (default 128)"
     )
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
-    p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
-    p.add_argument("--ctx", type=int, default=2048, metavar="N", help="context window (default 2048)")
+    p.add_argument("--temperature", type=numbers.TEMPERATURE, default=0.0, help="0 (the default) is greedy")
+    p.add_argument("--top-k", type=numbers.TOP_K, default=0, help="keep the K most likely tokens (0: all)")
+    p.add_argument("--top-p", type=numbers.PROBABILITY, default=1.0, help="nucleus sampling mass (1: off)")
+    p.add_argument("--seed", type=numbers.SEED, default=0, help="random seed for sampling")
+    p.add_argument("--ctx", type=numbers.CTX, default=2048, metavar="N", help="context window (default 2048)")
     p.add_argument("--device", default="auto", help="device for model folders: auto, cpu, cuda, mps")
     options.add_dtype(p)
     options.add_gpu_layers(p)

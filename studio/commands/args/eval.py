@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -29,8 +30,10 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="a UTF-8 text file, 'sample' (built-in English prose, the default) or 'wikitext-2' (needs datasets)",
     )
-    p.add_argument("--ctx", type=int, default=512, metavar="N", help="tokens per chunk (default 512)")
-    p.add_argument("--chunks", type=int, default=None, metavar="N", help="evaluate at most N chunks")
+    p.add_argument("--ctx", type=numbers.CTX, default=512, metavar="N", help="tokens per chunk (default 512)")
+    p.add_argument(
+        "--chunks", type=numbers.CHUNKS, default=None, metavar="N", help="evaluate at most N chunks"
+    )
     p.add_argument("--device", default="auto", help="device for the original: auto, cpu, cuda, mps")
     options.add_dtype(p, "original's dtype")
     options.add_gpu_layers(p)

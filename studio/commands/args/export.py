@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 from studio.commands.args._heldout import add_heldout_args
 from studio.commands.args._scan import add_budget_args, add_scan_args
@@ -91,10 +92,18 @@ def register(subparsers: Any) -> None:
         help="calibration text (UTF-8, or a .jsonl of chats) for a calibrated method; default: the built-in text",
     )
     p.add_argument(
-        "--calib-ctx", type=int, default=512, metavar="N", help="tokens per calibration chunk (default 512)"
+        "--calib-ctx",
+        type=numbers.CTX,
+        default=512,
+        metavar="N",
+        help="tokens per calibration chunk (default 512)",
     )
     p.add_argument(
-        "--calib-chunks", type=int, default=None, metavar="N", help="use the first N chunks (default all)"
+        "--calib-chunks",
+        type=numbers.CHUNKS,
+        default=None,
+        metavar="N",
+        help="use the first N chunks (default all)",
     )
     p.add_argument(
         "--in-order",

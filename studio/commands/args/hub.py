@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -33,8 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["downloads", "likes", "last_modified", "trending"],
         help="order of the results (default downloads)",
     )
-    s.add_argument("--limit", type=int, default=20, metavar="N", help="show at most N models (default 20)")
-    s.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N results (paging)")
+    s.add_argument(
+        "--limit", type=numbers.LIMIT, default=20, metavar="N", help="show at most N models (default 20)"
+    )
+    s.add_argument(
+        "--offset", type=numbers.LISTED, default=0, metavar="N", help="skip the first N results (paging)"
+    )
     options.add_json(s, "a JSON list")
     s.set_defaults(handler="studio.commands.hub:_search")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -21,7 +22,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="model folder, .safetensors/.gguf file, or cached Hub id")
     p.add_argument(
-        "--ctx", type=int, default=4096, metavar="N", help="context length for the KV cache (default 4096)"
+        "--ctx",
+        type=numbers.CTX,
+        default=4096,
+        metavar="N",
+        help="context length for the KV cache (default 4096)",
     )
     options.add_json(p)
     p.add_argument(

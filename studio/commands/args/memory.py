@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -21,15 +22,19 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument("model", nargs="?", metavar="MODEL", help="model folder or file, or a Hub id")
-    p.add_argument("--params", type=float, metavar="N", help="parameters (e.g. 70.6e9)")
-    p.add_argument("--layers", type=int, metavar="L", help="transformer layers")
-    p.add_argument("--kv-heads", type=int, metavar="H", help="key/value heads (GQA)")
-    p.add_argument("--head-dim", type=int, metavar="D", help="size of one attention head")
+    p.add_argument("--params", type=numbers.PARAMS, metavar="N", help="parameters (e.g. 70.6e9)")
+    p.add_argument("--layers", type=numbers.LAYERS, metavar="L", help="transformer layers")
+    p.add_argument("--kv-heads", type=numbers.HEADS, metavar="H", help="key/value heads (GQA)")
+    p.add_argument("--head-dim", type=numbers.HEAD_DIM, metavar="D", help="size of one attention head")
     p.add_argument(
-        "--vocab", type=int, default=0, metavar="V", help="vocabulary size (logits buffer; default 0)"
+        "--vocab",
+        type=numbers.VOCAB,
+        default=0,
+        metavar="V",
+        help="vocabulary size (logits buffer; default 0)",
     )
     p.add_argument(
-        "--ctx", type=int, required=True, metavar="N", help="context length in tokens (2K to 128K)"
+        "--ctx", type=numbers.CTX, required=True, metavar="N", help="context length in tokens (2K to 128K)"
     )
     # studio.core.llamacpp.kvcache.KV_TYPES (tests/cli/test_dispatch.py checks); importing it loads gguf-py
     kv_types = ("f32", "f16", "q8_0", "q4_0")

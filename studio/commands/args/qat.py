@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 
 
@@ -12,9 +13,11 @@ def _group(text: str) -> int | None:
     if text.lower() in ("channel", "0"):
         return None
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a group size or 'channel', not {text!r}") from None
+        return numbers.Whole(1, 65_536)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"a group size (1 to 65,536) or 'channel', not {text[:30]!r}"
+        ) from None
 
 
 def register(subparsers: Any) -> None:
@@ -31,7 +34,9 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument("model", metavar="MODEL", help="a Hugging Face model folder")
-    p.add_argument("--bits", type=int, required=True, metavar="B", help="bits per weight code (2 to 8)")
+    p.add_argument(
+        "--bits", type=numbers.BITS, required=True, metavar="B", help="bits per weight code (2 to 8)"
+    )
     p.add_argument(
         "--group",
         type=_group,
@@ -40,7 +45,7 @@ def register(subparsers: Any) -> None:
         help="inputs per scale (default 32; 'channel': one per row)",
     )
     p.add_argument("--symmetric", action="store_true", help="symmetric codes (no zero point)")
-    p.add_argument("--steps", type=int, required=True, metavar="N", help="fine-tuning steps")
+    p.add_argument("--steps", type=numbers.STEPS, required=True, metavar="N", help="fine-tuning steps")
     p.add_argument("--text", required=True, metavar="TRAIN", help="UTF-8 text to fine-tune on")
     p.add_argument(
         "--eval-text",
@@ -48,16 +53,24 @@ def register(subparsers: Any) -> None:
         metavar="EVAL",
         help="text to measure on (default: the built-in sample)",
     )
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     p.add_argument(
-        "--seq-len", type=int, default=256, metavar="N", help="tokens per training chunk (default 256)"
+        "--lr", type=numbers.LEARNING_RATE, default=1e-4, help="AdamW learning rate (default 1e-4)"
     )
-    p.add_argument("--batch", type=int, default=1, metavar="N", help="chunks per step (default 1)")
-    p.add_argument("--eval-chunks", type=int, default=8, metavar="N", help="evaluation chunks (default 8)")
+    p.add_argument(
+        "--seq-len",
+        type=numbers.CTX,
+        default=256,
+        metavar="N",
+        help="tokens per training chunk (default 256)",
+    )
+    p.add_argument("--batch", type=numbers.BATCH, default=1, metavar="N", help="chunks per step (default 1)")
+    p.add_argument(
+        "--eval-chunks", type=numbers.CHUNKS, default=8, metavar="N", help="evaluation chunks (default 8)"
+    )
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, mps or auto")
     p.add_argument(
         "--threads",
-        type=int,
+        type=numbers.THREADS,
         default=None,
         metavar="N",
         help="CPU threads for torch (default: torch's choice)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands import _options as options
 from studio.commands.args._scan import add_scan_args
 
@@ -25,7 +26,11 @@ def register(subparsers: Any) -> None:
     add_scan_args(p)
     p.add_argument("-o", "--output", metavar="SCAN.json", help="also write the scan to this file")
     p.add_argument(
-        "--top", type=int, default=12, metavar="N", help="most sensitive tensors to list (default 12)"
+        "--top",
+        type=numbers.LISTED,
+        default=12,
+        metavar="N",
+        help="most sensitive tensors to list (default 12)",
     )
     options.add_json(p)
     p.set_defaults(handler="studio.commands.sensitivity:run")

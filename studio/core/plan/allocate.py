@@ -55,6 +55,7 @@ _UNITS = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
+MAX_SIZE_BYTES = 1 << 50  # 1 PiB: every size and memory budget is parsed by _size, below this ceiling
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -92,7 +93,10 @@ def _size(text: str, what: str) -> float:
             f"The {what} {text!r} is not a size; give bytes (105454336), a size with a unit (4.5GB, 800MiB) "
             "or bits per weight (4.8bpw)."
         )
-    return float(m.group(1)) * _UNITS[unit]
+    v = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(v) or v > MAX_SIZE_BYTES:  # 1e400GB is inf; int() of it later overflows
+        raise QuantizationError(f"The {what} {text!r} is not a size up to {MAX_SIZE_BYTES >> 50} PiB.")
+    return v
 
 
 def parse_budget(text: str, *, ctx_len: int = 4096, hardware: Any = None) -> Budget:
@@ -109,8 +113,8 @@ def parse_budget(text: str, *, ctx_len: int = 4096, hardware: Any = None) -> Bud
             raise QuantizationError(
                 f"The budget {t!r} is not a number of bits per weight (like 4.8bpw)."
             ) from None
-        if not math.isfinite(v) or v <= 0:
-            raise QuantizationError(f"A budget of {t} is not a positive number of bits per weight.")
+        if not math.isfinite(v) or v <= 0 or v > 64:
+            raise QuantizationError(f"A budget of {t} is not a number of bits per weight from 0 to 64.")
         return Budget(BudgetKind.BPW, v, t, ctx_len)
     if low == "gpu":
         if hardware is None:
