@@ -249,6 +249,8 @@ def _check_text(p: Path, label: str) -> None:
 
 def _check_json(p: Path, label: str, keys: tuple[str, ...]) -> None:
     data = read_untrusted(p, label[4:], BadInput, kind="json")
+    if data.lstrip()[:1] not in (b"{", b"[", b'"', b"-", b"t", b"f", b"n", *(b"%d" % i for i in range(10))):
+        raise BadInput(f"{label} {p} is not a JSON file.")
     safejson.loads(data, f"{label} {p}", BadInput, keys=keys)  # depth and shape: a plan is an object
 
 

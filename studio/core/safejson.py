@@ -39,7 +39,7 @@ def depth(obj: Any, limit: int = MAX_DEPTH) -> int:
 def loads(
     text: str | bytes,
     what: str,
-    error: type[StudioError],
+    error: type[Exception],
     *,
     max_depth: int = MAX_DEPTH,
     keys: tuple[str, ...] | None = None,

@@ -19,7 +19,7 @@ _COUSINS = {"Q4_1": ("Q5_1",), "Q4_0": ("Q5_0",)}
 def _source(info: Any) -> tuple[str, str] | None:
     """(the GGUF's main quantized type, its file name) for a folder made from a GGUF, else None."""
     try:
-        marker = json.loads((Path(info.path) / SOURCE_MARKER).read_text(encoding="utf-8"))
+        marker = json.loads((Path(info.path) / SOURCE_MARKER).read_text(encoding="utf-8"))  # noqa: TID251 - the source marker is written by write_hf_folder into the studio's own cache folder
         types = dict(marker.get("types") or {})
     except (OSError, ValueError, TypeError, AttributeError):
         return None

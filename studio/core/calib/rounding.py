@@ -221,7 +221,7 @@ def rounding_ratios(
         path = None if cache_dir is None else Path(cache_dir) / f"rounding-{key}.json"
         if path is not None and path.is_file():
             try:
-                return RoundingRatios.from_dict(json.loads(path.read_text(encoding="utf-8")))
+                return RoundingRatios.from_dict(json.loads(path.read_text(encoding="utf-8")))  # noqa: TID251 - a cache file the studio wrote (key-named, in its cache folder)
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # a damaged cache file: measure again
         chosen = {

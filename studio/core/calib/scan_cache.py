@@ -90,7 +90,7 @@ def load_cached_scan(cache_dir: str | os.PathLike[str] | None, key: str) -> Sens
         return None
     p = Path(cache_dir) / f"sensitivity-{key}.json"
     try:
-        return Sensitivity.from_dict(json.loads(p.read_text(encoding="utf-8")))
+        return Sensitivity.from_dict(json.loads(p.read_text(encoding="utf-8")))  # noqa: TID251 - a cache file the studio wrote (key-named, in its cache folder)
     except (OSError, ValueError, CalibrationError):
         return None
 

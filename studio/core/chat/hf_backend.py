@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import codecs
 import inspect
-import json
 import re
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
+from studio.core import safejson
 from studio.core.chat.backend import BaseBackend, StopCheck
 from studio.core.chat.sampling import choose, make_rng
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
@@ -94,7 +94,7 @@ def token_bytes_table(tok: Any) -> list[bytes] | None:
     byte-level BPE characters map back through GPT-2's byte table.
     """
     try:
-        spec = json.loads(tok.backend_tokenizer.to_str())
+        spec = safejson.loads(tok.backend_tokenizer.to_str(), "tokenizer", ValueError)
     except Exception:  # noqa: BLE001 - slow tokenizers have no backend JSON
         return None
     decs = _decoder_kinds(spec.get("decoder"))
@@ -146,7 +146,7 @@ def check_folder(folder: Path) -> dict[str, Any]:
     if not cfg_path.is_file():
         raise ModelOpenError(f"{folder} has no config.json, so transformers cannot load it.")
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg = safejson.loads(cfg_path.read_bytes(), "config.json", ValueError)
     except (OSError, ValueError) as err:
         raise ModelOpenError(f"The config.json of {folder} cannot be read ({err}).") from None
     if isinstance(cfg, dict) and cfg.get("auto_map"):

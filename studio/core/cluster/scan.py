@@ -238,7 +238,7 @@ def _load_units(resume_dir: Path | None, out: ClusterScan) -> None:
         return
     for f in sorted(resume_dir.glob("*.json")):
         try:
-            res = json.loads(f.read_text(encoding="utf-8"))
+            res = json.loads(f.read_text(encoding="utf-8"))  # noqa: TID251 - resume files are written by the scan's own workers
             part = ClusterScan(plan_kl=[float("nan")] * len(out.plan_kl))
             _merge(part, res)
         except (OSError, ValueError, KeyError, TypeError, IndexError):

@@ -132,7 +132,7 @@ def save_records(report: EvalReport) -> list[str]:
 def last_evaluation(gguf: str | os.PathLike[str]) -> EvalRecord | None:
     """The recorded evaluation of ``gguf``, or None when there is none, it is unreadable or stale."""
     try:
-        data = json.loads(record_path(gguf).read_text(encoding="utf-8"))
+        data = json.loads(record_path(gguf).read_text(encoding="utf-8"))  # noqa: TID251 - the evaluation record is written by record_evaluation (this module)
         size, fp = fingerprint(gguf)
     except (OSError, ValueError):
         return None

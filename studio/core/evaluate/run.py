@@ -8,7 +8,6 @@ memory-mapped file when large) so each variant is loaded alone, compared, and cl
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from studio.core import safejson
 from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.errors import EvaluationError, StudioError
@@ -189,7 +189,7 @@ def _model_dims(path: Path) -> tuple[int, int] | None:
             arch = str(meta.get("general.architecture", ""))
             layers, width = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.embedding_length")
         else:
-            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            cfg = safejson.loads((path / "config.json").read_bytes(), "config.json", ValueError)
             cfg = cfg.get("text_config") or cfg
             layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
             if layers is not None:  # llama.cpp counts multi-token-prediction layers as blocks too

@@ -268,7 +268,7 @@ def build_tokenizer(arch: str, vocab_size: int | None = None) -> tuple[Any, byte
 
     if kind.startswith("bpe"):
         size = vocab_size or 1024
-        data = json.loads(_train_bpe(kind, size))
+        data = json.loads(_train_bpe(kind, size))  # noqa: TID251 - the factory's own tokenizer files, made in this module
         vocab = data["model"]["vocab"]
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in data["model"]["merges"]]
         if kind == "bpe-qwen":
@@ -296,7 +296,7 @@ def build_tokenizer(arch: str, vocab_size: int | None = None) -> tuple[Any, byte
 
     from transformers import BertTokenizer
 
-    data = json.loads(_train_wordpiece(vocab_size or 1024))
+    data = json.loads(_train_wordpiece(vocab_size or 1024))  # noqa: TID251 - the factory's own tokenizer files, made in this module
     tok = BertTokenizer(vocab=dict(data["model"]["vocab"]), do_lower_case=True)
     return tok, None, None
 
@@ -317,7 +317,7 @@ def _save_tokenizer(tok: Any, folder: Path, spm_bytes: bytes | None, template: s
     if jinja.exists():
         jinja.unlink()
     cfg_path = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))  # noqa: TID251 - the factory's own tokenizer files, made in this module
     cfg.pop("chat_template", None)
     if template is not None:
         # In tokenizer_config.json, where both older and newer readers (and GGUF exporters) look.

@@ -455,7 +455,7 @@ def read_factory_info(model_dir: str | os.PathLike[str]) -> FactoryInfo | None:
     path = Path(model_dir) / FACTORY_INFO_NAME
     if not path.is_file():
         return None
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8"))  # noqa: TID251 - the factory's own files, made in this package
     fields = FactoryInfo.__dataclass_fields__
     return FactoryInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields})
 

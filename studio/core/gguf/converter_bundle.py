@@ -92,7 +92,7 @@ def runtime_version() -> str | None:
 def read_bundle(path: Path) -> ConverterBundle | None:
     """The bundle in ``path`` (None when there is none or its stamp is unreadable)."""
     try:
-        stamp = json.loads((path / STAMP_NAME).read_text(encoding="utf-8"))
+        stamp = json.loads((path / STAMP_NAME).read_text(encoding="utf-8"))  # noqa: TID251 - the stamp is written by the studio when it installs the bundle
     except (OSError, ValueError):
         return None
     if not isinstance(stamp, dict) or stamp.get("format") != BUNDLE_FORMAT:

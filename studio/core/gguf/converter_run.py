@@ -21,7 +21,6 @@ What the studio changes, and why (each is also a documented exception of the con
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from studio.core import safejson
 from studio.core.errors import ExportError, RemoteCodeError
 from studio.core.gguf.converter_bundle import (
     GGUF_MODULE,
@@ -192,7 +192,7 @@ def _pre_fallback(model: Any, folder: Path, notes: list[str]) -> None:
         try:
             return str(original(tokenizer))
         except NotImplementedError:
-            tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+            tj = safejson.loads((folder / "tokenizer.json").read_bytes(), "tokenizer.json", ValueError)
             if ((tj.get("model") or {}).get("type")) == "WordPiece":
                 name = "default"
             else:
@@ -219,7 +219,7 @@ def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
     for name in ("config.json", "tokenizer_config.json"):
         p = folder / name
         try:
-            data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+            data = safejson.loads(p.read_bytes(), name, ValueError) if p.is_file() else {}
         except (OSError, ValueError):
             data = {}
         if isinstance(data, dict) and data.get("auto_map"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -12,6 +11,7 @@ import gguf
 import numpy as np
 
 from studio import __version__
+from studio.core import safejson
 from studio.core.errors import ExportError
 from studio.core.gguf.arch import gguf_arch, head_counts, hparam
 from studio.core.modelinfo import ModelInfo
@@ -112,9 +112,9 @@ def _bert_pooling(info: ModelInfo) -> Any:
     modules = info.path / "modules.json" if info.path.is_dir() else None
     if modules is not None and modules.is_file():
         try:
-            for mod in json.loads(modules.read_text(encoding="utf-8")):
+            for mod in safejson.loads(modules.read_bytes(), "modules.json", ValueError):
                 if str(mod.get("type", "")).endswith("Pooling"):
-                    pc = json.loads((info.path / mod["path"] / "config.json").read_text(encoding="utf-8"))
+                    pc = safejson.loads((info.path / mod["path"] / "config.json").read_bytes(), "config.json", ValueError)
                     if pc.get("pooling_mode_cls_token"):
                         return gguf.PoolingType.CLS
                     if pc.get("pooling_mode_mean_tokens"):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import importlib
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -668,7 +667,7 @@ def fetch_text(repo_id: str, filename: str, **kwargs: Any) -> str:
 def fetch_json(repo_id: str, filename: str, **kwargs: Any) -> dict[str, Any] | None:
     """A small JSON file (e.g. config.json) parsed, or None when it is not a JSON object."""
     try:
-        data = json.loads(fetch_bytes(repo_id, filename, **kwargs))
+        data = safejson.loads(fetch_bytes(repo_id, filename, **kwargs), filename, ValueError)
     except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting too: not a usable config
         return None
     if safejson.depth(data) > safejson.MAX_DEPTH:

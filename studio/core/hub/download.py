@@ -808,7 +808,7 @@ def cached_snapshot(
         try:
             listed = [
                 RepoFileInfo(str(safe_repo_path(e["name"])), e.get("size"), blob_id=e.get("blob"))
-                for e in json.loads(mpath.read_text())["files"]
+                for e in json.loads(mpath.read_text())["files"]  # noqa: TID251 - the manifest is written by this module next to the snapshot
             ]
         except (ValueError, KeyError, TypeError):
             listed = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core import safejson
 from studio.core.errors import HubError
 from studio.core.evaluate import record
 from studio.core.evaluate.record import EvalRecord
@@ -124,7 +125,7 @@ def _source_revision(meta: dict[str, Any]) -> str | None:
 
 def _plan(meta: dict[str, Any]) -> dict[str, Any]:
     try:
-        plan = json.loads(meta.get("quant_studio.plan") or "{}")
+        plan = safejson.loads(meta.get("quant_studio.plan") or "{}", "the plan", ValueError)
     except (TypeError, ValueError):
         return {}
     return plan if isinstance(plan, dict) else {}

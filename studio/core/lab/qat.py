@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core import safejson
 from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.errors import QuantizationError, StudioError
 from studio.core.evaluate.texts import EvalText, load_text
@@ -388,7 +389,7 @@ def _save(net: Any, tok: Any, src: Path, out_dir: Path, result: QatResult) -> No
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+        cfg = safejson.loads((src / "config.json").read_bytes(), "config.json", ValueError)
         src_dtype = cfg.get("dtype") or cfg.get("torch_dtype")
         if src_dtype in ("float16", "bfloat16"):
             net = net.to(getattr(torch, src_dtype))

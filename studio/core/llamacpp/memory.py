@@ -71,7 +71,7 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         if path.stat().st_size > _MAX_BYTES:
             return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))  # noqa: TID251 - the measurement cache is written by this module
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     if (

@@ -10,7 +10,6 @@ process and converted to a cached safetensors file, see ``pickle_loader``), or a
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import threading
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import safetensors
 
+from studio.core import safejson
 from studio.core.errors import (
     CorruptFileError,
     ModelOpenError,
@@ -358,7 +358,7 @@ def _read_json(path: Path, limit: int, what: str) -> Any:
         if size > limit:
             raise CorruptFileError(f"{path.name} is {size} bytes, too large for {what} (limit {limit}).")
         text = path.read_bytes().decode("utf-8")
-        return json.loads(text, object_pairs_hook=_unique_keys(path))
+        return safejson.loads(text, str(path), ValueError, object_pairs_hook=_unique_keys(path))
     except StudioError:
         raise
     except OSError as err:

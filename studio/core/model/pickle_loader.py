@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from studio.core import hardware
+from studio.core import hardware, safejson
 from studio.core.errors import ChildProcessError_, CorruptFileError, ModelOpenError, UnsafeFileError
 from studio.core.jobs import JobContext, null_context
 from studio.core.model.st_header import read_header
@@ -139,7 +139,7 @@ def _cached(target: Path) -> bool:
 def skipped_tensors(metadata: dict[str, str]) -> list[str]:
     """Names of tensors the conversion left out (dtypes safetensors cannot hold), from its metadata."""
     try:
-        got = json.loads(metadata.get("quant_studio.skipped", "[]"))
+        got = safejson.loads(metadata.get("quant_studio.skipped", "[]"), "metadata", ValueError)
     except ValueError:
         return []
     return [str(s) for s in got] if isinstance(got, list) else []

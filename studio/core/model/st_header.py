@@ -8,12 +8,12 @@ inventory can be trusted before any tensor is memory-mapped. Zero-size tensors m
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core import safejson
 from studio.core.errors import CorruptFileError
 
 MAX_HEADER_BYTES = 100_000_000  # the limit the safetensors library enforces
@@ -118,7 +118,7 @@ def read_header(path: Path | str) -> StHeader:
         raise _bad(path, "its header does not start with '{'")
     try:
         text = raw.decode("utf-8")
-        header = json.loads(text, object_pairs_hook=_no_duplicates(path))
+        header = safejson.loads(text, "header", ValueError, object_pairs_hook=_no_duplicates(path))
     except CorruptFileError:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
