@@ -8,6 +8,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from studio.commands import _numbers as numbers
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
@@ -21,7 +22,7 @@ from studio.commands._scan import (
 )
 from studio.core.calib.imatrix import check_for_model, read_imatrix
 from studio.core.calib.quantize import CalibOptions, export_calibrated, plan_sources
-from studio.core.errors import StudioError
+from studio.core.errors import StudioError, quote
 from studio.core.evaluate.verification import verification_dict, verification_line
 from studio.core.export.job import export_and_verify, verify_here
 from studio.core.export.run import check_exportable, export_gguf
@@ -48,9 +49,11 @@ from studio.core.units import format_bytes
 def _parse_keep(spec: str) -> tuple[int, str]:
     try:
         n, t = spec.split(":", 1)
-        return int(n), t.strip().upper()
-    except ValueError:
-        raise StudioError(f"--keep-first-last wants N:TYPE (e.g. 1:Q8_0), not {spec!r}.") from None
+        return numbers.Whole(0, numbers.MAX_LAYERS)(n), t.strip().upper()
+    except (ValueError, argparse.ArgumentTypeError):
+        raise StudioError(
+            f"--keep-first-last wants N:TYPE with N from 0 to {numbers.MAX_LAYERS:,} (e.g. 1:Q8_0), not {quote(spec)}."
+        ) from None
 
 
 def build_plan(args: argparse.Namespace, info: Any) -> Any:

@@ -239,7 +239,7 @@ class Sensitivity:
                 float(d.get("cpu_seconds", 0.0)),
                 str(d.get("key", "")),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             raise CalibrationError(f"This is not a sensitivity scan of Quant Studio ({err}).") from None
 
     @property
