@@ -82,7 +82,7 @@ def test_print_json_and_small_files(tmp_path, capsys):
         write_text(tmp_path / "missing" / "p.json", "{}", "plan")
     with pytest.raises(StudioError, match="Cannot write the plan"):
         write_text(tmp_path, "{}", "plan")
-    with pytest.raises(StudioError, match="Cannot read the plan"):
+    with pytest.raises(StudioError, match=r"The plan .*nope\.json cannot be read"):
         read_text(tmp_path / "nope.json", "plan")
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe")
     with pytest.raises(StudioError, match="not UTF-8"):

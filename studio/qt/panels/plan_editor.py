@@ -46,6 +46,7 @@ from studio.core.plan.plan import (
 )
 from studio.core.plan.presets import PRESETS, Fallback, allows_quantization
 from studio.core.quant.types import PLAN_TYPES
+from studio.core.textfile import read_untrusted
 from studio.qt import folders, widgets
 from studio.qt.fmt import human_bytes
 from studio.qt.jobs import JobManager
@@ -475,12 +476,9 @@ class PlanEditorPanel(QWidget):
         if self._info is None:
             return False
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read(50_000_000)
-            plan = Plan.from_json(text, self._info)
-        except OSError as err:
-            self._error(f"Cannot read the plan {path}: {err.strerror or err}.")
-            return False
+            # the one door: a FIFO or a device must not block the GUI thread, a huge file is refused
+            data = read_untrusted(path, "plan", StudioError, kind="json")
+            plan = Plan.from_json(data.decode("utf-8", errors="replace"), self._info)
         except StudioError as err:
             self._error(f"{Path(path).name}: {err}")
             return False
