@@ -83,7 +83,11 @@ def _on_stop_signals() -> dict[int, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)  # a number out of its range is a BadNumber, one line as below
+    except StudioError as err:
+        print(f"error: {terminal_safe(str(err))}", file=sys.stderr)
+        return 2
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2

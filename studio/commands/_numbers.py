@@ -10,9 +10,13 @@ writes each option's range into its help text.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
+
+from studio.core.errors import StudioError
 
 MAX_DIGITS = 24  # no option needs a longer number; int() of thousands of digits is slow or refused
 MAX_CTX = 1 << 20  # tokens: a context of over a million tokens is beyond every model here
@@ -104,12 +108,51 @@ PROBABILITY = Real(0.0, 1.0)
 LEARNING_RATE = Real(0.0, 10.0, open_lo=True)
 
 
-def annotate(parser: argparse.ArgumentParser) -> None:
-    """Append each ranged option's range to its help text, in ``parser`` and its subparsers."""
+class BadNumber(StudioError):
+    """A numeric option out of its range: one sentence naming the option (raised through argparse)."""
+
+
+@dataclass(frozen=True)
+class _Option:
+    """A ranged type bound to its option: a refusal is a ``BadNumber`` naming ``flag`` (argparse lets it
+    through, so ``main`` prints it as every other error: one line, exit 2), or the option's ``Minimum``
+    sentence from ``studio.commands._check`` when the value is below the range."""
+
+    base: Whole | Real
+    flag: str
+    minimum: Any = None
+
+    @property
+    def range_text(self) -> str:
+        """The base type's range."""
+        return self.base.range_text
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            return self.base(text)
+        except argparse.ArgumentTypeError as err:
+            if self.minimum is not None:
+                with contextlib.suppress(ValueError):
+                    if len(str(text)) <= MAX_DIGITS and int(str(text)) < self.base.lo:
+                        raise BadNumber(self.minimum.sentence(int(str(text)))) from None
+            raise BadNumber(f"{self.flag}: {err}.") from None
+
+
+def annotate(parser: argparse.ArgumentParser, command: str = "") -> None:
+    """Bind each ranged option of ``parser`` and its subparsers to its flag, and append its range to its help."""
+    from studio.commands._check import SPECS, Minimum  # the sentences of issue 26's lower bounds
+
     for action in parser._actions:
-        rng = getattr(action.type, "range_text", None)
-        if rng and action.help and "range:" not in action.help:
-            action.help = f"{action.help} [range: {rng}]"
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                annotate(sub)
+            for name, sub in action.choices.items():
+                annotate(sub, f"{command} {name}".strip())
+            continue
+        if not isinstance(action.type, (Whole, Real)):
+            continue
+        flag = action.option_strings[0] if action.option_strings else str(action.metavar or action.dest)
+        minimum = next(
+            (s for s in SPECS.get(command, ()) if isinstance(s, Minimum) and s.dest == action.dest), None
+        )
+        if action.help and "range:" not in action.help:
+            action.help = f"{action.help} [range: {action.type.range_text}]"
+        action.type = _Option(action.type, flag, minimum)

@@ -301,7 +301,8 @@ def test_every_numeric_option_has_a_range_in_its_help():
     ranged = 0
     for a in _actions(build_parser()):
         assert a.type not in (int, float), f"{a.option_strings} takes a bare {a.type.__name__}"
-        if isinstance(a.type, (_numbers.Whole, _numbers.Real)):
+        assert not isinstance(a.type, (_numbers.Whole, _numbers.Real)), "annotate binds every ranged type"
+        if isinstance(a.type, _numbers._Option):
             assert f"range: {a.type.range_text}" in (a.help or ""), a.option_strings
             ranged += 1
     assert ranged >= 30
