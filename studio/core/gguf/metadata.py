@@ -114,7 +114,9 @@ def _bert_pooling(info: ModelInfo) -> Any:
         try:
             for mod in safejson.loads(modules.read_bytes(), "modules.json", ValueError):
                 if str(mod.get("type", "")).endswith("Pooling"):
-                    pc = safejson.loads((info.path / mod["path"] / "config.json").read_bytes(), "config.json", ValueError)
+                    pc = safejson.loads(
+                        (info.path / mod["path"] / "config.json").read_bytes(), "config.json", ValueError
+                    )
                     if pc.get("pooling_mode_cls_token"):
                         return gguf.PoolingType.CLS
                     if pc.get("pooling_mode_mean_tokens"):
