@@ -20,6 +20,7 @@ layers' tensors grew 1.3–1.7×: the guard is a precaution, the layer-wise shif
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -190,6 +191,17 @@ class Judgement:
         }
 
 
+def check_judged(plan_kl: float, preset: PresetPoint | None) -> None:
+    """CalibrationError in one sentence when the plan's or the preset's held-out KL is not finite: a NaN
+    compares as neither better nor worse, so a judgement on it says nothing."""
+    if not math.isfinite(plan_kl):
+        raise CalibrationError(
+            f"The plan's KL on held-out text came out {plan_kl}; its file is not judged and should not be used."
+        )
+    if preset is not None and not math.isfinite(preset.heldout_kl):
+        raise CalibrationError(f"llama.cpp's {preset.name} measured {preset.heldout_kl} on held-out text.")
+
+
 def preset_plans(
     info: Any, presets: Sequence[str] = LLAMA_PRESETS, *, imatrix: Any = None
 ) -> list[tuple[str, int, dict[str, str]]]:
@@ -280,6 +292,7 @@ def judge(
                 model, [dict(alloc.plan.types)], scan_text, settings, imatrix=imatrix, ctx=ctx
             )
     point = None if preset is None else PresetPoint(preset[0], preset[1], kls[1], dict(preset[2]))
+    check_judged(kls[0], point)
     return Judgement(
         alloc.predicted_kl, scan_kl, kls[0], heldout.name, n_tok, point, method, time.monotonic() - t0
     )
@@ -331,6 +344,7 @@ def judge_against_points(
         (scan_kl,) = measure_plans(model, [dict(types)], scan_text, base, imatrix=imatrix, ctx=ctx)
     fit = [p for p in points if p.file_bytes <= limit_bytes * SAME_SIZE]
     preset = max(fit, key=lambda p: p.file_bytes) if fit else None
+    check_judged(held_kl, preset)
     return scan_kl, Judgement(predicted_kl or 0.0, scan_kl, held_kl, heldout.name, n_tok, preset, method)
 
 
@@ -410,6 +424,7 @@ __all__ = [
     "HELDOUT_SHARE",
     "LLAMA_PRESETS",
     "Judgement",
+    "check_judged",
     "PresetPoint",
     "heldout_chunks",
     "heldout_settings",
