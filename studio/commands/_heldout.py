@@ -63,7 +63,7 @@ def judge(
         held,
         imatrix=imatrix,
         scan_text=fit,
-        settings=settings_of(args),
+        settings=settings_of(args, info=info),
         method=method,
         presets=presets,
         ctx=ctx,

@@ -53,6 +53,7 @@ from studio.core.calib.heldout import (
     texts,
 )
 from studio.core.calib.pipeline import calibrate_then_scan
+from studio.core.calib.scan_settings import default_types
 from studio.core.calib.sensitivity import ScanSettings, measure_plans
 from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
 from studio.core.cluster import open_executor
@@ -407,10 +408,13 @@ class BudgetDialog(JobPanel, QDialog):
             return
         text = self._scan_text()
         run = self._reusable(text)
-        settings = ScanSettings()
+        # the default menu: no ternary or 1-2-bit types unless the model was trained for them
+        settings = ScanSettings(types=default_types(info.config))
         if run is not None:  # the page's chunking (the imatrix is keyed by it); scan chunks fit inside
             n_ctx = min(settings.n_ctx, run.n_ctx)
-            settings = ScanSettings(n_ctx=n_ctx, calib_ctx=run.n_ctx, calib_chunks=run.n_chunks)
+            settings = dataclasses.replace(
+                settings, n_ctx=n_ctx, calib_ctx=run.n_ctx, calib_chunks=run.n_chunks
+            )
         held_file = self.heldout_edit.text().strip() or None
         key = (str(info.path), text, held_file, settings, None if run is None else id(run.imatrix))
         self.scan_text, self.scan_settings = text, settings

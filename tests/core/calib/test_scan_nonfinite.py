@@ -164,3 +164,36 @@ def test_the_judge_refuses_a_nan():
     with pytest.raises(CalibrationError, match="IQ3_XXS"):
         check_judged(0.1, PresetPoint("IQ3_XXS", 1, float("nan"), {}))
     check_judged(0.1, PresetPoint("IQ3_XXS", 1, 0.2, {}))
+
+
+def test_named_trained_only_types_keep_the_guarantees(tiny_model, calib_text):
+    # a float model scanned with Q2_0 and the ternary types named: every candidate finite or marked, the
+    # tied embedding's Q2_0 measured (not NaN), and the edge guard keeps it at least at the preset's type
+    from studio.core.calib import calibrate, imatrix_from_stats
+    from studio.core.calib.heldout import guard_edges
+    from studio.core.calib.sensitivity import ScanSettings, scan_sensitivity
+    from studio.core.model import open_model
+    from studio.core.plan.allocate import allocate, parse_budget
+
+    model = tiny_model("llama", tie_embeddings=True, layers=4, hidden=256)
+    stats = calibrate(model, calib_text, n_ctx=64, n_chunks=4, device="cpu", dtype="float32", histogram=False)
+    with open_model(model) as ck:
+        info = ck.info
+        im = imatrix_from_stats(stats, info)
+    st = ScanSettings(
+        types=("Q2_0", "TQ1_0", "TQ2_0", "Q4_0", "Q8_0"),
+        exact=False,
+        n_ctx=32,
+        n_chunks=2,
+        calib_ctx=64,
+        calib_chunks=4,
+    )
+    scan = scan_sensitivity(model, calib_text, st, imatrix=im)
+    assert scan.non_finite() is None
+    emb = next(t for t in scan.tensors if t.gguf_name == "token_embd.weight")
+    assert math.isfinite(emb.cost("Q2_0").kl) and emb.cost("Q2_0").usable
+    # the proxy's reference for the embedding is not the trained-only type: Q4_0 is measured exactly
+    assert emb.cost("Q4_0").measured
+    guarded = guard_edges(scan, {emb.name: "Q8_0"})
+    a = allocate(info, guarded, parse_budget("4.5bpw"))
+    assert a.plan.types[emb.name] == "Q8_0" and math.isfinite(a.predicted_kl)
