@@ -42,7 +42,32 @@ from studio.core.units import format_bytes
 HELDOUT_SHARE = 0.25  # the end of the calibration text kept from the imatrix and the scan
 HELDOUT_CTX = 128  # tokens per held-out chunk (as the scan's chunks)
 HELDOUT_CHUNKS = 16  # at most this many chunks (2048 tokens)
-LLAMA_PRESETS = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0")
+LLAMA_PRESETS = (
+    # the i-quant presets too (issue 37): a budget of llama.cpp's IQ3_XXS file is judged against that file,
+    # not told "no llama.cpp preset fits"; the ternary and 1-2-bit ones are for models trained for them
+    "IQ1_S",
+    "IQ1_M",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ2_M",
+    "Q2_K_S",
+    "Q2_K",
+    "IQ3_XXS",
+    "IQ3_XS",
+    "IQ3_S",
+    "Q3_K_S",
+    "IQ3_M",
+    "Q3_K_M",
+    "Q3_K_L",
+    "IQ4_XS",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
+    "Q8_0",
+)
 BEST_METHOD = "awq+gptq"  # the calibrated rounding recommended with a preset
 
 

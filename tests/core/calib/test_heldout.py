@@ -138,3 +138,29 @@ def test_the_guard_orders_by_measured_error_and_applies_the_real_fallback():
     floor = ("Q5_0", tensor_bytes("Q5_0", shape), None)
     assert not at_least_as_good(by["Q4_0"], floor) and at_least_as_good(by["Q8_0"], floor)
     assert not at_least_as_good(by["MXFP4"], ("Q2_0", 1, None))  # unusable never is
+
+
+def test_the_judge_names_the_preset_whose_file_is_the_budget(llama_model):
+    # issue 37: a budget of llama.cpp's IQ3_XXS (or IQ2_M ...) file is judged against that preset; "no
+    # llama.cpp preset fits this budget" only below the smallest preset
+    from studio.core.calib.heldout import SAME_SIZE, Judgement, preset_plans, same_size_preset
+    from studio.core.model import open_model
+
+    with open_model(llama_model) as ck:
+        info = ck.info
+    pres = preset_plans(info)
+    names = [n for n, _, _ in pres]
+    assert {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_M", "IQ3_XXS", "IQ3_M", "Q3_K_M", "Q4_K_M", "Q5_K_M"} <= set(
+        names
+    )
+    assert not {"TQ1_0", "TQ2_0", "Q1_0", "Q2_0"} & set(names)
+    sizes = [b for _, b, _ in pres]
+    for name, nbytes, _ in pres:
+        got = same_size_preset(pres, nbytes)
+        # the largest file within SAME_SIZE of the budget (llama.cpp's own file lacks the studio's metadata)
+        assert got is not None and nbytes <= got[1] <= nbytes * SAME_SIZE
+        if not [b for b in sizes if nbytes < b <= nbytes * SAME_SIZE] and sizes.count(nbytes) == 1:
+            assert got[0] == name
+    assert same_size_preset(pres, min(sizes) // 2) is None
+    none = Judgement(0.1, None, 0.2, "held.txt", 256, None)
+    assert "no llama.cpp preset fits" in none.verdict
