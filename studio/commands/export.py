@@ -135,7 +135,7 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
     method collects its own statistics) and the held-out judgement (None without one): the scan is
     weighted by the calibration text's imatrix."""
     method = check_method(args.method or "imatrix")
-    fit, held = split(args, info, ctx)
+    fit, held, text_note = split(args, info, ctx)
     if imatrix is None:
         imatrix = calibration(args, info, ctx, fit)
     scan = run_scan(args, info, ctx, imatrix, fit)
@@ -143,7 +143,7 @@ def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) ->
     guarded, presets, note = guard(args, info, scan, imatrix)
     own = imatrix if method == "imatrix" else None
     alloc = allocation(args, info, guarded, own, method, ctx, fit)
-    notes = tuple(n for n in (rounding_note, note) if n)
+    notes = tuple(n for n in (text_note, rounding_note, note) if n)
     alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))
     return alloc, own, judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
 
