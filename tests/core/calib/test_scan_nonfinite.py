@@ -19,18 +19,8 @@ from studio.core.errors import CalibrationError, QuantizationError
 from studio.core.model import open_model
 from studio.core.plan.allocate import allocate, parse_budget
 from studio.core.plan.scan import scan_targets
+from tests.core.calib.test_sensitivity import SETTINGS, _imatrix
 from tests.scan_data import synthetic_scan
-
-TYPES = ("Q4_0", "Q4_K", "Q8_0", "Q2_K")
-SETTINGS = ScanSettings(types=TYPES, exact=True, n_ctx=32, n_chunks=2, calib_ctx=64, calib_chunks=4)
-
-
-def _imatrix(model, calib_text):
-    from studio.core.calib import calibrate, imatrix_from_stats
-
-    stats = calibrate(model, calib_text, n_ctx=64, n_chunks=4, device="cpu", dtype="float32", histogram=False)
-    with open_model(model) as ck:
-        return imatrix_from_stats(stats, ck.info)
 
 
 def _planted(monkeypatch, tensor: str, qtype: str) -> None:
@@ -171,7 +161,7 @@ def test_named_trained_only_types_keep_the_guarantees(tiny_model, calib_text):
     # tied embedding's Q2_0 measured (not NaN), and the edge guard keeps it at least at the preset's type
     from studio.core.calib import calibrate, imatrix_from_stats
     from studio.core.calib.heldout import guard_edges
-    from studio.core.calib.sensitivity import ScanSettings, scan_sensitivity
+    from studio.core.calib.sensitivity import scan_sensitivity
     from studio.core.model import open_model
     from studio.core.plan.allocate import allocate, parse_budget
 
