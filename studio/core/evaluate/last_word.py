@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from studio.core.errors import EvaluationError
 from studio.core.export.run import export_gguf
 from studio.core.export.verify import verify_gguf
 from studio.core.jobs import JobContext, null_context
-from studio.core.plan.plan import plan_from_preset
+from studio.core.plan.plan import plan_from_preset, plan_from_types
 
 MAX_OVER_PREDICTION = (
     3.0  # measured / predicted KL above this: the prediction was wrong, the file is not trusted
@@ -134,4 +134,35 @@ def last_word(
     return LastWord(file_kl, predicted_kl, n, preset, preset_kl, time.monotonic() - t0)
 
 
-__all__ = ["LAST_WORD_TOKENS", "MAX_OVER_PREDICTION", "LastWord", "last_word", "llama_kl"]
+def last_word_of_plan(
+    info: Any,
+    types: Mapping[str, str],
+    *,
+    predicted_kl: float,
+    text: str,
+    preset: str | None,
+    imatrix: Any = None,
+    ctx: JobContext | None = None,
+    measure: Callable[..., tuple[float, int]] = llama_kl,
+) -> LastWord:
+    """``last_word`` of a plan (HF name → qtype) not yet written: its file is written with ``imatrix`` to a
+    temporary folder, measured by llama.cpp beside ``preset``, and deleted (the budget dialog's Measure)."""
+    ctx = ctx or null_context()
+    with tempfile.TemporaryDirectory(prefix="qs-plan-") as tmp:
+        out = Path(tmp) / "plan.gguf"
+        plan = plan_from_types(info, dict(types), name="budget plan")
+        export_gguf(info.path, out, plan, imatrix=imatrix, ctx=ctx.span(0.0, 0.4))
+        return last_word(
+            out, info, predicted_kl=predicted_kl, text=text, preset=preset, imatrix=imatrix,
+            measure=measure, ctx=ctx.span(0.4, 1.0),
+        )  # fmt: skip
+
+
+__all__ = [
+    "LAST_WORD_TOKENS",
+    "MAX_OVER_PREDICTION",
+    "LastWord",
+    "last_word",
+    "last_word_of_plan",
+    "llama_kl",
+]

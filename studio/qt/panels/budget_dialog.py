@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.calib.heldout import (
+    SAME_SIZE,
     guarded_scan,
     judge_against_points,
     preset_heldout_points,
@@ -58,6 +59,8 @@ from studio.core.calib.sensitivity import ScanSettings, measure_plans
 from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
 from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
+from studio.core.evaluate.last_word import last_word_of_plan
+from studio.core.export.verify import default_text
 from studio.core.jobs import JobContext
 from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
 from studio.core.quant.types import QTYPES
@@ -107,6 +110,7 @@ class Measured:
     verify_kl: float | None = None  # the export's own check (llama.cpp on its verify text), when it ran
     verify_tokens: int = 0
     judgement: Any = None  # heldout.Judgement: the plan and the same-size preset on held-out text
+    llama: Any = None  # evaluate.last_word.LastWord: llama.cpp's own KL of the file and of the preset
 
     def describe(self) -> str:
         """One line: predicted and measured KL (and the file's verify KL)."""
@@ -124,6 +128,8 @@ class Measured:
         text += "."
         if self.judgement is not None:  # beside the prediction: how the plan fares on text it never saw
             text += f" Held-out KL {self.judgement.heldout_kl:.4f}. {self.judgement.verdict}"
+        if self.llama is not None:  # llama.cpp has the last word
+            text += f" {self.llama.sentence}"
         return text
 
 
@@ -803,14 +809,24 @@ class BudgetDialog(JobPanel, QDialog):
 
         def work(ctx: JobContext) -> Measured:
             st = settings or ScanSettings()
+            studio_ctx = ctx.span(0.0, 0.5)
             if held is None:
-                (kl,) = measure_plans(info.path, [types], text, st, imatrix=imatrix, ctx=ctx)
-                return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens)
-            kl, judgement = judge_against_points(
-                info.path, types, limit, held, points, imatrix=imatrix, predicted_kl=predicted,
-                scan_text=text, settings=st, ctx=ctx,
+                (kl,) = measure_plans(info.path, [types], text, st, imatrix=imatrix, ctx=studio_ctx)
+                judgement = None
+            else:
+                kl, judgement = judge_against_points(
+                    info.path, types, limit, held, points, imatrix=imatrix, predicted_kl=predicted,
+                    scan_text=text, settings=st, ctx=studio_ctx,
+                )  # fmt: skip
+            # as the CLI's export: llama.cpp measures the plan's file beside the same-size preset's
+            fit = [p for p in points or () if p.file_bytes <= limit * SAME_SIZE]
+            word = last_word_of_plan(
+                info, types, predicted_kl=float("nan") if predicted is None else predicted,
+                text=held.text if held is not None else default_text(),
+                preset=max(fit, key=lambda p: p.file_bytes).name if fit else None,
+                imatrix=imatrix, ctx=ctx.span(0.5, 1.0),
             )  # fmt: skip
-            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement)
+            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement, word)
 
         if self.running:
             self._queued = (what, work)  # after the running job
