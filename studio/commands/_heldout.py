@@ -9,9 +9,9 @@ from typing import Any
 from studio.commands._scan import _candidates, _types, settings_of
 from studio.core.calib.calibrate import load_tokenizer
 from studio.core.calib.data import BUILTIN, ChatFormat, calibration_sources, load_calibration, tokenize
-from studio.core.calib.heldout import HELDOUT_CTX, guarded_scan, preset_plans, texts
+from studio.core.calib.heldout import HELDOUT_CTX, UNGUARDED_NOTE, guarded_scan, preset_plans, texts
 from studio.core.calib.heldout import judge as judge_plan
-from studio.core.errors import CalibrationError, StudioError
+from studio.core.errors import CalibrationError, QuantizationError, StudioError
 from studio.core.plan.allocate import parse_budget
 from studio.core.quant.methods import check_method
 
@@ -106,3 +106,14 @@ def guard(args: argparse.Namespace, info: Any, scan: Any, imatrix: Any) -> tuple
     cands, ex = _candidates(args, scan.types), _types(args.exclude) or ()
     scan, note = guarded_scan(info, scan, budget, presets, candidates=cands, exclude=ex)
     return scan, presets, note
+
+
+def allocate_guarded(scan: Any, guarded: Any, note: str, allocate: Any) -> tuple[Any, str]:
+    """(``allocate(guarded)``, ``note``), or where the guard leaves no plan within the budget (the candidate
+    types cannot reach the preset's sizes elsewhere) ``allocate(scan)`` with the note that says so."""
+    try:
+        return allocate(guarded), note
+    except QuantizationError:
+        if guarded is scan:
+            raise
+        return allocate(scan), UNGUARDED_NOTE

@@ -12,7 +12,7 @@ from typing import Any
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
-from studio.commands._heldout import guard, judge, split
+from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
     allocation,
     calibration,
@@ -148,7 +148,9 @@ def _budget_plan(
     scan, rounding_note = for_rounding(args, info, scan, fit, method, ctx)
     guarded, presets, note = guard(args, info, scan, imatrix)
     own = imatrix if method == "imatrix" else None
-    alloc = allocation(args, info, guarded, own, method, ctx, fit)
+    alloc, note = allocate_guarded(
+        scan, guarded, note, lambda sc: allocation(args, info, sc, own, method, ctx, fit)
+    )
     notes = tuple(n for n in (text_note, rounding_note, note) if n)
     alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))
     verdict = judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)

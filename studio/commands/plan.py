@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from studio.commands._common import ProgressLine, print_json, print_notes, write_text
-from studio.commands._heldout import guard, judge, split
+from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
     allocation,
     calibration,
@@ -42,8 +42,12 @@ def run(args: argparse.Namespace) -> int:
             scan = run_scan(args, info, ctx, imatrix, fit)
             planned, rounding_note = for_rounding(args, info, scan, fit, method, ctx)
             guarded, presets, note = guard(args, info, planned, imatrix)
-            alloc = allocation(
-                args, info, guarded, imatrix if method == "imatrix" else None, method, ctx, fit
+            own = imatrix if method == "imatrix" else None
+            alloc, note = allocate_guarded(
+                planned,
+                guarded,
+                note,
+                lambda sc: allocation(args, info, sc, own, method, ctx, fit),
             )
             notes = tuple(n for n in (text_note, rounding_note, note) if n)
             alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))

@@ -151,3 +151,23 @@ def test_a_short_text_mixed_with_the_builtin_one_says_how_much_was_yours_and_why
     assert main(argv) == 0  # and the text output prints it once, as a note
     err = capsys.readouterr().err
     assert err.count("of your text") == 1, err
+
+
+def test_a_guard_that_leaves_no_plan_is_dropped_with_a_note_not_a_refusal():
+    # with IQ1_S among the presets, a budget near the smallest plan meets a same-size preset whose edge
+    # types the other tensors' candidates cannot make room for: plan without the guard, and say so
+    from studio.commands._heldout import allocate_guarded
+    from studio.core.calib.heldout import UNGUARDED_NOTE
+    from studio.core.errors import QuantizationError
+
+    scan, guarded = object(), object()
+
+    def allocate(sc):
+        if sc is guarded:
+            raise QuantizationError("A budget of 1 MB is below what these types allow.")
+        return "plan"
+
+    assert allocate_guarded(scan, guarded, "kept", allocate) == ("plan", UNGUARDED_NOTE)
+    assert allocate_guarded(scan, scan, "", lambda sc: "plan") == ("plan", "")
+    with pytest.raises(QuantizationError):  # no guard to drop: the budget's own refusal
+        allocate_guarded(scan, scan, "", lambda sc: allocate(guarded))

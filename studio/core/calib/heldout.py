@@ -462,6 +462,12 @@ def guard_for(
     return guard_edges(scan, edges, rows), note
 
 
+UNGUARDED_NOTE = (
+    "The token embedding and output could not be kept at llama.cpp's same-size preset's types within this "
+    "budget with these candidate types; planned without that guard."
+)
+
+
 def guarded_scan(
     info: Any,
     scan: Any,
@@ -484,6 +490,7 @@ __all__ = [
     "BEST_METHOD",
     "EDGE_TENSORS",
     "HELDOUT_SHARE",
+    "UNGUARDED_NOTE",
     "LLAMA_PRESETS",
     "Judgement",
     "check_judged",

@@ -47,6 +47,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.calib.heldout import (
     SAME_SIZE,
+    UNGUARDED_NOTE,
     guarded_scan,
     judge_against_points,
     preset_heldout_points,
@@ -607,9 +608,18 @@ class BudgetDialog(JobPanel, QDialog):
                 b = parse_budget(budget)
                 # as the CLI: the token embedding and output at least at the same-size preset's types
                 guarded, note = guarded_scan(info, scan, b, pres, candidates=cands, exclude=ex)
-                a = allocate(
-                    info, guarded, b, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
-                )
+                try:
+                    a = allocate(
+                        info, guarded, b, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
+                    )
+                except StudioError:
+                    if guarded is scan:
+                        raise
+                    # the guard leaves no plan within the budget with these types: as the CLI, plan without it
+                    a = allocate(
+                        info, scan, b, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
+                    )
+                    note = UNGUARDED_NOTE
             except StudioError as err:
                 return Planned(budget, front, presets, None, str(err), pres)
             if note:
