@@ -23,12 +23,13 @@ from studio.core.export.run import export_gguf
 from studio.core.export.verify import verify_gguf
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.plan import plan_from_preset, plan_from_types
+from studio.core.quant.methods import ALIASES
 
 MAX_OVER_PREDICTION = (
     3.0  # measured / predicted KL above this: the prediction was wrong, the file is not trusted
 )
 LAST_WORD_TOKENS = 256  # held-out tokens llama.cpp measures (a few chunks: seconds on the demo)
-BEST_METHOD = "awq+gptq"  # the calibrated rounding recommended with a preset
+BEST_METHOD = ALIASES["best"]  # the calibrated rounding recommended with a preset (as the held-out verdict)
 
 
 @dataclass(frozen=True)
