@@ -15,8 +15,8 @@ from studio.core.calib.data import BUILTIN
 from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
 from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, corrected_scan, rounding_ratios
 from studio.core.calib.scan_cache import default_cache_dir
+from studio.core.calib.scan_settings import default_types
 from studio.core.calib.sensitivity import (
-    DEFAULT_TYPES,
     ScanSettings,
     Sensitivity,
     measure_plans,
@@ -34,10 +34,11 @@ def _types(spec: str | None) -> tuple[str, ...] | None:
     return tuple(t.strip().upper() for t in spec.split(",") if t.strip())
 
 
-def settings_of(args: argparse.Namespace, device: str = "cpu") -> Any:
-    """The ``ScanSettings`` the arguments describe."""
+def settings_of(args: argparse.Namespace, device: str = "cpu", info: Any = None) -> Any:
+    """The ``ScanSettings`` the arguments describe (without ``--types``: the default menu for ``info``'s
+    model, which leaves out the ternary and 1-2-bit types unless it was trained for them)."""
     return ScanSettings(
-        types=_types(args.types) or DEFAULT_TYPES,
+        types=_types(args.types) or default_types(getattr(info, "config", None)),
         exact=bool(args.exact),
         n_ctx=args.scan_ctx,
         n_chunks=args.scan_chunks,
@@ -76,7 +77,7 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None,
         run = calibrate_then_scan(
             info,
             text if text is not None else args.calib_text or BUILTIN,
-            settings_of(args),
+            settings_of(args, info=info),
             imatrix=imatrix,
             also=tuple(getattr(args, "scan_also", None) or ()),
             cache=not args.no_cache,
@@ -104,7 +105,7 @@ def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = 
     """Refuse a malformed budget, or one below what the candidates allow, before calibrating or scanning;
     returns the all-F16 allocation when the budget holds the F16 file (then nothing needs a scan)."""
     budget = parse_budget(args.budget, ctx_len=args.ctx)
-    types = settings_of(args).types
+    types = settings_of(args, info=info).types
     bad = next((q for q in types if q not in QTYPES or QTYPES[q].is_float), None)
     if bad is not None:
         raise StudioError(f"--types names {bad}, which is not a quantized GGUF type.")
@@ -144,7 +145,7 @@ def allocation(
                 info.path,
                 [dict(alloc.plan.types)],
                 text if text is not None else args.calib_text or BUILTIN,
-                settings_of(args),
+                settings_of(args, info=info),
                 imatrix=imatrix,
                 ctx=ctx,
                 executor=executor,

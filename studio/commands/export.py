@@ -6,13 +6,14 @@ import argparse
 import contextlib
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 from studio.commands import _numbers as numbers
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
 from studio.commands._fallbacks import fallback_lines
-from studio.commands._heldout import guard, judge, split
+from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
     allocation,
     calibration,
@@ -20,13 +21,15 @@ from studio.commands._scan import (
     for_rounding,
     run_scan,
 )
+from studio.core.calib.heldout import same_size_preset
 from studio.core.calib.imatrix import check_for_model, read_imatrix
 from studio.core.calib.quantize import CalibOptions, export_calibrated, plan_sources
 from studio.core.errors import StudioError, quote
+from studio.core.evaluate.last_word import last_word
 from studio.core.evaluate.verification import verification_dict, verification_line
 from studio.core.export.job import export_and_verify, verify_here
 from studio.core.export.run import check_exportable, export_gguf
-from studio.core.export.verify import check_verifiable
+from studio.core.export.verify import check_verifiable, default_text
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
 from studio.core.model.gguf_source import source_summary
@@ -133,22 +136,61 @@ def _check_budget_args(args: argparse.Namespace, info: Any) -> Any:
     return check_budget_args(args, info, method)
 
 
-def _budget_plan(args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any) -> tuple[Any, Any, Any]:
+def _budget_plan(
+    args: argparse.Namespace, info: Any, imatrix: Any, ctx: Any, last: dict[str, Any] | None = None
+) -> tuple[Any, Any, Any]:
     """The allocation for ``--budget``, the imatrix the export weights its search with (None when the
     method collects its own statistics) and the held-out judgement (None without one): the scan is
-    weighted by the calibration text's imatrix."""
+    weighted by the calibration text's imatrix. ``last`` receives what llama.cpp's last word needs (the
+    held-out text, the scan's imatrix, the same-size preset)."""
     method = check_method(args.method or "imatrix")
-    fit, held = split(args, info, ctx)
+    fit, held, text_note = split(args, info, ctx)
     if imatrix is None:
         imatrix = calibration(args, info, ctx, fit)
     scan = run_scan(args, info, ctx, imatrix, fit)
     scan, rounding_note = for_rounding(args, info, scan, fit, method, ctx)
     guarded, presets, note = guard(args, info, scan, imatrix)
     own = imatrix if method == "imatrix" else None
-    alloc = allocation(args, info, guarded, own, method, ctx, fit)
-    notes = tuple(n for n in (rounding_note, note) if n)
+    alloc, note = allocate_guarded(
+        scan, guarded, note, lambda sc: allocation(args, info, sc, own, method, ctx, fit)
+    )
+    notes = tuple(n for n in (text_note, rounding_note, note) if n)
     alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))
-    return alloc, own, judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
+    verdict = judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
+    if last is not None:
+        same = same_size_preset(
+            presets, int(alloc.file_bytes if alloc.budget.kind.value != "file" else alloc.limit_bytes)
+        )
+        last.update(held=held, imatrix=imatrix, preset=None if same is None else same[0])
+    return alloc, own, verdict
+
+
+def _with_last_word(
+    args: argparse.Namespace, info: Any, alloc: Any, last: dict[str, Any], ctx: Any, validate: Any, line: Any
+) -> Any:
+    """``validate`` preceded by llama.cpp's measurement of the partial file beside the same-size preset: a
+    file worse than promised raises (the partial is deleted) unless ``--keep-if-worse``."""
+
+    def check(partial: Path) -> None:
+        held = last.get("held")
+        line.log("llama.cpp measures the file on held-out text ...")
+        word = last_word(
+            partial,
+            info,
+            predicted_kl=alloc.predicted_kl,
+            text=held.text if held is not None else default_text(),
+            preset=last.get("preset"),
+            imatrix=last.get("imatrix"),
+            ctx=ctx,
+            extra_buffers=args.llama_extra_buffers,
+        )
+        last["word"] = word
+        if not word.ok and not args.keep_if_worse:
+            raise StudioError(word.sentence)
+        if validate is not None:
+            validate(partial)
+
+    return check
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
@@ -214,16 +256,19 @@ def run(args: argparse.Namespace) -> int:
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
     verdict = None
+    last: dict[str, Any] = {}  # llama.cpp's last word on a budget file (studio.core.evaluate.last_word)
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         if args.budget:
             if alloc is None:
-                alloc, imatrix, verdict = _budget_plan(args, info, imatrix, ctx)
+                alloc, imatrix, verdict = _budget_plan(args, info, imatrix, ctx, last)
             plan = alloc.plan
             if args.save_plan:
                 write_text(args.save_plan, plan.to_json(), "plan")
 
         def write(c: JobContext, validate: Any) -> Any:
+            if last:  # a scanned budget plan: llama.cpp measures the partial file before it is renamed
+                validate = _with_last_word(args, info, alloc, last, c, validate, line)
             if plan.calibrated and imatrix is None:
                 return _calibrated(args, info, plan, c, validate)
             return export_gguf(
@@ -262,9 +307,11 @@ def run(args: argparse.Namespace) -> int:
         "fallbacks": [f.to_dict() for f in res.fallbacks],
         "notes": list(res.notes),
     }
+    word = last.get("word")
     if alloc is not None:
         out["budget"] = alloc.to_dict()
         out["budget"]["heldout"] = None if verdict is None else verdict.to_dict()
+        out["budget"]["llama_cpp"] = None if word is None else {**word.to_dict(), "kept_anyway": not word.ok}
     if source is not None:
         out["source"] = source.to_dict()
     if imatrix is not None and args.imatrix:
@@ -310,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if verdict is not None:
             print(verdict.verdict)
+        if word is not None:
+            print(word.sentence if word.ok else f"KEPT ANYWAY (--keep-if-worse): {word.sentence}")
         print_notes(alloc.notes)
     for line in fallback_lines(res.fallbacks, verbose=args.verbose):
         print(line)

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from studio.commands._common import ProgressLine, print_json, print_notes, write_text
-from studio.commands._heldout import guard, judge, split
+from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
     allocation,
     calibration,
@@ -37,15 +37,19 @@ def run(args: argparse.Namespace) -> int:
     if alloc is None:
         with ProgressLine() as line:
             ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
-            fit, held = split(args, info, ctx)
+            fit, held, text_note = split(args, info, ctx)
             imatrix = calibration(args, info, ctx, fit)
             scan = run_scan(args, info, ctx, imatrix, fit)
             planned, rounding_note = for_rounding(args, info, scan, fit, method, ctx)
             guarded, presets, note = guard(args, info, planned, imatrix)
-            alloc = allocation(
-                args, info, guarded, imatrix if method == "imatrix" else None, method, ctx, fit
+            own = imatrix if method == "imatrix" else None
+            alloc, note = allocate_guarded(
+                planned,
+                guarded,
+                note,
+                lambda sc: allocation(args, info, sc, own, method, ctx, fit),
             )
-            notes = tuple(n for n in (rounding_note, note) if n)
+            notes = tuple(n for n in (text_note, rounding_note, note) if n)
             alloc = dataclasses.replace(alloc, notes=(*alloc.notes, *notes))
             verdict = judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
     write_text(args.output, alloc.plan.to_json(), "plan")

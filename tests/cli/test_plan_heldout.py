@@ -119,3 +119,55 @@ def test_a_gptq_budget_plan_carries_its_method_and_is_planned_for_gptqs_rounding
     note = next(n for n in got["notes"] if n.startswith("Planned for awq+gptq's rounding"))
     assert "Q4_0 ×" in note and "Q8_0 ×" in note
     assert len(list(cache.glob("rounding-*.json"))) == 1  # the probe is kept for the next plan
+
+
+def test_a_short_text_mixed_with_the_builtin_one_says_how_much_was_yours_and_why_no_judgement(
+    llama_model, cache, tmp_path, capsys
+):
+    # issue 37: `--method best --calib-text short.txt` (one 9-token sentence) calibrated on the built-in mix
+    # almost alone and skipped the held-out judgement without a word
+    from studio.core.calib.calibrate import load_tokenizer
+    from studio.core.calib.data import CalibrationText, tokenize
+    from studio.core.model import open_model
+
+    with open_model(llama_model) as ck:
+        info = ck.info
+    scan_file = tmp_path / "scan.json"
+    _misleading_scan(info, scan_file)
+    short = tmp_path / "short.txt"
+    short.write_text("The quick brown fox jumps over the lazy dog.\n", encoding="utf-8")
+    argv = ["plan", str(llama_model), "--budget", "6bpw", "-o", str(tmp_path / "p.json"), "--method", "best"]
+    argv += ["--calib-text", str(short), "--scan", str(scan_file), *CALIB]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["heldout"] is None
+    (note,) = [n for n in got["notes"] if "of your text" in n]
+    assert "% yours" in note and "no held-out judgement" in note and "--heldout-text" in note
+    mine = int(note.split("Calibrated on ")[1].split(" tokens")[0].replace(",", ""))
+    rest = int(note.split("your text and ")[1].split(" of ")[0].replace(",", ""))
+    tok = load_tokenizer(llama_model)
+    assert mine == len(tokenize(tok, CalibrationText("short.txt", short.read_text(encoding="utf-8"))))
+    assert rest > 50 * mine  # the built-in mix is nearly all of it
+    assert main(argv) == 0  # and the text output prints it once, as a note
+    err = capsys.readouterr().err
+    assert err.count("of your text") == 1, err
+
+
+def test_a_guard_that_leaves_no_plan_is_dropped_with_a_note_not_a_refusal():
+    # with IQ1_S among the presets, a budget near the smallest plan meets a same-size preset whose edge
+    # types the other tensors' candidates cannot make room for: plan without the guard, and say so
+    from studio.commands._heldout import allocate_guarded
+    from studio.core.calib.heldout import UNGUARDED_NOTE
+    from studio.core.errors import QuantizationError
+
+    scan, guarded = object(), object()
+
+    def allocate(sc):
+        if sc is guarded:
+            raise QuantizationError("A budget of 1 MB is below what these types allow.")
+        return "plan"
+
+    assert allocate_guarded(scan, guarded, "kept", allocate) == ("plan", UNGUARDED_NOTE)
+    assert allocate_guarded(scan, scan, "", lambda sc: "plan") == ("plan", "")
+    with pytest.raises(QuantizationError):  # no guard to drop: the budget's own refusal
+        allocate_guarded(scan, scan, "", lambda sc: allocate(guarded))

@@ -117,6 +117,14 @@ def register(subparsers: Any) -> None:
     )
     add_budget_args(p)
     add_heldout_args(p)
+    p.add_argument(
+        "--keep-if-worse",
+        action="store_true",
+        help=(
+            "keep a budget file even when llama.cpp measures it above its prediction ×3 or above llama.cpp's "
+            "preset of the same size (default: not written, one sentence, non-zero exit)"
+        ),
+    )
     add_scan_args(p, calib_text=False)
     options.add_json(p)
     p.set_defaults(handler="studio.commands.export:run")

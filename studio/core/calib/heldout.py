@@ -20,6 +20,7 @@ layers' tensors grew 1.3–1.7×: the guard is a precaution, the layer-wise shif
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -30,17 +31,43 @@ from studio.core.calib.calibrate import load_tokenizer
 from studio.core.calib.data import CalibrationText, ChatFormat, load_calibration, mix, tokenize
 from studio.core.calib.sensitivity import ScanSettings, measure_plans, measure_plans_on
 from studio.core.errors import CalibrationError
+from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.allocate import BudgetKind, allocate
 from studio.core.plan.gguf_file import export_file_bytes
 from studio.core.plan.plan import plan_from_preset
-from studio.core.quant.types import tensor_bytes
+from studio.core.quant.types import fallback_type, tensor_bytes
 from studio.core.units import format_bytes
 
 HELDOUT_SHARE = 0.25  # the end of the calibration text kept from the imatrix and the scan
 HELDOUT_CTX = 128  # tokens per held-out chunk (as the scan's chunks)
 HELDOUT_CHUNKS = 16  # at most this many chunks (2048 tokens)
-LLAMA_PRESETS = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0")
+LLAMA_PRESETS = (
+    # the i-quant presets too (issue 37): a budget of llama.cpp's IQ3_XXS file is judged against that file,
+    # not told "no llama.cpp preset fits"; the ternary and 1-2-bit ones are for models trained for them
+    "IQ1_S",
+    "IQ1_M",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ2_M",
+    "Q2_K_S",
+    "Q2_K",
+    "IQ3_XXS",
+    "IQ3_XS",
+    "IQ3_S",
+    "Q3_K_S",
+    "IQ3_M",
+    "Q3_K_M",
+    "Q3_K_L",
+    "IQ4_XS",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
+    "Q8_0",
+)
 BEST_METHOD = "awq+gptq"  # the calibrated rounding recommended with a preset
 
 
@@ -190,6 +217,17 @@ class Judgement:
         }
 
 
+def check_judged(plan_kl: float, preset: PresetPoint | None) -> None:
+    """CalibrationError in one sentence when the plan's or the preset's held-out KL is not finite: a NaN
+    compares as neither better nor worse, so a judgement on it says nothing."""
+    if not math.isfinite(plan_kl):
+        raise CalibrationError(
+            f"The plan's KL on held-out text came out {plan_kl}; its file is not judged and should not be used."
+        )
+    if preset is not None and not math.isfinite(preset.heldout_kl):
+        raise CalibrationError(f"llama.cpp's {preset.name} measured {preset.heldout_kl} on held-out text.")
+
+
 def preset_plans(
     info: Any, presets: Sequence[str] = LLAMA_PRESETS, *, imatrix: Any = None
 ) -> list[tuple[str, int, dict[str, str]]]:
@@ -280,6 +318,7 @@ def judge(
                 model, [dict(alloc.plan.types)], scan_text, settings, imatrix=imatrix, ctx=ctx
             )
     point = None if preset is None else PresetPoint(preset[0], preset[1], kls[1], dict(preset[2]))
+    check_judged(kls[0], point)
     return Judgement(
         alloc.predicted_kl, scan_kl, kls[0], heldout.name, n_tok, point, method, time.monotonic() - t0
     )
@@ -331,6 +370,7 @@ def judge_against_points(
         (scan_kl,) = measure_plans(model, [dict(types)], scan_text, base, imatrix=imatrix, ctx=ctx)
     fit = [p for p in points if p.file_bytes <= limit_bytes * SAME_SIZE]
     preset = max(fit, key=lambda p: p.file_bytes) if fit else None
+    check_judged(held_kl, preset)
     return scan_kl, Judgement(predicted_kl or 0.0, scan_kl, held_kl, heldout.name, n_tok, preset, method)
 
 
@@ -339,32 +379,67 @@ def judge_against_points(
 EDGE_TENSORS = ("token_embd.weight", "output.weight")  # rows picked by token id: the scan sees few of them
 
 
-def guard_edges(scan: Any, floor: Mapping[str, str]) -> Any:
+def _floor_cost(t: Any, q: str, n_per_row: int | None) -> tuple[str, int, float | None]:
+    """(the type ``t`` really gets when ``q`` is asked, its bytes, its measured error or None): the scan's
+    own candidate when it has one (it was scanned as written, fallback applied), else ``q``'s fallback
+    for rows of ``n_per_row`` sized from the tensor's weights."""
+    c = t.by_type.get(q)
+    eff = c.effective if c is not None else q
+    if c is None and n_per_row:
+        eff = fallback_type(q, n_per_row).qtype
+    c = c if c is not None else next((v for v in t.by_type.values() if v.effective == eff), None)
+    if c is not None:
+        err = c.error if c.usable and c.error is not None and math.isfinite(c.error) else None
+        return eff, c.bytes, err
+    shape = (t.n_params // n_per_row, n_per_row) if n_per_row else (t.n_params,)
+    return eff, tensor_bytes(eff, shape), None
+
+
+def at_least_as_good(c: Any, floor: tuple[str, int, float | None]) -> bool:
+    """Whether candidate ``c`` (a ``TypeCost``) is at least as good as ``floor`` (``_floor_cost``): by
+    measured error where both were measured (the error is what "good" means; bits mislead across
+    families, and Q2_0's 2.5 bits rank above IQ2's while its error is a collapse), else by bytes with the
+    real fallback applied. An unusable candidate never is."""
+    if not c.usable:
+        return False
+    eff, nbytes, err = floor
+    if c.effective == eff:
+        return True
+    if err is not None and c.error is not None and math.isfinite(c.error):
+        return c.error <= err
+    return c.bytes >= nbytes
+
+
+def guard_edges(scan: Any, floor: Mapping[str, str], n_per_row: Mapping[str, int] | None = None) -> Any:
     """``scan`` with the token embedding and the output head (``EDGE_TENSORS``) limited to candidates at
-    least as large as ``floor`` gives them (HF name → qtype, e.g. llama.cpp's preset of the same size).
+    least as good as the type ``floor`` gives them (HF name → qtype, e.g. llama.cpp's preset of the same
+    size; ``at_least_as_good``: measured error, else bytes with the fallback that the row length
+    ``n_per_row[name]`` gives).
 
     Why: the scan perturbs the embedding only in the rows of the tokens its chunks hold (a few hundred of
     tens of thousands), and a tied head only at their positions, so text of another kind meets rows and
     contexts it never measured (``bench/heldout.py`` compares each tensor's KL on the scan's chunks with
     its KL on held-out text). The allocator may still give them more.
     """
+    rows = dict(n_per_row or {})
     tensors = []
     for t in scan.tensors:
         q = floor.get(t.name)
         if t.gguf_name not in EDGE_TENSORS or q is None:
             tensors.append(t)
             continue
-        least = tensor_bytes(q, (t.n_params,))
-        kept = {k: c for k, c in t.by_type.items() if c.bytes >= least}
-        if not kept:  # nothing as large was scanned: keep the largest candidate
-            best = max(t.by_type.values(), key=lambda c: c.bytes)
+        least = _floor_cost(t, q, rows.get(t.name))
+        kept = {k: c for k, c in t.by_type.items() if at_least_as_good(c, least)}
+        if not kept:  # nothing as good was scanned: keep the largest usable candidate
+            usable = [c for c in t.by_type.values() if c.usable] or list(t.by_type.values())
+            best = max(usable, key=lambda c: c.bytes)
             kept = {best.qtype: best}
         tensors.append(dataclasses.replace(t, by_type=kept))
     return dataclasses.replace(scan, tensors=tuple(tensors))
 
 
 def guard_for(
-    scan: Any, limit_bytes: int, presets: Sequence[tuple[str, int, Mapping[str, str]]]
+    scan: Any, limit_bytes: int, presets: Sequence[tuple[str, int, Mapping[str, str]]], info: Any = None
 ) -> tuple[Any, str]:
     """``scan`` guarded (``guard_edges``) at the types llama.cpp's preset of ``limit_bytes`` gives the token
     embedding and output head, and the note that says so ("" and the scan unchanged when no preset fits)."""
@@ -383,7 +458,14 @@ def guard_for(
         f"Kept at least at llama.cpp's {preset[0]} types ({kinds}): the scan sees only the embedding rows of "
         "its calibration tokens, and text of another kind needs the rest."
     )
-    return guard_edges(scan, edges), note
+    rows = {} if info is None else {tm.hf_name: tm.n_per_row for tm in layout(info).tensors}
+    return guard_edges(scan, edges, rows), note
+
+
+UNGUARDED_NOTE = (
+    "The token embedding and output could not be kept at llama.cpp's same-size preset's types within this "
+    "budget with these candidate types; planned without that guard."
+)
 
 
 def guarded_scan(
@@ -401,15 +483,17 @@ def guarded_scan(
         limit = int(budget.value)
     else:
         limit = allocate(info, scan, budget, candidates=candidates, exclude=exclude).file_bytes
-    return guard_for(scan, limit, presets)
+    return guard_for(scan, limit, presets, info)
 
 
 __all__ = [
     "BEST_METHOD",
     "EDGE_TENSORS",
     "HELDOUT_SHARE",
+    "UNGUARDED_NOTE",
     "LLAMA_PRESETS",
     "Judgement",
+    "check_judged",
     "PresetPoint",
     "heldout_chunks",
     "heldout_settings",
@@ -418,6 +502,7 @@ __all__ = [
     "measure_heldout",
     "preset_heldout_points",
     "preset_plans",
+    "at_least_as_good",
     "guard_edges",
     "guard_for",
     "guarded_scan",

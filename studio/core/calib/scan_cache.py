@@ -85,14 +85,16 @@ def imatrix_digest(imatrix: Mapping[str, np.ndarray]) -> str:
 
 
 def load_cached_scan(cache_dir: str | os.PathLike[str] | None, key: str) -> Sensitivity | None:
-    """The scan kept under ``key`` in ``cache_dir``, or None (no cache, absent or damaged)."""
+    """The scan kept under ``key`` in ``cache_dir``, or None (no cache, absent, damaged, or holding a usable
+    candidate whose KL or error is not finite: such a scan is made again, never reused)."""
     if cache_dir is None:
         return None
     p = Path(cache_dir) / f"sensitivity-{key}.json"
     try:
-        return Sensitivity.from_dict(json.loads(p.read_text(encoding="utf-8")))  # noqa: TID251 - a cache file the studio wrote (key-named, in its cache folder)
+        scan = Sensitivity.from_dict(json.loads(p.read_text(encoding="utf-8")))  # noqa: TID251 - a cache file the studio wrote (key-named, in its cache folder)
     except (OSError, ValueError, CalibrationError):
         return None
+    return None if scan.non_finite() is not None else scan
 
 
 def save_cached_scan(cache_dir: str | os.PathLike[str] | None, key: str, result: Sensitivity) -> None:

@@ -22,13 +22,17 @@ def torch_stack(parts: Sequence[Any]) -> Any:
     return torch.stack(list(parts))
 
 
+_EXP_SAFE = 80.0  # exp(80) × a vocabulary of 10⁶ stays below float32's 3.4e38
+
+
 def kl_from_delta(p: Any, delta: Any, shift: Any = None, *, owned: bool = False) -> float:
     """Mean over positions of KL(p ‖ softmax(log p + δ)) (``p`` and ``δ``: positions × vocabulary).
 
     ``KL = log Σ p e^δ − Σ p δ`` is unchanged when a constant is taken from δ per position; with the
     mean ``Σ p δ`` taken off (``shift`` when the caller knows it) the two terms no longer cancel, so
     float32 keeps ~1e-5 relative precision where the uncentred sum needed float64 (and four times the
-    memory traffic). ``owned``: ``delta`` is a scratch float32 tensor that may be overwritten.
+    memory traffic). ``owned``: ``delta`` is a scratch float32 tensor that may be overwritten. NaN when
+    the KL is not finite even in float64 (a δ that holds NaN or Inf).
     """
     import torch
 
@@ -41,11 +45,16 @@ def kl_from_delta(p: Any, delta: Any, shift: Any = None, *, owned: bool = False)
         return torch.bmm(pf, x.unsqueeze(2)).reshape(-1)
 
     d -= (dot(d) if shift is None else shift.reshape(-1).float()).unsqueeze(1)
+    if not float(d.amax()) < _EXP_SAFE:
+        # a change beyond float32's exp range (or not finite): the float64 form, decided before the
+        # in-place exp below overwrites d (which may be the caller's ``delta``); KL does not change
+        # when a constant is taken from δ per position, so the centred d is as good as δ
+        return _kl_float64(p, d)
     r = dot(d)
     s = dot(d.expm1_())
     kl = torch.log1p(s.double()) - r.double()
-    if not bool(torch.isfinite(kl).all()):  # a change beyond float32's exp range: the float64 form
-        return _kl_float64(p, delta)
+    if not bool(torch.isfinite(kl).all()):  # log1p(s ≤ −1) by rounding: d is spent, the caller marks it
+        return float("nan")
     return float(kl.clamp_min(0).mean())
 
 
@@ -56,7 +65,10 @@ def _kl_float64(p: Any, delta: Any) -> float:
     m = d.amax(-1, keepdim=True)
     pd = p.double().reshape(d.shape)
     lse = torch.log((pd * torch.exp(d - m)).sum(-1)) + m.squeeze(-1)
-    return float((lse - (pd * d).sum(-1)).clamp_min(0).mean())
+    kl = lse - (pd * d).sum(-1)
+    if not bool(torch.isfinite(kl).all()):
+        return float("nan")  # clamp_min would turn a NaN into 0: the caller marks the candidate instead
+    return float(kl.clamp_min(0).mean())
 
 
 def head_is_linear(hh: Any, w: Any, ref: Any) -> bool:

@@ -19,7 +19,15 @@ import numpy as np
 from studio.core.calib.scan_settings import ScanSettings
 from studio.core.calib.scan_streams import SensitivityScan
 from studio.core.errors import CalibrationError
-from studio.core.plan.scan import Mode, ProxyCheck, ScanTarget, Sensitivity, TensorSensitivity, TypeCost
+from studio.core.plan.scan import (
+    TRAINED_ONLY_TYPES,
+    Mode,
+    ProxyCheck,
+    ScanTarget,
+    Sensitivity,
+    TensorSensitivity,
+    TypeCost,
+)
 from studio.core.quant.types import tensor_bytes
 
 
@@ -49,7 +57,9 @@ def gain_type(t: ScanTarget) -> str:
     and a legacy 4- or 5-bit one is a candidate too. The gain KL / error hardly depends on the type (on
     SmolLM2-135M the other 966 pairs are predicted alike: median |ln ratio| 0.178 from Q4_0 gains, 0.175
     from IQ4_NL ones), and the whole-tensor quantization of the sample is the proxy's dearest step."""
-    eff = t.effective
+    # a type for weights trained for it (Q2_0, ternary) is no reference: on a float model its KL is a
+    # collapse, not the small-error regime the gain predicts the other candidates in
+    eff = tuple(q for q in t.effective if q not in TRAINED_ONLY_TYPES) or t.effective
     if eff[0] not in _SLOW_SEARCH:
         return eff[0]
     return next((q for q in ("Q4_0", "Q5_0") if q in eff), eff[0])
@@ -69,6 +79,19 @@ def _interp_log(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
             f = (x - x0) / (x1 - x0) if x1 > x0 else 0.0
             return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
     return pts[-1][1]
+
+
+def _unusable(scan: SensitivityScan) -> dict[tuple[str, str], str]:
+    """(tensor, qtype) → why it is unusable: the consumer's reasons, and any KL or error still not finite
+    (a distributed scan's units report numbers only)."""
+    out = dict(getattr(scan, "unusable", {}) or {})
+    for key, v in scan.kl.items():
+        if not math.isfinite(v):
+            out.setdefault(key, "its KL is not finite, even measured in float64")
+    for key, v in scan.err.items():
+        if not math.isfinite(v):
+            out.setdefault(key, "its quantized weights are not finite")
+    return out
 
 
 def measure_sets(
@@ -110,13 +133,18 @@ def assemble(
     n_tokens: int,
 ) -> Sensitivity:
     kl, err = scan.kl, scan.err
+    bad = _unusable(scan)
     check_set = set(check)
     gains: dict[str, float] = {}
     for t in targets:
         ref = gain_type(t)
-        if (t.name, ref) in kl and (t.name, ref) not in check_set:
+        if (t.name, ref) in kl and (t.name, ref) not in check_set and (t.name, ref) not in bad:
             e = err.get((t.name, ref), 0.0)
-            gains[t.name] = kl[(t.name, ref)] / e if e > 0 else float("nan")
+            # a tensor whose reference candidate is unusable takes its role's gain instead: one NaN there
+            # must not become every other candidate's prediction (the gain multiplies them all)
+            g = kl[(t.name, ref)] / e if e > 0 else float("nan")
+            if math.isfinite(g):
+                gains[t.name] = g
     by_role: dict[str, tuple[list[int], list[float]]] = {}
     for t in targets:
         if t.layer is not None and t.name in gains:
@@ -144,13 +172,16 @@ def assemble(
             error = err.get((t.name, e))
             if (t.name, e) in kl:
                 value, measured = kl[(t.name, e)], True
-                if (t.name, e) in check_set and g is not None and error is not None:
+                if (t.name, e) in check_set and g is not None and error is not None and math.isfinite(value):
                     check_rows.append((t.name, e, value, g * error))
             elif g is not None and error is not None:
                 value, measured = g * error, False
             else:
                 raise CalibrationError(f"The scan has no value for {t.name} at {e}.")
-            by_type[q] = TypeCost(q, float(value), nbytes, e, measured, error)
+            why = bad.get((t.name, e), "")
+            if not why and not (math.isfinite(value) and (error is None or math.isfinite(error))):
+                why = "its predicted KL is not finite"
+            by_type[q] = TypeCost(q, float(value), nbytes, e, measured, error, why)
         tensors.append(TensorSensitivity(t.name, t.gguf_name, t.role, t.layer, math.prod(t.shape), by_type))
     return Sensitivity(
         str(info.path),

@@ -12,9 +12,10 @@ import numpy as np
 from studio.core.calib.data import Chunks
 from studio.core.errors import CalibrationError
 from studio.core.gguf.layout import layout
+from studio.core.plan.menu import default_menu
 from studio.core.plan.scan import LOW_BIT_SCAN_TYPES
 
-DEFAULT_TYPES: tuple[str, ...] = (
+ALL_SCAN_TYPES: tuple[str, ...] = (
     "Q2_K",
     "Q3_K",
     "Q4_K",
@@ -29,7 +30,17 @@ DEFAULT_TYPES: tuple[str, ...] = (
     "Q5_1",
     *LOW_BIT_SCAN_TYPES,
 )
-"""Candidate qtypes of a scan (Q2_K … Q8_0, IQ4_XS, IQ4_NL, the legacy 32-weight types and the low-bit ones)."""
+"""Every qtype a scan can measure (Q2_K … Q8_0, IQ4_XS, IQ4_NL, the legacy 32-weight types and the low-bit ones)."""
+
+DEFAULT_TYPES: tuple[str, ...] = default_menu(ALL_SCAN_TYPES)
+"""Candidate qtypes of a scan of weights trained in float: ``ALL_SCAN_TYPES`` less the ternary and 1-2-bit
+types (``studio.core.plan.menu``); ``default_types`` adds them for a model trained for them."""
+
+
+def default_types(config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The default candidates for a model with this Hugging Face ``config`` (``plan.menu.default_menu``)."""
+    return default_menu(ALL_SCAN_TYPES, config)
+
 
 SCAN_CTX = 128  # tokens per scan chunk: short chunks keep the perturbed streams cheap
 SCAN_CHUNKS = 2

@@ -111,6 +111,9 @@ class SensitivityScan(Consumer):
         self.ctx = ctx or null_context()
         self.kl: dict[tuple[str, str], float] = {}
         self.err: dict[tuple[str, str], float] = {}
+        # (tensor, qtype) → why its number is not finite (found where it is made; the scan's record keeps
+        # the candidate as unusable and never lets the NaN reach the tensor's other candidates)
+        self.unusable: dict[tuple[str, str], str] = {}
         self.plan_kl: list[float] = [float("nan")] * len(self.plans)
         # chunks per text when the run's chunks are several texts one after another (plans measured on each)
         self.groups = tuple(int(g) for g in groups)
@@ -163,11 +166,17 @@ class SensitivityScan(Consumer):
             return deq, err
         if full:
             deq = quantize_rows(rows, qtype, qw)
-            return deq, weighted_error(rows, deq, qw)
+            err = weighted_error(rows, deq, qw)
+            if not math.isfinite(err):
+                self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
+            return deq, err
         k = min(n_rows, max(self.min_rows, int(math.ceil(n_rows * self.row_share))))
         idx = np.sort(self.rng.choice(n_rows, size=k, replace=False)) if k < n_rows else np.arange(n_rows)
         sub = np.ascontiguousarray(rows[idx])
-        return None, weighted_error(sub, quantize_rows(sub, qtype, qw), qw) * (n_rows / k)
+        err = weighted_error(sub, quantize_rows(sub, qtype, qw), qw) * (n_rows / k)
+        if not math.isfinite(err):
+            self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
+        return None, err
 
     def _wanted(self, name: str) -> list[str]:
         """Effective qtypes of ``name`` that need the whole tensor quantized (measured or in a plan)."""
@@ -359,7 +368,12 @@ class SensitivityScan(Consumer):
                 h2f, env = h2s.get(id(s), hh), (p, mvec, wb, head_w, hh, ref, fast, outer)
                 n_chunks = int(ref.shape[0])
                 if s.key[0] == "t":
-                    self.kl[(s.key[1], s.key[2])] = self._kl_between(s, h2f, 0, n_chunks, env)
+                    kl = self._kl_between(s, h2f, 0, n_chunks, env)  # float64 already where float32 failed
+                    if not math.isfinite(kl):
+                        self.unusable.setdefault(
+                            (s.key[1], s.key[2]), "its KL is not finite, even measured in float64"
+                        )
+                    self.kl[(s.key[1], s.key[2])] = kl
                 else:
                     self.plan_kl[s.key[1]] = self._kl_between(s, h2f, 0, n_chunks, env)
                     if self.groups:  # the plan on each text of the run, one KL per group of chunks

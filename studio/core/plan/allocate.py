@@ -34,7 +34,7 @@ from studio.core.plan.imatrix_need import LLAMA_IMATRIX_TYPES
 from studio.core.plan.memory import OVERHEAD_FRACTION
 from studio.core.plan.plan import Recipe, RecipeKind, plan_from_preset, plan_from_types
 from studio.core.plan.presets import allows_quantization
-from studio.core.plan.scan import sizes_only
+from studio.core.plan.scan import require_finite, sizes_only
 from studio.core.quant.methods import DEFAULT_METHOD
 from studio.core.quant.types import tensor_bytes
 from studio.core.units import format_bytes
@@ -317,9 +317,10 @@ def _model(
                 continue
             if c.effective in exclude:  # an excluded type is not taken as another's fallback either
                 continue
-            if c.effective in seen:
+            if c.effective in seen or not c.usable:  # unusable: its numbers were not finite, even in float64
                 continue
-            seen[c.effective] = Choice(c.effective, _padded(c.bytes), max(0.0, c.kl))
+            # a NaN cost would pass max() as 0 and make the candidate look free: refused in one sentence
+            seen[c.effective] = Choice(c.effective, _padded(c.bytes), max(0.0, require_finite(c, t.name)))
         seen["F16"] = Choice("F16", _padded(tensor_bytes("F16", tm.shape)), 0.0)
         items.append((tm.hf_name, list(seen.values())))
     return _Model(info, items, fixed, fixed_bytes, n_weights, f16)

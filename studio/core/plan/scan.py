@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.errors import CalibrationError
+from studio.core.errors import CalibrationError, QuantizationError
 from studio.core.gguf.layout import layout
 from studio.core.plan.presets import allows_quantization
 from studio.core.quant.types import QTYPES, fallback_type, tensor_bytes
 
-SCAN_VERSION = 1
+SCAN_VERSION = 2  # 2: candidates carry ``unusable`` (scans of version 1 may hold NaN costs)
 """Bump when the scan record's JSON changes, so a stale cached scan is not read."""
 
 LOW_BIT_SCAN_TYPES: tuple[str, ...] = tuple(
@@ -43,6 +43,11 @@ LOW_BIT_SCAN_TYPES: tuple[str, ...] = tuple(
 """The low-bit types llama-quantize writes, which a scan measures beside the K-quants and the 32-weight
 types (a scan always has its importance matrix, which the i-quants need), so budget plans may choose them."""
 
+TRAINED_ONLY_TYPES: tuple[str, ...] = tuple(q for q in ("TQ1_0", "TQ2_0", "Q1_0", "Q2_0") if q in QTYPES)
+"""Types for weights trained for them (ternary, 1- and 2-bit): on a model trained in float they destroy
+it (llama.cpp's own Q2_0 preset on SmolLM2-135M: KLD 12.4 nats), so a budget's menu takes them only when
+the user names them or the model's metadata says it was trained for them (``plan.menu``)."""
+
 
 class Mode(str):
     """Scan modes (plain strings so that JSON and the CLI read them as they are)."""
@@ -57,7 +62,8 @@ class TypeCost:
 
     ``effective`` is the qtype the tensor really gets (a fallback when its rows do not fit the
     block); ``measured`` tells an exact KL from a proxy prediction; ``error`` is the imatrix-weighted
-    quantization error (None when it was not computed).
+    quantization error (None when it was not computed); ``unusable`` says why a candidate whose numbers
+    are not finite (even measured again in float64) may not be chosen ("" for a usable one).
     """
 
     qtype: str
@@ -66,6 +72,12 @@ class TypeCost:
     effective: str
     measured: bool
     error: float | None = None
+    unusable: str = ""
+
+    @property
+    def usable(self) -> bool:
+        """Whether a plan may choose this candidate."""
+        return not self.unusable
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,7 @@ class Sensitivity:
                 c = next((v for v in t.by_type.values() if v.effective == q), None)
             if c is None:
                 raise KeyError(f"{t.name} was not scanned at {q}")
-            total += c.kl
+            total += require_finite(c, t.name)
         return total
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,6 +186,7 @@ class Sensitivity:
                             "effective": c.effective,
                             "measured": c.measured,
                             "error": c.error,
+                            **({"unusable": c.unusable} if c.unusable else {}),
                         }
                         for q, c in t.by_type.items()
                     },
@@ -212,6 +225,7 @@ class Sensitivity:
                             str(c["effective"]),
                             bool(c["measured"]),
                             None if c.get("error") is None else float(c["error"]),
+                            str(c.get("unusable") or ""),
                         )
                         for q, c in t["by_type"].items()
                     },
@@ -242,10 +256,30 @@ class Sensitivity:
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             raise CalibrationError(f"This is not a sensitivity scan of Quant Studio ({err}).") from None
 
+    def non_finite(self) -> tuple[str, str] | None:
+        """The first usable candidate (tensor, qtype) whose KL or error is not finite (None: all are)."""
+        for t in self.tensors:
+            for q, c in t.by_type.items():
+                if c.usable and not (math.isfinite(c.kl) and (c.error is None or math.isfinite(c.error))):
+                    return t.name, q
+        return None
+
     @property
     def nbytes(self) -> int:
         """Memory held (for cache budgets)."""
         return 512 + sum(256 + 96 * len(t.by_type) for t in self.tensors)
+
+
+def require_finite(cost: TypeCost, tensor: str) -> float:
+    """``cost``'s KL, or QuantizationError in one sentence naming the tensor and type when it is unusable
+    or not finite (a NaN taken as a cost would make the candidate look free)."""
+    if cost.unusable:
+        raise QuantizationError(f"{tensor} at {cost.qtype} cannot be used: {cost.unusable}.")
+    if not math.isfinite(cost.kl):
+        raise QuantizationError(
+            f"The scan's KL for {tensor} at {cost.qtype} is {cost.kl}, not a finite cost; rescan the model."
+        )
+    return cost.kl
 
 
 # ------------------------------------------------------------------------------------------ targets
@@ -323,12 +357,14 @@ def sizes_only(info: Any, types: Sequence[str]) -> Sensitivity:
 __all__ = [
     "LOW_BIT_SCAN_TYPES",
     "SCAN_VERSION",
+    "TRAINED_ONLY_TYPES",
     "Mode",
     "ProxyCheck",
     "ScanTarget",
     "Sensitivity",
     "TensorSensitivity",
     "TypeCost",
+    "require_finite",
     "scan_targets",
     "sizes_only",
 ]

@@ -46,6 +46,8 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.calib.heldout import (
+    SAME_SIZE,
+    UNGUARDED_NOTE,
     guarded_scan,
     judge_against_points,
     preset_heldout_points,
@@ -53,10 +55,13 @@ from studio.core.calib.heldout import (
     texts,
 )
 from studio.core.calib.pipeline import calibrate_then_scan
+from studio.core.calib.scan_settings import default_types
 from studio.core.calib.sensitivity import ScanSettings, measure_plans
 from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
 from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
+from studio.core.evaluate.last_word import last_word_of_plan
+from studio.core.export.verify import default_text
 from studio.core.jobs import JobContext
 from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
 from studio.core.quant.types import QTYPES
@@ -106,6 +111,7 @@ class Measured:
     verify_kl: float | None = None  # the export's own check (llama.cpp on its verify text), when it ran
     verify_tokens: int = 0
     judgement: Any = None  # heldout.Judgement: the plan and the same-size preset on held-out text
+    llama: Any = None  # evaluate.last_word.LastWord: llama.cpp's own KL of the file and of the preset
 
     def describe(self) -> str:
         """One line: predicted and measured KL (and the file's verify KL)."""
@@ -123,6 +129,8 @@ class Measured:
         text += "."
         if self.judgement is not None:  # beside the prediction: how the plan fares on text it never saw
             text += f" Held-out KL {self.judgement.heldout_kl:.4f}. {self.judgement.verdict}"
+        if self.llama is not None:  # llama.cpp has the last word
+            text += f" {self.llama.sentence}"
         return text
 
 
@@ -407,10 +415,13 @@ class BudgetDialog(JobPanel, QDialog):
             return
         text = self._scan_text()
         run = self._reusable(text)
-        settings = ScanSettings()
+        # the default menu: no ternary or 1-2-bit types unless the model was trained for them
+        settings = ScanSettings(types=default_types(info.config))
         if run is not None:  # the page's chunking (the imatrix is keyed by it); scan chunks fit inside
             n_ctx = min(settings.n_ctx, run.n_ctx)
-            settings = ScanSettings(n_ctx=n_ctx, calib_ctx=run.n_ctx, calib_chunks=run.n_chunks)
+            settings = dataclasses.replace(
+                settings, n_ctx=n_ctx, calib_ctx=run.n_ctx, calib_chunks=run.n_chunks
+            )
         held_file = self.heldout_edit.text().strip() or None
         key = (str(info.path), text, held_file, settings, None if run is None else id(run.imatrix))
         self.scan_text, self.scan_settings = text, settings
@@ -597,9 +608,18 @@ class BudgetDialog(JobPanel, QDialog):
                 b = parse_budget(budget)
                 # as the CLI: the token embedding and output at least at the same-size preset's types
                 guarded, note = guarded_scan(info, scan, b, pres, candidates=cands, exclude=ex)
-                a = allocate(
-                    info, guarded, b, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
-                )
+                try:
+                    a = allocate(
+                        info, guarded, b, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
+                    )
+                except StudioError:
+                    if guarded is scan:
+                        raise
+                    # the guard leaves no plan within the budget with these types: as the CLI, plan without it
+                    a = allocate(
+                        info, scan, b, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
+                    )
+                    note = UNGUARDED_NOTE
             except StudioError as err:
                 return Planned(budget, front, presets, None, str(err), pres)
             if note:
@@ -799,14 +819,24 @@ class BudgetDialog(JobPanel, QDialog):
 
         def work(ctx: JobContext) -> Measured:
             st = settings or ScanSettings()
+            studio_ctx = ctx.span(0.0, 0.5)
             if held is None:
-                (kl,) = measure_plans(info.path, [types], text, st, imatrix=imatrix, ctx=ctx)
-                return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens)
-            kl, judgement = judge_against_points(
-                info.path, types, limit, held, points, imatrix=imatrix, predicted_kl=predicted,
-                scan_text=text, settings=st, ctx=ctx,
+                (kl,) = measure_plans(info.path, [types], text, st, imatrix=imatrix, ctx=studio_ctx)
+                judgement = None
+            else:
+                kl, judgement = judge_against_points(
+                    info.path, types, limit, held, points, imatrix=imatrix, predicted_kl=predicted,
+                    scan_text=text, settings=st, ctx=studio_ctx,
+                )  # fmt: skip
+            # as the CLI's export: llama.cpp measures the plan's file beside the same-size preset's
+            fit = [p for p in points or () if p.file_bytes <= limit * SAME_SIZE]
+            word = last_word_of_plan(
+                info, types, predicted_kl=float("nan") if predicted is None else predicted,
+                text=held.text if held is not None else default_text(),
+                preset=max(fit, key=lambda p: p.file_bytes).name if fit else None,
+                imatrix=imatrix, ctx=ctx.span(0.5, 1.0),
             )  # fmt: skip
-            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement)
+            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement, word)
 
         if self.running:
             self._queued = (what, work)  # after the running job

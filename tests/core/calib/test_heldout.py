@@ -99,3 +99,68 @@ def test_best_is_the_calibrated_rounding_the_verdict_recommends():
     from studio.core.quant.methods import check_method
 
     assert check_method("best") == check_method("BEST") == BEST_METHOD == "awq+gptq"
+
+
+def test_the_guard_orders_by_measured_error_and_applies_the_real_fallback():
+    # issue 37: "at least as good as" the preset's type is by measured error where measured, else by bytes
+    # with the type the rows really get; Q2_0 (2.5 bits, a collapse on a float model) never passes for Q4_K
+    from studio.core.calib.heldout import at_least_as_good, guard_edges
+    from studio.core.plan.scan import Sensitivity, TensorSensitivity, TypeCost
+    from studio.core.quant.types import fallback_type, tensor_bytes
+
+    shape = (1024, 576)  # rows of 576: the K-quants fall back (Q4_K → Q5_0 here), 32-weight types do not
+    n = 1024 * 576
+
+    def cost(q, err, unusable=""):
+        eff = fallback_type(q, 576).qtype
+        return TypeCost(q, 0.01, tensor_bytes(eff, shape), eff, True, err, unusable)
+
+    assert fallback_type("Q4_K", 576).qtype != "Q4_K"
+    eff_q4k = fallback_type("Q4_K", 576).qtype
+    by = {
+        "Q2_0": cost("Q2_0", 900.0),
+        "Q4_0": cost("Q4_0", 40.0),
+        "IQ4_NL": cost("IQ4_NL", 20.0),  # as many bits as Q4_0, less error
+        "Q5_0": cost("Q5_0", 10.0),
+        "Q8_0": cost("Q8_0", 1.0),
+        "MXFP4": cost("MXFP4", float("nan"), "its quantized weights are not finite"),
+    }
+    t = TensorSensitivity("model.embed_tokens.weight", "token_embd.weight", "embed", None, n, by)
+    scan = Sensitivity("m", "d", "exact", "imatrix", tuple(by), 64, (t,))
+    # the floor Q4_K is not a candidate: its fallback (here Q5_0) is, with its measured error
+    kept = guard_edges(scan, {t.name: "Q4_K"}, {t.name: 576}).tensors[0].by_type
+    assert set(kept) == {q for q, c in by.items() if c.usable and c.error <= by[eff_q4k].error}
+    assert "Q2_0" not in kept and "MXFP4" not in kept
+    # a floor of IQ4_NL keeps Q5_0 and Q8_0, not Q4_0 (same bits, twice the error)
+    kept = guard_edges(scan, {t.name: "IQ4_NL"}, {t.name: 576}).tensors[0].by_type
+    assert set(kept) == {"IQ4_NL", "Q5_0", "Q8_0"}
+    # without a measured error: bytes, with the fallback the row length gives
+    floor = ("Q5_0", tensor_bytes("Q5_0", shape), None)
+    assert not at_least_as_good(by["Q4_0"], floor) and at_least_as_good(by["Q8_0"], floor)
+    assert not at_least_as_good(by["MXFP4"], ("Q2_0", 1, None))  # unusable never is
+
+
+def test_the_judge_names_the_preset_whose_file_is_the_budget(llama_model):
+    # issue 37: a budget of llama.cpp's IQ3_XXS (or IQ2_M ...) file is judged against that preset; "no
+    # llama.cpp preset fits this budget" only below the smallest preset
+    from studio.core.calib.heldout import SAME_SIZE, Judgement, preset_plans, same_size_preset
+    from studio.core.model import open_model
+
+    with open_model(llama_model) as ck:
+        info = ck.info
+    pres = preset_plans(info)
+    names = [n for n, _, _ in pres]
+    assert {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_M", "IQ3_XXS", "IQ3_M", "Q3_K_M", "Q4_K_M", "Q5_K_M"} <= set(
+        names
+    )
+    assert not {"TQ1_0", "TQ2_0", "Q1_0", "Q2_0"} & set(names)
+    sizes = [b for _, b, _ in pres]
+    for name, nbytes, _ in pres:
+        got = same_size_preset(pres, nbytes)
+        # the largest file within SAME_SIZE of the budget (llama.cpp's own file lacks the studio's metadata)
+        assert got is not None and nbytes <= got[1] <= nbytes * SAME_SIZE
+        if not [b for b in sizes if nbytes < b <= nbytes * SAME_SIZE] and sizes.count(nbytes) == 1:
+            assert got[0] == name
+    assert same_size_preset(pres, min(sizes) // 2) is None
+    none = Judgement(0.1, None, 0.2, "held.txt", 256, None)
+    assert "no llama.cpp preset fits" in none.verdict

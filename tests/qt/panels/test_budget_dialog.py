@@ -3,6 +3,8 @@ sentence, and Use plan makes the allocation the window's plan."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
@@ -411,5 +413,9 @@ def test_presets_sit_on_the_heldout_axis_and_a_losing_plan_says_so(dialog, qtbot
     text = d.measured_label.text()
     assert f"predicted KL {a.predicted_kl:.4f}" in text and f"Held-out KL {j.heldout_kl:.4f}." in text
     assert "No budget plan beats llama.cpp's Q8_0" in text and "--preset Q8_0 --method awq+gptq" in text
+    # llama.cpp has the last word (issue 37): its own KL of the plan's file beside the same-size preset's
+    w = m.llama
+    assert w is not None and w.preset == "Q8_0" and w.tokens > 0 and w.preset_kl is not None
+    assert math.isfinite(w.file_kl) and w.sentence in text and "llama.cpp measures the file at KL" in text
     assert list(d.heldout_dot.data["x"]) == [m.file_bytes]
     assert list(d.heldout_dot.data["y"]) == pytest.approx([np.log10(j.heldout_kl)])

@@ -1,0 +1,73 @@
+"""``export --budget``: llama.cpp measures the partial file before its rename (issue 37); a file worse than
+promised is not written as a success (one sentence, exit 2) unless ``--keep-if-worse``, which labels it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studio.cli import main
+from studio.commands import export as export_cmd
+from studio.core.evaluate import last_word as lw
+
+CALIB = ["--calib-ctx", "64", "--calib-chunks", "4", "--scan-ctx", "32", "--scan-chunks", "2"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
+
+
+def _argv(llama_model, tmp_path, out):
+    from studio.core.factory import sample_text
+
+    text = tmp_path / "calib.txt"
+    text.write_text(sample_text() * 3, encoding="utf-8")
+    return ["export", str(llama_model), "-o", str(out), "--budget", "6bpw", "--calib-text", str(text)] + [
+        "--types", "Q4_0,Q8_0", "--exact", *CALIB,
+    ]  # fmt: skip
+
+
+def _measured(monkeypatch, kl_of):
+    """The real ``last_word`` with llama.cpp's measurement replaced by ``kl_of(path)`` (seen: each path)."""
+    seen = []
+
+    def measure(path, model, text, *, max_tokens, extra_buffers):
+        seen.append(str(path))
+        return kl_of(str(path)), max_tokens
+
+    real = lw.last_word
+    monkeypatch.setattr(export_cmd, "last_word", lambda *a, **k: real(*a, **k, measure=measure))
+    return seen
+
+
+def test_a_file_worse_than_promised_is_not_written(llama_model, tmp_path, cache, monkeypatch, capsys):
+    out = tmp_path / "b.gguf"
+    seen = _measured(monkeypatch, lambda p: 30.0)  # the issue's destroyed file
+    assert main(_argv(llama_model, tmp_path, out)) == 2  # a StudioError: one sentence
+    err = capsys.readouterr().err
+    assert "llama.cpp measures the file at KL 30.0000" in err and "--keep-if-worse" in err
+    assert not out.exists() and not list(tmp_path.glob("b.gguf*"))  # no file, no partial
+    assert seen and seen[0].endswith(".partial")  # measured before the rename
+
+
+def test_keep_if_worse_keeps_it_labelled(llama_model, tmp_path, cache, monkeypatch, capsys):
+    out = tmp_path / "b.gguf"
+    _measured(monkeypatch, lambda p: 30.0)
+    assert main([*_argv(llama_model, tmp_path, out), "--keep-if-worse", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["budget"]["llama_cpp"]
+    assert out.is_file() and d["kept_anyway"] and not d["ok"] and d["file_kl"] == 30.0
+    assert main([*_argv(llama_model, tmp_path, out), "--keep-if-worse"]) == 0
+    assert "KEPT ANYWAY (--keep-if-worse)" in capsys.readouterr().out
+
+
+def test_a_file_as_good_as_promised_is_written_with_llamacpps_number(
+    llama_model, tmp_path, cache, monkeypatch, capsys
+):
+    out = tmp_path / "b.gguf"
+    # the plan's file measures 0 (within its prediction); any preset file measures more
+    _measured(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
+    assert main([*_argv(llama_model, tmp_path, out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)["budget"]["llama_cpp"]
+    assert out.is_file() and d["ok"] and not d["kept_anyway"] and d["tokens"] == lw.LAST_WORD_TOKENS
