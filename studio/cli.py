@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from studio import __version__
+from studio.commands._aliases import resolve_aliases
 from studio.commands._check import check_args
 from studio.commands._options import check_cluster
 from studio.core.errors import StudioError
@@ -29,6 +30,7 @@ COMMANDS = (
     "chat",
     "hub",
     "demo",
+    "bench_model",
     "calibrate",
     "sensitivity",
     "plan",
@@ -70,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "cluster", None):  # a cluster that cannot be used is refused before any work
             check_cluster(args.cluster)
+        resolve_aliases(args)  # BENCH: the cached bench model
         check_args(args)  # paths and numbers before any model is loaded (studio.commands._check)
         code = int(handler_of(args)(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe must not surface at interpreter exit
