@@ -63,3 +63,16 @@ def test_export_gptq_from_a_gguf_original(q8_gguf, tmp_path, capsys):
 def test_a_plain_preset_export_stays_a_requantization(q8_gguf, tmp_path, capsys):
     assert main(["export", str(q8_gguf), "-o", str(tmp_path / "q4.gguf"), "--preset", "Q4_K_M"]) == 0
     assert _notes(capsys.readouterr().err) == []
+
+
+def test_export_budget_from_a_lone_gguf_takes_its_tokenizer_from_the_file(q8_gguf, tmp_path, capsys):
+    # the failure this replaces: "... has neither tokenizer.model nor tokenizer.json" (none lies beside it)
+    out = tmp_path / "budget.gguf"
+    argv = ["export", str(q8_gguf), "-o", str(out), "--budget", "1000000", "--no-heldout"]
+    argv += ["--calib-ctx", "64", "--calib-chunks", "2", "--scan-ctx", "32", "--scan-chunks", "1", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert len(_notes(captured.err)) == 1 and "the budget's scan" in _notes(captured.err)[0]
+    d = json.loads(captured.out)
+    assert d["file_bytes"] == out.stat().st_size <= 1_000_000
+    assert read_gguf(out).metadata.get("tokenizer.ggml.model")
