@@ -24,6 +24,7 @@ from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.gguf_source import file_sha256
 from studio.core.paths import user_cache_dir
 from studio.core.units import format_bytes
 
@@ -200,7 +201,7 @@ def fetch_bench_model(
     total = sum(p.size for p in parts)
     if target.is_file() and target.stat().st_size == total:
         ctx.report(0, 1, f"Checking the cached bench model {BENCH_NAME}")
-        if _file_sha256(target, ctx) == sha256:
+        if file_sha256(target, ctx) == sha256:
             ctx.report(1, 1, "Bench model ready")
             return target
         target.unlink()  # damaged in the cache: fetched again below
@@ -235,15 +236,3 @@ def fetch_bench_model(
         partial.unlink(missing_ok=True)
     ctx.report(total, total, "Bench model ready")
     return target
-
-
-def _file_sha256(path: Path, ctx: JobContext) -> str:
-    h = hashlib.sha256()
-    size = max(path.stat().st_size, 1)
-    n = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-            ctx.report(n, size, "Checking the cached bench model")
-    return h.hexdigest()
