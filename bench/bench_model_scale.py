@@ -77,10 +77,13 @@ def main() -> int:
             )
             theirs = run(
                 [str(llama / "llama-imatrix"), "-m", gguf, "-f", args.text, "-o", str(t / "ref.imatrix.gguf")]
-                + ["-c", str(args.ctx), "--chunks", str(args.chunks), "-t", str(args.threads), "--no-ppl"],
+                + ["-c", str(args.ctx), "--chunks", str(args.chunks), "-t", str(args.threads), "--no-ppl"]
+                # no repacked (AMX) weights: they crash the first decode of K-quants here (DESIGN.md)
+                + ["--no-repack"],
                 env,
             )
             rows.append((f"calibrate ({args.chunks}×{args.ctx} tokens)", ours, theirs))
+            print(rows[-1], flush=True)
         for preset in [p.strip().upper() for p in args.presets.split(",") if p.strip()]:
             ours = run([*cli, "export", gguf, "--preset", preset, "-o", str(t / f"ours-{preset}.gguf")], env)
             theirs = run(
@@ -89,6 +92,7 @@ def main() -> int:
                 env,
             )
             rows.append((f"export --preset {preset}", ours, theirs))
+            print(rows[-1], flush=True)
             for f in t.glob(f"*-{preset}.gguf"):
                 f.unlink()  # 1 GB each: not kept
     print(f"{'step':34} {'studio s':>9} {'peak MiB':>9} {'llama.cpp s':>12} {'peak MiB':>9} {'time ×':>7}")
