@@ -265,17 +265,19 @@ def estimate_preset(
     ctx_len: int = 4096,
     *,
     source: tuple[GGUFFile, int] | None = None,
+    header: bool = True,
 ) -> Estimate:
     """The estimate for one preset (any of ``studio.core.plan.presets.PRESETS``).
 
     For a GGUF original the file size is the export's to the byte (``requantized_file_bytes``);
-    ``source``: its header and copied metadata bytes, already read (``estimate_presets`` reads them once).
+    ``source``: its header and copied metadata bytes, already read (``estimate_presets`` reads them once);
+    ``header=False`` skips that count (reading the header takes a moment) for a caller of ``tensor_bytes``.
     """
     if preset not in TYPES_OF:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(TYPES_OF)}")
     types, exact = _preset_types(info, preset)
     est = _estimate_types(info, preset, types, hw, ctx_len, TYPES_OF[preset].default_type, exact)
-    if exact and info.format is CheckpointFormat.GGUF:
+    if exact and header and info.format is CheckpointFormat.GGUF:
         from studio.core.plan.plan import plan_from_preset
 
         g, copied = source if source is not None else _gguf_source(info)
