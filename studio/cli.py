@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from studio import __version__
+from studio.commands._aliases import resolve_aliases
 from studio.commands._check import check_args
 from studio.commands._numbers import annotate as annotate_ranges
 from studio.commands._options import check_cluster
@@ -32,6 +33,7 @@ COMMANDS = (
     "chat",
     "hub",
     "demo",
+    "bench_model",
     "calibrate",
     "sensitivity",
     "plan",
@@ -95,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "cluster", None):  # a cluster that cannot be used is refused before any work
             check_cluster(args.cluster)
+        resolve_aliases(args)  # BENCH: the cached bench model
         check_args(args)  # paths and numbers before any model is loaded (studio.commands._check)
         code = int(handler_of(args)(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe must not surface at interpreter exit

@@ -160,6 +160,7 @@ SPECS: dict[str, tuple[Spec, ...]] = {
     "hub search": (Minimum("limit", "--limit"), Minimum("offset", "--offset", 0)),
     "hub info": (),  # a repository id only
     "demo": (),
+    "bench-model": (),
 }
 
 

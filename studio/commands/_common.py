@@ -26,6 +26,22 @@ def dequantized(model: str, line: ProgressLine) -> str:
     return hf_folder_for(model, JobContext(on_progress=line.fraction, min_interval=0.2))
 
 
+def torch_original(model: str, what: str) -> str:
+    """The model that ``what`` (a step that runs the model in torch: calibration, GPTQ, a scan) runs on:
+    for a GGUF file its float32 Hugging Face folder, converted once into the cache (streamed, tensor by
+    tensor) after a one-line note on stderr; any other model as given."""
+    if not str(model).lower().endswith(".gguf"):
+        return model
+    name = Path(model).name
+    print(
+        f"note: {terminal_safe(name)} is a GGUF file and {what} runs the model in torch: using its float32 "
+        "Hugging Face folder, converted from it once into the cache (later runs reuse it).",
+        file=sys.stderr,
+    )
+    with ProgressLine() as line:
+        return str(dequantized(model, line))
+
+
 def print_notes(notes: Iterable[str]) -> None:
     """Print each note on stderr as ``note: ...`` (things the user should know, not errors)."""
     for n in notes:

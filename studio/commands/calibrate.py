@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.commands._cluster import open_cluster
-from studio.commands._common import ProgressLine, format_table, print_json
+from studio.commands._common import ProgressLine, format_table, print_json, torch_original
 from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
 from studio.core.calib.calibrate import calibrate
 from studio.core.calib.collect import ActivationCollector
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output).expanduser()
     check_output_path(out)  # a folder that cannot be written is refused before the long run
     clean_stale_partials(out.parent)  # what killed runs left in that folder
+    args.model = torch_original(args.model, "calibration")
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
     # The disk must hold the imatrix before the long run, not after it: sums and counts per input column.

@@ -11,7 +11,14 @@ from typing import Any
 
 from studio.commands import _numbers as numbers
 from studio.commands._cluster import open_cluster
-from studio.commands._common import ProgressLine, print_json, print_notes, read_text, write_text
+from studio.commands._common import (
+    ProgressLine,
+    print_json,
+    print_notes,
+    read_text,
+    torch_original,
+    write_text,
+)
 from studio.commands._fallbacks import fallback_lines
 from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
@@ -220,6 +227,14 @@ def _export_calibrated(
     )
 
 
+def _runs_in_torch(args: argparse.Namespace) -> bool:
+    """Whether this export runs the model in torch: a budget (its scan), or a method that calibrates
+    (imatrix without an --imatrix file, gptq, awq, awq+gptq, best); a GGUF original is converted for it."""
+    if args.budget:
+        return True
+    return args.method not in (None, "rtn") and not (args.method == "imatrix" and args.imatrix)
+
+
 def _gguf_source(ck: Any) -> Any:
     """The ``SourceSummary`` of a GGUF original (requantization), None for other checkpoints."""
     g = getattr(ck, "gguf", None)
@@ -231,6 +246,10 @@ def _gguf_source(ck: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
+    if _runs_in_torch(args):
+        args.model = torch_original(
+            args.model, "the budget's scan" if args.budget else f"--method {args.method}"
+        )
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
         source = _gguf_source(ck)

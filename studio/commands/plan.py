@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from studio.commands._common import ProgressLine, print_json, print_notes, write_text
+from studio.commands._common import ProgressLine, print_json, print_notes, torch_original, write_text
 from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
     allocation,
@@ -26,6 +26,7 @@ from studio.core.units import format_bytes
 def run(args: argparse.Namespace) -> int:
     """Handler of ``plan``."""
     method = check_method(args.method)
+    args.model = torch_original(args.model, "the budget planner's scan")  # the plan is keyed by its names
     with open_model(args.model) as ck:
         info = ck.info
     check_exportable(info)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from studio.commands._common import ProgressLine, format_table, print_json, write_text
+from studio.commands._common import ProgressLine, format_table, print_json, torch_original, write_text
 from studio.commands._scan import calibration, run_scan
 from studio.core.export.run import check_exportable
 from studio.core.jobs import JobContext
@@ -15,6 +15,7 @@ from studio.core.units import format_bytes
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``sensitivity``."""
+    args.model = torch_original(args.model, "the sensitivity scan")  # its tensor names are the folder's
     with open_model(args.model) as ck:
         info = ck.info
     check_exportable(info)

@@ -59,3 +59,47 @@ def test_every_plot_of_every_page_is_at_least_the_minimum_height(
         assert not small, "\n".join(small)
     finally:
         win.close()
+
+
+def _horizontal_bars(win, qtbot) -> list[str]:
+    """Where a page (or an inner tab) shows a horizontal scroll bar: its content is wider than the window."""
+    from PySide6.QtWidgets import QScrollArea
+
+    found = []
+    for where, panel in _each_view(win, qtbot):
+        area = panel.parentWidget()
+        while area is not None and not isinstance(area, QScrollArea):
+            area = area.parentWidget()
+        if area is not None and area.horizontalScrollBar().isVisible():
+            need = panel.minimumSizeHint().width()
+            found.append(f"{where}: needs {need} px, has {area.viewport().width()} px")
+    return found
+
+
+@pytest.mark.parametrize("model", ["tiny", "gguf"])
+def test_no_page_scrolls_sideways_at_1280x720(
+    qtbot, real_services, settings_path, tiny_models, model, tmp_path
+):
+    """At 1280×720 with a model open (a GGUF original too: the chat page then has its GGUF columns),
+    every page fits the window's width: the chat page's right column was cut off behind a scroll bar."""
+    from studio.core.export.run import export_gguf
+
+    folder = tiny_models("llama")
+    # a name as long as the bench model's (a chat column's title is as wide as its name)
+    gguf = export_gguf(folder, tmp_path / "Tiny-Llama-Coder-1.5B-Instruct-Q8_0.gguf", "Q8_0").path
+    path, other = (gguf, folder) if model == "gguf" else (folder, gguf)
+    win = MainWindow(real_services, settings=AppSettings.from_file(str(settings_path)))
+    qtbot.addWidget(win)
+    win.resize(1280, 720)
+    win.show()
+    try:
+        win.ensure_panels()
+        win.state.set_checkpoint(open_model(path))
+        chat = win.panel("chat")
+        chat.add_model(other)  # two columns side by side, the GGUF one on either side
+        assert len(chat.columns) == 2
+        _settle(qtbot)
+        bars = _horizontal_bars(win, qtbot)
+        assert not bars, "\n".join(bars)
+    finally:
+        win.close()

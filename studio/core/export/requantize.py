@@ -25,7 +25,6 @@ import numpy as np
 from studio.core.errors import ExportError
 from studio.core.export.imatrix import imatrix_for
 from studio.core.gguf import writer
-from studio.core.gguf.metadata import _studio_version
 from studio.core.gguf.read import read_gguf
 from studio.core.gguf.writer import (
     PARTIAL_SUFFIX,
@@ -37,15 +36,12 @@ from studio.core.gguf.writer import (
 )
 from studio.core.jobs import JobContext, null_context
 from studio.core.llamacpp import LlamaWorker
-from studio.core.model.gguf_source import check_decodable, copy_metadata, source_summary
+from studio.core.model.gguf_source import check_decodable, source_summary
+from studio.core.plan.gguf_file import requantize_metadata, requantized_types
 from studio.core.plan.presets import allows_quantization
 from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
 from studio.core.quant.types import tensor_bytes
 
-# llama-quantize drops these (one output file, whatever the input's splits were).
-_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
-_SET_LAST = ("general.quantization_version", "general.file_type")
-GGML_QNT_VERSION = 2
 FLOAT_TARGETS = ("F32", "F16", "BF16")
 
 
@@ -80,10 +76,6 @@ def requantize_gguf(
     return _requantize_studio(ckpt, out, plan, device, imatrix, ctx, validate)
 
 
-def _target(plan: Any, t: Any) -> str:
-    return plan.types.get(t.name, t.type_name)
-
-
 def _bytes_of(qtype: str, t: Any) -> int:
     return t.nbytes if qtype == t.type_name else tensor_bytes(qtype, tuple(t.shape))
 
@@ -100,7 +92,7 @@ def _requantize_studio(
     g = ckpt.gguf
     src = Path(g.path)
     tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
-    targets = {t.name: _target(plan, t) for t in tensors}
+    targets = requantized_types(g, plan)
     check_decodable([t for t in tensors if targets[t.name] != t.type_name], src)
     sizes = {t.name: _bytes_of(targets[t.name], t) for t in tensors}
     total = sum(sizes.values())
@@ -110,17 +102,9 @@ def _requantize_studio(
     done = 0
     ctx.report(0, total, "Writing metadata")
     with AtomicGGUFWriter(out, arch) as w:
-        # the studio's own keys of an earlier export are replaced by this export's, not copied
-        own = tuple(k for k in g.metadata if k.startswith("quant_studio."))
-        lost = copy_metadata(w.kv, g, skip=_SPLIT_KEYS + _SET_LAST + own)
+        lost = requantize_metadata(w.kv, g, plan)  # the same header requantized_file_bytes counts
         if lost:
             notes.append(f"{len(lost)} metadata keys could not be copied (e.g. {lost[0]}).")
-        w.kv.add_uint32("general.quantization_version", GGML_QNT_VERSION)
-        w.kv.add_uint32("general.file_type", int(plan.ftype))
-        _add_studio_keys(w.kv, plan)
-        align = g.metadata.get("general.alignment")
-        if isinstance(align, int) and align > 0:
-            w.kv.data_alignment = align
         for t in tensors:
             w.add_tensor_info(t.name, tuple(t.shape), targets[t.name], sizes[t.name])
         w.begin()
@@ -140,11 +124,6 @@ def _requantize_studio(
     if kept:
         notes.append(f"{kept} quantized tensor(s) already had their planned type and were copied unchanged.")
     return {"types": targets, "tensor_bytes": total, "tokenizer": None, "notes": notes}
-
-
-def _add_studio_keys(kv: Any, plan: Any) -> None:
-    kv.add_string("quant_studio.version", _studio_version())
-    kv.add_string("quant_studio.plan", plan.to_json())
 
 
 def _copy_chunks(src: Path, t: Any, chunk: int = 16 << 20):
@@ -191,7 +170,7 @@ def _requantize_llamacpp(
     g = ckpt.gguf
     src = Path(g.path)
     tensors = sorted(g.tensors, key=lambda t: llama_order(t.name))
-    targets = {t.name: _target(plan, t) for t in tensors}
+    targets = requantized_types(g, plan)
     total = sum(_bytes_of(targets[t.name], t) for t in tensors)
     writer.check_output_path(out, inputs=(src,), need_bytes=total)
     overrides = [

@@ -336,7 +336,7 @@ def _plan_weights(shape: ModelShape, preset: str, hw: HardwareInfo) -> int | Non
     if shape.info is None:
         return None
 
-    return estimate_preset(shape.info, preset, hw, CTX_PADDING).tensor_bytes
+    return estimate_preset(shape.info, preset, hw, CTX_PADDING, header=False).tensor_bytes
 
 
 def memory_report(

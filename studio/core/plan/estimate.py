@@ -22,6 +22,7 @@ non-expert weights plus that share of the expert weights. Both counts are part o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -30,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from studio.core.errors import StudioError
 from studio.core.gguf.layout import layout
+from studio.core.gguf.read import GGUFFile, read_gguf
 from studio.core.hardware import HardwareInfo
 from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo, experts_of
 from studio.core.modelinfo import config_int as _cfg_int
+from studio.core.plan.gguf_file import copied_metadata_bytes, requantized_file_bytes
 from studio.core.plan.memory import kv_bytes, overhead_bytes  # the one memory model
 from studio.core.plan.presets import PRESETS as TYPES_OF
 from studio.core.plan.presets import preset_types
@@ -138,16 +141,16 @@ def gguf_row(t: TensorInfo) -> int:
 
 
 def _preset_types(info: ModelInfo, preset: str) -> tuple[dict[str, str], bool]:
-    """(tensor -> qtype, exact). Exact: the exporter's llama.cpp rules applied to this model.
+    """(tensor -> qtype, exact). Exact: the exporter's llama.cpp rules applied to this model (a GGUF
+    original included: its own tensor names, as ``llama-quantize --allow-requantize`` chooses).
 
-    For what the exporter cannot map (an unknown architecture, a GGUF file) every 2-D float tensor gets
-    the preset's default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.
+    For what the exporter cannot map (an unknown architecture) every 2-D float tensor gets the preset's
+    default type with llama.cpp's row fallback, 1-D tensors and norms F32: approximate.
     """
-    if info.format is not CheckpointFormat.GGUF:
-        try:
-            return preset_types(info, preset), True
-        except StudioError:
-            pass
+    try:
+        return preset_types(info, preset), True
+    except StudioError:
+        pass
     return _generic_types(info, preset), False
 
 
@@ -255,12 +258,37 @@ def _gpu_layers(verdict: Verdict, hw: HardwareInfo, n_layers: int, layer_bytes: 
     return max(0, min(n_layers, (budget - rest) // layer_bytes))
 
 
-def estimate_preset(info: ModelInfo, preset: str, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
-    """The estimate for one preset (any of ``studio.core.plan.presets.PRESETS``)."""
+def estimate_preset(
+    info: ModelInfo,
+    preset: str,
+    hw: HardwareInfo,
+    ctx_len: int = 4096,
+    *,
+    source: tuple[GGUFFile, int] | None = None,
+    header: bool = True,
+) -> Estimate:
+    """The estimate for one preset (any of ``studio.core.plan.presets.PRESETS``).
+
+    For a GGUF original the file size is the export's to the byte (``requantized_file_bytes``);
+    ``source``: its header and copied metadata bytes, already read (``estimate_presets`` reads them once);
+    ``header=False`` skips that count (reading the header takes a moment) for a caller of ``tensor_bytes``.
+    """
     if preset not in TYPES_OF:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(TYPES_OF)}")
     types, exact = _preset_types(info, preset)
-    return _estimate_types(info, preset, types, hw, ctx_len, TYPES_OF[preset].default_type, exact)
+    est = _estimate_types(info, preset, types, hw, ctx_len, TYPES_OF[preset].default_type, exact)
+    if exact and header and info.format is CheckpointFormat.GGUF:
+        from studio.core.plan.plan import plan_from_preset
+
+        g, copied = source if source is not None else _gguf_source(info)
+        size = requantized_file_bytes(g, plan_from_preset(info, preset), copied=copied)
+        est = dataclasses.replace(est, file_bytes=size, header_bytes=size - est.tensor_bytes)
+    return est
+
+
+def _gguf_source(info: ModelInfo) -> tuple[GGUFFile, int]:
+    g = read_gguf(info.path)
+    return g, copied_metadata_bytes(g)
 
 
 def estimate_plan(info: ModelInfo, plan: Plan, hw: HardwareInfo, ctx_len: int = 4096) -> Estimate:
@@ -405,7 +433,8 @@ def estimate_presets(
     info: ModelInfo, hw: HardwareInfo, ctx_len: int = 4096, presets: tuple[str, ...] = ALL_PRESETS
 ) -> tuple[Estimate, ...]:
     """Estimates for every preset in ``presets`` (``ALL_PRESETS``), in that order."""
-    return tuple(estimate_preset(info, p, hw, ctx_len) for p in presets)
+    source = _gguf_source(info) if info.format is CheckpointFormat.GGUF and presets else None
+    return tuple(estimate_preset(info, p, hw, ctx_len, source=source) for p in presets)
 
 
 # ---------------------------------------------------------------------------- config-only models

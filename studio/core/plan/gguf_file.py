@@ -17,10 +17,12 @@ import numpy as np
 
 from studio.core.gguf.arch import Layout, TensorMap
 from studio.core.gguf.layout import layout
-from studio.core.gguf.metadata import add_arch_metadata, add_general_metadata, extra_tensors
+from studio.core.gguf.metadata import _studio_version, add_arch_metadata, add_general_metadata, extra_tensors
+from studio.core.gguf.read import GGUFFile, read_gguf
 from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
 from studio.core.gguf.writer import PlannedTensor, llama_order
 from studio.core.model import hub_repo_id
+from studio.core.model.gguf_source import copy_metadata
 from studio.core.plan.plan import Plan, check_plan
 from studio.core.quant.types import tensor_bytes
 
@@ -73,6 +75,8 @@ def export_file_bytes(
     """The exact size of the file ``export_gguf`` writes for ``plan`` (studio back end, or a calibrated
     export): the same metadata and tensor infos serialized in memory, plus the aligned tensor data."""
     check_plan(plan, info)
+    if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original is requantized: its own header
+        return requantized_file_bytes(read_gguf(info.path), plan)
     lay = layout(info)
     if source_repo is None:
         source_repo = hub_repo_id(info.path)
@@ -92,4 +96,123 @@ def export_file_bytes(
     return n + sum(it.nbytes + (-it.nbytes % align) for it in items)
 
 
-__all__ = ["PlannedItem", "export_file_bytes", "planned_items", "write_metadata"]
+# ------------------------------------------------------------------------ a GGUF original, requantized
+
+# llama-quantize drops these (one output file, whatever the input's splits were) and sets these last.
+SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+SET_LAST = ("general.quantization_version", "general.file_type")
+GGML_QNT_VERSION = 2
+
+
+def _skipped_keys(g: GGUFFile) -> tuple[str, ...]:
+    own = tuple(k for k in g.metadata if k.startswith("quant_studio."))  # an earlier export's: replaced
+    return SPLIT_KEYS + SET_LAST + own
+
+
+def _add_own_keys(kv: Any, g: GGUFFile, plan: Plan) -> None:
+    kv.add_uint32("general.quantization_version", GGML_QNT_VERSION)
+    kv.add_uint32("general.file_type", int(plan.ftype))
+    kv.add_string("quant_studio.version", _studio_version())
+    kv.add_string("quant_studio.plan", plan.to_json())
+    align = g.metadata.get("general.alignment")
+    if isinstance(align, int) and align > 0:
+        kv.data_alignment = align
+
+
+def requantize_metadata(kv: Any, g: GGUFFile, plan: Plan) -> list[str]:
+    """Write into the gguf-py writer ``kv`` the metadata of ``g`` requantized to ``plan`` (what
+    ``llama-quantize --allow-requantize`` copies, then the studio's keys); returns the keys not copied."""
+    lost = copy_metadata(kv, g, skip=_skipped_keys(g))
+    _add_own_keys(kv, g, plan)
+    return lost
+
+
+def copied_metadata_bytes(g: GGUFFile) -> int:
+    """Bytes of the metadata ``requantize_metadata`` copies from ``g`` (the same keys as ``copy_metadata``
+    keeps), counted from the values; the same for every plan, so a caller sizing many plans counts it once."""
+    skipped = set(_skipped_keys(g))
+    n = 0
+    for key, value in g.metadata.items():
+        vtype, etype = g.value_types.get(key, (None, None))
+        if key in skipped or vtype is None:
+            continue
+        if vtype == gguf.GGUFValueType.ARRAY and len(value) == 0:
+            continue  # copy_metadata cannot copy an empty array
+        n += _string_bytes(key) + 4 + _value_bytes(value, vtype, etype)
+    return n
+
+
+def requantized_types(g: GGUFFile, plan: Plan) -> dict[str, str]:
+    """Tensor name → the type the requantization of ``g`` writes (the stored type where the plan is silent)."""
+    return {t.name: plan.types.get(t.name, t.type_name) for t in g.tensors}
+
+
+def requantized_file_bytes(g: GGUFFile, plan: Plan, *, copied: int | None = None) -> int:
+    """The exact size of the file the studio writes when it requantizes the GGUF ``g`` to ``plan``
+    (``export.requantize``): the copied metadata (``copied``: ``copied_metadata_bytes(g)``, counted here
+    when None), the studio's keys, the tensor infos and the aligned data. A tensor kept in its stored
+    type keeps its stored bytes."""
+    kv = gguf.GGUFWriter(None, str(g.metadata.get("general.architecture", "")))
+    kv.kv_data[0].clear()
+    _add_own_keys(kv, g, plan)
+    n = 4 + 4 + 8 + 8  # magic, version, tensor count, key count
+    n += copied_metadata_bytes(g) if copied is None else copied
+    for key, val in kv.kv_data[0].items():
+        n += _string_bytes(key) + 4 + _value_bytes(val.value, val.type, val.sub_type)
+    align = kv.data_alignment
+    targets = requantized_types(g, plan)
+    data = 0
+    for t in g.tensors:
+        n += _string_bytes(t.name) + 4 + 8 * len(t.shape) + 4 + 8
+        q = targets[t.name]
+        b = t.nbytes if q == t.type_name else tensor_bytes(q, tuple(t.shape))
+        data += b + (-b % align)
+    return n + (-n % align) + data
+
+
+_SCALAR_BYTES = {
+    gguf.GGUFValueType.UINT8: 1,
+    gguf.GGUFValueType.INT8: 1,
+    gguf.GGUFValueType.BOOL: 1,
+    gguf.GGUFValueType.UINT16: 2,
+    gguf.GGUFValueType.INT16: 2,
+    gguf.GGUFValueType.UINT32: 4,
+    gguf.GGUFValueType.INT32: 4,
+    gguf.GGUFValueType.FLOAT32: 4,
+    gguf.GGUFValueType.UINT64: 8,
+    gguf.GGUFValueType.INT64: 8,
+    gguf.GGUFValueType.FLOAT64: 8,
+}
+
+
+def _string_bytes(s: Any) -> int:
+    return 8 + len(s.encode("utf-8") if isinstance(s, str) else bytes(s))
+
+
+def _value_bytes(value: Any, vtype: Any, sub_type: Any = None) -> int:
+    """Bytes gguf-py packs for ``value`` of ``vtype`` (without the type tag): counted, not packed, so the
+    150,000 tokens of a vocabulary cost milliseconds."""
+    vtype = gguf.GGUFValueType(vtype)
+    if vtype == gguf.GGUFValueType.STRING:
+        return _string_bytes(value)
+    if vtype == gguf.GGUFValueType.ARRAY:
+        items = value.tolist() if isinstance(value, np.ndarray) else list(value)
+        sub = gguf.GGUFValueType(sub_type) if sub_type is not None else gguf.GGUFValueType.get_type(items[0])
+        if sub == gguf.GGUFValueType.STRING:
+            return 4 + 8 + sum(_string_bytes(v) for v in items)
+        if sub == gguf.GGUFValueType.ARRAY:
+            return 4 + 8 + sum(_value_bytes(v, sub) for v in items)
+        return 4 + 8 + _SCALAR_BYTES[sub] * len(items)
+    return _SCALAR_BYTES[vtype]
+
+
+__all__ = [
+    "PlannedItem",
+    "copied_metadata_bytes",
+    "export_file_bytes",
+    "planned_items",
+    "requantize_metadata",
+    "requantized_file_bytes",
+    "requantized_types",
+    "write_metadata",
+]

@@ -386,19 +386,23 @@ class ChatPanel(JobPanel, QWidget):
         )
         self.truncate = QCheckBox("Truncate long prompts", self)
         self.truncate.setToolTip("Keep only the end of a prompt that does not fit in the context")
+        # two rows, not one: in one row the buttons and settings need ~1140 px, wider than a 1280×720
+        # window's page beside the model tree, and the page scrolled sideways over the right column
         bar = QHBoxLayout()
         for w in (self.add_gguf_button, self.add_folder_button, self.new_button):
             bar.addWidget(w)
         bar.addStretch(1)
+        settings = QHBoxLayout()
         for label, w in (
             ("Max tokens", self.max_tokens),
             ("Temperature", self.temperature),
             ("Seed", self.seed),
             ("KV cache", self.kv_combo),
         ):
-            bar.addWidget(QLabel(label, self))
-            bar.addWidget(w)
-        bar.addWidget(self.truncate)
+            settings.addWidget(QLabel(label, self))
+            settings.addWidget(w)
+        settings.addWidget(self.truncate)
+        settings.addStretch(1)
 
         self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
         self.placeholder = QLabel(
@@ -421,6 +425,7 @@ class ChatPanel(JobPanel, QWidget):
 
         lay = QVBoxLayout(self)
         lay.addLayout(bar)
+        lay.addLayout(settings)
         lay.addWidget(self.placeholder)
         lay.addWidget(self.splitter, 1)
         lay.addLayout(bottom)

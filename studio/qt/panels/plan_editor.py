@@ -343,10 +343,6 @@ class PlanEditorPanel(QWidget):
         row1.addWidget(self.keep_type)
         row1.addWidget(self.keep_button)
         row1.addStretch(1)
-        row1.addWidget(self.undo_button)
-        row1.addWidget(self.redo_button)
-        row1.addWidget(self.save_button)
-        row1.addWidget(self.load_button)
         row2 = QHBoxLayout()
         row2.addWidget(self.set_type)
         row2.addWidget(self.set_button)
@@ -354,6 +350,11 @@ class PlanEditorPanel(QWidget):
         row2.addWidget(self.regex_edit, 1)
         row2.addWidget(self.regex_type)
         row2.addWidget(self.regex_button)
+        # undo/redo/save/load end this row, whose rule field gives way, not the first: that row then
+        # needed ~1000 px, more than a 1280×720 window's page has beside the model tree (it scrolled)
+        row2.addSpacing(12)
+        for b in (self.undo_button, self.redo_button, self.save_button, self.load_button):
+            row2.addWidget(b)
 
         self.model = PlanTableModel(self)
         self.model.cellEdited.connect(self._on_cell_edited)
