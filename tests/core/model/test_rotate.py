@@ -1,0 +1,95 @@
+"""Rotations folded into the weights (issue 41): orthogonal matrices, the view, refusals, the check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from studio.core.model import open_model
+from studio.core.model.rotate import (
+    RotatedCheckpoint,
+    Rotation,
+    RotationError,
+    check_rotatable,
+    rotation_matrix,
+)
+from studio.core.model.rotate_check import check_rotation
+from studio.core.modelinfo import Role
+
+ROTATABLE = ["llama", "qwen2", "qwen3", "phi3"]
+
+
+@pytest.mark.parametrize("n", [1, 8, 64, 192, 576, 1536, 7])
+def test_rotation_matrix_is_orthogonal_and_seeded(n: int) -> None:
+    q = rotation_matrix(n, seed=5)
+    assert np.allclose(q @ q.T, np.eye(n), atol=1e-12)
+    assert np.array_equal(q, rotation_matrix(n, seed=5))
+    if n > 1:
+        assert not np.allclose(q, rotation_matrix(n, seed=6))
+
+
+def test_hadamard_factor_spreads_one_channel() -> None:
+    # an outlier on one channel is spread over the power-of-two factor: |x·Q| max drops by ~sqrt(64)
+    x = np.zeros(576)
+    x[260] = 100.0
+    y = x @ rotation_matrix(576, seed=0)
+    assert np.isclose(np.linalg.norm(y), 100.0)
+    assert np.abs(y).max() < 100.0 / 4
+
+
+@pytest.mark.parametrize("arch", ROTATABLE)
+def test_rotated_model_computes_the_same_logits(tiny_model, arch: str) -> None:
+    with open_model(tiny_model(arch)) as ck:
+        view = RotatedCheckpoint(ck, Rotation(seed=1))
+        res = check_rotation(view)
+        assert res.layers_checked == res.layers == ck.info.n_layers
+        assert res.relative < 1e-4
+        # the weights did change, and the norms folded into them are ones
+        name = next(t.name for t in ck.info.tensors if t.role is Role.FFN_DOWN)
+        assert not np.allclose(view.read(name), ck.read(name), atol=1e-3)
+        assert np.all(view.read("model.norm.weight") == 1.0)
+        tied = not any(t.role is Role.OUTPUT for t in ck.info.tensors)
+        assert view.untied == tied
+        assert view.info.tensor("lm_head.weight").role is Role.OUTPUT
+        assert view.info.config["tie_word_embeddings"] is False
+
+
+def test_r2_alone_keeps_the_stream_and_changes_v(tiny_model) -> None:
+    with open_model(tiny_model("qwen2")) as ck:
+        view = RotatedCheckpoint(ck, Rotation(seed=2, r1=False))
+        check_rotation(view)
+        emb = "model.embed_tokens.weight"
+        assert np.allclose(view.read(emb), ck.read(emb))
+        v = "model.layers.0.self_attn.v_proj.bias"
+        assert not np.allclose(view.read(v), ck.read(v))  # Qwen2's v bias turns with R2
+
+
+def test_the_check_catches_a_wrong_rotation(tiny_model) -> None:
+    class Broken(RotatedCheckpoint):
+        def r2(self, layer: int) -> np.ndarray:  # o_proj and v_proj disagree
+            return super().r2(layer) if self._breaking else np.eye(self.head_dim, dtype=np.float32)
+
+        def _read_f32(self, t):
+            self._breaking = t.role is Role.ATTN_OUT
+            return super()._read_f32(t)
+
+    with open_model(tiny_model("llama")) as ck:
+        with pytest.raises(RotationError, match="nothing was written"):
+            check_rotation(Broken(ck, Rotation(seed=1)))
+
+
+def test_check_of_a_large_model_uses_its_first_blocks(tiny_model) -> None:
+    with open_model(tiny_model("llama", layers=3)) as ck:
+        res = check_rotation(RotatedCheckpoint(ck, Rotation()), max_bytes=1)
+        assert (res.layers_checked, res.layers) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("arch", "why"),
+    [("gemma", "output head from the embedding"), ("gemma2", "post-norms"), ("gpt2", "LayerNorm")],
+)
+def test_families_it_cannot_fold_are_refused_in_one_sentence(tiny_model, arch: str, why: str) -> None:
+    with open_model(tiny_model(arch)) as ck:
+        with pytest.raises(RotationError, match=why) as err:
+            check_rotatable(ck.info)
+        assert err.value.message.count(". ") == 0
