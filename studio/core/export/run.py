@@ -42,6 +42,8 @@ from studio.core.gguf.writer import (
 from studio.core.jobs import JobCancelled, JobContext, null_context
 from studio.core.llamacpp import LlamaRunner, LlamaWorker, LoadOptions
 from studio.core.model import hub_repo_id, open_model
+from studio.core.model.rotate import Rotation, RotationError, rotated
+from studio.core.model.rotate_check import check_rotation
 from studio.core.plan.gguf_file import PlannedItem as _Item
 from studio.core.plan.gguf_file import export_file_bytes
 from studio.core.plan.gguf_file import planned_items as _items
@@ -199,6 +201,7 @@ def export_gguf(
     validate: Callable[[Path], None] | None = None,
     allow_pickle: bool = False,
     precomputed: Precomputed | None = None,
+    rotation: Rotation | None = None,
 ) -> ExportResult:
     """Export ``checkpoint_path`` to the GGUF file ``out_path`` following ``plan`` (or a preset name).
 
@@ -208,6 +211,8 @@ def export_gguf(
     ``allow_pickle`` opts in to a pickle ``pytorch_model.bin`` (converted in a child, as ``open_model`` does).
     ``precomputed`` holds tensors already in their GGUF form (a calibrated run's ``TensorSpool``, keyed
     by HF name): they are written as they are instead of being read and quantized (studio back end).
+    ``rotation`` folds R1/R2 into the weights (``studio.core.model.rotate``), checked against the
+    unrotated model's float32 logits before anything is written.
     """
     ctx = ctx or null_context()
     if backend not in BACKENDS:
@@ -217,6 +222,8 @@ def export_gguf(
     out = Path(out_path).expanduser()
     ckpt = open_model(checkpoint_path, allow_pickle=allow_pickle)
     try:
+        if rotation is not None:
+            ckpt = _rotate(ckpt, rotation, ctx)
         info = ckpt.info
         check_exportable(info)
         if source_repo is None:
@@ -274,6 +281,21 @@ def export_gguf(
         + tuple(result.get("notes", ())),
         n_weights=n_weights,
     )
+
+
+def _rotate(ckpt: Any, rotation: Rotation, ctx: JobContext) -> Any:
+    """``ckpt`` seen rotated, once its logits match the original's (one sentence otherwise)."""
+    try:
+        view = rotated(ckpt, rotation)
+    except RotationError:
+        ckpt.close()
+        raise
+    try:
+        check_rotation(view, seed=rotation.seed, ctx=ctx.span(0.0, 0.05))
+    except BaseException:
+        view.close()
+        raise
+    return view
 
 
 def check_exportable(info: Any) -> None:

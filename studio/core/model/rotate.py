@@ -53,6 +53,10 @@ _FFN_READERS = (Role.FFN_GATE, Role.FFN_UP, Role.FFN_GATE_UP, Role.FFN_ROUTER, R
 _WRITERS = (Role.ATTN_OUT, Role.FFN_DOWN, Role.FFN_DOWN_EXPS)
 
 
+ROTATION_CONFIG_KEY = "_quant_studio_rotation"
+"""Where a rotated view's config carries its ``quantize.rotation.*`` metadata (no HF config uses it)."""
+
+
 class RotationError(StudioError):
     """A model cannot be rotated, or its rotation does not compute the same function."""
 
@@ -191,6 +195,7 @@ class RotatedCheckpoint(Checkpoint):
         else:
             self.head_name = next(t.name for t in info.tensors if t.role is Role.OUTPUT)
         cfg["tie_word_embeddings"] = False
+        cfg[ROTATION_CONFIG_KEY] = rotation.metadata(self.hidden, self.head_dim)
         super().__init__(dataclasses.replace(info, config=cfg, tensors=tuple(tensors)))
         self._q: np.ndarray | None = None
         self._r2: dict[int, np.ndarray] = {}
@@ -307,6 +312,12 @@ class RotatedCheckpoint(Checkpoint):
         """Close the checkpoint underneath as well."""
         self.inner.close()
         super().close()
+
+
+def rotation_metadata(info: ModelInfo) -> dict[str, Any]:
+    """The ``quantize.rotation.*`` keys to write for ``info`` (empty unless it is a rotated view)."""
+    meta = info.config.get(ROTATION_CONFIG_KEY)
+    return dict(meta) if isinstance(meta, dict) else {}
 
 
 def rotated(inner: Checkpoint, rotation: Rotation | None) -> Checkpoint:

@@ -23,6 +23,7 @@ from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
 from studio.core.gguf.writer import PlannedTensor, llama_order
 from studio.core.model import hub_repo_id
 from studio.core.model.gguf_source import copy_metadata
+from studio.core.model.rotate import rotation_metadata
 from studio.core.plan.plan import Plan, check_plan
 from studio.core.quant.types import tensor_bytes
 
@@ -66,6 +67,13 @@ def write_metadata(
             w.kv.add_string(key, value)
         else:
             w.kv.add_uint32(key, int(value))
+    for key, value in rotation_metadata(info).items():  # a rotated view (studio.core.model.rotate)
+        if isinstance(value, bool):
+            w.kv.add_bool(key, value)
+        elif isinstance(value, int):
+            w.kv.add_uint32(key, value)
+        else:
+            w.kv.add_string(key, str(value))
     return tok
 
 
