@@ -84,3 +84,22 @@ def check_cluster(value: str) -> None:
     ClusterSpec.parse(value)
     if not ray_installed():
         raise ClusterError(f"--cluster needs Ray, which is not installed: {INSTALL_HINT}.")
+
+
+def add_rotate(parser: Any) -> None:
+    """``--rotate`` and ``--rotate-seed N``: fold a randomised Hadamard rotation into the weights."""
+    parser.add_argument(
+        "--rotate",
+        action="store_true",
+        help=(
+            "fold a randomised Hadamard rotation into the weights (QuaRot's R1 and R2; any llama.cpp runs "
+            "the file, which may quantize better; a tied head is untied; llama, mistral, qwen2, qwen3, phi3)"
+        ),
+    )
+    parser.add_argument(
+        "--rotate-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the rotation's seed (default 0; 0 to 2**32-1)",
+    )

@@ -40,6 +40,7 @@ from studio.core.export.verify import check_verifiable, default_text
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
 from studio.core.model.gguf_source import source_summary
+from studio.core.model.rotate import RotatedCheckpoint, rotation_from
 from studio.core.plan.imatrix_need import check_imatrix
 from studio.core.plan.plan import (
     Override,
@@ -224,6 +225,7 @@ def _export_calibrated(
         validate=validate,
         allow_pickle=args.allow_pickle,
         executor=executor,
+        rotation=rotation_from(args.rotate, args.rotate_seed),
     )
 
 
@@ -250,10 +252,18 @@ def run(args: argparse.Namespace) -> int:
         args.model = torch_original(
             args.model, "the budget's scan" if args.budget else f"--method {args.method}"
         )
+    rotation = rotation_from(args.rotate, args.rotate_seed)
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
         source = _gguf_source(ck)
+        if rotation is not None:  # plans name the rotated model's tensors (an untied head included)
+            info = RotatedCheckpoint(ck, rotation).info
     check_exportable(info)
+    if rotation is not None and (args.imatrix or args.budget):
+        raise StudioError(
+            "--rotate goes with --preset, --plan or --uniform and a calibrated --method; an --imatrix file "
+            "or a --budget scan measures the unrotated model."
+        )
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:
@@ -300,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
                 validate=validate,
                 allow_pickle=args.allow_pickle,
                 imatrix=imatrix,
+                rotation=rotation,
             )
 
         # the window's job: the partial file is verified before it is renamed into place

@@ -112,6 +112,7 @@ def register(subparsers: Any) -> None:
         "columns by decreasing activation energy, which measured better)",
     )
     options.add_allow_pickle(p)
+    options.add_rotate(p)
     p.add_argument(
         "-v", "--verbose", action="store_true", help="list every fallback tensor (default: one summary line)"
     )

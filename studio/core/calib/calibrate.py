@@ -28,6 +28,7 @@ from studio.core.calib.runner import Consumer, run_model
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
 from studio.core.model import open_model
+from studio.core.model.rotate import Rotation, rotated
 from studio.core.modelinfo import CheckpointFormat
 from studio.core.stats.cache import checkpoint_key
 
@@ -75,7 +76,7 @@ def prepare_input(
     return CalibrationInput(data, make_chunks(ids, n_ctx, n_chunks, bos_of(tok), data.name), warnings)
 
 
-def _open(model: str | os.PathLike[str], allow_pickle: bool) -> Any:
+def _open(model: str | os.PathLike[str], allow_pickle: bool, rotation: Rotation | None = None) -> Any:
     ckpt = open_model(model, allow_pickle=allow_pickle)
     if ckpt.info.format == CheckpointFormat.GGUF:
         ckpt.close()
@@ -83,7 +84,11 @@ def _open(model: str | os.PathLike[str], allow_pickle: bool) -> Any:
             f"{Path(str(model)).name} is a GGUF file; calibration runs the original Hugging Face model "
             "(a folder with config.json and .safetensors weights)."
         )
-    return ckpt
+    try:  # a rotated model is calibrated as it will be written (studio.core.model.rotate)
+        return rotated(ckpt, rotation)
+    except BaseException:
+        ckpt.close()
+        raise
 
 
 def calibrate(

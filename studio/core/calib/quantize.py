@@ -45,6 +45,7 @@ from studio.core.gguf import writer
 from studio.core.gguf.arch import Transform, apply_transform, head_counts, permute_rows
 from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, JobSpan, null_context
+from studio.core.model.rotate import Rotation
 from studio.core.quant.gptq import FactorCache, GptqOptions, HessianError
 from studio.core.quant.methods import SiteStats, imatrix, method_info
 from studio.core.quant.types import FLOAT_TYPES
@@ -459,19 +460,21 @@ def export_calibrated(
     validate: Callable[[Path], None] | None = None,
     allow_pickle: bool = False,
     executor: Any = None,
+    rotation: Rotation | None = None,
 ) -> CalibratedExport:
     """Calibrate ``model`` on ``text`` for the methods of ``plan`` (a Plan or a preset name) and export it.
 
     ``device``: where layers run and GPTQ sweeps (auto, cpu, cuda, mps); ``dtype``: the precision of
     the layer forward passes (float32 by default: the Hessians are as exact as the data allows).
     ``executor`` (``studio.core.executor``): a distributed one rounds each layer's tensors as units on a
-    cluster, with the same bytes.
+    cluster, with the same bytes. ``rotation``: calibrate and export the rotated model
+    (``studio.core.model.rotate``; the export checks it against the original first).
     """
 
     ctx = ctx or null_context()
     t0 = time.monotonic()
     out_p = Path(out).expanduser()
-    ckpt = _open(model, allow_pickle)
+    ckpt = _open(model, allow_pickle, rotation)
     try:
         info = ckpt.info
         check_exportable(info)
@@ -479,7 +482,9 @@ def export_calibrated(
         plan = _resolve_plan(plan, info)
         export_device = _export_device(device)
         if not plan.calibrated:
-            res = export_gguf(info.path, out_p, plan, device=export_device, ctx=ctx, validate=validate)
+            res = export_gguf(
+                info.path, out_p, plan, device=export_device, ctx=ctx, validate=validate, rotation=rotation
+            )
             return CalibratedExport(res, plan.method, "", 0, 0, 0, None, (), (), time.monotonic() - t0)
         calib = ctx.span(0.0, CALIB_SHARE)
         calib.report(0, 1, "Tokenizing the calibration text")
@@ -488,7 +493,7 @@ def export_calibrated(
         lay = layout(info)
         if _imatrix_only(plan):
             return _export_with_imatrix(
-                ckpt, out_p, plan, inp, device, dtype, ctx, calib, validate, t0, warnings
+                ckpt, out_p, plan, inp, device, dtype, ctx, calib, validate, t0, warnings, rotation
             )
         with TensorSpool(out_p) as spool:
             collector = ActivationCollector(histogram=False, dataset=inp.data.name)
@@ -526,6 +531,7 @@ def export_calibrated(
                 validate=validate,
                 precomputed=spool,
                 allow_pickle=allow_pickle,
+                rotation=rotation,
             )
         return _result(res, plan, inp, run, tuple(consumer.layers), warnings, t0)
     finally:
@@ -544,6 +550,7 @@ def _export_with_imatrix(
     validate: Callable[[Path], None] | None,
     t0: float,
     warnings: list[str],
+    rotation: Rotation | None = None,
 ) -> CalibratedExport:
     """``imatrix`` (and ``rtn``) tensors only: the float model's statistics, as llama-imatrix collects them."""
     info = ckpt.info
@@ -570,6 +577,7 @@ def _export_with_imatrix(
         imatrix=chosen,
         ctx=ctx.span(CALIB_SHARE, 1.0),
         validate=validate,
+        rotation=rotation,
     )
     return _result(res, plan, inp, run, (), warnings, t0)
 

@@ -785,6 +785,8 @@ def run_model(
     # MoE experts must run their per-expert loop, where each expert is one F.linear the expert hooks
     # see; transformers' default grouped_mm multiplies all experts at once and the hooks saw none
     config._experts_implementation = "eager"
+    if info.config.get("tie_word_embeddings") is False:  # a rotated view unties the head (model.rotate)
+        config.tie_word_embeddings = False
     n_layers = int(getattr(config, "num_hidden_layers", 0) or info.n_layers or 0)
     head = any(c.wants_head for c in consumers)
     t0 = time.monotonic()

@@ -314,6 +314,16 @@ class RotatedCheckpoint(Checkpoint):
         super().close()
 
 
+MAX_SEED = 2**32 - 1
+
+
+def rotation_from(rotate: bool, seed: int = 0) -> Rotation | None:
+    """The rotation a face asked for (None without ``rotate``); a seed outside 0..2³²−1 is refused."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise RotationError(f"The rotation seed must be a whole number from 0 to {MAX_SEED}, not {seed!r}.")
+    return Rotation(seed=seed) if rotate else None
+
+
 def rotation_metadata(info: ModelInfo) -> dict[str, Any]:
     """The ``quantize.rotation.*`` keys to write for ``info`` (empty unless it is a rotated view)."""
     meta = info.config.get(ROTATION_CONFIG_KEY)
