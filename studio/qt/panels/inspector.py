@@ -18,6 +18,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QGridLayout,
@@ -29,7 +30,10 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.calib.analysis import ChannelProfile, activation_histogram, channel_profile
+from studio.core.errors import StudioError
+from studio.core.model.rotate import RotatedCheckpoint
 from studio.core.stats.cache import StatsCache
+from studio.core.stats.rotation_effect import default_rotation, rotation_effect
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
 from studio.qt import widgets
 from studio.qt.jobs import JobManager
@@ -173,6 +177,9 @@ class InspectorPanel(JobPanel, QWidget):
         self._draw_token = 0
         self._job_name = ""  # the tensor of the newest statistics job
         self.profile: ChannelProfile | None = None  # the activations of the shown tensor's input
+        self._rot_cache = StatsCache()  # the rotated view's statistics, apart from the model's own
+        self._rot_view: RotatedCheckpoint | None = None
+        self._note = ""  # the rotation's effect on the shown tensor, when "Rotated" is on
         self._build()
         state.activationsChanged.connect(lambda _s: self._draw_activations())
         state.tensorSelected.connect(self._on_tensor_selected)
@@ -199,6 +206,13 @@ class InspectorPanel(JobPanel, QWidget):
         top.addWidget(QLabel("Outliers:", self))
         top.addWidget(self.rule_combo)
         top.addWidget(self.rule_spin)
+        self.rotate_box = QCheckBox("Rotated", self)
+        self.rotate_box.setToolTip(
+            "Show the tensor as export --rotate writes it: a randomised Hadamard rotation folded into the "
+            "weights spreads outlier input channels over many"
+        )
+        self.rotate_box.toggled.connect(self._rotate_toggled)
+        top.addWidget(self.rotate_box)
         self.act_abs_spin = widgets.spin_box(
             self,
             0.01,
@@ -302,6 +316,7 @@ class InspectorPanel(JobPanel, QWidget):
         self._job_name = ""
         self._draw_token += 1
         self.stats = None
+        self._note = ""
         self.hist_item.setData([0.0, 1.0], [0.0], stepMode="center")
         self.out_channels.clear()
         self.in_channels.clear()
@@ -338,7 +353,7 @@ class InspectorPanel(JobPanel, QWidget):
             self.hist_item.setData(stats.hist.edges, stats.hist.log_counts(), stepMode="center", fillLevel=0)
             shape = " × ".join(str(s) for s in stats.shape)
             self.title.setText(f"<b>{stats.name}</b>  ({shape})")
-            self.status.setText("")
+            self.status.setText(self._note)
 
         def draw_heat() -> None:
             if stats.heatmap is None:
@@ -376,7 +391,16 @@ class InspectorPanel(JobPanel, QWidget):
 
     @Slot(object)
     def _on_model_opened(self, _checkpoint: Any) -> None:
+        self._rot_view = None
+        self._rot_cache = StatsCache()
         self.clear()
+
+    @Slot(bool)
+    def _rotate_toggled(self, _on: bool) -> None:
+        name = self.state.selected_tensor
+        if self.state.checkpoint is not None and name:
+            self._job_name = ""  # the same tensor, seen the other way
+            self.request(name)
 
     @Slot(str)
     def _on_tensor_selected(self, name: str) -> None:
@@ -395,17 +419,36 @@ class InspectorPanel(JobPanel, QWidget):
             # Already on its way: repeated requests start one job
             # (test_inspector.py::test_repeated_selection_starts_one_job).
             return
+        view = self._rotated(ckpt) if self.rotate_box.isChecked() else None
         self._job_name = name
         self.status.setText(f"Computing statistics of {name}…")
         cache, bins = self.cache, self.bins
+        mark = getattr(self, "_mark", None)
+        channel = mark[1] if mark and mark[0] == name else None
 
-        def work(ctx: Any) -> TensorStats:
-            return tensor_stats(ckpt, name, cache=cache, bins=bins, ctx=ctx)
+        def work(ctx: Any) -> tuple[TensorStats, str]:
+            if view is None:
+                return tensor_stats(ckpt, name, cache=cache, bins=bins, ctx=ctx), ""
+            stats = tensor_stats(view, name, cache=self._rot_cache, bins=bins, ctx=ctx)
+            if len(stats.shape) != 2:
+                return stats, "Rotated: this tensor is not a matrix."
+            return stats, rotation_effect(view, name).sentence(channel)
 
         self.task.start(f"Statistics of {name}", work)
 
-    def on_done(self, result: TensorStats) -> None:
-        self.show_stats(result)
+    def _rotated(self, ckpt: Any) -> RotatedCheckpoint | None:
+        """The rotated view of ``ckpt`` (made once per model); None, with the reason shown, if it has none."""
+        if self._rot_view is None or self._rot_view.inner is not ckpt:
+            try:
+                self._rot_view = RotatedCheckpoint(ckpt, default_rotation())
+            except StudioError as err:
+                self._rot_view = None
+                self.status.setText(err.message)
+        return self._rot_view
+
+    def on_done(self, result: tuple[TensorStats, str]) -> None:
+        self._note = result[1]
+        self.show_stats(result[0])
 
     @Slot()
     def _rule_changed(self, *_: Any) -> None:

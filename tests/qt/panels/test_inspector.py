@@ -152,3 +152,23 @@ def test_planted_outlier_input_channels_are_the_highlighted_ones(qtbot, opened):
         panel.table_value("outlier input channels")
         == f"{len(meta['outlier_channels'])} of {ckpt.read(name).shape[1]}"
     )
+
+
+def test_rotated_box_shows_the_rotated_weights_and_says_what_they_did(qtbot, opened):
+    from studio.core.model.rotate import RotatedCheckpoint, Rotation
+
+    state, _jobs, panel, ckpt = opened
+    name = _matrix(ckpt, "layers.0.mlp.gate_proj.weight")
+    with qtbot.waitSignal(panel.statsShown, timeout=20_000):
+        state.select_tensor(name)
+    plain = np.array(panel.in_channels.curve.yData)
+    np.testing.assert_array_equal(plain, np.abs(ckpt.read(name)).max(axis=0))
+    with qtbot.waitSignal(panel.statsShown, timeout=20_000):
+        panel.rotate_box.setChecked(True)
+    rot = np.abs(RotatedCheckpoint(ckpt, Rotation()).read(name)).max(axis=0)
+    np.testing.assert_allclose(panel.in_channels.curve.yData, rot, rtol=1e-6)
+    assert "Rotated: the largest input channel is" in panel.status.text()
+    with qtbot.waitSignal(panel.statsShown, timeout=20_000):
+        panel.rotate_box.setChecked(False)
+    np.testing.assert_array_equal(panel.in_channels.curve.yData, plain)
+    assert panel.status.text() == ""

@@ -1,0 +1,64 @@
+"""What folding a rotation into the weights does to a matrix's input channels: the absmax of every
+input channel before and after (``studio.core.model.rotate``), and the histogram of those absmaxes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from studio.core.errors import StudioError
+from studio.core.model.rotate import RotatedCheckpoint, Rotation
+
+
+@dataclass(frozen=True)
+class RotationEffect:
+    """Per-input-channel absmax of one matrix unrotated (``before``) and rotated (``after``), and
+    their histograms over shared log10 bins (``edges``)."""
+
+    name: str
+    before: np.ndarray
+    after: np.ndarray
+    edges: np.ndarray  # log10(absmax) bin edges
+    hist_before: np.ndarray
+    hist_after: np.ndarray
+
+    @staticmethod
+    def spread(values: np.ndarray) -> float:
+        """Largest channel absmax over the median channel's: how far the worst outlier stands out."""
+        med = float(np.median(values))
+        return float(values.max()) / med if med > 0 else float("inf")
+
+    def channel(self, index: int) -> tuple[float, float]:
+        """(before, after) absmax of input channel ``index``."""
+        return float(self.before[index]), float(self.after[index])
+
+    def sentence(self, index: int | None = None) -> str:
+        """One line for the window: the outlier spread before and after, and ``index``'s absmax."""
+        text = (
+            f"Rotated: the largest input channel is {self.spread(self.before):.1f}× the median before, "
+            f"{self.spread(self.after):.1f}× after"
+        )
+        if index is not None and 0 <= index < len(self.before):
+            b, a = self.channel(index)
+            text += f"; channel {index}: absmax {b:.3g} → {a:.3g}"
+        return text + "."
+
+
+def rotation_effect(view: RotatedCheckpoint, name: str, *, bins: int = 48) -> RotationEffect:
+    """The input channels of matrix ``name`` before and after ``view``'s rotation."""
+    inner = view.inner
+    if name not in inner or len(inner.info.tensor(name).shape) != 2:
+        raise StudioError(f"{name} is not a matrix of this model, so rotation has no input channels to show.")
+    before = np.abs(inner.read(name)).max(axis=0)
+    after = np.abs(view.read(name)).max(axis=0)
+    both = np.log10(np.maximum(np.concatenate([before, after]), 1e-30))
+    edges = np.linspace(float(both.min()), float(both.max()) + 1e-9, bins + 1)
+    hb, _ = np.histogram(np.log10(np.maximum(before, 1e-30)), edges)
+    ha, _ = np.histogram(np.log10(np.maximum(after, 1e-30)), edges)
+    return RotationEffect(name, before, after, edges, hb, ha)
+
+
+def default_rotation() -> Rotation:
+    """The rotation the Inspector shows (seed 0, R1 and R2), as ``export --rotate`` writes it."""
+    return Rotation()
