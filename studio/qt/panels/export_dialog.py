@@ -40,6 +40,7 @@ from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_c
 from studio.core.export.run import export_gguf
 from studio.core.jobs import JobContext
 from studio.core.model.gguf_source import source_summary
+from studio.core.model.rotate import Rotation
 from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
@@ -93,13 +94,15 @@ def run_export(
     calib_chunks: int | None = None,
     imatrix: Any = None,
     cluster: str | None = None,
+    rotation: Rotation | None = None,
 ) -> ExportOutcome:
     """Export ``source`` to ``out`` and (optionally) verify it in a child process before it is renamed
     into place (``studio.core.export.job.export_and_verify``, the job ``export --verify`` runs too).
 
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (a file, a list of them to mix, None:
     the built-in text; the first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
-    layer's tensors on the Ray ``cluster`` when one is named (the window's device choice).
+    layer's tensors on the Ray ``cluster`` when one is named (the window's device choice). ``rotation``
+    folds a randomised Hadamard rotation into the weights (``studio.core.model.rotate``).
     """
 
     def write(c: JobContext, validate: Any) -> Any:
@@ -120,6 +123,7 @@ def run_export(
                     validate=validate,
                     allow_pickle=allow_pickle,
                     executor=executor,
+                    rotation=rotation,
                 )
             finally:
                 executor.close()
@@ -133,6 +137,7 @@ def run_export(
             validate=validate,
             allow_pickle=allow_pickle,
             imatrix=imatrix,
+            rotation=rotation,
         )
 
     return export_and_verify(ctx, source, write, verify=verify_in_child(device) if verify else None)
@@ -233,6 +238,13 @@ class ExportDialog(JobPanel, QDialog):
             "The imatrix computed or loaded on the Calibrate page, used as llama-quantize --imatrix uses it"
         )
 
+        self.rotate_check = QCheckBox("Rotate: fold a randomised Hadamard rotation into the weights", self)
+        self.rotate_check.setToolTip(
+            "QuaRot's R1 and R2, written into the weights: the file computes the same function and any "
+            "llama.cpp runs it; outlier channels are spread out before quantization (a tied head is untied). "
+            "Llama, Mistral, Qwen2/3 and Phi-3"
+        )
+
         form = QFormLayout()
         form.addRow("Model:", self.model_label)
         form.addRow("Plan:", self.plan_combo)
@@ -247,6 +259,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Back end:", self.backend_combo)
         form.addRow("", self.verify_check)
         form.addRow("", self.imatrix_check)
+        form.addRow("", self.rotate_check)
 
         self.progress = QProgressBar(self)
         self.progress.setRange(0, PROGRESS_STEPS)
@@ -488,6 +501,12 @@ class ExportDialog(JobPanel, QDialog):
         chunks = self.chunks_spin.value() or None
         sources = self.calibration_sources
         imatrix = self.imatrix
+        rotation = Rotation() if self.rotate_check.isChecked() else None
+        if rotation is not None and imatrix is not None:
+            return self._refuse(
+                "The importance matrix was measured on the unrotated model; untick it or the rotation "
+                "(a calibrated method measures the rotated model itself)."
+            )
         cluster = self.state.cluster if calibrated else None  # the window's device choice
         # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
         allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
@@ -510,6 +529,7 @@ class ExportDialog(JobPanel, QDialog):
                 calib_chunks=chunks,
                 imatrix=imatrix,
                 cluster=cluster,
+                rotation=rotation,
             )
 
         plan_name = plan if isinstance(plan, str) else plan.name
