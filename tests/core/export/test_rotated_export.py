@@ -56,3 +56,21 @@ def test_a_family_it_cannot_fold_writes_nothing(tiny_model, tmp_path):
     with pytest.raises(RotationError, match="post-norms"):
         export_gguf(tiny_model("gemma2"), out, "F16", rotation=Rotation())
     assert not list(tmp_path.iterdir())
+
+
+def test_the_planner_counts_the_untied_head(tiny_model, tmp_path):
+    from studio.core.model import open_model
+    from studio.core.model.rotate import RotatedCheckpoint
+    from studio.core.plan.gguf_file import export_file_bytes
+    from studio.core.plan.plan import plan_from_preset
+
+    model = tiny_model("qwen2")  # tied: the rotation unties the head
+    out = tmp_path / "r.gguf"
+    export_gguf(model, out, "Q8_0", rotation=Rotation(seed=4))
+    with open_model(model) as ck:
+        view = RotatedCheckpoint(ck, Rotation(seed=4))
+        plain = export_file_bytes(ck.info, plan_from_preset(ck.info, "Q8_0"))
+        rotated = export_file_bytes(view.info, plan_from_preset(view.info, "Q8_0"))
+        head = view.info.tensor("lm_head.weight")
+    assert rotated == out.stat().st_size  # the size the planner predicts is the file's
+    assert rotated - plain >= head.n_elements  # at least a byte per weight of the untied head
