@@ -100,9 +100,39 @@ def random_orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
     return q * np.sign(np.diag(r))
 
 
-def rotation_matrix(n: int, seed: int, salt: int = 0) -> np.ndarray:
-    """A randomised Hadamard rotation of order ``n`` (float64): ``diag(±1)·(H_{2^k} ⊗ R_m)`` with
-    ``n = 2^k·m``, ``m`` odd and ``R_m`` a seeded random orthogonal matrix (identity when ``m = 1``).
+@dataclass(frozen=True)
+class Rotor:
+    """A randomised Hadamard rotation ``Q = diag(signs)·(H ⊗ R)`` of order ``len(signs)``, kept as its
+    factors: ``right(x) = x·Q`` costs ``n·(2^k + m)`` per row instead of ``n²``."""
+
+    signs: np.ndarray  # (n,) ±1
+    h: np.ndarray  # (2^k, 2^k) orthogonal Walsh–Hadamard
+    r: np.ndarray  # (m, m) orthogonal, m odd
+
+    @property
+    def n(self) -> int:
+        """The order of the rotation."""
+        return len(self.signs)
+
+    def matrix(self) -> np.ndarray:
+        """``Q`` itself (float64): for tests and small orders."""
+        return self.signs[:, None] * np.kron(self.h, self.r)
+
+    def right(self, x: np.ndarray) -> np.ndarray:
+        """``x·Q`` over the last axis of ``x`` (float32 in, float32 out)."""
+        shape = x.shape
+        y = (np.asarray(x, dtype=np.float32) * self.signs.astype(np.float32)).reshape(
+            -1, *self.h.shape[:1], len(self.r)
+        )
+        # row index a·m + b: (x·(H ⊗ R))[c·m + d] = Σ x[a, b]·H[a, c]·R[b, d] = (Hᵀ·X·R)[c, d]
+        y = np.matmul(self.h.T.astype(np.float32), y)
+        y = np.matmul(y, self.r.astype(np.float32))
+        return y.reshape(shape)
+
+
+def rotor(n: int, seed: int, salt: int = 0) -> Rotor:
+    """A randomised Hadamard rotation of order ``n``: ``diag(±1)·(H_{2^k} ⊗ R_m)`` with ``n = 2^k·m``,
+    ``m`` odd and ``R_m`` a seeded random orthogonal matrix (identity when ``m = 1``).
 
     Every entry of the Hadamard factor has the same magnitude, so one outlier channel is spread over
     ``2^k`` channels; the small odd factor only mixes within its ``m`` (576 = 64·9, 1536 = 512·3).
@@ -110,9 +140,14 @@ def rotation_matrix(n: int, seed: int, salt: int = 0) -> np.ndarray:
     rng = np.random.default_rng([int(seed), int(salt), int(n)])
     k = (n & -n).bit_length() - 1  # largest power of two dividing n
     m = n >> k
-    core = np.kron(hadamard(1 << k), random_orthogonal(m, rng) if m > 1 else np.ones((1, 1)))
+    r = random_orthogonal(m, rng) if m > 1 else np.ones((1, 1))
     signs = rng.choice(np.array([-1.0, 1.0]), size=n)
-    return signs[:, None] * core
+    return Rotor(signs, hadamard(1 << k), r)
+
+
+def rotation_matrix(n: int, seed: int, salt: int = 0) -> np.ndarray:
+    """``rotor(n, seed, salt)`` as a dense float64 matrix."""
+    return rotor(n, seed, salt).matrix()
 
 
 # ------------------------------------------------------------------------------------------ support
@@ -197,7 +232,7 @@ class RotatedCheckpoint(Checkpoint):
         cfg["tie_word_embeddings"] = False
         cfg[ROTATION_CONFIG_KEY] = rotation.metadata(self.hidden, self.head_dim)
         super().__init__(dataclasses.replace(info, config=cfg, tensors=tuple(tensors)))
-        self._q: np.ndarray | None = None
+        self._q: Rotor | None = None
         self._r2: dict[int, np.ndarray] = {}
 
     @property
@@ -205,13 +240,17 @@ class RotatedCheckpoint(Checkpoint):
         """Float32 bytes of the head this view adds by untying it (0 when the model had its own)."""
         return 4 * self._embed.n_elements if self.untied else 0
 
-    # -- matrices (cached: R1 is hidden², R2 head_dim² per layer)
-    def q(self) -> np.ndarray:
-        """R1 as float32 (the identity when R1 is off)."""
-        if self._q is None:
-            q = rotation_matrix(self.hidden, self.rotation.seed) if self.rotation.r1 else np.eye(self.hidden)
-            self._q = q.astype(np.float32)
+    # -- matrices (cached: R1 as its factors, R2 head_dim² per layer)
+    def q(self) -> Rotor | None:
+        """R1 (None when R1 is off)."""
+        if self._q is None and self.rotation.r1:
+            self._q = rotor(self.hidden, self.rotation.seed)
         return self._q
+
+    def _right(self, x: np.ndarray) -> np.ndarray:
+        """``x·Q`` over the last axis."""
+        q = self.q()
+        return np.asarray(x, dtype=np.float32) if q is None else q.right(x)
 
     def r2(self, layer: int) -> np.ndarray:
         """R2 of block ``layer`` as float32 (the identity when R2 is off)."""
@@ -262,20 +301,19 @@ class RotatedCheckpoint(Checkpoint):
             return np.ones(t.shape, dtype=np.float32)
         if kind == "bias":
             return self._r2_values(t, np.asarray(self.inner.read(t.name), dtype=np.float32)[:, None])[:, 0]
-        q = self.q()
         if kind == "embed":
-            return self.inner.read(t.name) @ q
+            return self._right(self.inner.read(t.name))
         if kind == "head":
             w = self.inner.read(self._embed.name if self.untied else t.name)
-            return (w * self.inner.read(self._final_norm)[None, :]) @ q
+            return self._right(w * self.inner.read(self._final_norm)[None, :])
         if kind == "reader":
-            w = (self.inner.read(t.name) * self.inner.read(self._norm_of(t))[None, :]) @ q
+            w = self._right(self.inner.read(t.name) * self.inner.read(self._norm_of(t))[None, :])
             return self._r2_values(t, w)
-        # writer: Qᵀ·W (a bias b·Q); o_proj's input columns per head ·R2
+        # writer: Qᵀ·W = (Wᵀ·Q)ᵀ (a bias b·Q); o_proj's input columns per head ·R2
         w = self.inner.read(t.name)
         if w.ndim == 1:
-            return w @ q
-        w = q.T @ w
+            return self._right(w)
+        w = self._right(np.ascontiguousarray(w.T)).T
         if t.role is Role.ATTN_OUT and t.layer is not None:
             d = self.head_dim
             w = (w.reshape(w.shape[0], -1, d) @ self.r2(t.layer)).reshape(w.shape)

@@ -49,10 +49,15 @@ def _layers_within(view: RotatedCheckpoint, max_bytes: int) -> int:
 def _model(config: dict[str, Any], state: dict[str, Any]) -> Any:
     import torch
     import transformers
+    from transformers.initialization import no_init_weights
 
     cfg = transformers.AutoConfig.for_model(**config)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    missing, _ = model.load_state_dict(state, strict=False)
+    with no_init_weights():  # every weight is loaded next: a random init would only cost time
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    # assign: the model takes the state's tensors instead of copying them (one copy of the weights)
+    missing, _ = model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
     if cfg.tie_word_embeddings:  # the tied head is the embedding itself
         missing = [m for m in missing if m != "lm_head.weight"]
     if missing:

@@ -12,6 +12,7 @@ from studio.core.model.rotate import (
     RotationError,
     check_rotatable,
     rotation_matrix,
+    rotor,
 )
 from studio.core.model.rotate_check import check_rotation
 from studio.core.modelinfo import Role
@@ -26,6 +27,13 @@ def test_rotation_matrix_is_orthogonal_and_seeded(n: int) -> None:
     assert np.array_equal(q, rotation_matrix(n, seed=5))
     if n > 1:
         assert not np.allclose(q, rotation_matrix(n, seed=6))
+
+
+@pytest.mark.parametrize("n", [1, 7, 192, 576])
+def test_the_factored_product_is_the_dense_one(n: int) -> None:
+    rot = rotor(n, seed=3)
+    x = np.random.default_rng(0).standard_normal((5, n)).astype(np.float32)
+    np.testing.assert_allclose(rot.right(x), x @ rot.matrix(), rtol=1e-4, atol=1e-5)
 
 
 def test_hadamard_factor_spreads_one_channel() -> None:
