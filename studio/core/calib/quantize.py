@@ -47,7 +47,7 @@ from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, JobSpan, null_context
 from studio.core.model.rotate import Rotation
 from studio.core.quant.gptq import FactorCache, GptqOptions, HessianError
-from studio.core.quant.methods import SiteStats, imatrix, method_info
+from studio.core.quant.methods import SiteStats, gptq, imatrix, method_info
 from studio.core.quant.types import FLOAT_TYPES
 
 CALIB_SHARE = 0.9  # of the progress bar; the export takes the rest
@@ -148,6 +148,9 @@ def _free(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
+_SEARCH_CANDIDATES = 64  # scale candidates a block search tries, for the progress's cost model
+
+
 def _too_few(tokens: int, cols: int, name: str) -> str:
     return (
         f"The calibration has {tokens} tokens, fewer than twice the {cols} input columns of {name}: its "
@@ -204,6 +207,23 @@ class MethodConsumer(Consumer):
     def _method(self, name: str) -> Any:
         return method_info(self.plan.method_of(name)) if name in self.plan.types else method_info("rtn")
 
+    changes_weights = True
+
+    def work(self, site: LinearSite, spec: RunSpec) -> float:
+        """Rounding's cost: a GPTQ sweep is rows × columns² (plus the inverse, columns³), a search
+        rows × columns × its candidates; AWQ adds its grid of such searches."""
+        if site.name not in self.by_hf or site.kind == "experts" or self._qtype(site.name) is None:
+            return 0.0
+        if site.layer is None and not self.wants_head:
+            return 0.0
+        m = self._method(site.name)
+        rows, cols = float(site.out_features), float(site.in_features)
+        sweep = m.rounding is gptq
+        cost = rows * cols * cols + cols**3 if sweep else rows * cols * _SEARCH_CANDIDATES
+        if m.awq and site.layer is not None:
+            cost += self.options.awq_grid * rows * cols * _SEARCH_CANDIDATES
+        return cost
+
     def needs_hessian(self, site: LinearSite) -> bool:
         """Sites whose Hessian the collector must sum: every site of a layer with a GPTQ or AWQ tensor."""
         return site.kind != "experts" and site.layer in self._hess_layers
@@ -240,14 +260,19 @@ class MethodConsumer(Consumer):
 
             pre = round_layer(self, self.executor, sites, view, hess, scales)
         reports = []
+        meter = self.spec.meter if self.spec else None
         for s in sites:
             self.ctx.check_cancelled()
-            self.ctx.say(f"layer {view.index + 1}/{n}: {self.plan.method_of(s.name)} {s.name}")
+            what = f"layer {view.index + 1}/{n}: {self.plan.method_of(s.name)} {s.name}"
+            if meter is not None:
+                meter.note(what)
             w = view.weight(s)
             touched = s.name[len(view.prefix) :] in changed
             reports.append(
                 self._site(s, w, hess.get(s.name), scales.get(s.name), touched, view, pre.get(s.name))
             )
+            if meter is not None:
+                meter.site_done(self, s, what)
         for rel in changed:  # norms AWQ divided: float tensors of the file
             name = view.checkpoint_name(rel)
             if name in self.by_hf and name not in self.spool:
@@ -267,7 +292,13 @@ class MethodConsumer(Consumer):
         w = self.read(site.name)
         if h is not None:
             w = w.to(h[0].device)
+        meter = self.spec.meter
+        what = f"output head: {self.plan.method_of(site.name)} {site.name}"
+        if meter is not None:
+            meter.note(what)
         rep = self._site(site, w, h, None, False, None)
+        if meter is not None:
+            meter.site_done(self, site, what)
         self.layers.append(LayerReport(None, time.monotonic() - t0, (rep,)))
 
     def _note(self, msg: str) -> None:

@@ -19,7 +19,6 @@ through it with the same hooks; consumers that must change weights between layer
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,8 +30,9 @@ from studio.core.calib.data import Chunks
 from studio.core.chat import hf_backend
 from studio.core.chat.hf_backend import resolve_dtype
 from studio.core.errors import CalibrationError
-from studio.core.jobs import JobContext, null_context
+from studio.core.jobs import SPAN_STEPS, JobContext, null_context
 from studio.core.model.hf_progress import no_hf_progress_bars
+from studio.core.progress import WorkMeter
 
 # config.json model types that are encoders: built with AutoModel, never with a causal LM head.
 _ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2"})
@@ -81,6 +81,7 @@ class RunSpec:
     sites: tuple[LinearSite, ...]
     head: bool  # logits are computed (consumers' ``logits`` is called)
     outer: OuterView | None = field(default=None, compare=False, repr=False)  # layer-wise runs only
+    meter: RunMeter | None = field(default=None, compare=False, repr=False)  # the run's progress
 
     def sites_of(self, layer: int | None) -> tuple[LinearSite, ...]:
         """The sites inside decoder layer ``layer`` (None: the head)."""
@@ -358,6 +359,13 @@ class Consumer:
     """
 
     needs_layerwise: bool = False  # True: refuses the whole-model fallback (it cannot change weights)
+    changes_weights: bool = False  # True: the runner expects to compute each layer's outputs twice
+
+    def work(self, site: LinearSite, spec: RunSpec) -> float:
+        """The cost (multiply-adds, roughly) of what ``layer_collected`` or ``finish`` does with ``site``;
+        the progress and ETA weigh it against the forward passes (0: nothing beyond observing)."""
+        return 0.0
+
     wants_head: bool = False  # True: the run computes logits (and observes the head's input)
 
     def start(self, spec: RunSpec) -> None:
@@ -411,25 +419,52 @@ def params_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = orig  # type: ignore[method-assign]
 
 
-def _fmt_eta(seconds: float) -> str:
-    if not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    s = int(round(seconds))
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+class RunMeter:
+    """A run's progress, weighted by cost (``studio.core.progress``): every chunk through a layer and
+    every consumer's work on a site (``Consumer.work``) is a unit with its own cost, so the bar and the
+    ETA move matrix by matrix. Consumers reach it as ``spec.meter``: ``note`` says what is running,
+    ``site_done`` marks their work on a site as done."""
 
-
-class _Progress:
-    def __init__(self, ctx: JobContext, total: int) -> None:
+    def __init__(self, ctx: JobContext, clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
-        self.total = max(total, 1)
-        self.done = 0
-        self.t0 = time.monotonic()
+        self.meter = WorkMeter(0.0, clock)
+        self._work: dict[tuple[int, str], float] = {}
 
-    def step(self, msg: str) -> None:
-        self.done += 1
-        el = time.monotonic() - self.t0
-        eta = el / self.done * (self.total - self.done) if self.done else float("nan")
-        self.ctx.report(min(self.done, self.total), self.total, f"{msg} · ETA {_fmt_eta(eta)}")
+    def plan(self, consumers: Sequence[Consumer], spec: RunSpec, forward: float) -> None:
+        """The run's total: ``forward`` (its passes through the model) plus each consumer's work."""
+        for c in consumers:
+            for s in spec.sites:
+                w = float(c.work(s, spec))
+                if w > 0:
+                    self._work[(id(c), s.name)] = w
+        self.meter.total = forward + sum(self._work.values())
+
+    def step(self, cost: float, msg: str) -> None:
+        """``cost`` more is done; report with ``msg``."""
+        self.meter.add(cost)
+        self.note(msg)
+
+    def note(self, msg: str) -> None:
+        """Report the progress so far with ``msg`` (what is running now)."""
+        self.ctx.report(int(SPAN_STEPS * self.meter.fraction), SPAN_STEPS, self.meter.line(msg))
+
+    def site_done(self, consumer: Consumer, site: LinearSite, msg: str) -> None:
+        """``consumer``'s work on ``site`` is done."""
+        self.step(self._work.pop((id(consumer), site.name), 0.0), msg)
+
+    def settle(self, sites: Sequence[LinearSite]) -> None:
+        """Count the work on ``sites`` that consumers did not mark as done themselves."""
+        names = {s.name for s in sites}
+        for key in [k for k in self._work if k[1] in names]:
+            self.meter.add(self._work.pop(key))
+
+
+def _forward_cost(sites: Sequence[LinearSite], n_ctx: int, hidden: int) -> float:
+    """Multiply-adds of one chunk through ``sites`` (plus attention's n_ctx² × hidden)."""
+    return (
+        float(n_ctx) * sum(s.in_features * s.out_features * s.n_experts for s in sites)
+        + float(n_ctx) ** 2 * hidden
+    )
 
 
 def _find_layers(model: Any, n_layers: int) -> tuple[str, Any]:
@@ -811,7 +846,7 @@ def run_model(
 
 
 def _capture_inputs(
-    sk: _Skeleton, chunks: Chunks, dev: str, prog: _Progress, ctx: JobContext
+    sk: _Skeleton, chunks: Chunks, dev: str, prog: RunMeter, ctx: JobContext, cost: float
 ) -> tuple[list[Any], list[tuple[tuple[Any, ...], dict[str, Any]]]]:
     import torch
 
@@ -846,7 +881,7 @@ def _capture_inputs(
                 sk.base(input_ids=ids, use_cache=False)
             except _Stop:
                 pass
-            prog.step(f"embeddings: chunk {c + 1}/{chunks.n_chunks}")
+            prog.step(cost, f"embeddings: chunk {c + 1}/{chunks.n_chunks}")
     finally:
         for layer in sk.layers:
             layer.__dict__.pop("forward", None)
@@ -913,16 +948,24 @@ def _run_layerwise(
         tuple(sites),
         head,
         OuterView(sk, dev, head),
+        RunMeter(ctx),
     )
-    prog = _Progress(ctx, chunks.n_chunks * (n + 1 + int(head)))
+    prog = spec.meter
     for c in consumers:
         c.start(spec)
+    # what each pass costs: the embeddings (a lookup), a chunk through layer i (twice when a consumer
+    # changes weights: the outputs are computed again), a chunk through the head
+    passes = 2 if any(c.changes_weights for c in consumers) else 1
+    embed_cost = float(chunks.n_ctx * hidden)
+    layer_cost = [_forward_cost(spec.sites_of(i), chunks.n_ctx, hidden) for i in range(n)]
+    head_cost = _forward_cost(spec.sites_of(None), chunks.n_ctx, 0) if head else 0.0
+    prog.plan(consumers, spec, chunks.n_chunks * (embed_cost + passes * sum(layer_cost) + head_cost))
     chunk_ref = [0]
     hooks = _Hooks(sk.model, consumers, chunk_ref)
     recomputed: list[int] = []
     peak = 0
     try:
-        states, layer_args = _capture_inputs(sk, chunks, dev, prog, ctx)
+        states, layer_args = _capture_inputs(sk, chunks, dev, prog, ctx, embed_cost)
         for i, layer in enumerate(sk.layers):
             ctx.check_cancelled()
             paths = _layer_paths(sk, i)
@@ -938,7 +981,7 @@ def _run_layerwise(
                     chunk_ref[0] = c
                     out = layer(states[c], *rest, **kwargs)
                     outs.append(out[0] if isinstance(out, tuple) else out)
-                    prog.step(f"layer {i + 1}/{n}: chunk {c + 1}/{chunks.n_chunks}")
+                    prog.step(layer_cost[i], f"layer {i + 1}/{n}: chunk {c + 1}/{chunks.n_chunks}")
                 hooks.remove()
                 view = LayerView(
                     i,
@@ -952,6 +995,7 @@ def _run_layerwise(
                 )
                 for cons in consumers:
                     cons.layer_collected(view)
+                prog.settle(lsites)
                 if view.changed:
                     recomputed.append(i)
                     outs = []
@@ -959,6 +1003,10 @@ def _run_layerwise(
                         ctx.check_cancelled()
                         out = layer(states[c], *rest, **kwargs)
                         outs.append(out[0] if isinstance(out, tuple) else out)
+                        if passes > 1:
+                            prog.step(layer_cost[i], f"layer {i + 1}/{n}: outputs again, chunk {c + 1}")
+                elif passes > 1:
+                    prog.step(layer_cost[i] * chunks.n_chunks, f"layer {i + 1}/{n} done")
                 for c, h in enumerate(outs):
                     _check_finite(h, f"The output of layer {i} on chunk {c + 1}")
                     for cons in consumers:
@@ -970,11 +1018,13 @@ def _run_layerwise(
                 hooks.remove()
                 mat.unload(paths)
         if head:
-            _run_head(sk, chunks, states, consumers, hooks, spec, chunk_ref, dev, prog, ctx)
+            _run_head(sk, chunks, states, consumers, hooks, spec, chunk_ref, dev, prog, ctx, head_cost)
     finally:
         hooks.remove()
     for c in consumers:
         c.finish()
+    prog.settle(spec.sites)
+    prog.note("done")
     return RunInfo(
         RunnerMode.LAYERWISE,
         dev,
@@ -997,8 +1047,9 @@ def _run_head(
     spec: RunSpec,
     chunk_ref: list[int],
     dev: str,
-    prog: _Progress,
+    prog: RunMeter,
     ctx: JobContext,
+    cost: float,
 ) -> None:
     """Logits from the last hidden states through the model's own final norm, head and soft-capping."""
     import torch
@@ -1030,7 +1081,7 @@ def _run_head(
             _check_finite(logits, f"The logits of chunk {c + 1}")
             for cons in consumers:
                 cons.logits(c, logits)
-            prog.step(f"output head: chunk {c + 1}/{chunks.n_chunks}")
+            prog.step(cost, f"output head: chunk {c + 1}/{chunks.n_chunks}")
     finally:
         hooks.remove()
         for layer in sk.layers:
@@ -1117,9 +1168,13 @@ def _run_whole(
         chunks.n_ctx,
         tuple(sites),
         head,
+        meter=RunMeter(ctx),
     )
     for c in consumers:
         c.start(spec)
+    prog = spec.meter
+    chunk_cost = _forward_cost(sites, chunks.n_ctx, spec.hidden * len(layers))
+    prog.plan(consumers, spec, chunks.n_chunks * chunk_cost)
     chunk_ref = [0]
     hooks = _Hooks(model, consumers, chunk_ref)
     hooks.add(sites)
@@ -1133,7 +1188,6 @@ def _run_whole(
                 cons.layer_output(i, chunk_ref[0], h)
 
         out_hooks.append(layer.register_forward_hook(post))
-    prog = _Progress(ctx, chunks.n_chunks)
     try:
         for c in range(chunks.n_chunks):
             ctx.check_cancelled()
@@ -1146,13 +1200,15 @@ def _run_whole(
             if head and getattr(out, "logits", None) is not None:
                 for cons in consumers:
                     cons.logits(c, out.logits[0].float())
-            prog.step(f"whole model: chunk {c + 1}/{chunks.n_chunks}")
+            prog.step(chunk_cost, f"whole model: chunk {c + 1}/{chunks.n_chunks}")
     finally:
         hooks.remove()
         for h in out_hooks:
             h.remove()
     for c in consumers:
         c.finish()
+    prog.settle(spec.sites)
+    prog.note("done")
     del model
     return RunInfo(
         RunnerMode.WHOLE_MODEL,
@@ -1173,6 +1229,7 @@ __all__ = [
     "LinearSite",
     "OuterView",
     "RunInfo",
+    "RunMeter",
     "RunSpec",
     "RunnerMode",
     "params_on_meta",

@@ -1,0 +1,70 @@
+"""Cost-weighted progress and its ETA (studio.core.progress, the runner's RunMeter)."""
+
+from __future__ import annotations
+
+from studio.core.calib.runner import Consumer, LinearSite, RunMeter, RunnerMode, RunSpec
+from studio.core.jobs import JobContext
+from studio.core.progress import WorkMeter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_eta_follows_cost_not_step_count():
+    clock = Clock()
+    m = WorkMeter(110.0, clock)
+    assert m.eta() is None and m.line("x") == "x · ETA ?"
+    clock.t += 10.0
+    m.add(10.0)  # one cheap step of cost 10 took 10 s; a step of cost 100 is left
+    assert m.eta() == 100.0 and m.fraction == 10.0 / 110.0
+    m.grow(11.0)
+    assert m.eta() == 111.0
+    m.add(1e9)
+    assert m.done == m.total and m.eta() == 0.0 and m.fraction == 1.0
+
+
+class _Sweeper(Consumer):
+    """Work proportional to rows × columns², as a GPTQ sweep."""
+
+    def work(self, site, spec):
+        return float(site.out_features * site.in_features**2)
+
+
+def _spec(sites, meter):
+    return RunSpec("m", RunnerMode.LAYERWISE, "cpu", "float32", 2, 8, 1, 4, tuple(sites), False, meter=meter)
+
+
+def test_run_meter_weighs_sites_and_the_eta_after_the_first_layer_is_right():
+    # two layers, each a small and a large matrix; the large one's work takes 16x the small one's
+    sites = [
+        LinearSite(f"l{i}.{k}", f"l{i}.{k}", i, 8, rows)
+        for i in range(2)
+        for k, rows in (("a", 1), ("b", 16))
+    ]
+    seen: list[tuple[int, int, str]] = []
+    clock = Clock()
+    meter = RunMeter(JobContext(on_progress=lambda d, t, m: seen.append((d, t, m)), min_interval=0.0), clock)
+    cons = _Sweeper()
+    spec = _spec(sites, meter)
+    meter.plan([cons], spec, forward=0.0)
+    for s in sites:
+        clock.t += 1.0 if s.out_features == 1 else 16.0  # time proportional to the declared cost
+        meter.site_done(cons, s, s.name)
+        if s.name == "l0.b":
+            # after the first layer: 17 s spent, 17 s left, half the bar
+            assert meter.meter.eta() == 17.0
+            assert seen[-1][0] == 500 and seen[-1][2] == "l0.b · ETA 17 s"
+    assert seen[-1][0] == 1000 and meter.meter.eta() == 0.0
+
+
+def test_settle_counts_work_a_consumer_did_not_report():
+    sites = [LinearSite("l0.a", "l0.a", 0, 8, 8), LinearSite("l1.a", "l1.a", 1, 8, 8)]
+    meter = RunMeter(JobContext(), Clock())
+    meter.plan([_Sweeper()], _spec(sites, meter), forward=512.0 * 2)
+    meter.settle(sites[:1])
+    assert meter.meter.done == 512.0 and meter.meter.fraction == 0.25
