@@ -148,6 +148,7 @@ def _free(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
+_SLAB_ROWS = 16384  # rows rounded at once: bounds the working copies of a tall matrix (the head)
 _SEARCH_CANDIDATES = 64  # scale candidates a block search tries, for the progress's cost model
 
 
@@ -422,6 +423,30 @@ class MethodConsumer(Consumer):
         return out
 
     def _round(self, method: Any, w: Any, stats: SiteStats, qtype: str) -> tuple[Any, str]:
+        """The method's encoding in slabs of rows (every method rounds rows independently, so a
+        128k-row output head costs the working copies of ``_SLAB_ROWS`` rows, not of the whole)."""
+        from studio.core.quant.methods import Encoded
+
+        rows = int(w.shape[0])
+        if rows <= _SLAB_ROWS:
+            return self._round_slab(method, w, stats, qtype)
+        parts, used = [], method.name
+        for a in range(0, rows, _SLAB_ROWS):
+            self.ctx.check_cancelled()
+            enc, u = self._round_slab(method, w[a : a + _SLAB_ROWS], stats, qtype)
+            parts.append(enc)
+            used = u if u != method.name else used
+        errs = [e.error for e in parts]
+        rtns = [e.rtn_error for e in parts]
+        return Encoded(
+            np.concatenate([e.data for e in parts]),
+            qtype,
+            None if any(e is None for e in errs) else float(sum(errs)),
+            None if any(e is None for e in rtns) else float(sum(rtns)),
+            tuple(dict.fromkeys(n for e in parts for n in e.notes)),
+        ), used
+
+    def _round_slab(self, method: Any, w: Any, stats: SiteStats, qtype: str) -> tuple[Any, str]:
         """The method's encoding, with the faults handled: OOM retries, singular Hessians."""
         import torch
 
@@ -476,6 +501,20 @@ def plan_sources(plan: Any, own: Any, *, own_only: bool = False) -> Any:
     return calibration_sources(own, mixed, own_only=own_only)
 
 
+def check_calibration_memory(config: dict[str, Any], chunks: Any, plan: Any, device: str) -> None:
+    """Refuse, in one sentence, a calibration of ``plan`` whose estimated peak memory is above the free RAM
+    (``studio.core.plan.job_estimate``), before it starts."""
+    from studio.core import hardware
+    from studio.core.plan.job_estimate import check_fits, estimate_calibrated
+
+    methods = {method_info(plan.method_of(n)) for n in plan.types}
+    hessian = any(m.hessian for m in methods)
+    est = estimate_calibrated(
+        config, chunks.n_ctx, chunks.n_chunks, hessian=hessian, head=hessian, device=_export_device(device)
+    )
+    check_fits(est, hardware.ram()[1], chunks.n_ctx, chunks.n_chunks)
+
+
 def export_calibrated(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -522,6 +561,7 @@ def export_calibrated(
         inp = prepare_input(info.path, text, n_ctx=n_ctx, n_chunks=n_chunks, ctx=calib)
         warnings = list(inp.warnings)
         lay = layout(info)
+        check_calibration_memory(info.config, inp.chunks, plan, device)
         if _imatrix_only(plan):
             return _export_with_imatrix(
                 ckpt, out_p, plan, inp, device, dtype, ctx, calib, validate, t0, warnings, rotation

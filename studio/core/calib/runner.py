@@ -360,6 +360,7 @@ class Consumer:
 
     needs_layerwise: bool = False  # True: refuses the whole-model fallback (it cannot change weights)
     changes_weights: bool = False  # True: the runner expects to compute each layer's outputs twice
+    uses_outer: bool = False  # True: uses ``spec.outer`` at any time (the runner then keeps it loaded)
 
     def work(self, site: LinearSite, spec: RunSpec) -> float:
         """The cost (multiply-adds, roughly) of what ``layer_collected`` or ``finish`` does with ``site``;
@@ -919,13 +920,21 @@ def _run_layerwise(
     ]
     if head and sk.head_path and f"{sk.head_path}.weight" not in sk.names and not sk.tied_head:
         raise SkeletonError("the checkpoint has no output head")
-    mat.load(outer)
-    if head and sk.tied_head and sk.head_path:
-        # a head tied to the embeddings uses the embedding matrix itself
-        emb = sk.model.get_input_embeddings()
-        if emb is None or emb.weight.device.type == "meta":
-            raise SkeletonError("the tied output head has no embedding matrix to share")
-        _set_param(sk.model, f"{sk.head_path}.weight", emb.weight)
+    # The embeddings and the head (each vocabulary × hidden in float32: 2.1 GB at Llama 3's vocabulary)
+    # are held only while a pass uses them, unless a consumer reaches them through ``spec.outer``.
+    keep_outer = bool(sk.tied_head) or any(c.uses_outer for c in consumers)
+    head_paths = [p for p in outer if head_prefix and p.startswith(head_prefix)]
+
+    def load_outer(paths: Sequence[str]) -> None:
+        mat.load(paths)
+        if head and sk.tied_head and sk.head_path:
+            # a head tied to the embeddings uses the embedding matrix itself
+            emb = sk.model.get_input_embeddings()
+            if emb is None or emb.weight.device.type == "meta":
+                raise SkeletonError("the tied output head has no embedding matrix to share")
+            _set_param(sk.model, f"{sk.head_path}.weight", emb.weight)
+
+    load_outer(outer if keep_outer else [p for p in outer if p not in head_paths])
     mat.buffers_to_device(sk.model)
     sites: list[LinearSite] = []
     for i, layer in enumerate(sk.layers):
@@ -966,6 +975,8 @@ def _run_layerwise(
     peak = 0
     try:
         states, layer_args = _capture_inputs(sk, chunks, dev, prog, ctx, embed_cost)
+        if not keep_outer:
+            mat.unload([p for p in outer if p not in head_paths])
         for i, layer in enumerate(sk.layers):
             ctx.check_cancelled()
             paths = _layer_paths(sk, i)
@@ -1018,7 +1029,21 @@ def _run_layerwise(
                 hooks.remove()
                 mat.unload(paths)
         if head:
-            _run_head(sk, chunks, states, consumers, hooks, spec, chunk_ref, dev, prog, ctx, head_cost)
+            emb = sk.model.get_input_embeddings()
+            emb_path = next((f"{n}." for n, m in sk.model.named_modules() if m is emb), None)
+            # the head pass starts from the last hidden states: the embeddings' output is not used
+            skip = [p for p in outer if not keep_outer and emb_path and p.startswith(emb_path)]
+            if not keep_outer:
+                load_outer([p for p in outer if p not in skip])
+            if skip:
+                emb.forward = lambda ids: torch.zeros((*ids.shape, hidden), dtype=dt, device=dev)
+            try:
+                _run_head(sk, chunks, states, consumers, hooks, spec, chunk_ref, dev, prog, ctx, head_cost)
+            finally:
+                if skip:
+                    emb.__dict__.pop("forward", None)
+            if not keep_outer:
+                mat.unload([p for p in outer if p not in skip])
     finally:
         hooks.remove()
     for c in consumers:

@@ -83,6 +83,7 @@ class SensitivityScan(Consumer):
 
     needs_layerwise = True
     wants_head = True
+    uses_outer = True
 
     def __init__(
         self,

@@ -1,0 +1,100 @@
+"""Peak memory and time of a calibrated job, known from the model's shapes before it starts.
+
+The layer runner holds, at its peak, the largest of three phases (on a CPU, in float32): the
+embeddings while the chunks are embedded; one decoder layer with its inputs' Hessians, GPTQ's inverse
+factor and working copies; the output head with its logits. Every phase also holds the hidden states
+of all chunks twice (a layer's inputs and outputs). With ``--device cuda`` the layers run in GPU
+memory and the process keeps only the hidden states and the spool. ``check_fits`` turns an estimate
+above the free RAM into one sentence with what would fit, before anything starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from studio.core.errors import CalibrationError
+from studio.core.units import format_bytes
+
+__all__ = ["JobEstimate", "check_fits", "estimate_calibrated"]
+
+BASE_BYTES = 900 * 1024**2  # torch, transformers and the tokenizer, imported (measured: 0.8-0.9 GB)
+_F32 = 4
+_F64 = 8  # Hessians are summed in float64
+_GPTQ_COPIES = 4  # a GPTQ slab's working copies (weights, codes, errors, scales)
+_SLAB_ROWS = 16384  # as studio.core.calib.quantize rounds tall matrices
+_CPU_MACS_PER_S = 2.0e10  # multiply-adds per second a desktop CPU sustains in float32 (rough)
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """A calibrated job's expected peak resident memory (bytes) and wall time (seconds)."""
+
+    peak_bytes: int
+    seconds: float
+    phase: str  # what holds the peak: "embeddings", "a decoder layer" or "the output head"
+
+    def describe(self) -> str:
+        """One line: ``about 5.1 GB at its peak (a decoder layer), about 12 min``."""
+        mins = self.seconds / 60
+        t = f"{mins:.0f} min" if mins >= 1 else f"{self.seconds:.0f} s"
+        return f"about {format_bytes(self.peak_bytes)} at its peak ({self.phase}), about {t} on a CPU"
+
+
+def _shape(config: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
+    c = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    hidden = int(c.get("hidden_size") or 0)
+    ffn = int(c.get("intermediate_size") or 4 * hidden)
+    layers = int(c.get("num_hidden_layers") or 0)
+    heads = int(c.get("num_attention_heads") or 1)
+    kv = int(c.get("num_key_value_heads") or heads)
+    vocab = int(c.get("vocab_size") or 0)
+    return hidden, ffn, layers, heads, kv, vocab
+
+
+def estimate_calibrated(
+    config: dict[str, Any], n_ctx: int, n_chunks: int, *, hessian: bool, head: bool, device: str = "cpu"
+) -> JobEstimate:
+    """The estimate for a layer-wise calibrated run of the model of ``config`` (a config.json dict) on
+    ``n_chunks`` chunks of ``n_ctx`` tokens; ``hessian``: GPTQ/AWQ (Hessians and sweeps), else
+    activation statistics only; ``head``: the output head is calibrated too."""
+    hidden, ffn, layers, heads, kv, vocab = _shape(config)
+    head_dim = hidden // max(heads, 1)
+    tokens = max(1, n_ctx * n_chunks)
+    mats = [(heads * head_dim, hidden), (kv * head_dim, hidden), (kv * head_dim, hidden)]
+    mats += [(hidden, heads * head_dim), (ffn, hidden), (ffn, hidden), (hidden, ffn)]
+    layer_params = sum(r * c for r, c in mats)
+    states = 2 * tokens * hidden * _F32
+    gpu = device.startswith("cuda")
+    embed = vocab * hidden * _F32
+    layer = layer_params * _F32
+    if hessian:
+        layer += (3 * hidden * hidden + ffn * ffn) * _F64  # one per distinct input (q/k/v, o, gate/up, down)
+        layer += ffn * ffn * _F64  # the inverse factor of the widest input
+        layer += _GPTQ_COPIES * max(min(r, _SLAB_ROWS) * c for r, c in mats) * _F32
+    head_b = embed + n_ctx * vocab * _F32 if head else 0
+    if head and hessian:
+        head_b += hidden * hidden * _F64 + _GPTQ_COPIES * _SLAB_ROWS * hidden * _F32
+    phases = {"embeddings": embed, "a decoder layer": layer, "the output head": head_b}
+    if gpu:  # the weights, Hessians and sweeps live in GPU memory
+        phases = {k: 0 for k in phases}
+    phase = max(phases, key=lambda k: phases[k])
+    peak = BASE_BYTES + states + phases[phase]
+    passes = 2 if hessian else 1
+    macs = passes * tokens * (layers * layer_params + (vocab * hidden if head else 0))
+    if hessian:
+        macs += layers * sum(r * c * c for r, c in mats) + (vocab * hidden * hidden if head else 0)
+    return JobEstimate(int(peak), macs / _CPU_MACS_PER_S, phase)
+
+
+def check_fits(est: JobEstimate, free_bytes: int, n_ctx: int, n_chunks: int) -> None:
+    """Refuse (CalibrationError, one sentence) a job whose estimated peak is above ``free_bytes``."""
+    if free_bytes <= 0 or est.peak_bytes <= free_bytes:
+        return
+    fewer = max(1, n_chunks // 2)
+    raise CalibrationError(
+        f"This calibration needs about {format_bytes(est.peak_bytes)} of memory at its peak "
+        f"({est.phase}), more than the {format_bytes(free_bytes)} free: close other programs, or run it "
+        f"with --device cuda, fewer chunks (--calib-chunks {fewer}) or a smaller context"
+        f"{' (--calib-ctx 256)' if n_ctx > 256 else ''}."
+    )
