@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources
 from studio.core.calib.quantize import export_calibrated, plan_sources
 from studio.core.cluster import open_executor
+from studio.core.plan.job_estimate import calibration_estimate_line
 from studio.core.errors import StudioError
 from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
@@ -63,6 +64,7 @@ CURRENT_PLAN = "__current_plan__"
 DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
 PROGRESS_STEPS = 1000
+ESTIMATE_CHUNKS = 128  # chunks the estimate assumes when the dialog uses "all" (a text of 64k tokens)
 
 
 def _exportable(info: Any) -> bool:
@@ -192,6 +194,9 @@ class ExportDialog(JobPanel, QDialog):
         self.requirement = QLabel("", self)
         self.requirement.setWordWrap(True)
         self.requirement.setVisible(False)
+        # the calibrated job's estimated peak memory and time (studio.core.plan.job_estimate), before it starts
+        self.estimate_label = QLabel("", self)
+        self.estimate_label.setWordWrap(True)
         self.path_edit = QLineEdit(self)
         self.path_edit.setPlaceholderText("Where to write the .gguf file")
         self.path_edit.textEdited.connect(self._on_path_edited)
@@ -250,6 +255,7 @@ class ExportDialog(JobPanel, QDialog):
         form.addRow("Plan:", self.plan_combo)
         form.addRow("", self.plan_info)
         form.addRow("", self.requirement)
+        form.addRow("", self.estimate_label)
         form.addRow("Output file:", output_row)
         form.addRow("Method:", self.method_combo)
         form.addRow("Calibration:", calib_row)
@@ -304,6 +310,7 @@ class ExportDialog(JobPanel, QDialog):
         lay.addLayout(buttons)
         self.setMinimumWidth(620)
         self.method_combo.currentIndexChanged.connect(self._on_method_changed)
+        self.chunks_spin.valueChanged.connect(lambda *_: self.estimate_label.setText(self.job_estimate()))
         self.imatrix_check.toggled.connect(self._show_requirement)
         self.calib_edit.textChanged.connect(self._on_calib_edited)
 
@@ -646,6 +653,16 @@ class ExportDialog(JobPanel, QDialog):
         self.upload_button.setEnabled(self.outcome is not None and not running)
         self.show_folder_button.setEnabled(self.outcome is not None)
         self._show_requirement()
+        self.estimate_label.setText(self.job_estimate())
+
+    def job_estimate(self) -> str:
+        """The calibrated export's estimated peak memory and time ("" without a model or for rtn)."""
+        info = self.state.info
+        if info is None or self.method == "rtn":
+            return ""
+        chunks = self.chunks_spin.value() or ESTIMATE_CHUNKS
+        device = str(self.device_combo.currentData() or "cpu")
+        return calibration_estimate_line(info.config, self.method, 512, chunks, device)
 
     def _show_requirement(self, *_args: Any) -> None:
         text = self.imatrix_requirement()
