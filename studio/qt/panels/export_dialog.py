@@ -34,7 +34,6 @@ from PySide6.QtWidgets import (
 from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources
 from studio.core.calib.quantize import export_calibrated, plan_sources
 from studio.core.cluster import open_executor
-from studio.core.plan.job_estimate import calibration_estimate_line
 from studio.core.errors import StudioError
 from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
@@ -43,6 +42,7 @@ from studio.core.jobs import JobContext
 from studio.core.model.gguf_source import source_summary
 from studio.core.model.rotate import Rotation
 from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
+from studio.core.plan.job_estimate import calibration_estimate_line
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import METHODS
