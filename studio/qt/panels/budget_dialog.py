@@ -64,6 +64,7 @@ from studio.core.evaluate.last_word import last_word_of_plan
 from studio.core.export.verify import default_text
 from studio.core.jobs import JobContext
 from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
+from studio.core.plan.job_estimate import calibration_estimate_line
 from studio.core.quant.types import QTYPES
 from studio.core.quant.warm import ensure_compiled
 from studio.core.units import format_bytes, format_eta
@@ -84,6 +85,7 @@ DEFAULT_MAP_TYPE = "Q4_K"
 TOP_N = 20  # bars of the ranked chart by default
 KL_FLOOR = 1e-9  # a KL of 0 (all F16) on the front's log axis
 SLIDER_PLAN_MS = 150  # the slider re-plans once it rests this long
+ESTIMATE_CHUNKS = 128  # chunks the estimate assumes for "the whole text"
 ETA_WINDOW_S = 20.0  # the scan's ETA follows its rate over the last seconds of the current phase
 ETA_MIN_S = 3.0  # no ETA before the phase has run this long
 
@@ -236,6 +238,9 @@ class BudgetDialog(JobPanel, QDialog):
         self.measured_label.setWordWrap(True)
         self.status = QLabel(self)
         self.status.setWordWrap(True)
+        # the scan's calibration: estimated peak memory and time before it starts (core job_estimate)
+        self.estimate_label = QLabel(self)
+        self.estimate_label.setWordWrap(True)
         self.table = QTableWidget(0, 4, self)
         self.table.setHorizontalHeaderLabels(["tensor", "type", "bits/weight", "size"])
         self.table.setTextElideMode(Qt.TextElideMode.ElideNone)  # full names: the column grows, it scrolls
@@ -346,6 +351,7 @@ class BudgetDialog(JobPanel, QDialog):
             lay.addWidget(widget)
         lay.addLayout(prow)
         lay.addWidget(self.status)
+        lay.addWidget(self.estimate_label)
 
     def _apply_theme(self, dark: bool) -> None:
         c = plot_colors(dark)
@@ -510,6 +516,14 @@ class BudgetDialog(JobPanel, QDialog):
 
     def update_controls(self) -> None:
         """Scan while idle; choose and measure once a scan is there; cancel while a job runs."""
+        info, st = self.state.info, ScanSettings()
+        self.estimate_label.setText(
+            ""
+            if info is None
+            else calibration_estimate_line(
+                info.config, "imatrix", st.calib_ctx, st.calib_chunks or ESTIMATE_CHUNKS, "cpu"
+            )
+        )
         self.scan_button.setEnabled(not self.running)
         self.cancel_button.setEnabled(self.running)
         for w in (self.budget_edit, self.slider, self.use_button):

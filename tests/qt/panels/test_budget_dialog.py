@@ -419,3 +419,10 @@ def test_presets_sit_on_the_heldout_axis_and_a_losing_plan_says_so(dialog, qtbot
     assert math.isfinite(w.file_kl) and w.sentence in text and "llama.cpp measures the file at KL" in text
     assert list(d.heldout_dot.data["x"]) == [m.file_bytes]
     assert list(d.heldout_dot.data["y"]) == pytest.approx([np.log10(j.heldout_kl)])
+
+
+def test_the_dialog_shows_the_scan_calibration_estimate(dialog):
+    _state, d = dialog
+    d.update_controls()
+    text = d.estimate_label.text()
+    assert text.startswith("Calibrating: about ") and "at its peak" in text and "chunks of 512 tokens" in text
