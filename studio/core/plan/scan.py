@@ -20,6 +20,22 @@ from studio.core.plan.presets import allows_quantization
 from studio.core.quant.types import QTYPES, fallback_type, tensor_bytes
 
 SCAN_VERSION = 2  # 2: candidates carry ``unusable`` (scans of version 1 may hold NaN costs)
+# Ceilings for the counts a scan file carries (issue 39: every number read from a file is range-checked):
+# far above any real model, low enough that sums and float conversions of them stay exact and finite.
+_MAX_BYTES = 2**50  # a tensor's bytes (1 PiB)
+_MAX_PARAMS = 2**48
+_MAX_LAYER = 10_000
+_MAX_TOKENS = 10**12
+
+
+def _count(value: Any, what: str, ceiling: int) -> int:
+    """``value`` as a whole number in 0..ceiling (ValueError naming ``what`` otherwise)."""
+    n = int(value)
+    if not 0 <= n <= ceiling:
+        raise ValueError(f"{what} {n if abs(n) < 10**30 else '(huge)'} is outside 0..{ceiling:,}")
+    return n
+
+
 """Bump when the scan record's JSON changes, so a stale cached scan is not read."""
 
 LOW_BIT_SCAN_TYPES: tuple[str, ...] = tuple(
@@ -215,13 +231,13 @@ class Sensitivity:
                     str(t["name"]),
                     str(t["gguf_name"]),
                     str(t["role"]),
-                    None if t["layer"] is None else int(t["layer"]),
-                    int(t["params"]),
+                    None if t["layer"] is None else _count(t["layer"], "a layer", _MAX_LAYER),
+                    _count(t["params"], "a parameter count", _MAX_PARAMS),
                     {
                         str(q): TypeCost(
                             str(q),
                             float(c["kl"]),
-                            int(c["bytes"]),
+                            _count(c["bytes"], "a byte count", _MAX_BYTES),
                             str(c["effective"]),
                             bool(c["measured"]),
                             None if c.get("error") is None else float(c["error"]),
@@ -244,7 +260,7 @@ class Sensitivity:
                 str(d["mode"]),
                 str(d["method"]),
                 tuple(str(x) for x in d["types"]),
-                int(d["tokens"]),
+                _count(d["tokens"], "the token count", _MAX_TOKENS),
                 tensors,
                 {str(k): str(v) for k, v in (d.get("fixed") or {}).items()},
                 tuple(float(x) for x in d.get("plan_kls") or ()),

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from studio.core.calib.sensitivity import Sensitivity, TypeCost
-from studio.core.errors import QuantizationError
+from studio.core.errors import CalibrationError, QuantizationError
 from studio.core.model import open_model
 from studio.core.plan.allocate import (
     BudgetKind,
@@ -166,3 +166,25 @@ def test_every_point_of_the_front_is_a_budget_allocate_accepts_the_smallest_incl
             assert a.file_bytes == point.file_bytes and a.predicted_kl == pytest.approx(point.kl)
         with pytest.raises(QuantizationError, match="smallest plan needs"):
             allocate(info, scan, parse_budget(str(front[0].file_bytes - 1)), imatrix=imatrix, method=method)
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("bytes", 10**400), ("bytes", -1), ("params", 2**64), ("layer", 10**9), ("tokens", -5)],
+    ids=["bytes-huge", "bytes-negative", "params-2^64", "layer-1e9", "tokens-negative"],
+)
+def test_a_scan_file_with_counts_out_of_range_is_one_sentence(info, where, value):
+    # issue 39: every number read from a file passes a range check (a byte count of 10^400 reached the
+    # allocator's float sums as an OverflowError traceback)
+    d = synthetic_scan(info, {q: KL[q] for q in TYPES}).to_dict()
+    t = d["tensors"][0]
+    if where == "bytes":
+        next(iter(t["by_type"].values()))["bytes"] = value
+    elif where == "tokens":
+        d["tokens"] = value
+    else:
+        t[where] = value
+    with pytest.raises(
+        CalibrationError, match=r"^This is not a sensitivity scan of Quant Studio \(.* is outside 0\.\."
+    ):
+        Sensitivity.from_dict(d)
