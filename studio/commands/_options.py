@@ -98,8 +98,8 @@ def add_rotate(parser: Any) -> None:
     )
     parser.add_argument(
         "--rotate-seed",
-        type=int,
+        type=numbers.Whole(0, 2**32 - 1),
         default=0,
         metavar="N",
-        help="the rotation's seed (default 0; 0 to 2**32-1)",
+        help="the rotation's seed (default 0)",
     )

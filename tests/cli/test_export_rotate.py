@@ -22,8 +22,9 @@ def test_export_rotate_writes_an_untied_head_and_the_seed(qwen2_model, tmp_path,
 def test_export_rotate_refusals_are_one_line(qwen2_model, gemma2_model, tmp_path, capsys):
     out = tmp_path / "r.gguf"
     base = ["export", str(qwen2_model), "-o", str(out)]
-    assert main([*base, "--preset", "Q4_0", "--rotate", "--rotate-seed", "-1"]) != 0
-    assert "rotation seed" in capsys.readouterr().err
+    assert main([*base, "--preset", "Q4_0", "--rotate", "--rotate-seed", "-1"]) == 2
+    err = capsys.readouterr().err  # the numbers door names the option and its range
+    assert "--rotate-seed" in err and "out of range; give 0 to 4,294,967,295" in err
     assert main([*base, "--budget", "4bpw", "--rotate"]) != 0
     assert "--rotate goes with" in capsys.readouterr().err
     assert main(["export", str(gemma2_model), "-o", str(out), "--preset", "Q4_0", "--rotate"]) != 0
