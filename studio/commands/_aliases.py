@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from studio.commands._check import SPECS, Kind, PathArg, command_name
+from studio.core.benchmodel import bench_model_path
 
 # the same word as studio.core.benchmodel.BENCH_ALIAS (not imported: --help stays light)
 BENCH_ALIAS = "BENCH"
@@ -31,6 +32,4 @@ def resolve_aliases(args: argparse.Namespace) -> None:
 def _resolve(value: object) -> object:
     if value != BENCH_ALIAS:
         return value
-    from studio.core.benchmodel import bench_model_path
-
     return str(bench_model_path())

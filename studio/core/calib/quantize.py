@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from studio.core import hardware
 from studio.core.calib import awq
 from studio.core.calib.calibrate import _open, prepare_input
 from studio.core.calib.collect import ActivationCollector
@@ -46,8 +47,9 @@ from studio.core.gguf.arch import Transform, apply_transform, head_counts, permu
 from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, JobSpan, null_context
 from studio.core.model.rotate import Rotation
+from studio.core.plan.job_estimate import check_fits, estimate_calibrated
 from studio.core.quant.gptq import FactorCache, GptqOptions, HessianError
-from studio.core.quant.methods import SiteStats, gptq, imatrix, method_info
+from studio.core.quant.methods import Encoded, SiteStats, gptq, imatrix, method_info
 from studio.core.quant.types import FLOAT_TYPES
 
 CALIB_SHARE = 0.9  # of the progress bar; the export takes the rest
@@ -431,7 +433,6 @@ class MethodConsumer(Consumer):
     def _round(self, method: Any, w: Any, stats: SiteStats, qtype: str) -> tuple[Any, str]:
         """The method's encoding in slabs of rows (every method rounds rows independently, so a
         128k-row output head costs the working copies of ``_SLAB_ROWS`` rows, not of the whole)."""
-        from studio.core.quant.methods import Encoded
 
         rows = int(w.shape[0])
         if rows <= _SLAB_ROWS:
@@ -510,8 +511,6 @@ def plan_sources(plan: Any, own: Any, *, own_only: bool = False) -> Any:
 def check_calibration_memory(config: dict[str, Any], chunks: Any, plan: Any, device: str) -> None:
     """Refuse, in one sentence, a calibration of ``plan`` whose estimated peak memory is above the free RAM
     (``studio.core.plan.job_estimate``), before it starts."""
-    from studio.core import hardware
-    from studio.core.plan.job_estimate import check_fits, estimate_calibrated
 
     methods = {method_info(plan.method_of(n)) for n in plan.types}
     hessian = any(m.hessian for m in methods)

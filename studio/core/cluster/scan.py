@@ -322,7 +322,7 @@ class _WorkerModel:
         chunks = Chunks(np.asarray(tokens), n_ctx, int(tokens.size), None, "")
         with torch.no_grad():
             _, self.layer_args = R._capture_inputs(
-                sk, chunks, dev, R._Progress(null_context(), 1), null_context()
+                sk, chunks, dev, R.RunMeter(null_context()), null_context(), 0.0
             )
         self.info = info
 

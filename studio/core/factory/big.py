@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from studio.core.factory.specs import FactoryError
+from studio.core.factory.tokenizer import _save_tokenizer, build_tokenizer
 
 __all__ = ["LLAMA_8B", "BigShape", "write_big_llama"]
 
@@ -132,7 +133,6 @@ def write_big_llama(
 
     ``out_dir`` must not exist or be empty; the folder is filled under ``*.partial`` and renamed.
     """
-    from studio.core.factory.tokenizer import _save_tokenizer, build_tokenizer
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):

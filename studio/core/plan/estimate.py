@@ -37,6 +37,7 @@ from studio.core.modelinfo import CheckpointFormat, ModelInfo, Role, TensorInfo,
 from studio.core.modelinfo import config_int as _cfg_int
 from studio.core.plan.gguf_file import copied_metadata_bytes, requantized_file_bytes
 from studio.core.plan.memory import kv_bytes, overhead_bytes  # the one memory model
+from studio.core.plan.plan import plan_from_preset
 from studio.core.plan.presets import PRESETS as TYPES_OF
 from studio.core.plan.presets import preset_types
 from studio.core.quant.types import QTYPES, fallback_type
@@ -278,8 +279,6 @@ def estimate_preset(
     types, exact = _preset_types(info, preset)
     est = _estimate_types(info, preset, types, hw, ctx_len, TYPES_OF[preset].default_type, exact)
     if exact and header and info.format is CheckpointFormat.GGUF:
-        from studio.core.plan.plan import plan_from_preset
-
         g, copied = source if source is not None else _gguf_source(info)
         size = requantized_file_bytes(g, plan_from_preset(info, preset), copied=copied)
         est = dataclasses.replace(est, file_bytes=size, header_bytes=size - est.tensor_bytes)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from studio.core.errors import CalibrationError
+from studio.core.quant.methods import method_info
 from studio.core.units import format_bytes
 
 __all__ = ["JobEstimate", "check_fits", "estimate_calibrated"]
@@ -105,7 +106,6 @@ def calibration_estimate_line(
 ) -> str:
     """What the Export and budget dialogs show before a calibrated job: ``Calibrating: about 5.1 GB at its
     peak (a decoder layer), about 12 min on a CPU (64 chunks of 512 tokens).`` ("" for rtn)."""
-    from studio.core.quant.methods import method_info
 
     m = method_info(method)
     if not m.calibrated:
