@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 from studio.commands._check import SPECS, Kind, PathArg, command_name
-from studio.core.benchmodel import bench_model_path
 
 # the same word as studio.core.benchmodel.BENCH_ALIAS (not imported: --help stays light)
 BENCH_ALIAS = "BENCH"
@@ -32,4 +31,6 @@ def resolve_aliases(args: argparse.Namespace) -> None:
 def _resolve(value: object) -> object:
     if value != BENCH_ALIAS:
         return value
+    from studio.core.benchmodel import bench_model_path  # here: it imports numpy, which parsing must not
+
     return str(bench_model_path())
