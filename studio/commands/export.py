@@ -32,7 +32,7 @@ from studio.core.calib.heldout import same_size_preset
 from studio.core.calib.imatrix import check_for_model, read_imatrix
 from studio.core.calib.quantize import CalibOptions, export_calibrated, plan_sources
 from studio.core.errors import StudioError, quote
-from studio.core.evaluate.last_word import last_word
+from studio.core.evaluate.last_word import LastWordCheck, LastWordGate
 from studio.core.evaluate.verification import verification_dict, verification_line
 from studio.core.export.job import export_and_verify, verify_here
 from studio.core.export.run import check_exportable, export_gguf
@@ -176,29 +176,27 @@ def _budget_plan(
 def _with_last_word(
     args: argparse.Namespace, info: Any, alloc: Any, last: dict[str, Any], ctx: Any, validate: Any, line: Any
 ) -> Any:
-    """``validate`` preceded by llama.cpp's measurement of the partial file beside the same-size preset: a
-    file worse than promised raises (the partial is deleted) unless ``--keep-if-worse``."""
-
-    def check(partial: Path) -> None:
-        held = last.get("held")
-        line.log("llama.cpp measures the file on held-out text ...")
-        word = last_word(
-            partial,
-            info,
-            predicted_kl=alloc.predicted_kl,
-            text=held.text if held is not None else default_text(),
-            preset=last.get("preset"),
-            imatrix=last.get("imatrix"),
-            ctx=ctx,
-            extra_buffers=args.llama_extra_buffers,
-        )
-        last["word"] = word
-        if not word.ok and not args.keep_if_worse:
-            raise StudioError(word.sentence)
-        if validate is not None:
-            validate(partial)
-
-    return check
+    """``validate`` preceded by llama.cpp's measurement of the partial file beside the same-size preset
+    (``LastWordGate``, the window's too): a file worse than promised raises (the partial is deleted) unless
+    ``--keep-if-worse``; the gate is kept in ``last["gate"]`` for its word."""
+    held = last.get("held")
+    check = LastWordCheck(
+        info,
+        predicted_kl=alloc.predicted_kl,
+        text=held.text if held is not None else default_text(),
+        preset=last.get("preset"),
+        imatrix=last.get("imatrix"),
+        keep_if_worse=args.keep_if_worse,
+    )
+    gate = LastWordGate(
+        check,
+        ctx=ctx,
+        validate=validate,
+        extra_buffers=args.llama_extra_buffers,
+        on_start=lambda: line.log("llama.cpp measures the file on held-out text ..."),
+    )
+    last["gate"] = gate
+    return gate
 
 
 def _calibrated(args: argparse.Namespace, info: Any, plan: Any, ctx: Any, validate: Any = None) -> Any:
@@ -337,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
         "fallbacks": [f.to_dict() for f in res.fallbacks],
         "notes": list(res.notes),
     }
-    word = last.get("word")
+    word = last["gate"].word if "gate" in last else None
     if alloc is not None:
         out["budget"] = alloc.to_dict()
         out["budget"]["heldout"] = None if verdict is None else verdict.to_dict()

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from studio.cli import main
-from studio.commands import export as export_cmd
 from studio.core.evaluate import last_word as lw
 
 CALIB = ["--calib-ctx", "64", "--calib-chunks", "4", "--scan-ctx", "32", "--scan-chunks", "2"]
@@ -30,15 +29,15 @@ def _argv(llama_model, tmp_path, out):
 
 
 def _measured(monkeypatch, kl_of):
-    """The real ``last_word`` with llama.cpp's measurement replaced by ``kl_of(path)`` (seen: each path)."""
+    """The real gate with llama.cpp's measurement replaced by ``kl_of(path)`` at the core seam (seen: each
+    path measured)."""
     seen = []
 
     def measure(path, model, text, *, max_tokens, extra_buffers):
         seen.append(str(path))
         return kl_of(str(path)), max_tokens
 
-    real = lw.last_word
-    monkeypatch.setattr(export_cmd, "last_word", lambda *a, **k: real(*a, **k, measure=measure))
+    monkeypatch.setattr(lw, "llama_kl", measure)
     return seen
 
 

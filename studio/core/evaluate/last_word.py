@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studio.core.errors import EvaluationError
+from studio.core.errors import EvaluationError, StudioError
 from studio.core.export.run import export_gguf
 from studio.core.export.verify import verify_gguf
 from studio.core.jobs import JobContext, null_context
@@ -58,7 +58,17 @@ class LastWord:
     @property
     def sentence(self) -> str:
         """One sentence: what llama.cpp measured, and (when not ``ok``) why the file is no success and what
-        to use instead."""
+        to use instead (the command line's options)."""
+        return self.verdict(
+            instead=f"use --preset {self.preset} --method {BEST_METHOD} instead"
+            if self.preset
+            else "use a larger budget",
+            keep="--keep-if-worse to keep it",
+        )
+
+    def verdict(self, *, instead: str, keep: str) -> str:
+        """``sentence`` with each face's own advice: ``instead`` (what to use instead) and ``keep`` (how to
+        keep the file anyway), shown only when the file is not ``ok``."""
         base = f"llama.cpp measures the file at KL {self.file_kl:.4f} on {self.tokens} held-out tokens"
         vs = "" if self.preset_kl is None else f" (llama.cpp's {self.preset}: {self.preset_kl:.4f})"
         if self.ok:
@@ -69,14 +79,7 @@ class LastWord:
             why = f"above llama.cpp's {self.preset} ({self.preset_kl:.4f})"
         else:
             why = f"{self.file_kl / max(self.predicted_kl, 1e-4):.0f}× its prediction {self.predicted_kl:.4f}"
-        instead = (
-            f"use --preset {self.preset} --method {BEST_METHOD} instead"
-            if self.preset
-            else "use a larger budget"
-        )
-        return (
-            f"{base}, {why}: the plan is worse than it promised; {instead} (or --keep-if-worse to keep it)."
-        )
+        return f"{base}, {why}: the plan is worse than it promised; {instead} (or {keep})."
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``export --json``)."""
@@ -144,7 +147,7 @@ def last_word_of_plan(
     preset: str | None,
     imatrix: Any = None,
     ctx: JobContext | None = None,
-    measure: Callable[..., tuple[float, int]] = llama_kl,
+    measure: Callable[..., tuple[float, int]] | None = None,
 ) -> LastWord:
     """``last_word`` of a plan (HF name → qtype) not yet written: its file is written with ``imatrix`` to a
     temporary folder, measured by llama.cpp beside ``preset``, and deleted (the budget dialog's Measure)."""
@@ -155,14 +158,81 @@ def last_word_of_plan(
         export_gguf(info.path, out, plan, imatrix=imatrix, ctx=ctx.span(0.0, 0.4))
         return last_word(
             out, info, predicted_kl=predicted_kl, text=text, preset=preset, imatrix=imatrix,
-            measure=measure, ctx=ctx.span(0.4, 1.0),
+            measure=measure or llama_kl, ctx=ctx.span(0.4, 1.0),
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LastWordCheck:
+    """What llama.cpp's last word on a budget plan's file needs: the model (``info``), the plan's predicted
+    KL, the held-out text, the same-size preset (None: none fits the budget), the imatrix that preset is
+    written with, and whether a file worse than promised is kept anyway (labelled)."""
+
+    info: Any
+    predicted_kl: float
+    text: str
+    preset: str | None
+    imatrix: Any = None
+    keep_if_worse: bool = False
+
+
+class WorseThanPromisedError(StudioError):
+    """llama.cpp measured a budget plan's file worse than promised: it is not written (``word`` says why)."""
+
+    def __init__(self, word: LastWord) -> None:
+        super().__init__(word.sentence)
+        self.word = word
+
+
+class LastWordGate:
+    """An export's ``validate`` (called on the finished ``.partial`` before its rename) preceded by
+    llama.cpp's last word: a file worse than promised raises ``WorseThanPromisedError`` (the writer then
+    deletes the partial) unless ``check.keep_if_worse``; ``word`` holds the measurement afterwards. The one
+    gate of ``export --budget`` and of the window's export of a budget plan."""
+
+    def __init__(
+        self,
+        check: LastWordCheck,
+        *,
+        ctx: JobContext | None = None,
+        validate: Callable[[Path], None] | None = None,
+        extra_buffers: str = "auto",
+        on_start: Callable[[], None] | None = None,
+        measure: Callable[..., tuple[float, int]] | None = None,
+    ) -> None:
+        self.check, self.ctx, self.validate = check, ctx, validate
+        self.extra_buffers, self.on_start, self.measure = extra_buffers, on_start, measure
+        self.word: LastWord | None = None
+
+    def __call__(self, partial: Path) -> None:
+        """Measure ``partial`` beside the same-size preset; raise when it may not be renamed into place."""
+        c = self.check
+        if self.on_start is not None:
+            self.on_start()
+        self.word = last_word(
+            partial,
+            c.info,
+            predicted_kl=c.predicted_kl,
+            text=c.text,
+            preset=c.preset,
+            imatrix=c.imatrix,
+            ctx=self.ctx,
+            extra_buffers=self.extra_buffers,
+            measure=self.measure or llama_kl,  # looked up here: tests replace llama.cpp at this seam
+        )
+        if not self.word.ok and not c.keep_if_worse:
+            raise WorseThanPromisedError(self.word)
+        if self.validate is not None:
+            self.validate(partial)
 
 
 __all__ = [
     "LAST_WORD_TOKENS",
     "MAX_OVER_PREDICTION",
     "LastWord",
+    "LastWordCheck",
+    "LastWordGate",
+    "WorseThanPromisedError",
     "last_word",
     "last_word_of_plan",
     "llama_kl",
