@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any
 
 from studio.commands import _numbers as numbers

@@ -56,6 +56,7 @@ class StudioState(QObject):
         self._estimates: tuple[Any, ...] = ()
         self._selected = ""
         self._plan: Any = None
+        self._checked: tuple[Any, Any] | None = None  # (plan, LastWordCheck) the budget dialog handed out
         self._ctx_len = DEFAULT_CONTEXT_LENGTH
         self._dark = False
         self._activations: ActivationStats | None = None
@@ -92,6 +93,7 @@ class StudioState(QObject):
         self.set_activation_stats(None)
         self.set_imatrix(None)
         self.calibration = None
+        self._checked = None  # a budget plan's check belongs to the model it was scanned on
         if old is not None:
             _close_quietly(old)
             self.modelClosed.emit()
@@ -122,10 +124,20 @@ class StudioState(QObject):
         """The current precision plan, or None."""
         return self._plan
 
-    def set_plan(self, plan: Any) -> None:
-        """Replace the current plan."""
+    def set_plan(self, plan: Any, check: Any = None) -> None:
+        """Replace the current plan; ``check`` (a budget plan's ``LastWordCheck``) stays with that very plan
+        object: its export waits for llama.cpp's verdict until another plan (an edit) replaces it."""
+        if check is not None:
+            self._checked = (plan, check)
         self._plan = plan
         self.planChanged.emit(plan)
+
+    @property
+    def plan_check(self) -> Any:
+        """The ``LastWordCheck`` of the current plan when the budget dialog made it and it is unedited, else
+        None (a preset or a hand-made plan: no prediction to hold the file to)."""
+        c = self._checked
+        return c[1] if c is not None and self._plan is not None and c[0] is self._plan else None
 
     def publish_export(self, outcome: ExportOutcome) -> None:
         """Announce a finished export (the chat and evaluation pages add the new file)."""

@@ -51,6 +51,13 @@ class ExportOutcome:
     verification: Any = None  # studio.core.export.verify.VerifyResult, or None when not verified
     verify_error: str = ""  # why verification could not run ("" when it ran or was not asked for)
     calibration: Any = None  # studio.core.calib.quantize.CalibratedExport of a calibrated method
+    # evaluate.last_word.LastWord: llama.cpp's verdict on a budget plan's file (not ok: kept anyway)
+    last_word: Any = None
+
+    @property
+    def kept_anyway(self) -> bool:
+        """Whether llama.cpp measured the file worse than its plan promised and it was kept anyway."""
+        return self.last_word is not None and not self.last_word.ok
 
     def summary(self) -> str:
         """One line for the status bar."""
@@ -65,6 +72,8 @@ class ExportOutcome:
             text += f"; mean cosine {v.mean_cosine:.5f}"
         elif self.verify_error:
             text += "; not verified"
+        if self.kept_anyway:
+            text += "; KEPT ANYWAY: llama.cpp measures it worse than its plan promised"
         return text + "."
 
 

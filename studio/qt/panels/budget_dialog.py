@@ -46,12 +46,12 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.calib.heldout import (
-    SAME_SIZE,
     UNGUARDED_NOTE,
     guarded_scan,
     judge_against_points,
     preset_heldout_points,
     preset_plans,
+    same_size_preset,
     texts,
 )
 from studio.core.calib.pipeline import calibrate_then_scan
@@ -60,7 +60,7 @@ from studio.core.calib.sensitivity import ScanSettings, measure_plans
 from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
 from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
-from studio.core.evaluate.last_word import last_word_of_plan
+from studio.core.evaluate.last_word import LastWordCheck, last_word_of_plan
 from studio.core.export.verify import default_text
 from studio.core.jobs import JobContext
 from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
@@ -77,7 +77,7 @@ from studio.qt.panels.sensitivity_views import RankedBars, SensitivityHeatMap
 from studio.qt.state import StudioState
 from studio.qt.theme import follow_theme, plot_colors, set_status, style_plot
 
-__all__ = ["PLAN_TYPES", "BudgetDialog", "Measured", "Planned", "bits_colour"]
+__all__ = ["PLAN_TYPES", "BudgetDialog", "Measured", "Planned", "bits_colour", "last_word_check"]
 
 PRESETS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 PLAN_TYPES = "plan"  # the map's choice "each tensor at the plan's type"
@@ -99,6 +99,22 @@ def bits_colour(bpw: float) -> QColor:
     """Red at 2 bits per weight through yellow to green at 16 (the plan table's colouring)."""
     t = min(1.0, max(0.0, (bpw - 2.0) / 14.0))
     return QColor.fromHsvF(t / 3.0, 0.45, 0.95)
+
+
+def last_word_check(
+    info: Any, predicted_kl: float, presets: Any, limit_bytes: int, heldout: Any, imatrix: Any
+) -> LastWordCheck:
+    """What llama.cpp's last word on a scan's plan needs, as ``export --budget`` builds it: the ``heldout``
+    text (the verify text without one), the largest of llama.cpp's ``presets`` (``preset_plans``: i-quants
+    too) within ``limit_bytes``, and the scan's ``imatrix``."""
+    same = same_size_preset(list(presets), limit_bytes)
+    return LastWordCheck(
+        info,
+        predicted_kl=predicted_kl,
+        text=heldout.text if heldout is not None else default_text(),
+        preset=None if same is None else same[0],
+        imatrix=imatrix,
+    )
 
 
 @dataclass(frozen=True)
@@ -757,12 +773,18 @@ class BudgetDialog(JobPanel, QDialog):
         """Make the chosen plan the window's plan (the plan editor shows it) and the scan's imatrix the window's."""
         if self.allocation is None:
             return
-        self._used.add(self.allocation.plan.name)
+        a = self.allocation
+        self._used.add(a.plan.name)
         if self.imatrix is not None:
             # The plan was chosen (and is measured) with the scan's imatrix: the export quantizes with it too.
             self.state.set_imatrix(self.imatrix)
-        self.state.set_plan(self.allocation.plan)
-        self.planChosen.emit(self.allocation)
+        # as export --budget: the window's export of this plan waits for llama.cpp's verdict before the rename
+        limit = a.limit_bytes if a.budget.kind.value == "file" else a.file_bytes
+        check = last_word_check(
+            self.state.info, a.predicted_kl, self._preset_plans or (), int(limit), self.heldout, self.imatrix
+        )
+        self.state.set_plan(a.plan, check=check)
+        self.planChosen.emit(a)
 
     # ------------------------------------------------------------------ where the KL comes from
 
@@ -814,14 +836,22 @@ class BudgetDialog(JobPanel, QDialog):
             return  # not this scan's model
         v = outcome.verification
         verify = getattr(v, "mean_kl", None) if v is not None else None
-        self._measure(r.path.name, types, r.file_bytes, verify, int(getattr(v, "n_tokens", 0) or 0))
+        # the export measured the file with llama.cpp before its rename: that word is not measured twice
+        word = getattr(outcome, "last_word", None)
+        self._measure(r.path.name, types, r.file_bytes, verify, int(getattr(v, "n_tokens", 0) or 0), word)
 
     def _measure(
-        self, what: str, types: dict[str, str], file_bytes: int, verify_kl: Any = None, verify_tokens: int = 0
+        self,
+        what: str,
+        types: dict[str, str],
+        file_bytes: int,
+        verify_kl: Any = None,
+        verify_tokens: int = 0,
+        word: Any = None,
     ) -> None:
         info, scan, imatrix, text = self.state.info, self.scan, self.imatrix, self.scan_text
         settings = self.scan_settings
-        held, points, a = self.heldout, self.heldout_presets, self.allocation
+        held, points, a, known = self.heldout, self.heldout_presets, self.allocation, self._preset_plans
         # the same-size preset is the largest within the budget, not within the plan's bytes
         limit = max(file_bytes, a.limit_bytes if a is not None and a.budget.kind.value == "file" else 0)
         if info is None or scan is None:
@@ -842,15 +872,16 @@ class BudgetDialog(JobPanel, QDialog):
                     info.path, types, limit, held, points, imatrix=imatrix, predicted_kl=predicted,
                     scan_text=text, settings=st, ctx=studio_ctx,
                 )  # fmt: skip
-            # as the CLI's export: llama.cpp measures the plan's file beside the same-size preset's
-            fit = [p for p in points or () if p.file_bytes <= limit * SAME_SIZE]
-            word = last_word_of_plan(
-                info, types, predicted_kl=float("nan") if predicted is None else predicted,
-                text=held.text if held is not None else default_text(),
-                preset=max(fit, key=lambda p: p.file_bytes).name if fit else None,
-                imatrix=imatrix, ctx=ctx.span(0.5, 1.0),
-            )  # fmt: skip
-            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement, word)
+            llama = word
+            if llama is None:  # as export --budget: llama.cpp measures the file beside the same-size preset's
+                pres = known if known is not None else preset_plans(info, imatrix=imatrix)
+                pred = float("nan") if predicted is None else predicted
+                c = last_word_check(info, pred, pres, limit, held, imatrix)
+                llama = last_word_of_plan(
+                    info, types, predicted_kl=c.predicted_kl, text=c.text, preset=c.preset,
+                    imatrix=c.imatrix, ctx=ctx.span(0.5, 1.0),
+                )  # fmt: skip
+            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement, llama)
 
         if self.running:
             self._queued = (what, work)  # after the running job

@@ -12,6 +12,7 @@ export away.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources
 from studio.core.calib.quantize import export_calibrated, plan_sources
 from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
+from studio.core.evaluate.last_word import LastWord, LastWordCheck, LastWordGate, WorseThanPromisedError
 from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
 from studio.core.export.run import export_gguf
@@ -45,7 +47,7 @@ from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
 from studio.core.plan.job_estimate import calibration_estimate_line
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
-from studio.core.quant.methods import METHODS
+from studio.core.quant.methods import ALIASES, METHODS
 from studio.core.quant.warm import ensure_compiled
 from studio.qt import folders, widgets
 from studio.qt.fmt import human_bytes, model_display_name
@@ -65,6 +67,7 @@ DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
 PROGRESS_STEPS = 1000
 ESTIMATE_CHUNKS = 128  # chunks the estimate assumes when the dialog uses "all" (a text of 64k tokens)
+BEST_METHOD = ALIASES["best"]  # the calibrated rounding recommended with a preset (as export --budget says)
 
 
 def _exportable(info: Any) -> bool:
@@ -97,6 +100,7 @@ def run_export(
     imatrix: Any = None,
     cluster: str | None = None,
     rotation: Rotation | None = None,
+    last_word: LastWordCheck | None = None,
 ) -> ExportOutcome:
     """Export ``source`` to ``out`` and (optionally) verify it in a child process before it is renamed
     into place (``studio.core.export.job.export_and_verify``, the job ``export --verify`` runs too).
@@ -104,10 +108,16 @@ def run_export(
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (a file, a list of them to mix, None:
     the built-in text; the first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
     layer's tensors on the Ray ``cluster`` when one is named (the window's device choice). ``rotation``
-    folds a randomised Hadamard rotation into the weights (``studio.core.model.rotate``).
+    folds a randomised Hadamard rotation into the weights (``studio.core.model.rotate``). With ``last_word``
+    (a budget plan's check), llama.cpp measures the partial file first, as ``export --budget`` does: a file
+    worse than promised raises ``WorseThanPromisedError`` and nothing is written, unless the check keeps it.
     """
+    gates: list[LastWordGate] = []
 
     def write(c: JobContext, validate: Any) -> Any:
+        if last_word is not None:  # llama.cpp's verdict before verification and the rename
+            gates.append(LastWordGate(last_word, ctx=c, validate=validate))
+            validate = gates[-1]
         calibrated = isinstance(plan, Plan) and plan.calibrated
         if calibrated or backend == "studio":  # kernels compiled here would hold the GIL (quant/warm.py)
             ensure_compiled(c)
@@ -142,7 +152,20 @@ def run_export(
             rotation=rotation,
         )
 
-    return export_and_verify(ctx, source, write, verify=verify_in_child(device) if verify else None)
+    outcome = export_and_verify(ctx, source, write, verify=verify_in_child(device) if verify else None)
+    return dataclasses.replace(outcome, last_word=gates[-1].word) if gates else outcome
+
+
+def _word_text(word: LastWord, *, kept: bool = False) -> str:
+    """llama.cpp's verdict on a budget plan's file in the window's words (its buttons, not the CLI's options)."""
+    if word.ok:
+        return word.sentence
+    instead = (
+        f"export llama.cpp's {word.preset} with {BEST_METHOD} instead"
+        if word.preset
+        else "choose a larger budget"
+    )
+    return word.verdict(instead=instead, keep="it was kept anyway" if kept else "Keep anyway to write it")
 
 
 def _same_plan(a: Any, b: Any) -> bool:
@@ -166,6 +189,8 @@ class ExportDialog(JobPanel, QDialog):
         self.init_task(state, jobs, "export", progress=True)
         self.settings = AppSettings()  # the user's; the window hands in its own with remember_in
         self.outcome: ExportOutcome | None = None
+        self.refused: LastWord | None = None  # llama.cpp's verdict on the budget file not written
+        self._keep_anyway = False  # the next start keeps a budget file worse than promised (labelled)
         self._path_edited = False
         self._build()
         state.planChanged.connect(self._fill_plans)
@@ -292,6 +317,24 @@ class ExportDialog(JobPanel, QDialog):
             self.show_in_folder,
             tip="Open the exported file's folder in the file manager",
         )
+        # llama.cpp measured a budget plan's file worse than promised: nothing was written; the two ways on
+        self.recommend_button = widgets.button(
+            "Export the preset instead",
+            self,
+            self.export_recommended,
+            tip="Export llama.cpp's preset of the same size with calibrated rounding, as the message says",
+        )
+        self.keep_anyway_button = widgets.button(
+            "Keep anyway (worse than promised)",
+            self,
+            self.keep_anyway,
+            tip="Export the budget plan again and keep its file although llama.cpp measures it worse than "
+            "promised (labelled KEPT ANYWAY, as export --keep-if-worse)",
+        )
+        refused = QHBoxLayout()
+        refused.addWidget(self.recommend_button)
+        refused.addWidget(self.keep_anyway_button)
+        refused.addStretch(1)
         buttons = QHBoxLayout()
         buttons.addWidget(self.upload_button)
         buttons.addWidget(self.show_folder_button)
@@ -306,6 +349,7 @@ class ExportDialog(JobPanel, QDialog):
         lay.addWidget(self.progress)
         lay.addWidget(self.status)
         lay.addWidget(self.result_label)
+        lay.addLayout(refused)
         lay.addStretch(1)
         lay.addLayout(buttons)
         self.setMinimumWidth(620)
@@ -440,6 +484,7 @@ class ExportDialog(JobPanel, QDialog):
         i = self.backend_combo.findData(self.settings.export_backend)
         self.backend_combo.setCurrentIndex(max(i, 0))
         self._path_edited = False
+        self.refused = None
         self._fill_plans()
         self.progress.setValue(0)
         set_status(self.status, "")
@@ -517,27 +562,35 @@ class ExportDialog(JobPanel, QDialog):
         cluster = self.state.cluster if calibrated else None  # the window's device choice
         # A pickle checkpoint is open only because the user opted in; the export reads it the same way.
         allow_pickle = str(getattr(info.format, "value", info.format)) == "pytorch"
-        self.outcome = None
+        # a budget plan, unedited: llama.cpp measures its file before the rename, as export --budget does
+        check = self.state.plan_check if self.chosen_plan() is self.state.plan else None
+        if check is not None and self._keep_anyway:
+            check = dataclasses.replace(check, keep_if_worse=True)
+        self.outcome, self.refused = None, None
         self.progress.setValue(0)
         self.result_label.setText("")
         self._set_status(f"{'Calibrating and quantizing' if calibrated else 'Exporting'} to {out.name}…")
 
-        def task(ctx: JobContext) -> ExportOutcome:
-            return run_export(
-                ctx,
-                source,
-                out,
-                plan,
-                device=device,
-                backend=backend,
-                verify=verify,
-                allow_pickle=allow_pickle,
-                calib_text=sources,
-                calib_chunks=chunks,
-                imatrix=imatrix,
-                cluster=cluster,
-                rotation=rotation,
-            )
+        def task(ctx: JobContext) -> ExportOutcome | LastWord:
+            try:
+                return run_export(
+                    ctx,
+                    source,
+                    out,
+                    plan,
+                    device=device,
+                    backend=backend,
+                    verify=verify,
+                    allow_pickle=allow_pickle,
+                    calib_text=sources,
+                    calib_chunks=chunks,
+                    imatrix=imatrix,
+                    cluster=cluster,
+                    rotation=rotation,
+                    last_word=check,
+                )
+            except WorseThanPromisedError as err:
+                return err.word  # nothing was written: the dialog says why and offers the two ways on
 
         plan_name = plan if isinstance(plan, str) else plan.name
         if calibrated:
@@ -572,16 +625,22 @@ class ExportDialog(JobPanel, QDialog):
             return False
         return folders.show_in_folder(self.outcome.result.path)
 
-    def on_done(self, outcome: ExportOutcome) -> None:
+    def on_done(self, outcome: ExportOutcome | LastWord) -> None:
+        if isinstance(outcome, LastWord):
+            self._show_refused(outcome)
+            return
         self.outcome = outcome
         self.update_controls()
         self.progress.setValue(PROGRESS_STEPS)
         r = outcome.result
         self._set_status(
-            f"Wrote {r.path} ({human_bytes(r.file_bytes)}, {r.n_tensors} tensors, {r.bpw:.2f} bits per weight) "
-            f"in {r.seconds:.1f} s."
+            ("KEPT ANYWAY (worse than promised): " if outcome.kept_anyway else "")
+            + f"Wrote {r.path} ({human_bytes(r.file_bytes)}, {r.n_tensors} tensors, {r.bpw:.2f} bits per "
+            f"weight) in {r.seconds:.1f} s."
         )
         text = self._verification_text(outcome)
+        if outcome.last_word is not None:  # llama.cpp's own verdict on a budget plan's file first
+            text = f"{_word_text(outcome.last_word, kept=True)} {text}"
         c = outcome.calibration
         if c is not None:
             text = (
@@ -595,6 +654,38 @@ class ExportDialog(JobPanel, QDialog):
         self.update_controls()
         self._set_status(message, error=True)
         self.exportFailed.emit(message)
+
+    def _show_refused(self, word: LastWord) -> None:
+        """llama.cpp measured the budget file worse than promised and it was not written: one sentence, and
+        the buttons for the same-size preset and for keeping the file anyway."""
+        self.refused = word
+        self.update_controls()
+        self.progress.setValue(0)
+        text = f"No file was written: {_word_text(word)}"
+        self._set_status(text, error=True)
+        self.exportFailed.emit(text)
+
+    @Slot()
+    def export_recommended(self) -> Job | None:
+        """Export the same-size preset llama.cpp's verdict recommends, with calibrated rounding."""
+        word = self.refused
+        if word is None or word.preset is None or self.running:
+            return None
+        self.set_plan_choice(word.preset)
+        self.set_method(BEST_METHOD)
+        return self.start()
+
+    @Slot()
+    def keep_anyway(self) -> Job | None:
+        """Export the refused budget plan again and keep its file although it is worse than promised
+        (labelled KEPT ANYWAY; the command line's ``--keep-if-worse``)."""
+        if self.refused is None or self.running:
+            return None
+        self._keep_anyway = True
+        try:
+            return self.start()
+        finally:
+            self._keep_anyway = False
 
     def on_cancel(self) -> None:
         self.update_controls()
@@ -651,6 +742,13 @@ class ExportDialog(JobPanel, QDialog):
         )
         self.imatrix_check.setText("Quantize with the importance matrix" + note)
         self.upload_button.setEnabled(self.outcome is not None and not running)
+        word = self.refused
+        self.recommend_button.setVisible(word is not None and word.preset is not None)
+        if word is not None and word.preset is not None:
+            self.recommend_button.setText(f"Export {word.preset} ({BEST_METHOD}) instead")
+        self.keep_anyway_button.setVisible(word is not None)
+        for b in (self.recommend_button, self.keep_anyway_button):
+            b.setEnabled(not running)
         self.show_folder_button.setEnabled(self.outcome is not None)
         self._show_requirement()
         self.estimate_label.setText(self.job_estimate())
