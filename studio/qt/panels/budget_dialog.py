@@ -860,6 +860,9 @@ class BudgetDialog(JobPanel, QDialog):
             predicted: float | None = scan.predicted_kl(types)
         except KeyError:
             predicted = None
+        except StudioError as err:  # a candidate's KL is not finite: one sentence naming tensor and type
+            self.show_error(str(err))
+            return
 
         def work(ctx: JobContext) -> Measured:
             st = settings or ScanSettings()
@@ -881,7 +884,9 @@ class BudgetDialog(JobPanel, QDialog):
                     info, types, predicted_kl=c.predicted_kl, text=c.text, preset=c.preset,
                     imatrix=c.imatrix, ctx=ctx.span(0.5, 1.0),
                 )  # fmt: skip
-            return Measured(what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement, llama)
+            return Measured(
+                what, types, file_bytes, predicted, kl, verify_kl, verify_tokens, judgement, llama
+            )
 
         if self.running:
             self._queued = (what, work)  # after the running job

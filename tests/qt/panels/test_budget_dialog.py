@@ -426,3 +426,24 @@ def test_the_dialog_shows_the_scan_calibration_estimate(dialog):
     d.update_controls()
     text = d.estimate_label.text()
     assert text.startswith("Calibrating: about ") and "at its peak" in text and "chunks of 512 tokens" in text
+
+
+def test_a_scan_with_a_nan_is_refused_in_one_sentence_naming_tensor_and_type(dialog, qtbot):
+    # issue 37: a NaN taken as a cost made a candidate look free; the dialog plans nothing from it
+    import dataclasses
+
+    state, d = dialog
+    scan = synthetic_scan(state.info, {"Q4_0": 0.02, "Q8_0": 0.0005})
+    t = scan.tensors[1]
+    bad = dataclasses.replace(
+        t, by_type={**t.by_type, "Q4_0": dataclasses.replace(t.by_type["Q4_0"], kl=math.nan)}
+    )
+    with qtbot.waitSignal(d.errorShown, timeout=60_000) as sig:
+        d.set_scan(dataclasses.replace(scan, tensors=(scan.tensors[0], bad, *scan.tensors[2:])))
+    _settled(qtbot, d)
+    message = sig.args[0]
+    assert f"{t.name} at Q4_0" in message and "\n" not in message and "Traceback" not in message
+    assert d.allocation is None and not d.use_button.isEnabled() and not d.measure_button.isEnabled()
+    # a plan handed to the window from it would carry the NaN: nothing is measured either
+    d.measure_plan()
+    assert not d.running and d.measured is None

@@ -82,7 +82,10 @@ def test_a_budget_file_worse_than_promised_is_not_written_and_keep_anyway_writes
     assert preset is not None  # llama.cpp's same-size preset (its i-quants included) is compared
     text = export.status.text()
     assert text.startswith("No file was written: llama.cpp measures the file at KL 30.0000")
-    assert f"above llama.cpp's {preset} (1.0000)" in text and f"export llama.cpp's {preset} with awq+gptq" in text
+    assert (
+        f"above llama.cpp's {preset} (1.0000)" in text
+        and f"export llama.cpp's {preset} with awq+gptq" in text
+    )
     assert "--keep-if-worse" not in text and "\n" not in text and failed == [text]
     assert export.outcome is None and export.refused is not None and not export.refused.ok
     assert not export.keep_anyway_button.isHidden() and export.keep_anyway_button.isEnabled()
