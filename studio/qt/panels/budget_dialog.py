@@ -867,17 +867,25 @@ class BudgetDialog(JobPanel, QDialog):
         def work(ctx: JobContext) -> Measured:
             st = settings or ScanSettings()
             studio_ctx = ctx.span(0.0, 0.5)
+            pres = known if known is not None else preset_plans(info, imatrix=imatrix)
             if held is None:
                 (kl,) = measure_plans(info.path, [types], text, st, imatrix=imatrix, ctx=studio_ctx)
                 judgement = None
             else:
+                # the judge names the preset whose file is the budget (an i-quant too, as the CLI's): the
+                # scan measured a few presets on the held-out text; the same-size one is measured now if not
+                same = same_size_preset(pres, limit)
+                pts = tuple(points)
+                if same is not None and same[0] not in {p.name for p in pts}:
+                    pts += preset_heldout_points(
+                        info.path, info, held, imatrix=imatrix, presets=(same[0],), ctx=ctx.muted()
+                    )
                 kl, judgement = judge_against_points(
-                    info.path, types, limit, held, points, imatrix=imatrix, predicted_kl=predicted,
+                    info.path, types, limit, held, pts, imatrix=imatrix, predicted_kl=predicted,
                     scan_text=text, settings=st, ctx=studio_ctx,
                 )  # fmt: skip
             llama = word
             if llama is None:  # as export --budget: llama.cpp measures the file beside the same-size preset's
-                pres = known if known is not None else preset_plans(info, imatrix=imatrix)
                 pred = float("nan") if predicted is None else predicted
                 c = last_word_check(info, pred, pres, limit, held, imatrix)
                 llama = last_word_of_plan(

@@ -447,3 +447,30 @@ def test_a_scan_with_a_nan_is_refused_in_one_sentence_naming_tensor_and_type(dia
     # a plan handed to the window from it would carry the NaN: nothing is measured either
     d.measure_plan()
     assert not d.running and d.measured is None
+
+
+def test_the_judge_names_the_preset_whose_file_is_the_budget_an_i_quant_too(dialog, qtbot, monkeypatch):
+    # issue 37 Build 6 in the window: the scan measured a few K-quant presets on the held-out text; a budget
+    # of llama.cpp's IQ4_XS file is judged against IQ4_XS (measured then), not the next K-quant below it
+    from studio.core.calib.data import CalibrationText
+    from studio.core.calib.heldout import preset_heldout_points, same_size_preset
+    from studio.core.evaluate import last_word as lw
+    from studio.core.factory import sample_text
+
+    state, d = dialog
+    monkeypatch.setattr(lw, "llama_kl", lambda path, *a, **k: (0.01, k["max_tokens"]))  # llama.cpp stubbed
+    held = CalibrationText("held-out sample", "\n".join(reversed(sample_text().splitlines())))
+    points = preset_heldout_points(state.info.path, state.info, held, imatrix=None, presets=("Q8_0",))
+    pres = preset_plans(state.info)
+    name, nbytes = next(
+        (n, b) for n, b, _ in pres if n in ("IQ4_XS", "Q4_K_S") and same_size_preset(pres, b)[0] == n
+    )
+    d.set_scan(synthetic_scan(state.info, KL), None, held, points)
+    d.budget_edit.setText(str(nbytes))
+    d.replan()
+    _settled(qtbot, d)
+    with qtbot.waitSignal(d.measuredShown, timeout=120_000) as sig:
+        d.measure_button.click()
+    m = sig.args[0]
+    assert m.judgement.preset is not None and m.judgement.preset.name == name and m.llama.preset == name
+    assert f"llama.cpp's {name}" in d.measured_label.text()
