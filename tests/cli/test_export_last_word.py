@@ -4,6 +4,7 @@ promised is not written as a success (one sentence, exit 2) unless ``--keep-if-w
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -70,3 +71,30 @@ def test_a_file_as_good_as_promised_is_written_with_llamacpps_number(
     assert main([*_argv(llama_model, tmp_path, out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)["budget"]["llama_cpp"]
     assert out.is_file() and d["ok"] and not d["kept_anyway"] and d["tokens"] == lw.LAST_WORD_TOKENS
+
+
+def test_with_the_trained_only_types_named_the_guarantees_hold(
+    tiny_model, tmp_path, cache, monkeypatch, capsys
+):
+    # issue 37 Build 2: TQ1_0, TQ2_0, Q1_0 and Q2_0 named on a float model with a tied embedding (the issue's
+    # case): no NaN printed, the embedding kept at least at the same-size preset's type (never a trained-only
+    # type), and llama.cpp measures the file before its rename
+    from studio.core.factory import sample_text
+
+    model = tiny_model("llama", tie_embeddings=True, layers=2, hidden=256)
+    text = tmp_path / "calib.txt"
+    text.write_text(sample_text() * 3, encoding="utf-8")
+    out = tmp_path / "b.gguf"
+    seen = _measured(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
+    named = ("Q2_0", "Q1_0", "TQ1_0", "TQ2_0")
+    argv = ["export", str(model), "-o", str(out), "--budget", "4.5bpw", "--calib-text", str(text)] + [
+        "--types", ",".join((*named, "Q4_0", "Q8_0")), *CALIB,
+    ]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    raw = capsys.readouterr().out
+    d = json.loads(raw)
+    assert "nan" not in raw.lower() and "infinity" not in raw.lower()
+    assert math.isfinite(d["budget"]["predicted_kl"]) and d["budget"]["llama_cpp"]["ok"]
+    assert seen and seen[0].endswith(".partial") and out.is_file()
+    assert d["types"]["token_embd.weight"] not in named
+    assert set(d["types"].values()) & set(named)  # named, they are used where the scan prices them well

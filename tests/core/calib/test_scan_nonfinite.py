@@ -171,7 +171,7 @@ def test_named_trained_only_types_keep_the_guarantees(tiny_model, calib_text):
         info = ck.info
         im = imatrix_from_stats(stats, info)
     st = ScanSettings(
-        types=("Q2_0", "TQ1_0", "TQ2_0", "Q4_0", "Q8_0"),
+        types=("Q2_0", "Q1_0", "TQ1_0", "TQ2_0", "Q4_0", "Q8_0"),  # all four trained-only types named
         exact=False,
         n_ctx=32,
         n_chunks=2,
