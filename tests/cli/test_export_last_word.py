@@ -9,7 +9,8 @@ import math
 import pytest
 
 from studio.cli import main
-from studio.core.evaluate import last_word as lw
+from studio.core.evaluate.last_word import LAST_WORD_TOKENS
+from tests.llama_verdict import stub_llama_kl
 
 CALIB = ["--calib-ctx", "64", "--calib-chunks", "4", "--scan-ctx", "32", "--scan-chunks", "2"]
 
@@ -29,22 +30,9 @@ def _argv(llama_model, tmp_path, out):
     ]  # fmt: skip
 
 
-def _measured(monkeypatch, kl_of):
-    """The real gate with llama.cpp's measurement replaced by ``kl_of(path)`` at the core seam (seen: each
-    path measured)."""
-    seen = []
-
-    def measure(path, model, text, *, max_tokens, extra_buffers):
-        seen.append(str(path))
-        return kl_of(str(path)), max_tokens
-
-    monkeypatch.setattr(lw, "llama_kl", measure)
-    return seen
-
-
 def test_a_file_worse_than_promised_is_not_written(llama_model, tmp_path, cache, monkeypatch, capsys):
     out = tmp_path / "b.gguf"
-    seen = _measured(monkeypatch, lambda p: 30.0)  # the issue's destroyed file
+    seen = stub_llama_kl(monkeypatch, lambda p: 30.0)  # the issue's destroyed file
     assert main(_argv(llama_model, tmp_path, out)) == 2  # a StudioError: one sentence
     err = capsys.readouterr().err
     assert "llama.cpp measures the file at KL 30.0000" in err and "--keep-if-worse" in err
@@ -54,7 +42,7 @@ def test_a_file_worse_than_promised_is_not_written(llama_model, tmp_path, cache,
 
 def test_keep_if_worse_keeps_it_labelled(llama_model, tmp_path, cache, monkeypatch, capsys):
     out = tmp_path / "b.gguf"
-    _measured(monkeypatch, lambda p: 30.0)
+    stub_llama_kl(monkeypatch, lambda p: 30.0)
     assert main([*_argv(llama_model, tmp_path, out), "--keep-if-worse", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)["budget"]["llama_cpp"]
     assert out.is_file() and d["kept_anyway"] and not d["ok"] and d["file_kl"] == 30.0
@@ -67,10 +55,10 @@ def test_a_file_as_good_as_promised_is_written_with_llamacpps_number(
 ):
     out = tmp_path / "b.gguf"
     # the plan's file measures 0 (within its prediction); any preset file measures more
-    _measured(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
+    stub_llama_kl(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
     assert main([*_argv(llama_model, tmp_path, out), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)["budget"]["llama_cpp"]
-    assert out.is_file() and d["ok"] and not d["kept_anyway"] and d["tokens"] == lw.LAST_WORD_TOKENS
+    assert out.is_file() and d["ok"] and not d["kept_anyway"] and d["tokens"] == LAST_WORD_TOKENS
 
 
 def test_with_the_trained_only_types_named_the_guarantees_hold(
@@ -85,7 +73,7 @@ def test_with_the_trained_only_types_named_the_guarantees_hold(
     text = tmp_path / "calib.txt"
     text.write_text(sample_text() * 3, encoding="utf-8")
     out = tmp_path / "b.gguf"
-    seen = _measured(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
+    seen = stub_llama_kl(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
     named = ("Q2_0", "Q1_0", "TQ1_0", "TQ2_0")
     argv = ["export", str(model), "-o", str(out), "--budget", "4.5bpw", "--calib-text", str(text)] + [
         "--types", ",".join((*named, "Q4_0", "Q8_0")), *CALIB,

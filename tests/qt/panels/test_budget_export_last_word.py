@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from studio.core.evaluate import last_word as lw
 from studio.core.model import open_model
 from studio.qt.jobs import JobManager
 from studio.qt.panels.budget_dialog import BudgetDialog
 from studio.qt.panels.export_dialog import CURRENT_PLAN, ExportDialog
 from studio.qt.state import StudioState
+from tests.llama_verdict import stub_llama_kl
 from tests.scan_data import synthetic_scan
 
 KL = {"Q2_K": 0.08, "Q3_K": 0.04, "Q4_K": 0.012, "Q6_K": 0.002, "Q8_0": 0.0005}
@@ -30,18 +30,6 @@ def dialogs(qtbot, tiny_models):
     yield state, budget, export
     jobs.shutdown(5000)
     ckpt.close()
-
-
-def _measured(monkeypatch, kl_of):
-    """llama.cpp's measurement replaced by ``kl_of(path)``; returns the paths measured, in order."""
-    seen = []
-
-    def measure(path, model, text, *, max_tokens, extra_buffers):
-        seen.append(str(path))
-        return kl_of(str(path)), max_tokens
-
-    monkeypatch.setattr(lw, "llama_kl", measure)
-    return seen
 
 
 def _use_budget_plan(qtbot, state, budget):
@@ -68,7 +56,7 @@ def test_a_budget_file_worse_than_promised_is_not_written_and_keep_anyway_writes
     dialogs, qtbot, tmp_path, monkeypatch
 ):
     state, budget, export = dialogs
-    seen = _measured(monkeypatch, lambda p: 30.0 if p.endswith(".partial") else 1.0)  # the issue's file
+    seen = stub_llama_kl(monkeypatch, lambda p: 30.0 if p.endswith(".partial") else 1.0)  # the issue's file
     _use_budget_plan(qtbot, state, budget)
     out = tmp_path / "out" / "budget.gguf"
     out.parent.mkdir()
@@ -103,7 +91,7 @@ def test_a_budget_file_worse_than_promised_is_not_written_and_keep_anyway_writes
 
 def test_the_recommended_preset_is_one_click_away(dialogs, qtbot, tmp_path, monkeypatch):
     state, budget, export = dialogs
-    _measured(monkeypatch, lambda p: 30.0 if p.endswith(".partial") else 1.0)
+    stub_llama_kl(monkeypatch, lambda p: 30.0 if p.endswith(".partial") else 1.0)
     _use_budget_plan(qtbot, state, budget)
     preset = state.plan_check.preset
     out = tmp_path / "budget.gguf"
@@ -121,7 +109,7 @@ def test_a_budget_file_as_good_as_promised_is_written_with_llamacpps_number_and_
     dialogs, qtbot, tmp_path, monkeypatch
 ):
     state, budget, export = dialogs
-    seen = _measured(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
+    seen = stub_llama_kl(monkeypatch, lambda p: 0.0 if p.endswith(".partial") else 1.0)
     _use_budget_plan(qtbot, state, budget)
     out = tmp_path / "budget.gguf"
     _export(qtbot, export, out)
