@@ -847,6 +847,13 @@ class ExportDialog(JobPanel, QDialog):
                     text += f"; {len(plan.fallbacks)} tensor(s) use a fallback type"
             except StudioError as err:
                 text = str(err)
+            check = self.state.plan_check if plan is self.state.plan else None
+            if check is not None:  # said before the export starts, not only when it refuses
+                beside = f" and llama.cpp's {check.preset}" if check.preset else ""
+                text += (
+                    f"; a budget plan: llama.cpp measures its file{beside} before it is written, and a file "
+                    "worse than promised is not written"
+                )
         warning = _requantize_warning(self.state.checkpoint)
         text = f"{text}\n{warning}".strip() if warning else text
         self.plan_info.setText(text)

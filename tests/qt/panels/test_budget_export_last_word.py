@@ -68,6 +68,10 @@ def test_a_budget_file_worse_than_promised_is_not_written_and_keep_anyway_writes
     assert seen and seen[0].endswith("budget.gguf.partial") and len(seen) == 2
     preset = state.plan_check.preset
     assert preset is not None  # llama.cpp's same-size preset (its i-quants included) is compared
+    assert (
+        f"llama.cpp measures its file and llama.cpp's {preset} before it is written"
+        in export.plan_info.text()
+    )
     text = export.status.text()
     assert text.startswith("No file was written: llama.cpp measures the file at KL 30.0000")
     assert (
