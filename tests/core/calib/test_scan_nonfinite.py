@@ -187,3 +187,19 @@ def test_named_trained_only_types_keep_the_guarantees(tiny_model, calib_text):
     guarded = guard_edges(scan, {emb.name: "Q8_0"})
     a = allocate(info, guarded, parse_budget("4.5bpw"))
     assert a.plan.types[emb.name] == "Q8_0" and math.isfinite(a.predicted_kl)
+
+
+def test_a_cached_imatrix_with_a_nan_is_not_reused(tmp_path):
+    # the scan's other cache: an imatrix holding a NaN (written by an older run) is calibrated again, never used
+    from studio.core.calib.imatrix import Imatrix, ImatrixEntry, write_imatrix
+    from studio.core.calib.scan_cache import cached_imatrix
+
+    def imatrix(value: float) -> Imatrix:
+        sums = np.array([[1.0, value, 2.0, 3.0]], np.float32)
+        e = ImatrixEntry("blk.0.attn_q.weight", sums, np.array([4.0], np.float32))
+        return Imatrix({e.name: e}, ("text",), 1, 4)
+
+    write_imatrix(imatrix(0.5), tmp_path / "good.gguf")
+    assert cached_imatrix(tmp_path / "good.gguf") is not None
+    write_imatrix(imatrix(float("nan")), tmp_path / "bad.gguf")
+    assert (tmp_path / "bad.gguf").is_file() and cached_imatrix(tmp_path / "bad.gguf") is None
