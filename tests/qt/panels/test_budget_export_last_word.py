@@ -125,3 +125,25 @@ def test_a_budget_file_as_good_as_promised_is_written_with_llamacpps_number_and_
     n = len(seen)
     _export(qtbot, export, tmp_path / "q8.gguf", "Q8_0")  # a preset promises nothing: not measured
     assert (tmp_path / "q8.gguf").is_file() and len(seen) == n and export.outcome.last_word is None
+
+
+def test_in_the_window_the_plan_editor_keeps_the_budget_plans_check_and_an_edit_drops_it(
+    make_window, tiny_models, qtbot
+):
+    # the window's Plan page takes the budget plan too (an undo step); the check stays with that very plan,
+    # and a plan edited there promises nothing: its export is not held to the budget's prediction
+    from studio.core.plan.plan import plan_from_preset
+
+    win = make_window()
+    win.state.set_checkpoint(open_model(tiny_models("llama")))
+    budget = win.show_budget_dialog()
+    _use_budget_plan(qtbot, win.state, budget)
+    assert win.state.plan is budget.allocation.plan and win.state.plan_check is not None
+    export = win.show_export_dialog()
+    assert (
+        export.chosen_plan() is win.state.plan
+        and "a budget plan: llama.cpp measures" in export.plan_info.text()
+    )
+    win.state.set_plan(plan_from_preset(win.state.info, "Q8_0"))  # another plan (as an edit makes one)
+    assert win.state.plan_check is None and "a budget plan" not in export.plan_info.text()
+    budget.clear()
