@@ -10,8 +10,9 @@ export unrotated: KLD on held-out text, file size, and the time and memory the r
 2. For each preset and method, the same per-tensor types unrotated and rotated (``--rotate``): file
    bytes (a tied head is untied by the rotation: the rotated file carries it) and mean KLD by
    ``llama-perplexity --kl-divergence``; the ratio is rotated / unrotated.
-3. Each export's seconds and peak resident memory (its own process), so the F16 pair shows the cost of
-   the rotation (the float32 logits check included).
+3. Each export's seconds and peak resident memory (its own process, by ``os.wait4``), so the F16 pair
+   shows the cost of the rotation (the float32 logits check included) as a ratio measured in the same run;
+   ``--cost-only`` stops there.
 Prints one table and writes ``results.json`` in ``--out``.
 """
 
@@ -21,9 +22,9 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,16 +41,20 @@ def export(model: str, out: Path, preset: str, method: str, rotate: bool, calib:
         argv.append("--rotate")
     cmd = [sys.executable, "-m", "studio.cli", *argv]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.monotonic()
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=env)
-    secs = time.monotonic() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if res.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
-    d = json.loads(res.stdout)
-    # ru_maxrss of children is the largest so far: exact for the first export, a lower bound after
-    d["wall_s"], d["peak_mib"] = secs, (peak if peak > before else before) / 1024
+    with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
+        proc = subprocess.Popen(cmd, stdout=so, stderr=se, text=True, cwd=ROOT, env=env)
+        # wait4 gives this child's own peak RSS (RUSAGE_CHILDREN is the largest over all children so far)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        secs = time.monotonic() - t0
+        so.seek(0)
+        se.seek(0)
+        stdout, stderr = so.read(), se.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
+    d = json.loads(stdout)
+    d["wall_s"], d["peak_mib"] = secs, usage.ru_maxrss / 1024
     return d
 
 
@@ -75,6 +80,7 @@ def main() -> int:
         "--calib", default=None, help="calibration text for calibrated methods (default built-in)"
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cost-only", action="store_true", help="only the F16 pair's time and memory")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,6 +89,16 @@ def main() -> int:
     f16 = {
         r: export(args.model, out / f"F16-{r}.gguf", "F16", "rtn", r == "rot", None) for r in ("plain", "rot")
     }
+    for name, d in f16.items():
+        print(f"F16 {name}: {d['wall_s']:.1f} s wall, peak {d['peak_mib']:.0f} MiB, {d['file_bytes']:,} B")
+    p, r = f16["plain"], f16["rot"]
+    print(
+        f"rotation cost (same run): {r['wall_s'] / p['wall_s']:.2f}x time, "
+        f"{r['peak_mib'] / p['peak_mib']:.2f}x peak RSS",
+        flush=True,
+    )
+    if args.cost_only:
+        return 0
     base = out / "base.kld"
     if not base.exists():
         subprocess.run(
@@ -101,8 +117,6 @@ def main() -> int:
         )
     rot_f16_kld = kld(out / "F16-rot.gguf", base, t)
     print(f"F16 rotated vs unrotated: KLD {rot_f16_kld:.6f}")
-    for name, d in f16.items():
-        print(f"F16 {name}: {d['wall_s']:.1f} s wall, peak {d['peak_mib']:.0f} MiB, {d['file_bytes']:,} B")
     print(
         f"{'preset':8} {'method':8} {'plain KLD':>10} {'rot KLD':>10} {'ratio':>6} {'plain B':>12} {'rot B':>12}"
     )
