@@ -35,17 +35,17 @@ _KLD = re.compile(r"Mean\s+KLD:\s+([0-9.eE+-]+)\s+±\s+([0-9.eE+-]+)")
 _CHUNKS = re.compile(r"calculating perplexity over (\d+) chunks")
 
 
-def missing() -> str | None:
-    """Why the references cannot be made here (a sentence), or None."""
+def missing(cache_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """Why the references cannot be made here (a sentence), or None; ``cache_dir``: the bench model's cache."""
     for tool in ("llama-perplexity", "llama-imatrix", "llama-quantize"):
         if not (LLAMA_BIN / tool).is_file():
             return f"{tool} is not built at {LLAMA_BIN} (set QS_LLAMA_BIN to a llama.cpp build/bin folder)"
     if not all((LICENCES / p).is_file() for p in CALIB_PARTS):
         return f"the calibration prose ({', '.join(CALIB_PARTS)}) is not in {LICENCES}"
     try:
-        bench_model_path()
+        bench_model_path(cache_dir)
     except Exception as exc:  # BenchModelError: not fetched
-        return f"the bench model is not fetched ({exc}); run quant-studio-cli bench-model"
+        return f"{exc} {getattr(exc, 'hint', '') or ''}".strip()
     return None
 
 
@@ -61,7 +61,8 @@ def _run(*cmd: str) -> tuple[str, float]:
 class Refs:
     """The reference folder and its ``refs.json``."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], model: str | os.PathLike[str] | None = None) -> None:
+        self.model = Path(model) if model else bench_model_path()
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.json = self.root / "refs.json"
@@ -81,7 +82,7 @@ class Refs:
         if not self.calib.is_file():
             self.calib.write_bytes(b"".join((LICENCES / p).read_bytes() for p in CALIB_PARTS))
         if "f16" not in self.data:
-            _, s = _run(str(LLAMA_BIN / "llama-quantize"), "--allow-requantize", str(bench_model_path()),
+            _, s = _run(str(LLAMA_BIN / "llama-quantize"), "--allow-requantize", str(self.model),
                         str(self.f16), "F16", THREADS)  # fmt: skip
             self.data["f16"] = {"bytes": self.f16.stat().st_size, "s": round(s, 1)}
             self._save()
