@@ -45,7 +45,7 @@ def missing(cache_dir: str | os.PathLike[str] | None = None) -> str | None:
     try:
         bench_model_path(cache_dir)
     except Exception as exc:  # BenchModelError: not fetched
-        return f"{exc} {getattr(exc, 'hint', '') or ''}".strip()
+        return str(exc)
     return None
 
 
