@@ -59,9 +59,8 @@ from studio.qt.theme import follow_theme, set_status
 __all__ = ["CalibratePanel", "SOURCES"]
 
 SOURCES = (("builtin", "Built-in text"), ("text", "Text file"), ("chat", "Chats (JSONL)"))
-CONVERT_SHARE = (
-    0.4  # of the progress bar, when a GGUF is converted first (1.5B: 190 s, beside 270 s calibrating)
-)
+# the progress bar's share of a GGUF's conversion, when it runs first (1.5B: 190 s, then 270 s calibrating)
+CONVERT_SHARE = 0.4
 _PROGRESS_STEPS = 1000
 IMATRIX_FILTERS = "llama.cpp imatrix (*.gguf);;Legacy llama.cpp imatrix (*.dat)"
 
