@@ -122,7 +122,7 @@ class MainWindow(QMainWindow):
         # Connected after the panels so they reset before the window reacts to the same signals.
         self.state.modelOpened.connect(self._update_title)
         self.state.modelClosed.connect(self._update_title)
-        self.estimates = PresetEstimates(self.state, self.services, self._show_status, self)
+        self.estimates = PresetEstimates(self.state, self.services, self.jobs, self._show_status, self)
         self.state.hardwareChanged.connect(self._on_hardware)
         self.state.tensorSelected.connect(self._on_tensor_selected)
         self.opener.statusMessage.connect(self.statusBar().showMessage)

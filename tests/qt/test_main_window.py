@@ -127,7 +127,8 @@ def test_summary_shows_the_estimates_and_the_context_length_recomputes(qtbot, ma
 
     # A longer context means a bigger KV cache: the memory column follows the spin box.
     before = [table.item(r, 3).text() for r in range(table.rowCount())]
-    win.summary.ctx_spin.setValue(131072)
+    with qtbot.waitSignal(win.state.estimatesChanged, timeout=OPEN_TIMEOUT_MS):  # the estimate is a job
+        win.summary.ctx_spin.setValue(131072)
     assert win.state.context_length == 131072
     longer = estimate_presets(info, hw, ctx_len=131072)
     after = [table.item(r, 3).text() for r in range(table.rowCount())]

@@ -538,16 +538,25 @@ def hf_folder_for(
 ) -> Path:
     """The (cached) Hugging Face folder of any GGUF file: made once per file content, then reused."""
     src = Path(src).expanduser().resolve()
+    folder = _hf_folder_path(src, cache_dir)
+    if folder_is_complete(folder):
+        return folder
+    return write_hf_folder(src, folder, ctx)
+
+
+def hf_folder_cached(src: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Whether ``hf_folder_for(src)`` would reuse its cached folder (no conversion to wait for)."""
+    return folder_is_complete(_hf_folder_path(Path(src).expanduser().resolve(), cache_dir))
+
+
+def _hf_folder_path(src: Path, cache_dir: str | os.PathLike[str] | None) -> Path:
     try:
         st = src.stat()
     except OSError as err:
         raise ModelOpenError(f"Cannot read {src}: {err.strerror or err}.") from None
     # path, size and mtime name the cache entry (hashing a 10 GB file on every open would be slow)
     key = hashlib.sha256(f"{src}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = Path(cache_dir or user_cache_dir()) / "gguf-hf" / f"{src.stem[:60]}-{key}"
-    if folder_is_complete(folder):
-        return folder
-    return write_hf_folder(src, folder, ctx)
+    return Path(cache_dir or user_cache_dir()) / "gguf-hf" / f"{src.stem[:60]}-{key}"
 
 
 __all__ = [
@@ -562,6 +571,7 @@ __all__ = [
     "dequantize_tensor",
     "file_sha256",
     "folder_is_complete",
+    "hf_folder_cached",
     "hf_folder_for",
     "source_summary",
     "unpermute_rows",
