@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from studio.cli import main
-from studio.core.plan.job_estimate import estimate_calibrated
+from studio.core.plan.job_estimate import estimate_calibrated, estimate_whole
 
 
 def test_gptq_export_refused_when_the_estimate_exceeds_free_ram(llama_model, tmp_path, capsys, monkeypatch):
@@ -30,3 +30,46 @@ def test_estimate_at_llama_8b_widths_is_bounded_and_names_the_layer():
     more = estimate_calibrated(cfg, 512, 128, hessian=True, head=True)
     assert more.peak_bytes - gptq.peak_bytes == 2 * (512 * 128 - 256) * 4096 * 4  # the hidden states, twice
     assert estimate_calibrated(cfg, 128, 2, hessian=True, head=True, device="cuda").peak_bytes < 1e9
+
+
+def _refusal(capsys) -> tuple[str, str]:
+    text = capsys.readouterr().err
+    return next(ln for ln in text.splitlines() if ln.strip() and not ln.startswith("[")), text
+
+
+def test_calibrate_refused_before_it_starts(llama_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(10 * 1024**2))
+    out = tmp_path / "imatrix.gguf"
+    assert main(["calibrate", str(llama_model), "-o", str(out), "--ctx", "64", "--chunks", "4"]) != 0
+    line, text = _refusal(capsys)
+    assert "needs about" in line and "more than the 10.5 MB free" in line and "--calib-chunks 2" in line
+    assert "layer 1/" not in text and not out.exists()
+
+
+def test_sensitivity_scan_refused_before_it_starts(llama_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(10 * 1024**2))
+    argv = ["sensitivity", str(llama_model), "--calib-ctx", "64", "--calib-chunks", "2", "--no-cache"]
+    assert main([*argv, "-o", str(tmp_path / "scan.json")]) != 0
+    line, text = _refusal(capsys)
+    assert "more than the 10.5 MB free" in line and "--device cuda" in line
+    assert "layer 1/" not in text and not (tmp_path / "scan.json").exists()
+
+
+def test_eval_of_a_checkpoint_refused_when_it_would_not_fit_whole(llama_model, capsys, monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(10 * 1024**2))
+    assert (
+        main(["eval", "--original", str(llama_model), "--ctx", "64", "--chunks", "1", "--device", "cpu"]) != 0
+    )
+    line, _ = _refusal(capsys)
+    assert "whole needs about" in line and "10.5 MB free" in line and "--preset F16" in line
+
+
+def test_the_scan_estimate_keeps_embeddings_and_head_beside_each_layer():
+    cfg = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
+    plain = estimate_calibrated(cfg, 128, 2, hessian=True, head=True)
+    scan = estimate_calibrated(cfg, 128, 2, hessian=True, head=True, outer=True)
+    assert scan.phase == plain.phase == "a decoder layer"
+    assert scan.peak_bytes - plain.peak_bytes == 2 * 128256 * 4096 * 4  # embeddings and head, float32
+    whole = estimate_whole(cfg, 512)
+    assert 30e9 < whole.peak_bytes < 36e9 and estimate_whole(cfg, 512, dtype_bytes=2).peak_bytes < 18e9

@@ -32,6 +32,7 @@ from studio.core.chat.hf_backend import resolve_dtype
 from studio.core.errors import CalibrationError
 from studio.core.jobs import SPAN_STEPS, JobContext, null_context
 from studio.core.model.hf_progress import no_hf_progress_bars
+from studio.core.plan.job_estimate import check_fits, estimate_calibrated
 from studio.core.progress import WorkMeter
 
 # config.json model types that are encoders: built with AutoModel, never with a causal LM head.
@@ -835,6 +836,8 @@ def run_model(
             why = str(err)
             if mode == "layerwise":
                 raise CalibrationError(f"{info.path.name} cannot be run layer by layer: {why}.") from None
+    if sk is not None:
+        _check_memory(info.config, chunks, consumers, dev, head)
     with torch.no_grad():
         if sk is not None:
             try:
@@ -844,6 +847,19 @@ def run_model(
                     raise CalibrationError(f"{info.path.name} cannot be run layer by layer: {err}.") from None
                 why = str(err)
         return _run_whole(info, chunks, consumers, dev, dt, head, ctx, t0, why)
+
+
+def _check_memory(
+    config: dict[str, Any], chunks: Chunks, consumers: Sequence[Consumer], dev: str, head: bool
+) -> None:
+    # every layer-wise run (calibrate, the scans, the exports' calibration) is refused in one sentence
+    # before it starts when its estimated peak is above the free RAM, not killed halfway through
+    hessian = any(c.changes_weights or getattr(c, "hessian_for", None) is not None for c in consumers)
+    outer = any(c.uses_outer for c in consumers)
+    est = estimate_calibrated(
+        config, chunks.n_ctx, chunks.n_chunks, hessian=hessian, head=head, device=dev, outer=outer
+    )
+    check_fits(est, hardware.ram()[1], chunks.n_ctx, chunks.n_chunks)
 
 
 def _capture_inputs(

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from studio.core import safejson
-from studio.core.chat.hf_backend import TransformersBackend
+from studio.core import hardware, safejson
+from studio.core.chat.hf_backend import TransformersBackend, resolve_device, resolve_dtype
 from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.errors import EvaluationError, StudioError
 from studio.core.evaluate.metrics import (
@@ -38,6 +38,7 @@ from studio.core.gguf.read import read_gguf
 from studio.core.jobs import JobCancelled, JobContext, null_context
 from studio.core.lab.memory import gguf_kv_cache_bytes
 from studio.core.llamacpp.kvcache import kv_type
+from studio.core.plan.job_estimate import check_whole_fits, estimate_whole
 from studio.core.quality import MeasuredOn
 
 IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
@@ -270,6 +271,19 @@ def _open_scorer(
     return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
 
+def check_original_memory(path: Path, n_ctx: int, device: str, dtype: str) -> None:
+    """Refuse, in one sentence and before loading it, an original checkpoint that transformers would load
+    whole into more memory than is free (``studio.core.plan.job_estimate``)."""
+    cfg_file = path / "config.json"
+    if path.suffix.lower() == ".gguf" or not cfg_file.is_file():
+        return
+    cfg = safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError)
+    dev = resolve_device(device)
+    nbytes = 2 if str(resolve_dtype(dtype, dev)) in ("torch.bfloat16", "torch.float16") else 4
+    est = estimate_whole(cfg, n_ctx, dtype_bytes=nbytes, device=dev)
+    check_whole_fits(est, hardware.ram()[1], str(path))
+
+
 ScorerFactory = Callable[[Path, int], Any]
 
 
@@ -323,6 +337,7 @@ def evaluate(
         notes.append(text)
         ctx.log(text)
 
+    check_original_memory(orig_path, n_ctx, device, dtype)
     scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note, allow_pickle)
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
     try:

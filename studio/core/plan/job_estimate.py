@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from studio.core.errors import CalibrationError
+from studio.core.errors import CalibrationError, EvaluationError
 from studio.core.quant.methods import method_info
 from studio.core.units import format_bytes
 
-__all__ = ["JobEstimate", "check_fits", "estimate_calibrated"]
+__all__ = ["JobEstimate", "check_fits", "check_whole_fits", "estimate_calibrated", "estimate_whole"]
 
 BASE_BYTES = 900 * 1024**2  # torch, transformers and the tokenizer, imported (measured: 0.8-0.9 GB)
 _F32 = 4
@@ -54,11 +54,19 @@ def _shape(config: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
 
 
 def estimate_calibrated(
-    config: dict[str, Any], n_ctx: int, n_chunks: int, *, hessian: bool, head: bool, device: str = "cpu"
+    config: dict[str, Any],
+    n_ctx: int,
+    n_chunks: int,
+    *,
+    hessian: bool,
+    head: bool,
+    device: str = "cpu",
+    outer: bool = False,
 ) -> JobEstimate:
     """The estimate for a layer-wise calibrated run of the model of ``config`` (a config.json dict) on
     ``n_chunks`` chunks of ``n_ctx`` tokens; ``hessian``: GPTQ/AWQ (Hessians and sweeps), else
-    activation statistics only; ``head``: the output head is calibrated too."""
+    activation statistics only; ``head``: the output head is calibrated too; ``outer``: the embeddings
+    and the head stay loaded through every layer (the sensitivity scan's streams use them)."""
     hidden, ffn, layers, heads, kv, vocab = _shape(config)
     head_dim = hidden // max(heads, 1)
     tokens = max(1, n_ctx * n_chunks)
@@ -76,6 +84,9 @@ def estimate_calibrated(
     head_b = embed + n_ctx * vocab * _F32 if head else 0
     if head and hessian:
         head_b += hidden * hidden * _F64 + _GPTQ_COPIES * _SLAB_ROWS * hidden * _F32
+    if outer:  # both stay resident next to each layer
+        layer += 2 * embed
+        head_b = max(head_b, embed) + embed
     phases = {"embeddings": embed, "a decoder layer": layer, "the output head": head_b}
     if gpu:  # the weights, Hessians and sweeps live in GPU memory
         phases = {k: 0 for k in phases}
@@ -112,3 +123,29 @@ def calibration_estimate_line(
         return ""
     est = estimate_calibrated(config, n_ctx, n_chunks, hessian=m.hessian, head=m.hessian, device=device)
     return f"Calibrating: {est.describe()} ({n_chunks} chunks of {n_ctx} tokens)."
+
+
+def estimate_whole(
+    config: dict[str, Any], n_ctx: int, *, dtype_bytes: int = _F32, device: str = "cpu"
+) -> JobEstimate:
+    """The estimate for a job that loads the whole model of ``config`` through transformers (eval's
+    original checkpoint): every weight at ``dtype_bytes`` plus one chunk's logits (kept and scored)."""
+    hidden, ffn, layers, heads, kv, vocab = _shape(config)
+    head_dim = hidden // max(heads, 1)
+    layer_params = hidden * (2 * heads * head_dim + 2 * kv * head_dim) + 3 * hidden * ffn
+    params = layers * layer_params + (1 if config.get("tie_word_embeddings") else 2) * vocab * hidden
+    weights = 0 if device.startswith("cuda") else params * dtype_bytes
+    peak = BASE_BYTES + weights + 2 * n_ctx * vocab * _F32
+    return JobEstimate(int(peak), 2 * params * n_ctx / _CPU_MACS_PER_S, "the whole model loaded")
+
+
+def check_whole_fits(est: JobEstimate, free_bytes: int, what: str) -> None:
+    """Refuse (EvaluationError, one sentence) loading ``what`` whole when its estimate is above ``free_bytes``."""
+    if free_bytes <= 0 or est.peak_bytes <= free_bytes:
+        return
+    raise EvaluationError(
+        f"Loading {what} whole needs about {format_bytes(est.peak_bytes)} of memory, more than the "
+        f"{format_bytes(free_bytes)} free: close other programs, or compare against its F16 GGUF "
+        f"(quant-studio-cli export {what} -o original.gguf --preset F16), which llama.cpp maps from disk, "
+        f"or run it with --device cuda."
+    )
