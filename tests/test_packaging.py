@@ -152,6 +152,10 @@ def test_smoke_test_reports_a_model_that_does_not_open(tmp_path: Path) -> None:
     )
     import json
 
-    report = json.loads(res.stdout.strip().splitlines()[-1])
+    lines = res.stdout.strip().splitlines()
+    assert lines, (
+        f"no report (exit {res.returncode}); stderr: {res.stderr[-2000:]}"
+    )  # say why, if it flakes again
+    report = json.loads(lines[-1])
     assert res.returncode == 1 and report["ok"] is False and report["model"] is None
     assert "no-such-model" in report["error"] and report["icon"] is True
