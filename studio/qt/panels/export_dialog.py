@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources
 from studio.core.calib.quantize import export_calibrated, plan_sources
 from studio.core.cluster import open_executor
-from studio.core.errors import StudioError
+from studio.core.errors import ExportError, StudioError
 from studio.core.evaluate.last_word import LastWord, LastWordCheck, LastWordGate, WorseThanPromisedError
 from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
@@ -190,6 +190,7 @@ class ExportDialog(JobPanel, QDialog):
         self.settings = AppSettings()  # the user's; the window hands in its own with remember_in
         self.outcome: ExportOutcome | None = None
         self.refused: LastWord | None = None  # llama.cpp's verdict on the budget file not written
+        self._refused_box: list[LastWord] = []  # the running job's verdict, filled on its worker thread
         self._keep_anyway = False  # the next start keeps a budget file worse than promised (labelled)
         self._path_edited = False
         self._build()
@@ -571,7 +572,9 @@ class ExportDialog(JobPanel, QDialog):
         self.result_label.setText("")
         self._set_status(f"{'Calibrating and quantizing' if calibrated else 'Exporting'} to {out.name}…")
 
-        def task(ctx: JobContext) -> ExportOutcome | LastWord:
+        refused: list[LastWord] = []  # llama.cpp's verdict on a file not written, for on_error
+
+        def task(ctx: JobContext) -> ExportOutcome:
             try:
                 return run_export(
                     ctx,
@@ -590,13 +593,18 @@ class ExportDialog(JobPanel, QDialog):
                     last_word=check,
                 )
             except WorseThanPromisedError as err:
-                return err.word  # nothing was written: the dialog says why and offers the two ways on
+                # nothing was written: the job fails (the Jobs panel says so) and the dialog offers two ways on
+                refused.append(err.word)
+                raise ExportError(
+                    f"No file was written: {_word_text(err.word)}"
+                ) from err  # the window's words
 
         plan_name = plan if isinstance(plan, str) else plan.name
         if calibrated:
             title = f"Calibrate & Quantize {model_display_name(source)} ({plan_name}, {self.method})"
         else:
             title = f"Exporting {model_display_name(source)} ({plan_name})"
+        self._refused_box = refused
         job = self.task.start(title, task, confirm_on_quit=True)
         self.update_controls()
         self.exportStarted.emit(job)
@@ -625,10 +633,7 @@ class ExportDialog(JobPanel, QDialog):
             return False
         return folders.show_in_folder(self.outcome.result.path)
 
-    def on_done(self, outcome: ExportOutcome | LastWord) -> None:
-        if isinstance(outcome, LastWord):
-            self._show_refused(outcome)
-            return
+    def on_done(self, outcome: ExportOutcome) -> None:
         self.outcome = outcome
         self.update_controls()
         self.progress.setValue(PROGRESS_STEPS)
@@ -651,6 +656,9 @@ class ExportDialog(JobPanel, QDialog):
         self.exportFinished.emit(outcome)
 
     def on_error(self, message: str) -> None:
+        if self._refused_box:  # llama.cpp's verdict: the budget file was not written
+            self._show_refused(self._refused_box[-1])
+            return
         self.update_controls()
         self._set_status(message, error=True)
         self.exportFailed.emit(message)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from studio.core.model import open_model
-from studio.qt.jobs import JobManager
+from studio.qt.jobs import JobManager, JobState
 from studio.qt.panels.budget_dialog import BudgetDialog
 from studio.qt.panels.export_dialog import CURRENT_PLAN, ExportDialog
 from studio.qt.state import StudioState
@@ -80,6 +80,8 @@ def test_a_budget_file_worse_than_promised_is_not_written_and_keep_anyway_writes
     )
     assert "--keep-if-worse" not in text and "\n" not in text and failed == [text]
     assert export.outcome is None and export.refused is not None and not export.refused.ok
+    # the Jobs panel shows the refused export as failed with the same sentence, never as succeeded
+    assert export.job.state is JobState.FAILED and export.job.error == text
     assert not export.keep_anyway_button.isHidden() and export.keep_anyway_button.isEnabled()
     assert not export.recommend_button.isHidden() and preset in export.recommend_button.text()
     # Keep anyway: exported and measured again, kept, labelled in the dialog and in the outcome
