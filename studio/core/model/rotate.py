@@ -368,6 +368,26 @@ def rotation_metadata(info: ModelInfo) -> dict[str, Any]:
     return dict(meta) if isinstance(meta, dict) else {}
 
 
+def rotation_of(info: ModelInfo) -> Rotation | None:
+    """The rotation a rotated view's ``info`` was made with (None for a model as it is): the scan, the
+    imatrix and the held-out judgement of a rotated plan reopen the model through it."""
+    meta = rotation_metadata(info)
+    if not meta:
+        return None
+    return Rotation(
+        seed=int(meta["quantize.rotation.seed"]),
+        r1=bool(meta["quantize.rotation.r1"]),
+        r2=bool(meta["quantize.rotation.r2"]),
+    )
+
+
+def rotation_key(rotation: Rotation | None) -> dict[str, Any]:
+    """What a cache key adds for ``rotation`` (nothing without one, so unrotated keys stay as they were)."""
+    if rotation is None:
+        return {}
+    return {"rotation": [int(rotation.seed), bool(rotation.r1), bool(rotation.r2)]}
+
+
 def rotated(inner: Checkpoint, rotation: Rotation | None) -> Checkpoint:
     """``inner`` seen through ``rotation`` (``inner`` itself when ``rotation`` is None)."""
     return inner if rotation is None else RotatedCheckpoint(inner, rotation)

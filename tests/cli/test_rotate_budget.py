@@ -1,0 +1,132 @@
+"""``sensitivity``, ``plan`` and ``export --budget`` with ``--rotate`` (issue 41): the scan, the imatrix and the
+held-out judgement run on the rotated model, the planner pays for the head the rotation unties, and the file
+is within its budget and loads in llama.cpp."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from studio.cli import main
+
+SCAN = ["--types", "Q4_0,Q8_0", "--exact", "--scan-ctx", "32", "--scan-chunks", "2"]
+SCAN += ["--calib-ctx", "64", "--calib-chunks", "4"]
+
+
+@pytest.fixture(scope="module")
+def llama_worker():
+    """One llama.cpp child for this module (the studio's one way of loading a file)."""
+    from studio.core.llamacpp import LlamaRunner
+
+    w = LlamaRunner(label="llama.cpp (tests)")
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "sensitivity"
+
+
+@pytest.fixture
+def text(tmp_path):
+    from studio.core.factory import sample_text
+
+    p = tmp_path / "calib.txt"
+    p.write_text(sample_text(), encoding="utf-8")
+    return p
+
+
+def _sizes(scan: dict) -> dict[str, int]:
+    return {q: sum(t["by_type"][q]["bytes"] for t in scan["tensors"]) for q in ("Q4_0", "Q8_0")}
+
+
+def test_a_rotated_budget_plan_of_a_tied_model_pays_for_its_head(
+    qwen2_model, text, cache, tmp_path, capsys, llama_worker
+):
+    from studio.core.gguf.read import read_gguf
+    from studio.core.llamacpp import LoadOptions
+
+    model, calib = str(qwen2_model), ["--calib-text", str(text)]
+    plain_file, rot_file = tmp_path / "plain-scan.json", tmp_path / "rot-scan.json"
+    assert main(["sensitivity", model, *calib, *SCAN, "-o", str(plain_file), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    argv = ["sensitivity", model, *calib, *SCAN, "--rotate", "--rotate-seed", "3", "-o", str(rot_file)]
+    assert main([*argv, "--json"]) == 0
+    rot = json.loads(capsys.readouterr().out)
+    # the tied head is untied by the rotation: the rotated scan measures it, the plain one has none to measure
+    assert "lm_head.weight" in {t["name"] for t in rot["tensors"]}
+    assert "lm_head.weight" not in {t["name"] for t in plain["tensors"]}
+    assert rot["rotation"] == {"seed": 3} and "rotation" not in plain
+    # measured on the rotated weights: the same tensor costs another KL
+    kl = {
+        s: {t["name"]: t["by_type"]["Q4_0"]["kl"] for t in d["tensors"]}
+        for s, d in (("p", plain), ("r", rot))
+    }
+    q = "model.layers.0.mlp.down_proj.weight"
+    assert kl["p"][q] != kl["r"][q]
+    # two imatrices and two scans in the cache: nothing of one served the other
+    assert len(list(cache.glob("imatrix-*.gguf"))) == 2 and len(list(cache.glob("sensitivity-*.json"))) == 2
+
+    # a budget halfway between all-Q4_0 and all-Q8_0 of the rotated model (its head included)
+    sizes = _sizes(rot)
+    budget = 100_000 + (sizes["Q4_0"] + sizes["Q8_0"]) // 2
+    plan_file = tmp_path / "plan.json"
+    argv = ["plan", model, "--budget", str(budget), "-o", str(plan_file), *calib, *SCAN]
+    assert main([*argv, "--rotate", "--rotate-seed", "3", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["rotation"] == {"seed": 3} and p["file_bytes"] <= budget
+    assert "lm_head.weight" in json.loads(plan_file.read_text())["types"]
+    assert any("--rotate --rotate-seed 3" in n for n in p["notes"])
+    assert p["heldout"]["heldout_kl"] > 0  # judged on held-out text, rotated
+    # the same budget unrotated: no head to pay for, so more bytes go to the blocks
+    assert main([*argv, "--json"]) == 0
+    u = json.loads(capsys.readouterr().out)
+    assert u["rotation"] is None and u["file_bytes"] <= budget
+    assert p["types"] != u["types"]
+
+    # a scan of the unrotated model does not plan the rotated one
+    assert main([*argv, "--rotate", "--rotate-seed", "3", "--scan", str(plain_file)]) == 2
+    err = capsys.readouterr().err
+    assert "measured the unrotated model" in err and err.count("\n") == 1
+
+    out = tmp_path / "b.gguf"
+    argv = ["export", model, "-o", str(out), "--budget", str(budget), *calib, *SCAN]
+    assert main([*argv, "--rotate", "--rotate-seed", "3", "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert out.stat().st_size == e["file_bytes"] == p["file_bytes"] <= budget
+    assert np.isfinite(e["budget"]["llama_cpp"]["file_kl"])  # llama.cpp measured the partial file
+    g = read_gguf(out)
+    assert g.metadata["quantize.rotation.seed"] == 3
+    assert "output.weight" in {t.name for t in g.tensors}
+    assert any(k.startswith("quantize.imatrix") for k in g.metadata)  # the rotated model's imatrix
+    llama_worker.load(out, LoadOptions(logits_all=True, n_ctx=64))
+    logits = llama_worker.request("eval_logits", ids=[1, 2, 3, 4])
+    assert logits.shape[0] == 4 and np.isfinite(logits).all()
+
+
+def test_an_imatrix_file_does_not_go_with_rotate(qwen2_model, tmp_path, capsys):
+    out = tmp_path / "r.gguf"
+    from studio.core.calib.imatrix import Imatrix, ImatrixEntry, write_imatrix
+
+    name = "blk.0.attn_q.weight"
+    entry = ImatrixEntry(name, np.ones((1, 256), np.float32), np.ones(1, np.float32))
+    im = write_imatrix(Imatrix({name: entry}, chunk_count=1, chunk_size=64), tmp_path / "x.imatrix.gguf").path
+    argv = [
+        "export",
+        str(qwen2_model),
+        "-o",
+        str(out),
+        "--preset",
+        "Q4_K_M",
+        "--rotate",
+        "--imatrix",
+        str(im),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "measured on the unrotated one" in err and err.count("\n") == 1
+    assert not out.exists()
