@@ -157,7 +157,10 @@ def refusal(info: ModelInfo) -> str | None:
     """Why ``info`` cannot be rotated (one sentence), or None when it can."""
     mt = str(info.model_type).lower()
     if getattr(info.format, "value", info.format) == "gguf":
-        return "Rotation needs the Hugging Face model folder; a GGUF original cannot be rotated."
+        return (
+            "Rotation is folded into a Hugging Face folder's float weights; open a GGUF original through its "
+            "converted folder (gguf_source.hf_folder_for), as export --rotate and the Export dialog do."
+        )
     if mt in _REFUSED:
         return f"Rotation is not available for {mt}: {_REFUSED[mt]}."
     if mt not in ROTATABLE:

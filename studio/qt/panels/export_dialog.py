@@ -41,7 +41,7 @@ from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
 from studio.core.export.run import export_gguf
 from studio.core.jobs import JobContext
-from studio.core.model.gguf_source import source_summary
+from studio.core.model.gguf_source import hf_folder_cached, hf_folder_for, source_summary
 from studio.core.model.rotate import Rotation
 from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
 from studio.core.plan.job_estimate import calibration_estimate_line
@@ -66,6 +66,7 @@ CURRENT_PLAN = "__current_plan__"
 DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
 PROGRESS_STEPS = 1000
+CONVERT_SHARE = 0.4  # of a rotated export's bar: converting a GGUF original into its float32 folder
 ESTIMATE_CHUNKS = 128  # chunks the estimate assumes when the dialog uses "all" (a text of 64k tokens)
 BEST_METHOD = ALIASES["best"]  # the calibrated rounding recommended with a preset (as export --budget says)
 
@@ -108,11 +109,17 @@ def run_export(
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (a file, a list of them to mix, None:
     the built-in text; the first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
     layer's tensors on the Ray ``cluster`` when one is named (the window's device choice). ``rotation``
-    folds a randomised Hadamard rotation into the weights (``studio.core.model.rotate``). With ``last_word``
+    folds a randomised Hadamard rotation into the weights (``studio.core.model.rotate``; a GGUF ``source`` is
+    converted to its cached Hugging Face folder first). With ``last_word``
     (a budget plan's check), llama.cpp measures the partial file first, as ``export --budget`` does: a file
     worse than promised raises ``WorseThanPromisedError`` and nothing is written, unless the check keeps it.
     """
     gates: list[LastWordGate] = []
+    if rotation is not None and source.suffix.lower() == ".gguf":
+        # the rotation is folded into float weights: a GGUF original's float32 Hugging Face folder, the one
+        # calibration and export --rotate use (converted once into the cache as the job's first part)
+        split = 0.0 if hf_folder_cached(source) else CONVERT_SHARE
+        source, ctx = hf_folder_for(source, ctx.span(0.0, split)), ctx.span(split, 1.0)
 
     def write(c: JobContext, validate: Any) -> Any:
         if last_word is not None:  # llama.cpp's verdict before verification and the rename
