@@ -155,7 +155,7 @@ def allocation(
     )
     rot = rotation_of(info)
     if rot is not None:  # the plan names the rotated model's tensors: say how to export it
-        note = f"Planned for the rotated model: export it with --rotate --rotate-seed {rot.seed}."
+        note = f"Planned for the rotated model (--rotate --rotate-seed {rot.seed}): its plan file is exported with the same two options."
         alloc = dataclasses.replace(alloc, notes=(*alloc.notes, note))
     if method not in (None, "imatrix", "rtn"):
         # the plan carries its method, so the export rounds as planned (gptq, awq, awq+gptq); before, a
