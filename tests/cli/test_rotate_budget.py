@@ -1,6 +1,7 @@
 """``sensitivity``, ``plan`` and ``export --budget`` with ``--rotate`` (issue 41): the scan, the imatrix and the
 held-out judgement run on the rotated model, the planner pays for the head the rotation unties, and the file
-is within its budget and loads in llama.cpp."""
+is within its budget and loads in llama.cpp. A GGUF original is rotated through its float32 Hugging Face folder
+(converted once into the cache, as the calibrated paths do) instead of being refused."""
 
 from __future__ import annotations
 
@@ -10,34 +11,16 @@ import numpy as np
 import pytest
 
 from studio.cli import main
+from studio.core.gguf.read import read_gguf
+from tests.cli import test_plan as _plan
+from tests.core.export import conftest as _export
+from tests.core.export.test_rotated_export import _kld
+
+cache, text = _plan.cache, _plan.text  # fixtures
+llama_worker = _export.llama_worker  # fixture
 
 SCAN = ["--types", "Q4_0,Q8_0", "--exact", "--scan-ctx", "32", "--scan-chunks", "2"]
 SCAN += ["--calib-ctx", "64", "--calib-chunks", "4"]
-
-
-@pytest.fixture(scope="module")
-def llama_worker():
-    """One llama.cpp child for this module (the studio's one way of loading a file)."""
-    from studio.core.llamacpp import LlamaRunner
-
-    w = LlamaRunner(label="llama.cpp (tests)")
-    yield w
-    w.close()
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache" / "sensitivity"
-
-
-@pytest.fixture
-def text(tmp_path):
-    from studio.core.factory import sample_text
-
-    p = tmp_path / "calib.txt"
-    p.write_text(sample_text(), encoding="utf-8")
-    return p
 
 
 def _sizes(scan: dict) -> dict[str, int]:
@@ -47,7 +30,6 @@ def _sizes(scan: dict) -> dict[str, int]:
 def test_a_rotated_budget_plan_of_a_tied_model_pays_for_its_head(
     qwen2_model, text, cache, tmp_path, capsys, llama_worker
 ):
-    from studio.core.gguf.read import read_gguf
     from studio.core.llamacpp import LoadOptions
 
     model, calib = str(qwen2_model), ["--calib-text", str(text)]
@@ -130,3 +112,41 @@ def test_an_imatrix_file_does_not_go_with_rotate(qwen2_model, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "measured on the unrotated one" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def q8_gguf(tiny_model, tmp_path_factory):
+    """The tiny tied Qwen2 as a Q8_0 GGUF alone in a folder (no config or tokenizer beside it)."""
+    from studio.core.export.run import export_gguf
+
+    out = tmp_path_factory.mktemp("lone-gguf") / "qwen-q8.gguf"
+    export_gguf(tiny_model("qwen2"), out, "Q8_0")
+    return out
+
+
+def test_a_gguf_original_is_rotated_through_its_converted_folder(q8_gguf, tmp_path, capsys, llama_worker):
+    from studio.core.llamacpp import LoadOptions
+    from studio.core.paths import user_cache_dir
+
+    rot, plain = tmp_path / "rot.gguf", tmp_path / "plain.gguf"
+    argv = ["export", str(q8_gguf), "-o", str(rot), "--preset", "F16", "--rotate", "--rotate-seed", "5"]
+    assert main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    notes = [ln for ln in captured.err.splitlines() if "converted from it once into the cache" in ln]
+    assert len(notes) == 1 and "qwen-q8.gguf is a GGUF file and --rotate" in notes[0]
+    assert json.loads(captured.out)["output"] == str(rot)
+    assert len(sorted((user_cache_dir() / "gguf-hf").glob("qwen-q8-*"))) == 1
+    g = read_gguf(rot)
+    assert g.metadata["quantize.rotation.seed"] == 5
+    assert "output.weight" in {t.name for t in g.tensors}  # the tied head, untied by the rotation
+    assert g.metadata.get("tokenizer.ggml.model")  # the tokenizer came from the GGUF itself
+
+    assert main(["export", str(q8_gguf), "-o", str(plain), "--preset", "F16", "--json"]) == 0  # requantized
+    capsys.readouterr()
+    ids = list(range(3, 40))
+    opts = LoadOptions(logits_all=True, n_ctx=64, f32_kv=True)
+    llama_worker.load(plain, opts)
+    want = llama_worker.request("eval_logits", ids=ids)
+    llama_worker.load(rot, opts)
+    got = llama_worker.request("eval_logits", ids=ids)
+    assert _kld(want, got) < 1e-3  # the same function
