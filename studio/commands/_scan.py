@@ -22,6 +22,7 @@ from studio.core.calib.sensitivity import (
     measure_plans,
 )
 from studio.core.errors import StudioError
+from studio.core.model.rotate import RotatedCheckpoint, rotation_from, rotation_of
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
 from studio.core.plan.plan import with_method
 from studio.core.quant.types import QTYPES
@@ -32,6 +33,14 @@ def _types(spec: str | None) -> tuple[str, ...] | None:
     if not spec:
         return None
     return tuple(t.strip().upper() for t in spec.split(",") if t.strip())
+
+
+def scanned_info(ck: Any, args: argparse.Namespace) -> Any:
+    """The ``ModelInfo`` the scan and the plan work on: ``ck``'s, or with ``--rotate`` the rotated model's
+    (``studio.core.model.rotate``: its tensors, an untied head included, and the rotation they are read
+    through); a family the rotation does not cover is refused in one sentence."""
+    rotation = rotation_from(bool(getattr(args, "rotate", False)), getattr(args, "rotate_seed", 0))
+    return ck.info if rotation is None else RotatedCheckpoint(ck, rotation).info
 
 
 def settings_of(args: argparse.Namespace, device: str = "cpu", info: Any = None) -> Any:
@@ -71,6 +80,15 @@ def run_scan(args: argparse.Namespace, info: Any, ctx: Any, imatrix: Any = None,
         scan = Sensitivity.from_dict(safejson.loads(data, what, StudioError, keys=SCAN_KEYS))
         if Path(scan.model).resolve() != Path(info.path).resolve():
             raise StudioError(f"The scan {args.scan} was made for {scan.model}, not for {info.path}.")
+        rot = rotation_of(info)
+        want = None if rot is None else rot.seed
+        if scan.rotation != want:  # the other model's KLs (and, on a tied model, no untied head)
+            made = "unrotated" if scan.rotation is None else f"rotated (seed {scan.rotation})"
+            asked = "unrotated" if want is None else f"rotated (seed {want})"
+            raise StudioError(
+                f"The scan {args.scan} measured the {made} model and this plan is for the {asked} one; "
+                "scan again with the same --rotate and --rotate-seed."
+            )
         return scan
     executor = open_cluster(args)
     try:
@@ -135,6 +153,10 @@ def allocation(
         method=method,
         exclude=_types(args.exclude) or (),
     )
+    rot = rotation_of(info)
+    if rot is not None:  # the plan names the rotated model's tensors: say how to export it
+        note = f"Planned for the rotated model (--rotate --rotate-seed {rot.seed}): its plan file is exported with the same two options."
+        alloc = dataclasses.replace(alloc, notes=(*alloc.notes, note))
     if method not in (None, "imatrix", "rtn"):
         # the plan carries its method, so the export rounds as planned (gptq, awq, awq+gptq); before, a
         # budget plan kept the default "rtn" and --method best wrote llama.cpp's unweighted rounding
@@ -149,6 +171,7 @@ def allocation(
                 imatrix=imatrix,
                 ctx=ctx,
                 executor=executor,
+                rotation=rotation_of(info),
             )
         alloc = dataclasses.replace(alloc, measured_kl=kl)
     return alloc
@@ -174,6 +197,7 @@ def for_rounding(
         n_chunks=min(args.calib_chunks or PROBE_CHUNKS, PROBE_CHUNKS),
         cache_dir=None if args.no_cache else default_cache_dir(),
         ctx=ctx,
+        rotation=rotation_of(info),
     )
     if not ratios.ratios:
         return scan, ""

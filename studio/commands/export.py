@@ -228,8 +228,9 @@ def _export_calibrated(
 
 def _runs_in_torch(args: argparse.Namespace) -> bool:
     """Whether this export runs the model in torch: a budget (its scan), or a method that calibrates
-    (imatrix without an --imatrix file, gptq, awq, awq+gptq, best); a GGUF original is converted for it."""
-    if args.budget:
+    (imatrix without an --imatrix file, gptq, awq, awq+gptq, best), or a rotation (folded into the float
+    weights of the Hugging Face folder); a GGUF original is converted for it."""
+    if args.budget or args.rotate:
         return True
     return args.method not in (None, "rtn") and not (args.method == "imatrix" and args.imatrix)
 
@@ -245,10 +246,16 @@ def _gguf_source(ck: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``export``."""
-    if _runs_in_torch(args):
-        args.model = torch_original(
-            args.model, "the budget's scan" if args.budget else f"--method {args.method}"
+    if args.rotate and args.imatrix:  # before a GGUF original is converted for nothing
+        raise StudioError(
+            "--rotate measures the rotated model itself (--method imatrix, gptq, awq or a --budget scan); "
+            "an --imatrix file was measured on the unrotated one."
         )
+    if _runs_in_torch(args):
+        what = "the budget's scan" if args.budget else f"--method {args.method}"
+        if not args.budget and args.method in (None, "rtn"):
+            what = "--rotate"
+        args.model = torch_original(args.model, what)
     rotation = rotation_from(args.rotate, args.rotate_seed)
     with open_model(args.model, allow_pickle=args.allow_pickle) as ck:
         info = ck.info
@@ -256,11 +263,6 @@ def run(args: argparse.Namespace) -> int:
         if rotation is not None:  # plans name the rotated model's tensors (an untied head included)
             info = RotatedCheckpoint(ck, rotation).info
     check_exportable(info)
-    if rotation is not None and (args.imatrix or args.budget):
-        raise StudioError(
-            "--rotate goes with --preset, --plan or --uniform and a calibrated --method; an --imatrix file "
-            "or a --budget scan measures the unrotated model."
-        )
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)
     if args.verify:

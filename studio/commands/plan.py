@@ -14,11 +14,13 @@ from studio.commands._scan import (
     check_budget_args,
     for_rounding,
     run_scan,
+    scanned_info,
 )
 from studio.core.export.run import check_exportable
 from studio.core.gguf.writer import check_output_path
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
+from studio.core.model.rotate import rotation_of
 from studio.core.quant.methods import check_method
 from studio.core.units import format_bytes
 
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     method = check_method(args.method)
     args.model = torch_original(args.model, "the budget planner's scan")  # the plan is keyed by its names
     with open_model(args.model) as ck:
-        info = ck.info
+        info = scanned_info(ck, args)  # with --rotate: the rotated model, its untied head counted
     check_exportable(info)
     # a malformed or too small budget is refused before any work; one above F16 needs no scan
     alloc = check_budget_args(args, info, method)
@@ -55,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
             verdict = judge(args, info, alloc, held, fit, imatrix, method, ctx, presets)
     write_text(args.output, alloc.plan.to_json(), "plan")
     out = {"output": args.output, "plan": alloc.plan.name, "method": method, **alloc.to_dict()}
+    rot = rotation_of(info)
+    out["rotation"] = None if rot is None else {"seed": rot.seed}
     out["scan"] = None
     if scan is not None:
         out["scan"] = {

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from studio.commands._common import ProgressLine, format_table, print_json, torch_original, write_text
-from studio.commands._scan import calibration, run_scan
+from studio.commands._scan import calibration, run_scan, scanned_info
 from studio.core.export.run import check_exportable
 from studio.core.jobs import JobContext
 from studio.core.model import open_model
@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``sensitivity``."""
     args.model = torch_original(args.model, "the sensitivity scan")  # its tensor names are the folder's
     with open_model(args.model) as ck:
-        info = ck.info
+        info = scanned_info(ck, args)  # with --rotate: the rotated model's tensors
     check_exportable(info)
     with ProgressLine() as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)

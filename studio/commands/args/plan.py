@@ -33,5 +33,6 @@ def register(subparsers: Any) -> None:
     add_budget_args(p)
     add_heldout_args(p)
     add_scan_args(p)
+    options.add_rotate(p)
     options.add_json(p)
     p.set_defaults(handler="studio.commands.plan:run")

@@ -32,5 +32,6 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="most sensitive tensors to list (default 12)",
     )
+    options.add_rotate(p)
     options.add_json(p)
     p.set_defaults(handler="studio.commands.sensitivity:run")

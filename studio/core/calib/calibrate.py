@@ -28,7 +28,7 @@ from studio.core.calib.runner import Consumer, run_model
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
 from studio.core.model import open_model
-from studio.core.model.rotate import Rotation, rotated
+from studio.core.model.rotate import Rotation, rotated, rotation_key
 from studio.core.modelinfo import CheckpointFormat
 from studio.core.stats.cache import checkpoint_key
 
@@ -108,6 +108,7 @@ def calibrate(
     mode: str = "auto",
     ctx: JobContext | None = None,
     executor: Any = None,
+    rotation: Rotation | None = None,
 ) -> ActivationStats:
     """Run ``text`` (``"builtin"``, a text file, a ``.jsonl`` of chats or a ``CalibrationText``) through
     ``model`` and return what entered each linear layer.
@@ -117,9 +118,10 @@ def calibrate(
     never served from ``cache``. ``executor`` (``studio.core.executor``): a distributed one runs the
     chunks as units on a cluster (``studio.core.cluster.calibrate``), with the same statistics; a run
     with extra consumers or Hessians stays in this process (they need every activation here).
+    ``rotation``: calibrate the model as ``export --rotate`` writes it (``studio.core.model.rotate``).
     """
     ctx = ctx or null_context()
-    ckpt = _open(model, allow_pickle)
+    ckpt = _open(model, allow_pickle, rotation)
     try:
         info = ckpt.info
         ctx.report(0, 1, "Tokenizing the calibration text")
@@ -135,6 +137,7 @@ def calibrate(
                 and executor.distributed
                 and not consumers
                 and collector.hessian_for is None
+                and rotation is None  # the workers open the model by its path, unrotated
             ):
                 on_cluster = executor.job("calibrate")  # studio.core.cluster.calibrate
                 return on_cluster(
@@ -152,6 +155,7 @@ def calibrate(
         variant = (
             f"calib:{inp.data.digest}:{inp.chunks.n_ctx}:{inp.chunks.n_chunks}:{device}:{dtype}:"
             f"{int(process_output)}:{int(histogram)}"
+            + (f":rot{rotation_key(rotation)['rotation']}" if rotation is not None else "")
         )
         return cache.get_or_compute(checkpoint_key(info, variant), run, ctx)
     finally:

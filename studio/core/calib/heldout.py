@@ -33,6 +33,7 @@ from studio.core.calib.sensitivity import ScanSettings, measure_plans, measure_p
 from studio.core.errors import CalibrationError
 from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.rotate import Rotation, rotation_of
 from studio.core.plan.allocate import BudgetKind, allocate
 from studio.core.plan.gguf_file import export_file_bytes
 from studio.core.plan.plan import plan_from_preset
@@ -260,10 +261,14 @@ def measure_heldout(
     imatrix: Mapping[str, Any] | None,
     settings: Any = None,
     ctx: JobContext | None = None,
+    rotation: Rotation | None = None,
 ) -> tuple[tuple[float, ...], int]:
-    """(KL of each plan on ``heldout``, tokens measured), every tensor quantized at once, in one run."""
+    """(KL of each plan on ``heldout``, tokens measured), every tensor quantized at once, in one run
+    (``rotation``: on the model as ``export --rotate`` writes it)."""
     st, n_tok = heldout_chunks(model, heldout, settings)
-    kls = measure_plans(model, list(plans), heldout, st, imatrix=imatrix, ctx=ctx or null_context())
+    kls = measure_plans(
+        model, list(plans), heldout, st, imatrix=imatrix, ctx=ctx or null_context(), rotation=rotation
+    )
     return kls, n_tok
 
 
@@ -292,8 +297,10 @@ def judge(
     ctx: JobContext | None = None,
 ) -> Judgement:
     """Measure ``alloc``'s plan (an ``Allocation``) and the same-size preset on ``heldout``; with
-    ``scan_text`` also the plan on the scan's chunks (unless the allocation already carries it)."""
+    ``scan_text`` also the plan on the scan's chunks (unless the allocation already carries it). A rotated
+    ``info`` (``studio.core.model.rotate``) is measured rotated, the preset too."""
     ctx = ctx or null_context()
+    rot = rotation_of(info)
     t0 = time.monotonic()
     pres = preset_plans(info, imatrix=imatrix) if presets is None else list(presets)
     preset = (
@@ -308,14 +315,16 @@ def judge(
     if scan_kl is None and scan_text is not None and base.n_ctx == held_st.n_ctx:
         # one run: the plans' tensors quantized once, the held-out and the scan's chunks side by side
         kls, scan_kls = measure_plans_on(
-            model, plans, [(heldout, held_st), (scan_text, base)], imatrix=imatrix, ctx=ctx
+            model, plans, [(heldout, held_st), (scan_text, base)], imatrix=imatrix, ctx=ctx, rotation=rot
         )
         scan_kl = scan_kls[0]
     else:
-        kls, n_tok = measure_heldout(model, plans, heldout, imatrix=imatrix, settings=settings, ctx=ctx)
+        kls, n_tok = measure_heldout(
+            model, plans, heldout, imatrix=imatrix, settings=settings, ctx=ctx, rotation=rot
+        )
         if scan_kl is None and scan_text is not None:
             (scan_kl,) = measure_plans(
-                model, [dict(alloc.plan.types)], scan_text, settings, imatrix=imatrix, ctx=ctx
+                model, [dict(alloc.plan.types)], scan_text, settings, imatrix=imatrix, ctx=ctx, rotation=rot
             )
     point = None if preset is None else PresetPoint(preset[0], preset[1], kls[1], dict(preset[2]))
     check_judged(kls[0], point)
@@ -334,11 +343,13 @@ def preset_heldout_points(
     settings: Any = None,
     ctx: JobContext | None = None,
 ) -> tuple[PresetPoint, ...]:
-    """llama.cpp's presets on the held-out axis: each one's file size and KL on ``heldout`` (one run)."""
+    """llama.cpp's presets on the held-out axis: each one's file size and KL on ``heldout`` (one run; a
+    rotated ``info``'s presets rotated too)."""
     pres = preset_plans(info, presets, imatrix=imatrix)
     kls, _ = measure_heldout(
-        model, [p[2] for p in pres], heldout, imatrix=imatrix, settings=settings, ctx=ctx
-    )
+        model, [p[2] for p in pres], heldout, imatrix=imatrix, settings=settings, ctx=ctx,
+        rotation=rotation_of(info),
+    )  # fmt: skip
     return tuple(PresetPoint(n, b, k, dict(t)) for (n, b, t), k in zip(pres, kls, strict=True))
 
 
@@ -355,19 +366,23 @@ def judge_against_points(
     settings: Any = None,
     method: str = "imatrix",
     ctx: JobContext | None = None,
+    rotation: Rotation | None = None,
 ) -> tuple[float, Judgement]:
     """(the plan's KL on the scan's chunks, its ``Judgement``) for a plan (HF name → qtype) whose presets
     were measured on ``heldout`` already (``preset_heldout_points``): one run measures the plan on the
-    held-out and the scan's chunks together (two when their chunk lengths differ)."""
+    held-out and the scan's chunks together (two when their chunk lengths differ); ``rotation``: on the
+    model as ``export --rotate`` writes it."""
     base = settings or ScanSettings()
     held_st, n_tok = heldout_chunks(model, heldout, base)
     if base.n_ctx == held_st.n_ctx:
         (held_kl,), (scan_kl,) = measure_plans_on(
-            model, [dict(types)], [(heldout, held_st), (scan_text, base)], imatrix=imatrix, ctx=ctx
-        )
+            model, [dict(types)], [(heldout, held_st), (scan_text, base)], imatrix=imatrix, ctx=ctx,
+            rotation=rotation,
+        )  # fmt: skip
     else:
-        (held_kl,) = measure_plans(model, [dict(types)], heldout, held_st, imatrix=imatrix, ctx=ctx)
-        (scan_kl,) = measure_plans(model, [dict(types)], scan_text, base, imatrix=imatrix, ctx=ctx)
+        one = {"imatrix": imatrix, "ctx": ctx, "rotation": rotation}
+        (held_kl,) = measure_plans(model, [dict(types)], heldout, held_st, **one)
+        (scan_kl,) = measure_plans(model, [dict(types)], scan_text, base, **one)
     fit = [p for p in points if p.file_bytes <= limit_bytes * SAME_SIZE]
     preset = max(fit, key=lambda p: p.file_bytes) if fit else None
     check_judged(held_kl, preset)

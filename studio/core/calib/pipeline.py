@@ -3,7 +3,8 @@
 ``calibrate_then_scan`` is what the CLI (``sensitivity``, ``plan``, ``export --budget``) and the
 window's budget dialog run: the importance matrix of the calibration text is read from the scan cache
 when it is there (the CLI and the window share it), else calibrated and stored; then the scan runs on
-it. ``scan_imatrix`` is its first step alone, for a face that needs the imatrix before the scan.
+it. ``scan_imatrix`` is its first step alone, for a face that needs the imatrix before the scan. Given a
+rotated view's ``info`` (``studio.core.model.rotate``), both run on the rotated model.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.scan_cache import cached_imatrix, default_cache_dir, imatrix_cache_path, store_imatrix
 from studio.core.calib.sensitivity import ScanSettings, Sensitivity, scan_sensitivity
 from studio.core.jobs import JobContext
+from studio.core.model.rotate import rotation_of
 
 __all__ = ["ScanRun", "calibrate_then_scan", "scan_imatrix"]
 
@@ -49,6 +51,7 @@ def scan_imatrix(
         ctx.report(0, 1, "Reading the calibration text")
         tok = load_tokenizer(info.path)
         data = load_calibration(text, ChatFormat.of_tokenizer(tok, Path(info.path).name), ctx)
+    rotation = rotation_of(info)  # a rotated view's imatrix is the rotated model's, cached apart
     path = imatrix_cache_path(info, data.digest, calib_ctx, calib_chunks) if cache else None
     im = None if path is None else cached_imatrix(path)
     if im is not None:
@@ -63,6 +66,7 @@ def scan_imatrix(
         dtype="float32",
         histogram=False,
         ctx=ctx,
+        rotation=rotation,
     )
     im = imatrix_from_stats(stats, info)
     if path is not None:
@@ -104,5 +108,6 @@ def calibrate_then_scan(
         cache_dir=default_cache_dir() if cache else None,
         ctx=ctx,
         executor=executor,
+        rotation=rotation_of(info),
     )
     return ScanRun(scan, imatrix, calibrated)

@@ -41,6 +41,7 @@ from studio.core.calib.runner import Consumer, LayerView, RunSpec, run_model
 from studio.core.calib.scan_cache import scan_digest
 from studio.core.calib.scan_proxy import gain_layers
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.rotate import Rotation, rotation_key
 from studio.core.plan.scan import Sensitivity, scan_targets
 from studio.core.quant.gptq import FactorCache, HessianError, gptq_quantize, output_error
 from studio.core.quant.gptq_lattice import LATTICE_TYPES, gptq_lattice
@@ -192,12 +193,14 @@ def rounding_ratios(
     layers: Sequence[int] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     ctx: JobContext | None = None,
+    rotation: Rotation | None = None,
 ) -> RoundingRatios:
     """GPTQ's output error over the imatrix search's per candidate type, on a sample of decoder layers
     (``probe_layers``), calibrated on ``text`` as the export calibrates (chunks of ``n_ctx``); kept in
-    ``cache_dir`` (keyed by the model's files, the text, the types and the layers)."""
+    ``cache_dir`` (keyed by the model's files, the text, the types and the layers); ``rotation``: on the
+    model as ``export --rotate`` writes it."""
     ctx = ctx or null_context()
-    ckpt = _open(model, False)
+    ckpt = _open(model, False, rotation)
     try:
         info = ckpt.info
         targets, _ = scan_targets(info, tuple(types))
@@ -216,6 +219,7 @@ def rounding_ratios(
                 "n_ctx": n_ctx,
                 "n_chunks": n_chunks,
                 "method": method,
+                **rotation_key(rotation),
             }
         )
         path = None if cache_dir is None else Path(cache_dir) / f"rounding-{key}.json"

@@ -19,6 +19,7 @@ import numpy as np
 from studio.core.atomic import write_atomic
 from studio.core.calib.imatrix import read_imatrix, write_imatrix
 from studio.core.errors import CalibrationError, StudioError
+from studio.core.model.rotate import rotation_key, rotation_of
 from studio.core.paths import user_cache_dir
 from studio.core.plan.scan import Sensitivity
 from studio.core.stats.cache import checkpoint_key
@@ -45,8 +46,9 @@ def imatrix_cache_path(
 ) -> Path:
     """The cache file of the imatrix of ``info``'s model on a text (its ``CalibrationText.digest``)."""
     ck = checkpoint_key(info, "")
+    rot = rotation_key(rotation_of(info))  # a rotated view's imatrix apart from the model's own
     key = hashlib.sha256(
-        f"{info.path}|{ck.mtime_ns}|{ck.size}|{text_digest}|{calib_ctx}|{calib_chunks}".encode()
+        f"{info.path}|{ck.mtime_ns}|{ck.size}|{text_digest}|{calib_ctx}|{calib_chunks}{rot or ''}".encode()
     ).hexdigest()[:24]
     return (cache_dir or default_cache_dir()) / f"imatrix-{key}.gguf"
 

@@ -66,6 +66,7 @@ from studio.core.calib.scan_streams import PROXY_MIN_ROWS, PROXY_ROW_SHARE, Sens
 from studio.core.errors import CalibrationError
 from studio.core.export.run import check_exportable
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.rotate import Rotation, rotation_key
 from studio.core.plan.scan import (  # the scan record lives with the plans it feeds
     SCAN_VERSION,
     Mode,
@@ -93,6 +94,7 @@ def scan_sensitivity(
     stats_cache: Any = None,
     ctx: JobContext | None = None,
     executor: Any = None,
+    rotation: Rotation | None = None,
 ) -> Sensitivity:
     """Scan ``model`` (a Hugging Face folder) on ``text`` (``"builtin"``, a file or a ``CalibrationText``).
 
@@ -103,6 +105,7 @@ def scan_sensitivity(
     keyed by the model's files, the text, the settings and the imatrix) is returned without running.
     ``executor`` (``studio.core.executor``): a distributed one runs the pairs as units on a cluster
     (``studio.core.cluster.scan``), with the same results; finished units are kept in ``cache_dir``.
+    ``rotation``: scan the model as ``export --rotate`` writes it (its own imatrix, cache key and head).
     """
     st = settings or ScanSettings()
     ctx = ctx or null_context()
@@ -110,7 +113,9 @@ def scan_sensitivity(
         if q not in QTYPES or QTYPES[q].is_float:
             raise CalibrationError(f"{q} is not a quantized GGUF type a scan can measure.")
     t0, c0 = time.monotonic(), time.process_time()
-    ckpt = _open(model, False)
+    ckpt = _open(model, False, rotation)
+    if rotation is not None:
+        executor = None  # a cluster's workers open the model by its path, unrotated: the scan runs here
     try:
         info = ckpt.info
 
@@ -132,6 +137,7 @@ def scan_sensitivity(
                 histogram=False,
                 cache=stats_cache,
                 ctx=ctx,
+                rotation=rotation,
             )
             imatrix = imatrix_from_stats(stats, info)
         qw = hf_imatrix(imatrix, info)
@@ -159,6 +165,7 @@ def scan_sensitivity(
                 "settings": dataclasses.asdict(st),
                 "imatrix": imatrix_digest(qw),
                 "plans": [sorted(p.items()) for p in plans],
+                **rotation_key(rotation),
             }
         )
         cached = load_cached_scan(cache_dir, key)
@@ -186,7 +193,11 @@ def scan_sensitivity(
     name = " + ".join([inp.data.name, *(e.data.name for e in extra)])
     result = assemble(info, name, st, targets, fixed, scan, check, chunks.n_tokens)
     result = dataclasses.replace(
-        result, seconds=time.monotonic() - t0, cpu_seconds=time.process_time() - c0, key=key
+        result,
+        seconds=time.monotonic() - t0,
+        cpu_seconds=time.process_time() - c0,
+        key=key,
+        rotation=None if rotation is None else rotation.seed,
     )
     save_cached_scan(cache_dir, key, result)
     if cache_dir is not None:  # the units a distributed scan kept for a resume are in the result now
@@ -203,11 +214,13 @@ def measure_plans(
     imatrix: Mapping[str, np.ndarray] | None = None,
     ctx: JobContext | None = None,
     executor: Any = None,
+    rotation: Rotation | None = None,
 ) -> tuple[float, ...]:
     """The KL of each plan (HF name → qtype) on the scan chunks, every tensor quantized at once
-    (``executor``: a distributed one measures each plan as a unit, as the scan does)."""
+    (``executor``: a distributed one measures each plan as a unit, as the scan does; ``rotation``: on the
+    rotated model, as ``scan_sensitivity``)."""
     st = dataclasses.replace(settings or ScanSettings(), exact=True)
-    return _run_plans(model, plans, text, st, imatrix, ctx, executor)
+    return _run_plans(model, plans, text, st, imatrix, ctx, executor, rotation)
 
 
 def measure_plans_on(
@@ -217,6 +230,7 @@ def measure_plans_on(
     *,
     imatrix: Mapping[str, np.ndarray] | None = None,
     ctx: JobContext | None = None,
+    rotation: Rotation | None = None,
 ) -> tuple[tuple[float, ...], ...]:
     """The KL of each plan on each of several texts, ``((text, settings), …)``, in one run: every plan's
     tensors are quantized once and the texts' chunks (of one length) go through the model together.
@@ -224,7 +238,7 @@ def measure_plans_on(
     ctx = ctx or null_context()
     if not inputs:
         return ()
-    ckpt = _open(model, False)
+    ckpt = _open(model, False, rotation)
     try:
         info = ckpt.info
         targets, _ = scan_targets(info, inputs[0][1].types)
@@ -267,9 +281,12 @@ def _run_plans(
     imatrix: Any,
     ctx: Any,
     executor: Any = None,
+    rotation: Rotation | None = None,
 ) -> tuple[float, ...]:
     ctx = ctx or null_context()
-    ckpt = _open(model, False)
+    ckpt = _open(model, False, rotation)
+    if rotation is not None:
+        executor = None  # the workers would open the model unrotated
     try:
         info = ckpt.info
         targets, _ = scan_targets(info, st.types)

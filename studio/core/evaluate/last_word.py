@@ -22,6 +22,7 @@ from studio.core.errors import EvaluationError, StudioError
 from studio.core.export.run import export_gguf
 from studio.core.export.verify import verify_gguf
 from studio.core.jobs import JobContext, null_context
+from studio.core.model.rotate import rotation_of
 from studio.core.plan.plan import plan_from_preset, plan_from_types
 from studio.core.quant.methods import ALIASES
 
@@ -131,7 +132,8 @@ def last_word(
         with tempfile.TemporaryDirectory(prefix="qs-lastword-", dir=Path(partial).parent) as tmp:
             out = Path(tmp) / f"{preset}.gguf"
             plan = plan_from_preset(info, preset, imatrix=imatrix is not None)
-            export_gguf(info.path, out, plan, imatrix=imatrix, ctx=ctx.muted())
+            # a rotated plan's preset is rotated too: the imatrix and the untied head are the rotated model's
+            export_gguf(info.path, out, plan, imatrix=imatrix, ctx=ctx.muted(), rotation=rotation_of(info))
             ctx.report(2, 3, f"llama.cpp measures {preset}")
             preset_kl, _ = measure(out, info.path, text, max_tokens=max_tokens, extra_buffers=extra_buffers)
     ctx.report(3, 3, "Measured")
@@ -155,7 +157,8 @@ def last_word_of_plan(
     with tempfile.TemporaryDirectory(prefix="qs-plan-") as tmp:
         out = Path(tmp) / "plan.gguf"
         plan = plan_from_types(info, dict(types), name="budget plan")
-        export_gguf(info.path, out, plan, imatrix=imatrix, ctx=ctx.span(0.0, 0.4))
+        rot = rotation_of(info)  # a rotated view's plan (studio.core.model.rotate)
+        export_gguf(info.path, out, plan, imatrix=imatrix, ctx=ctx.span(0.0, 0.4), rotation=rot)
         return last_word(
             out, info, predicted_kl=predicted_kl, text=text, preset=preset, imatrix=imatrix,
             measure=measure or llama_kl, ctx=ctx.span(0.4, 1.0),

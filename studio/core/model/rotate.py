@@ -157,7 +157,10 @@ def refusal(info: ModelInfo) -> str | None:
     """Why ``info`` cannot be rotated (one sentence), or None when it can."""
     mt = str(info.model_type).lower()
     if getattr(info.format, "value", info.format) == "gguf":
-        return "Rotation needs the Hugging Face model folder; a GGUF original cannot be rotated."
+        return (
+            "Rotation is folded into a Hugging Face folder's float weights; open a GGUF original through its "
+            "converted folder (gguf_source.hf_folder_for), as export --rotate and the Export dialog do."
+        )
     if mt in _REFUSED:
         return f"Rotation is not available for {mt}: {_REFUSED[mt]}."
     if mt not in ROTATABLE:
@@ -366,6 +369,26 @@ def rotation_metadata(info: ModelInfo) -> dict[str, Any]:
     """The ``quantize.rotation.*`` keys to write for ``info`` (empty unless it is a rotated view)."""
     meta = info.config.get(ROTATION_CONFIG_KEY)
     return dict(meta) if isinstance(meta, dict) else {}
+
+
+def rotation_of(info: ModelInfo) -> Rotation | None:
+    """The rotation a rotated view's ``info`` was made with (None for a model as it is): the scan, the
+    imatrix and the held-out judgement of a rotated plan reopen the model through it."""
+    meta = rotation_metadata(info)
+    if not meta:
+        return None
+    return Rotation(
+        seed=int(meta["quantize.rotation.seed"]),
+        r1=bool(meta["quantize.rotation.r1"]),
+        r2=bool(meta["quantize.rotation.r2"]),
+    )
+
+
+def rotation_key(rotation: Rotation | None) -> dict[str, Any]:
+    """What a cache key adds for ``rotation`` (nothing without one, so unrotated keys stay as they were)."""
+    if rotation is None:
+        return {}
+    return {"rotation": [int(rotation.seed), bool(rotation.r1), bool(rotation.r2)]}
 
 
 def rotated(inner: Checkpoint, rotation: Rotation | None) -> Checkpoint:

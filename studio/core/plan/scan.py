@@ -134,6 +134,15 @@ class ProxyCheck:
         return float(np.corrcoef(e, q)[0, 1])
 
 
+def _rotation_seed(value: Any) -> int | None:
+    """The seed a scan file's ``rotation`` records (None: scanned unrotated); ValueError if it is not one."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError("its rotation is not an object")
+    return _count(value["seed"], "a rotation seed", 2**32 - 1)
+
+
 @dataclass(frozen=True)
 class Sensitivity:
     """A scan of one model: the candidates of every quantizable tensor, and how they were measured."""
@@ -151,6 +160,7 @@ class Sensitivity:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     key: str = ""
+    rotation: int | None = None  # the seed of the rotation the model was scanned under (export --rotate)
 
     def tensor(self, name: str) -> TensorSensitivity:
         """The tensor called ``name`` (HF or GGUF name); KeyError if it was not scanned."""
@@ -212,6 +222,8 @@ class Sensitivity:
             "fixed": dict(self.fixed),
             "plan_kls": list(self.plan_kls),
         }
+        if self.rotation is not None:  # written only for a rotated scan: older readers see the same file
+            out["rotation"] = {"seed": self.rotation}
         if self.check is not None:
             out["check"] = {
                 "pairs": [list(p) for p in self.check.pairs],
@@ -268,6 +280,7 @@ class Sensitivity:
                 float(d.get("seconds", 0.0)),
                 float(d.get("cpu_seconds", 0.0)),
                 str(d.get("key", "")),
+                _rotation_seed(d.get("rotation")),
             )
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             raise CalibrationError(f"This is not a sensitivity scan of Quant Studio ({err}).") from None

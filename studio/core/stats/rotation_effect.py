@@ -33,16 +33,32 @@ class RotationEffect:
         """(before, after) absmax of input channel ``index``."""
         return float(self.before[index]), float(self.after[index])
 
+    @property
+    def worst(self) -> int:
+        """The input channel with the largest absmax before the rotation (the outlier it spreads out)."""
+        return int(np.argmax(self.before))
+
+    def channel_note(self, index: int) -> str:
+        """``channel N: absmax before → after`` ("" when ``index`` is not an input channel)."""
+        if not 0 <= index < len(self.before):
+            return ""
+        b, a = self.channel(index)
+        return f"channel {index}: absmax {b:.3g} → {a:.3g}"
+
     def sentence(self, index: int | None = None) -> str:
-        """One line for the window: the outlier spread before and after, and ``index``'s absmax."""
+        """One line for the window: the outlier spread before and after, and ``index``'s absmax (without
+        one: the channel that stood out most before)."""
         text = (
             f"Rotated: the largest input channel is {self.spread(self.before):.1f}× the median before, "
             f"{self.spread(self.after):.1f}× after"
         )
-        if index is not None and 0 <= index < len(self.before):
-            b, a = self.channel(index)
-            text += f"; channel {index}: absmax {b:.3g} → {a:.3g}"
-        return text + "."
+        note = self.channel_note(self.worst if index is None else index)
+        return text + (f"; {note}" if note else "") + "."
+
+    def curves(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bin edges in absmax, log10(1 + count) before, after): the two histograms as the window draws them,
+        on one absmax axis (log-spaced bins) so the outlier's bin and where its mass went sit side by side."""
+        return 10.0**self.edges, np.log10(1.0 + self.hist_before), np.log10(1.0 + self.hist_after)
 
 
 def rotation_effect(view: RotatedCheckpoint, name: str, *, bins: int = 48) -> RotationEffect:

@@ -25,6 +25,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QFileDialog,
@@ -63,6 +64,7 @@ from studio.core.errors import StudioError
 from studio.core.evaluate.last_word import LastWordCheck, last_word_of_plan
 from studio.core.export.verify import default_text
 from studio.core.jobs import JobContext
+from studio.core.model.rotate import RotatedCheckpoint, Rotation, rotation_of
 from studio.core.plan.allocate import allocate, pareto_front, parse_budget, preset_points
 from studio.core.plan.job_estimate import calibration_estimate_line
 from studio.core.quant.types import QTYPES
@@ -225,6 +227,14 @@ class BudgetDialog(JobPanel, QDialog):
             "Text the plan is judged on against llama.cpp's preset of the same size (best of another kind)"
         )
         self.scan_button = QPushButton("Scan", self)
+        self.rotate_check = QCheckBox("&Rotate", self)
+        self.rotate_check.setToolTip(
+            "Scan and plan the model as export --rotate writes it: a randomised Hadamard rotation folded into "
+            "the weights (the imatrix and the scan measure the rotated model; a tied head is untied and its "
+            "bytes are counted in the budget). The plan is exported rotated."
+        )
+        self.scan_info: Any = None  # the ModelInfo the shown scan measured (a rotated view's with Rotate)
+        self._next_info: Any = None  # the running scan's
         self.budget_edit = QLineEdit(self, placeholderText="80MB, 4.5GB, 4.8bpw, vram=8GB")
         self.budget_edit.setToolTip("A file size, bits per weight, or memory (vram=…) the plan must fit in")
         self.slider = QSlider(Qt.Orientation.Horizontal, self)
@@ -342,7 +352,11 @@ class BudgetDialog(JobPanel, QDialog):
         fields.addWidget(self.browse_button, 0, 2)
         label("Types &not to choose:", self.exclude_edit, 0, 3)
         fields.addWidget(self.exclude_edit, 0, 4)
-        fields.addWidget(self.scan_button, 0, 5)
+        scan_row = QHBoxLayout()
+        scan_row.setContentsMargins(0, 0, 0, 0)
+        scan_row.addWidget(self.rotate_check)
+        scan_row.addWidget(self.scan_button)
+        fields.addLayout(scan_row, 0, 5)
         label("&Budget:", self.budget_edit, 1, 0)
         fields.addWidget(self.budget_edit, 1, 1)
         label("Along the &front:", self.slider, 1, 3)
@@ -417,6 +431,11 @@ class BudgetDialog(JobPanel, QDialog):
         run = self.state.calibration
         return run.text if run is not None else "builtin"
 
+    def _planned_info(self) -> Any:
+        """The ``ModelInfo`` plans are made for: the one the shown scan measured (rotated with Rotate), else
+        the open model's."""
+        return self.scan_info if self.scan_info is not None else self.state.info
+
     def _reusable(self, text: str) -> Any:
         """The Calibrate page's run when it calibrated ``text`` (its imatrix serves the scan), else None."""
         run = self.state.calibration
@@ -430,13 +449,21 @@ class BudgetDialog(JobPanel, QDialog):
 
     @Slot()
     def start_scan(self) -> None:
-        """Scan the open model in the background, calibrating only when no imatrix of the text exists."""
+        """Scan the open model in the background, calibrating only when no imatrix of the text exists (with
+        Rotate: the rotated model, which the Calibrate page's imatrix does not describe)."""
         info = self.state.info
         if info is None:
             self.show_error("Open a model first.")
             return
+        rotate = self.rotate_check.isChecked()
+        if rotate:
+            try:  # a family the rotation does not cover: its one sentence, nothing runs
+                info = RotatedCheckpoint(self.state.checkpoint, Rotation()).info
+            except StudioError as err:
+                self.show_error(str(err))
+                return
         text = self._scan_text()
-        run = self._reusable(text)
+        run = None if rotate else self._reusable(text)
         # the default menu: no ternary or 1-2-bit types unless the model was trained for them
         settings = ScanSettings(types=default_types(info.config))
         if run is not None:  # the page's chunking (the imatrix is keyed by it); scan chunks fit inside
@@ -445,12 +472,13 @@ class BudgetDialog(JobPanel, QDialog):
                 settings, n_ctx=n_ctx, calib_ctx=run.n_ctx, calib_chunks=run.n_chunks
             )
         held_file = self.heldout_edit.text().strip() or None
-        key = (str(info.path), text, held_file, settings, None if run is None else id(run.imatrix))
-        self.scan_text, self.scan_settings = text, settings
+        key = (str(info.path), text, held_file, settings, None if run is None else id(run.imatrix), rotate)
+        self.scan_text, self.scan_settings, self._next_info = text, settings, info
         if key in self._scans:  # scanned in this window already: nothing runs
             self.calibrated = False
             self._scan_note = "The scan of this text, kept in this window."
             scan, im, held, points, self.scan_text = self._scans[key]
+            self.scan_info = info
             self.set_scan(scan, im, held, points)
             set_status(self.status, self._scan_note)
             return
@@ -510,10 +538,13 @@ class BudgetDialog(JobPanel, QDialog):
         else:
             scan, im, self.calibrated, fit, held, points = result
             self.scan_text = fit  # measurements run on the chunks the scan measured
+            self.scan_info = self._next_info  # plans name the tensors it measured (a rotated view's too)
             self._scans[self._scan_key] = (scan, im, held, points, fit)
             self.progress.setFormat("%p%")
             self.set_scan(scan, im, held, points)
             how = "calibrated, then scanned" if self.calibrated else "scanned without calibrating"
+            if scan.rotation is not None:
+                how += " rotated (the plan is exported rotated)"
             self._scan_note = f"{Path(str(scan.model)).name}: {how} in {scan.seconds:.0f} s."
             set_status(self.status, self._scan_note)
         self._start_queued()
@@ -541,6 +572,7 @@ class BudgetDialog(JobPanel, QDialog):
             )
         )
         self.scan_button.setEnabled(not self.running)
+        self.rotate_check.setEnabled(not self.running)
         self.cancel_button.setEnabled(self.running)
         for w in (self.budget_edit, self.slider, self.use_button):
             w.setEnabled(self.scan is not None and not self.running)
@@ -553,6 +585,7 @@ class BudgetDialog(JobPanel, QDialog):
         self.task.cancel(quiet=True)
         self.plan_task.cancel(quiet=True)
         self.scan = self.imatrix = self.allocation = self.measured = self._queued = None
+        self.scan_info = None
         self.front = self.presets = ()
         self._scan_note = ""
         self._used.clear()
@@ -620,7 +653,7 @@ class BudgetDialog(JobPanel, QDialog):
         if self.scan is None:
             return
         self._plan_timer.stop()
-        info, scan, imatrix, ex = self.state.info, self.scan, self.imatrix, self._exclude()
+        info, scan, imatrix, ex = self._planned_info(), self.scan, self.imatrix, self._exclude()
         known = self._preset_plans
         cands = tuple(q for q in scan.types if q not in ex)
         typed = self.budget_edit.text().strip()
@@ -775,13 +808,16 @@ class BudgetDialog(JobPanel, QDialog):
             return
         a = self.allocation
         self._used.add(a.plan.name)
-        if self.imatrix is not None:
+        info = self._planned_info()
+        rotated = rotation_of(info) is not None
+        if self.imatrix is not None and not rotated:
             # The plan was chosen (and is measured) with the scan's imatrix: the export quantizes with it too.
+            # (A rotated scan's imatrix is the rotated model's: it travels in the check, not the window's slot.)
             self.state.set_imatrix(self.imatrix)
         # as export --budget: the window's export of this plan waits for llama.cpp's verdict before the rename
         limit = a.limit_bytes if a.budget.kind.value == "file" else a.file_bytes
         check = last_word_check(
-            self.state.info, a.predicted_kl, self._preset_plans or (), int(limit), self.heldout, self.imatrix
+            info, a.predicted_kl, self._preset_plans or (), int(limit), self.heldout, self.imatrix
         )
         self.state.set_plan(a.plan, check=check)
         self.planChosen.emit(a)
@@ -849,7 +885,7 @@ class BudgetDialog(JobPanel, QDialog):
         verify_tokens: int = 0,
         word: Any = None,
     ) -> None:
-        info, scan, imatrix, text = self.state.info, self.scan, self.imatrix, self.scan_text
+        info, scan, imatrix, text = self._planned_info(), self.scan, self.imatrix, self.scan_text
         settings = self.scan_settings
         held, points, a, known = self.heldout, self.heldout_presets, self.allocation, self._preset_plans
         # the same-size preset is the largest within the budget, not within the plan's bytes
@@ -869,7 +905,9 @@ class BudgetDialog(JobPanel, QDialog):
             studio_ctx = ctx.span(0.0, 0.5)
             pres = known if known is not None else preset_plans(info, imatrix=imatrix)
             if held is None:
-                (kl,) = measure_plans(info.path, [types], text, st, imatrix=imatrix, ctx=studio_ctx)
+                (kl,) = measure_plans(
+                    info.path, [types], text, st, imatrix=imatrix, ctx=studio_ctx, rotation=rotation_of(info)
+                )
                 judgement = None
             else:
                 # the judge names the preset whose file is the budget (an i-quant too, as the CLI's): the
@@ -882,7 +920,7 @@ class BudgetDialog(JobPanel, QDialog):
                     )
                 kl, judgement = judge_against_points(
                     info.path, types, limit, held, pts, imatrix=imatrix, predicted_kl=predicted,
-                    scan_text=text, settings=st, ctx=studio_ctx,
+                    scan_text=text, settings=st, ctx=studio_ctx, rotation=rotation_of(info),
                 )  # fmt: skip
             llama = word
             if llama is None:  # as export --budget: llama.cpp measures the file beside the same-size preset's

@@ -41,8 +41,8 @@ from studio.core.evaluate.verification import verification_line
 from studio.core.export.job import ExportOutcome, export_and_verify, verify_in_child
 from studio.core.export.run import export_gguf
 from studio.core.jobs import JobContext
-from studio.core.model.gguf_source import source_summary
-from studio.core.model.rotate import Rotation
+from studio.core.model.gguf_source import hf_folder_cached, hf_folder_for, source_summary
+from studio.core.model.rotate import Rotation, rotation_of
 from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
 from studio.core.plan.job_estimate import calibration_estimate_line
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
@@ -66,6 +66,7 @@ CURRENT_PLAN = "__current_plan__"
 DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
 PROGRESS_STEPS = 1000
+CONVERT_SHARE = 0.4  # of a rotated export's bar: converting a GGUF original into its float32 folder
 ESTIMATE_CHUNKS = 128  # chunks the estimate assumes when the dialog uses "all" (a text of 64k tokens)
 BEST_METHOD = ALIASES["best"]  # the calibrated rounding recommended with a preset (as export --budget says)
 
@@ -108,11 +109,17 @@ def run_export(
     A ``plan`` with calibrated methods is calibrated on ``calib_text`` (a file, a list of them to mix, None:
     the built-in text; the first ``calib_chunks`` chunks of 512 tokens, None: all) and quantized by its methods first, each
     layer's tensors on the Ray ``cluster`` when one is named (the window's device choice). ``rotation``
-    folds a randomised Hadamard rotation into the weights (``studio.core.model.rotate``). With ``last_word``
+    folds a randomised Hadamard rotation into the weights (``studio.core.model.rotate``; a GGUF ``source`` is
+    converted to its cached Hugging Face folder first). With ``last_word``
     (a budget plan's check), llama.cpp measures the partial file first, as ``export --budget`` does: a file
     worse than promised raises ``WorseThanPromisedError`` and nothing is written, unless the check keeps it.
     """
     gates: list[LastWordGate] = []
+    if rotation is not None and source.suffix.lower() == ".gguf":
+        # the rotation is folded into float weights: a GGUF original's float32 Hugging Face folder, the one
+        # calibration and export --rotate use (converted once into the cache as the job's first part)
+        split = 0.0 if hf_folder_cached(source) else CONVERT_SHARE
+        source, ctx = hf_folder_for(source, ctx.span(0.0, split)), ctx.span(split, 1.0)
 
     def write(c: JobContext, validate: Any) -> Any:
         if last_word is not None:  # llama.cpp's verdict before verification and the rename
@@ -384,8 +391,24 @@ class ExportDialog(JobPanel, QDialog):
 
     @property
     def imatrix(self) -> Any:
-        """The state's importance matrix when "Quantize with the importance matrix" is on, else None."""
-        return self.state.imatrix if self.imatrix_check.isChecked() else None
+        """The state's importance matrix when "Quantize with the importance matrix" is on, else None (for a
+        plan the budget dialog made for the rotated model: the rotated model's, from its scan)."""
+        if not self.imatrix_check.isChecked():
+            return None
+        rotated = self.rotated_check()
+        return rotated.imatrix if rotated is not None else self.state.imatrix
+
+    def rotated_check(self) -> Any:
+        """The budget dialog's ``LastWordCheck`` of the chosen plan when it was planned for the rotated model
+        (its ``info`` is the rotated view's: the plan names its tensors, an untied head included), else None."""
+        check = self.state.plan_check if self.chosen_plan() is self.state.plan else None
+        return check if check is not None and rotation_of(check.info) is not None else None
+
+    def planned_info(self) -> Any:
+        """The ``ModelInfo`` the chosen plan is made for: the rotated model's for a rotated budget plan, else
+        the open model's (None without one)."""
+        rotated = self.rotated_check()
+        return rotated.info if rotated is not None else self.state.info
 
     def chosen_plan(self) -> Plan | str | None:
         """The current ``Plan`` or a preset name, as chosen in the combo."""
@@ -433,7 +456,7 @@ class ExportDialog(JobPanel, QDialog):
 
     def final_plan(self) -> Plan | str | None:
         """The plan the export follows: the chosen one with the chosen method as its plan-wide default."""
-        plan, info, method = self.chosen_plan(), self.state.info, self.method
+        plan, info, method = self.chosen_plan(), self.planned_info(), self.method
         if plan is None or info is None:
             return plan
         if isinstance(plan, str):
@@ -554,8 +577,11 @@ class ExportDialog(JobPanel, QDialog):
         chunks = self.chunks_spin.value() or None
         sources = self.calibration_sources
         imatrix = self.imatrix
-        rotation = Rotation() if self.rotate_check.isChecked() else None
-        if rotation is not None and imatrix is not None:
+        rotated = self.rotated_check()  # a budget plan for the rotated model is exported rotated, as planned
+        rotation = rotation_of(rotated.info) if rotated is not None else None
+        if rotation is None and self.rotate_check.isChecked():
+            rotation = Rotation()
+        if rotation is not None and imatrix is not None and rotated is None:
             return self._refuse(
                 "The importance matrix was measured on the unrotated model; untick it or the rotation "
                 "(a calibrated method measures the rotated model itself)."
@@ -738,7 +764,8 @@ class ExportDialog(JobPanel, QDialog):
         )
         # calibrated codes are the studio's own: llama.cpp's quantizer cannot write them
         self.backend_combo.setEnabled(not calibrated and not running)
-        has_im = self.state.imatrix is not None
+        rotated = self.rotated_check()  # a rotated budget plan brings the rotated model's imatrix
+        has_im = (rotated.imatrix if rotated is not None else self.state.imatrix) is not None
         # a calibrated method computes its own statistics; the Calibrate page's imatrix serves rtn
         self.imatrix_check.setEnabled(has_im and not calibrated and not running)
         note = (
@@ -778,7 +805,7 @@ class ExportDialog(JobPanel, QDialog):
     def imatrix_requirement(self) -> str:
         """The sentence naming the tensors of the chosen plan that need an importance matrix it will not
         have ("" when none do, or when the chosen method calibrates)."""
-        info = self.state.info
+        info = self.planned_info()
         if info is None or self.method != "rtn":
             return ""
         chosen, imatrix = self.chosen_plan(), self.imatrix
@@ -845,7 +872,11 @@ class ExportDialog(JobPanel, QDialog):
 
     @Slot()
     def _on_plan_changed(self, *_args: Any) -> None:
-        plan, info = self.chosen_plan(), self.state.info
+        plan, info = self.chosen_plan(), self.planned_info()
+        rotated = self.rotated_check() is not None
+        if rotated:  # planned for the rotated model: written rotated (the box says so and stays ticked)
+            self.rotate_check.setChecked(True)
+        self.rotate_check.setEnabled(not rotated and not self.running)
         text = ""
         if isinstance(plan, Plan) and info is not None:
             try:
@@ -862,6 +893,8 @@ class ExportDialog(JobPanel, QDialog):
                     f"; a budget plan: llama.cpp measures its file{beside} before it is written, and a file "
                     "worse than promised is not written"
                 )
+                if rotated:
+                    text += "; planned for the rotated model, so it is written rotated"
         warning = _requantize_warning(self.state.checkpoint)
         text = f"{text}\n{warning}".strip() if warning else text
         self.plan_info.setText(text)

@@ -5,7 +5,10 @@ file, cached per tensor); this widget only draws what comes back. After a calibr
 Calibrate page shares its ``ActivationStats`` through the state) a third row shows what entered the
 selected linear: the |x| histogram, and the activation absmax per input channel on the same channel
 axis as the weight's, outlier features marked by |x| ≥ 6 (LLM.int8()) and by k × median
-(``studio.core.calib.analysis.channel_profile``).
+(``studio.core.calib.analysis.channel_profile``). With "Rotated" the tensor is shown as ``export --rotate``
+writes it, and a last row draws its per-input-channel absmax histogram before and after the rotation
+(``studio.core.stats.rotation_effect``); the marked channel (the demo's 260), or else the outlier, is named
+with its absmax before → after.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from studio.core.calib.analysis import ChannelProfile, activation_histogram, cha
 from studio.core.errors import StudioError
 from studio.core.model.rotate import RotatedCheckpoint
 from studio.core.stats.cache import StatsCache
-from studio.core.stats.rotation_effect import default_rotation, rotation_effect
+from studio.core.stats.rotation_effect import RotationEffect, default_rotation, rotation_effect
 from studio.core.stats.tensor_stats import DEFAULT_BINS, OutlierKind, OutlierRule, TensorStats, tensor_stats
 from studio.qt import widgets
 from studio.qt.jobs import JobManager
@@ -180,6 +183,7 @@ class InspectorPanel(JobPanel, QWidget):
         self._rot_cache = StatsCache()  # the rotated view's statistics, apart from the model's own
         self._rot_view: RotatedCheckpoint | None = None
         self._note = ""  # the rotation's effect on the shown tensor, when "Rotated" is on
+        self.effect: RotationEffect | None = None  # its input channels before and after, when "Rotated" is on
         self._build()
         state.activationsChanged.connect(lambda _s: self._draw_activations())
         state.tensorSelected.connect(self._on_tensor_selected)
@@ -255,6 +259,18 @@ class InspectorPanel(JobPanel, QWidget):
         self.heat_item.setColorMap(pg.colormap.get("viridis"))
         self.heat_plot.addItem(self.heat_item)
 
+        # with "Rotated": the per-input-channel absmax histogram before and after the rotation
+        self.rot_plot = pg.PlotWidget(self)
+        rp = self.rot_plot.getPlotItem()
+        rp.setTitle("Input-channel absmax: before and after rotation")
+        rp.setLabel("left", "log10(1 + channels)")
+        rp.setLabel("bottom", "absmax of an input channel")
+        rp.setLogMode(x=True)
+        rp.addLegend(offset=(-10, 10))
+        self.rot_before = rp.plot([1.0, 2.0], [0.0], stepMode="center", fillLevel=0, name="before")
+        self.rot_after = rp.plot([1.0, 2.0], [0.0], stepMode="center", fillLevel=0, name="after")
+        self.rot_plot.setVisible(False)
+
         self.act_hist_plot = pg.PlotWidget(self)
         ap = self.act_hist_plot.getPlotItem()
         ap.setLabel("left", "log10(1 + count)")
@@ -292,6 +308,7 @@ class InspectorPanel(JobPanel, QWidget):
         grid.addWidget(self.in_plot, 1, 1)
         grid.addWidget(self.act_hist_plot, 2, 0)
         grid.addWidget(self.act_plot, 2, 1)
+        grid.addWidget(self.rot_plot, 3, 0, 1, 2)
         plots = QWidget(self)
         plots.setLayout(grid)
 
@@ -317,6 +334,8 @@ class InspectorPanel(JobPanel, QWidget):
         self._draw_token += 1
         self.stats = None
         self._note = ""
+        self.effect = None
+        self._draw_rotation()
         self.hist_item.setData([0.0, 1.0], [0.0], stepMode="center")
         self.out_channels.clear()
         self.in_channels.clear()
@@ -334,8 +353,28 @@ class InspectorPanel(JobPanel, QWidget):
 
     def _apply_mark(self, stats: TensorStats) -> None:
         mark = getattr(self, "_mark", None)
-        if mark is not None and mark[0] == stats.name:
+        marked = mark is not None and mark[0] == stats.name
+        eff = self.effect if self.effect is not None and self.effect.name == stats.name else None
+        if (
+            eff is not None
+        ):  # rotated: the marked channel (else the outlier) named with its absmax before → after
+            channel = mark[1] if marked else eff.worst
+            self.in_channels.mark(channel, eff.channel_note(channel))
+        elif marked:
             self.in_channels.mark(mark[1], mark[2])
+
+    def _draw_rotation(self) -> None:
+        """The absmax histograms before and after the rotation (the plot is hidden without "Rotated")."""
+        eff, stats = self.effect, self.stats
+        if eff is None or stats is None or eff.name != stats.name:
+            self.rot_before.setData([1.0, 2.0], [0.0], stepMode="center")
+            self.rot_after.setData([1.0, 2.0], [0.0], stepMode="center")
+            self.rot_plot.setVisible(False)
+            return
+        edges, before, after = eff.curves()
+        self.rot_before.setData(edges, before, stepMode="center", fillLevel=0)
+        self.rot_after.setData(edges, after, stepMode="center", fillLevel=0)
+        self.rot_plot.setVisible(True)
 
     def show_stats(self, stats: TensorStats, *, staged: bool = True) -> None:
         """Draw ``stats`` (GUI thread only); ``statsShown`` follows once every plot holds its data.
@@ -370,6 +409,7 @@ class InspectorPanel(JobPanel, QWidget):
             lambda: self.out_channels.show(stats.absmax_out, rule),
             lambda: (self.in_channels.show(stats.absmax_in, rule), self._apply_mark(stats)),
             draw_heat,
+            self._draw_rotation,
             self._draw_activations,
             lambda: self._fill_table(stats, rule),
         ]
@@ -426,13 +466,14 @@ class InspectorPanel(JobPanel, QWidget):
         mark = getattr(self, "_mark", None)
         channel = mark[1] if mark and mark[0] == name else None
 
-        def work(ctx: Any) -> tuple[TensorStats, str]:
+        def work(ctx: Any) -> tuple[TensorStats, str, RotationEffect | None]:
             if view is None:
-                return tensor_stats(ckpt, name, cache=cache, bins=bins, ctx=ctx), ""
+                return tensor_stats(ckpt, name, cache=cache, bins=bins, ctx=ctx), "", None
             stats = tensor_stats(view, name, cache=self._rot_cache, bins=bins, ctx=ctx)
             if len(stats.shape) != 2:
-                return stats, "Rotated: this tensor is not a matrix."
-            return stats, rotation_effect(view, name).sentence(channel)
+                return stats, "Rotated: this tensor is not a matrix.", None
+            eff = rotation_effect(view, name)
+            return stats, eff.sentence(channel), eff
 
         self.task.start(f"Statistics of {name}", work)
 
@@ -446,8 +487,8 @@ class InspectorPanel(JobPanel, QWidget):
                 self.status.setText(err.message)
         return self._rot_view
 
-    def on_done(self, result: tuple[TensorStats, str]) -> None:
-        self._note = result[1]
+    def on_done(self, result: tuple[TensorStats, str, RotationEffect | None]) -> None:
+        self._note, self.effect = result[1], result[2]
         self.show_stats(result[0])
 
     @Slot()
@@ -468,6 +509,11 @@ class InspectorPanel(JobPanel, QWidget):
         self.hist_item.setBrush(fill_color(c["main"], MAIN_FILL_ALPHA))
         self.out_channels.recolor(dark)
         self.in_channels.recolor(dark)
+        style_plot(self.rot_plot, dark)
+        self.rot_before.setPen(pg.mkPen(c["main"]))
+        self.rot_before.setBrush(fill_color(c["main"], MAIN_FILL_ALPHA))
+        self.rot_after.setPen(pg.mkPen(c["second"]))
+        self.rot_after.setBrush(fill_color(c["second"], SECOND_FILL_ALPHA))
         style_plot(self.act_hist_plot, dark)
         style_plot(self.act_plot, dark)
         self.act_hist_item.setPen(pg.mkPen(c["second"]))

@@ -23,3 +23,22 @@ def test_rotation_flattens_a_planted_outlier_channel(tiny_model):
     assert eff.hist_before.sum() == eff.hist_after.sum() == len(eff.before)
     assert f"channel {ch}" in eff.sentence(ch)
     assert np.all(np.diff(eff.edges) > 0)
+
+
+def test_the_effect_names_the_outlier_channel_and_its_histograms_move_left(tiny_model):
+    path = tiny_model("llama")
+    name = next(t for t in read_factory_info(path).outlier_tensors if "gate_proj" in t)
+    with open_model(path) as ck:
+        eff = rotation_effect(RotatedCheckpoint(ck, Rotation()), name)
+    ch = eff.worst
+    assert eff.before[ch] == eff.before.max()
+    b, a = eff.channel(ch)
+    assert eff.sentence().endswith(f"channel {ch}: absmax {b:.3g} → {a:.3g}.")  # named without a mark
+    assert eff.channel_note(len(eff.before)) == ""
+    edges, before, after = eff.curves()
+    assert len(edges) == len(before) + 1 == len(after) + 1 and np.all(np.diff(edges) > 0)
+    # the outlier's bin (the top one before) is empty after: its absmax is spread over the others
+    top = int(np.searchsorted(edges, eff.before.max(), side="right")) - 1
+    top = min(top, len(before) - 1)
+    assert before[top] > 0 and after[top] == 0
+    assert np.all(after[edges[:-1] > eff.after.max()] == 0)  # nothing above the rotated largest
