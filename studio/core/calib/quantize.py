@@ -42,10 +42,12 @@ from studio.core.calib.imatrix import imatrix_from_stats
 from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunInfo, RunSpec, run_model
 from studio.core.calib.spool import TensorSpool
 from studio.core.export.run import _resolve_plan, check_exportable, export_gguf
+from studio.core.export.source_copy import StoredSource, copied_note, stored_source
 from studio.core.gguf import writer
 from studio.core.gguf.arch import Transform, apply_transform, head_counts, permute_rows
 from studio.core.gguf.layout import layout
 from studio.core.jobs import JobContext, JobSpan, null_context
+from studio.core.model.gguf_source import unpermute_rows
 from studio.core.model.rotate import Rotation
 from studio.core.plan.job_estimate import check_fits, estimate_calibrated
 from studio.core.quant.gptq import FactorCache, GptqOptions, HessianError
@@ -181,8 +183,13 @@ class MethodConsumer(Consumer):
         ctx: JobContext | None = None,
         read: Callable[[str], Any] | None = None,
         executor: Any = None,
+        stored: StoredSource | None = None,
     ) -> None:
         self.plan = plan
+        self.stored = (
+            stored  # the GGUF a converted folder came from: its tensors stored in their planned type
+        )
+        self.copied = 0
         self.executor = executor  # a distributed one rounds a layer's tensors as units (cluster.quantize)
         self.read = read  # checkpoint name -> torch tensor (the output head's weight)
         self._hess_layers: set[int | None] = set()
@@ -404,6 +411,9 @@ class MethodConsumer(Consumer):
             if hess is not None:
                 hess = self._rescaled(hess, s)
         stats = SiteStats(site.name, st.tokens if st else 0, imx, hess, self.options.gptq, self._factors)
+        copy = None if (s is not None or touched) else self._stored_copy(site, tm, qtype, w)
+        if copy is not None:
+            rounded = copy
         enc, used = rounded if rounded is not None else self._round(method, w, stats, qtype)
         if view is not None:
             new = torch.from_numpy(dequantize(enc.data, qtype, tuple(w.shape)))
@@ -416,6 +426,31 @@ class MethodConsumer(Consumer):
             )
         self.spool.put(site.name, data, qtype)
         return TensorReport(site.name, qtype, used, time.monotonic() - t0, enc.error, enc.rtn_error)
+
+    def _stored_copy(self, site: LinearSite, tm: Any, qtype: str, w: Any) -> tuple[Encoded, str] | None:
+        """The source GGUF's bytes of this tensor (rows in the checkpoint's order) when it stores it as
+        ``qtype`` with exactly the values ``w`` holds: rounding them again would only add error."""
+        if self.stored is None or self.stored.candidate(tm.gguf_name, qtype, tuple(tm.shape)) is None:
+            return None
+        heads = 0
+        if tm.transform in (Transform.PERMUTE_Q, Transform.PERMUTE_K):
+            n_head, n_kv = head_counts(self.config)
+            heads = n_head if tm.transform is Transform.PERMUTE_Q else n_kv
+
+        def blocks() -> Any:  # the values in the file's row order, a slab at a time
+            if heads:
+                yield permute_rows(w.float().cpu().numpy(), heads)
+                return
+            for a in range(0, int(w.shape[0]), _SLAB_ROWS):
+                yield w[a : a + _SLAB_ROWS].float().cpu().numpy()
+
+        raw = self.stored.copy_of(tm.gguf_name, qtype, tuple(tm.shape), blocks())
+        if raw is None:
+            return None
+        if heads:  # ``_site`` permutes the rows into the file's order again
+            raw = unpermute_rows(raw, heads)
+        self.copied += 1
+        return Encoded(raw, qtype, 0.0, None, ()), "copy"
 
     def _rescaled(self, hess: Any, s: Any) -> Any:
         """``hess / (s sᵀ)``, one tensor for the linears that share the Hessian and AWQ's scales."""
@@ -584,6 +619,7 @@ def export_calibrated(
                 calib,
                 ckpt.read_torch,
                 executor,
+                None if rotation is not None else stored_source(info.path),
             )
             collector.hessian_for = consumer.needs_hessian
             collector.wants_head = consumer.wants_head
@@ -597,6 +633,8 @@ def export_calibrated(
                 mode="layerwise",
             )
             warnings += consumer.warnings
+            if consumer.copied and consumer.stored is not None:
+                warnings.append(copied_note(consumer.copied, consumer.stored))
             ctx.check_cancelled()
             res = export_gguf(
                 info.path,

@@ -25,6 +25,7 @@ from studio.core.errors import ExportError, QuantizationError
 from studio.core.export.converter import export_converted
 from studio.core.export.imatrix import imatrix_for
 from studio.core.export.requantize import requantize_gguf
+from studio.core.export.source_copy import copied_note, stored_source
 from studio.core.gguf.arch import Layout, Transform, apply_transform, head_counts
 from studio.core.gguf.layout import layout
 from studio.core.gguf.metadata import extra_tensors
@@ -348,7 +349,9 @@ def _export_studio(
     items = _items(plan, lay, extras)
     total = sum(it.nbytes for it in items)
     check_output_path(out, inputs=inputs, need_bytes=total)
-    done = 0
+    done = copied = 0
+    # a folder converted from a GGUF: tensors stored in their planned type are copied (llama-quantize's rule)
+    stored = None if float_only else stored_source(info.path)
     ctx.report(0, total, "Writing metadata")
     with AtomicGGUFWriter(out, lay.arch) as w:
         n_params = sum(math.prod(it.shape) for it in items)
@@ -362,6 +365,13 @@ def _export_studio(
                 w.write_tensor_chunks(it.name, [np.asarray(it.data, dtype=np.float32)])
             elif pre is not None and it.tm.hf_name in pre:
                 w.write_tensor_chunks(it.name, [_precomputed(pre, it)])
+            elif (
+                stored is not None
+                and (raw := stored.copy_of(it.name, it.qtype, it.shape, _row_chunks(ckpt, it, info.config)))
+                is not None
+            ):
+                w.write_tensor_chunks(it.name, [raw])
+                copied += 1
             else:
                 qw = _imatrix_for(imatrix, it)
                 w.write_tensor_chunks(it.name, _encoded_chunks(ckpt, it, info, device, qw, ctx))
@@ -370,7 +380,13 @@ def _export_studio(
         ctx.check_cancelled()
         ctx.report(total, total, "Validating")
         w.commit(validate=validate)
-    return {"types": {it.name: it.qtype for it in items}, "tensor_bytes": total, "tokenizer": tok}
+    notes = [copied_note(copied, stored)] if copied and stored is not None else []
+    return {
+        "types": {it.name: it.qtype for it in items},
+        "tensor_bytes": total,
+        "tokenizer": tok,
+        "notes": notes,
+    }
 
 
 def _export_converted(
