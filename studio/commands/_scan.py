@@ -21,6 +21,7 @@ from studio.core.calib.sensitivity import (
     Sensitivity,
     measure_plans,
 )
+from studio.core.calib.stored_types import with_stored_copies
 from studio.core.errors import StudioError
 from studio.core.model.rotate import RotatedCheckpoint, rotation_from, rotation_of
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
@@ -182,7 +183,16 @@ def for_rounding(
 ) -> tuple[Any, str]:
     """(the scan as the export's rounding will see it, a note): for gptq and awq+gptq each decoder tensor's
     KL is scaled by GPTQ's output error over the imatrix search's for its type, measured on a sample of
-    layers (``studio.core.calib.rounding``); other methods keep the scan as measured."""
+    layers (``studio.core.calib.rounding``); other methods keep the scan as measured. A GGUF original's
+    stored types cost no error where the export copies them (``studio.core.calib.stored_types``)."""
+    scan, note = _for_gptq(args, info, scan, text, method, ctx)
+    scan, copied = with_stored_copies(scan, info.path, method)
+    return scan, " ".join(n for n in (note, copied) if n)
+
+
+def _for_gptq(
+    args: argparse.Namespace, info: Any, scan: Any, text: Any, method: str, ctx: Any
+) -> tuple[Any, str]:
     if method not in GPTQ_METHODS:
         return scan, ""
     ctx.report(0, 1, "Measuring GPTQ's rounding on a sample of layers")

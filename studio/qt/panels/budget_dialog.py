@@ -59,6 +59,7 @@ from studio.core.calib.pipeline import calibrate_then_scan
 from studio.core.calib.scan_settings import default_types
 from studio.core.calib.sensitivity import ScanSettings, measure_plans
 from studio.core.calib.sensitivity_map import ranked_tensors, sensitivity_grid
+from studio.core.calib.stored_types import with_stored_copies
 from studio.core.cluster import open_executor
 from studio.core.errors import StudioError
 from studio.core.evaluate.last_word import LastWordCheck, last_word_of_plan
@@ -653,13 +654,15 @@ class BudgetDialog(JobPanel, QDialog):
         if self.scan is None:
             return
         self._plan_timer.stop()
-        info, scan, imatrix, ex = self._planned_info(), self.scan, self.imatrix, self._exclude()
+        info, measured, imatrix, ex = self._planned_info(), self.scan, self.imatrix, self._exclude()
         known = self._preset_plans
-        cands = tuple(q for q in scan.types if q not in ex)
+        cands = tuple(q for q in measured.types if q not in ex)
         typed = self.budget_edit.text().strip()
 
         def work(ctx: JobContext) -> Planned:
             front = presets = None
+            # a GGUF original's stored types are free where the export copies them (as the CLI plans)
+            scan, copied = with_stored_copies(measured, info.path, "imatrix")
             if with_front:
                 front = pareto_front(
                     info, scan, candidates=cands, exclude=ex, imatrix=imatrix, method="imatrix"
@@ -685,8 +688,9 @@ class BudgetDialog(JobPanel, QDialog):
                     note = UNGUARDED_NOTE
             except StudioError as err:
                 return Planned(budget, front, presets, None, str(err), pres)
-            if note:
-                a = dataclasses.replace(a, notes=(*a.notes, note))
+            notes = tuple(n for n in (note, copied) if n)
+            if notes:
+                a = dataclasses.replace(a, notes=(*a.notes, *notes))
             return Planned(budget, front, presets, a, "", pres)
 
         set_status(self.status, "Planning …")

@@ -115,3 +115,65 @@ def test_a_value_that_differs_or_a_changed_source_gets_no_copy(born, tmp_path):
     finally:
         with open(src, "r+b") as f:
             f.truncate(src.stat().st_size - 1)
+
+
+def _scan_of(src: Path, kl: float = 0.1):
+    """A scan of ``src``'s quantized tensors with Q4_K and Q8_0 candidates at KL ``kl`` each."""
+    from studio.core.gguf.read import read_gguf
+    from studio.core.plan.scan import Sensitivity, TensorSensitivity, TypeCost
+    from studio.core.quant.types import tensor_bytes
+
+    tensors = []
+    for t in read_gguf(src).tensors:
+        if t.type_name in ("F32", "F16"):
+            continue
+        by = {q: TypeCost(q, kl, tensor_bytes(q, t.shape), q, True) for q in ("Q4_K", "Q8_0")}
+        tensors.append(TensorSensitivity(t.name, t.name, "", 0, int(np.prod(t.shape)), by))
+    return Sensitivity("m", "text", "exact", "imatrix", ("Q4_K", "Q8_0"), 64, tuple(tensors))
+
+
+def test_the_plan_counts_a_stored_type_as_free_only_where_the_export_copies(born, llama_model):
+    import dataclasses
+
+    from studio.core.calib.stored_types import with_stored_copies
+
+    src, folder = born
+    scan = _scan_of(src)
+    stored = {n: q for n, (q, _) in _tensors(src).items()}
+    planned, note = with_stored_copies(scan, folder, "imatrix")
+    free = [t.gguf_name for t in planned.tensors if t.by_type["Q4_K"].kl == 0.0]
+    assert free == [t.gguf_name for t in scan.tensors if stored[t.gguf_name] == "Q4_K"] and free
+    assert all(t.by_type["Q8_0"].kl == 0.1 for t in planned.tensors)  # not its stored type: as measured
+    assert note.startswith(f"{len(free)} tensor(s) cost no error at their stored type in {src.name}")
+    assert with_stored_copies(scan, folder, "gptq")[1]  # GPTQ leaves a tensor's values as they are too
+    for args in ((scan, folder, "awq+gptq"), (dataclasses.replace(scan, rotation=3), folder, "imatrix")):
+        assert with_stored_copies(*args) == (args[0], "")  # AWQ's scales and rotations change the values
+    assert with_stored_copies(scan, llama_model, "imatrix") == (scan, "")  # not a converted folder
+
+
+def test_plan_of_a_converted_folder_says_which_types_are_free(born, tmp_path, capsys, monkeypatch):
+    import json
+
+    from studio.cli import main
+    from studio.core.factory import sample_text
+
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "calib.txt"
+    text.write_text(sample_text(), encoding="utf-8")
+    src, folder = born
+    scan = ["--types", "Q4_K,Q8_0", "--exact", "--scan-ctx", "32", "--scan-chunks", "2"]
+    scan += ["--calib-ctx", "64", "--calib-chunks", "4"]
+    budget = str(src.stat().st_size + 200_000)
+    argv = [
+        "plan",
+        str(folder),
+        "--budget",
+        budget,
+        "-o",
+        str(tmp_path / "p.json"),
+        "--calib-text",
+        str(text),
+    ]
+    assert main([*argv, *scan, "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert any("cost no error at their stored type in born-q4km.gguf" in n for n in p["notes"])
