@@ -10,6 +10,7 @@ returns an exit code. A ``StudioError`` becomes one line on stderr and exit stat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -82,6 +83,20 @@ def _on_stop_signals() -> dict[int, object]:
     return {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
 
 
+def _end_helpers() -> None:
+    """End the process-wide helper children a stopped command leaves: the chat-template child (a calibration
+    text of chats renders in it) and multiprocessing's resource tracker, waited for, so that none outlives
+    the command, not even as an unreaped zombie."""
+    worker = sys.modules.get("studio.core.chat.template_worker")
+    if worker is not None:
+        worker.stop_worker()
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    stop = getattr(getattr(tracker, "_resource_tracker", None), "_stop", None)
+    if callable(stop):
+        with contextlib.suppress(Exception):  # a private helper of CPython's: best effort
+            stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     parser = build_parser()
@@ -107,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as err:
         # by now every context manager on the way out has ended its children and removed its partials
+        _end_helpers()
         sig = str(err) if isinstance(err, Stopped) else "SIGINT"
         print(
             f"error: {sig}: {args.command} was stopped; its child processes and partial files were removed.",

@@ -21,7 +21,7 @@ def split(args: argparse.Namespace, info: Any, ctx: Any) -> tuple[Any, Any, str]
     calibration text, else the calibration text less its held-out end (None with ``--no-heldout``, or when
     the text is too short to spare a quarter). The note ("" when there is nothing to say) tells how much of
     the calibration is the user's own text and why there is no held-out judgement when that is so."""
-    # awq+gptq calibrates on the user's text followed by the built-in text unless --calib-only
+    # gptq and awq+gptq calibrate on the user's text followed by the built-in text unless --calib-only
     method = check_method(getattr(args, "method", None) or "imatrix")
     own = getattr(args, "calib_text", None)
     src = calibration_sources(own, method, own_only=bool(getattr(args, "calib_only", False)))

@@ -25,7 +25,7 @@ def add_heldout_args(p: argparse.ArgumentParser) -> None:
         "--calib-only",
         action="store_true",
         help=(
-            "awq+gptq (best): calibrate on --calib-text alone (default: your text followed by the built-in "
+            "gptq, awq+gptq (best): calibrate on --calib-text alone (default: your text followed by the built-in "
             "mix of prose, chats, code and languages, which held better on other kinds of text)"
         ),
     )

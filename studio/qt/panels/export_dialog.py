@@ -255,12 +255,12 @@ class ExportDialog(JobPanel, QDialog):
         self.calib_edit = widgets.line_edit(self, "Built-in calibration text (prose, chats, code, languages)")
         self.calib_browse = widgets.button("Browse…", self, self.browse_calibration)
         calib_row = widgets.path_row(self.calib_edit, self.calib_browse)
-        self.calib_mix_check = QCheckBox("Add the built-in text after mine (awq+gptq)", self)
+        self.calib_mix_check = QCheckBox("Add the built-in text after mine (gptq, awq+gptq)", self)
         self.calib_mix_check.setChecked(True)
         self.calib_mix_check.setToolTip(
             "GPTQ fits the text it is shown: your text followed by the built-in mix of prose, chats, code and "
             "languages held better on other kinds of text (on the demo, 0.39× llama.cpp's KL on Python code "
-            "against 0.53× on licence prose alone)"
+            "against 0.53× on licence prose alone; on the 1.5B bench model GPTQ 1.30× against 1.66×)"
         )
         self.chunks_spin = widgets.spin_box(
             self,
@@ -758,7 +758,7 @@ class ExportDialog(JobPanel, QDialog):
         calibrated = self.method != "rtn"
         for w in (self.calib_edit, self.calib_browse, self.chunks_spin):
             w.setEnabled(calibrated and not running)
-        # only awq+gptq mixes, and only a text of the user's has anything to add the built-in text to
+        # only gptq and awq+gptq mix, and only a text of the user's has anything to add the built-in text to
         self.calib_mix_check.setEnabled(
             self.method in MIXED_METHODS and bool(self.calib_edit.text().strip()) and not running
         )

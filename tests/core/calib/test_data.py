@@ -154,6 +154,8 @@ def test_a_mix_drops_the_bos_a_later_part_would_start_with(llama_model, tmp_path
 def test_best_calibrates_on_the_users_text_then_the_builtin_one():
     assert calibration_sources("mine.txt", "awq+gptq") == ["mine.txt", BUILTIN]
     assert calibration_sources("mine.txt", "awq+gptq", own_only=True) == "mine.txt"
+    assert calibration_sources("mine.txt", "gptq") == ["mine.txt", BUILTIN]  # GPTQ fits what it is shown
+    assert calibration_sources("mine.txt", "gptq", own_only=True) == "mine.txt"
     assert calibration_sources("mine.txt", "imatrix") == "mine.txt"  # the plan gained nothing from the mix
     assert calibration_sources(None, "awq+gptq") == BUILTIN
     assert calibration_sources(BUILTIN, "awq+gptq") == BUILTIN

@@ -98,7 +98,9 @@ def test_best_adds_the_builtin_text_after_the_users_unless_unticked(
     dlg.set_calibration(calib_file, chunks=2)
     assert dlg.calib_mix_check.isEnabled() and dlg.calib_mix_check.isChecked()
     assert dlg.calibration_sources == [str(calib_file), "builtin"]
-    dlg.set_method("gptq")  # only awq+gptq mixes
+    dlg.set_method("gptq")  # GPTQ fits what it is shown: it mixes too
+    assert dlg.calib_mix_check.isEnabled() and dlg.calibration_sources == [str(calib_file), "builtin"]
+    dlg.set_method("imatrix")  # the imatrix's plan gained nothing from the mix
     assert not dlg.calib_mix_check.isEnabled() and dlg.calibration_sources == str(calib_file)
     dlg.set_method("awq+gptq")
     out = tmp_path / "tiny-best.gguf"
