@@ -8,10 +8,8 @@ from __future__ import annotations
 import pytest
 
 from studio.core.model import open_model
-from studio.qt.jobs import JobManager, JobState
-from studio.qt.panels.budget_dialog import BudgetDialog
-from studio.qt.panels.export_dialog import CURRENT_PLAN, ExportDialog
-from studio.qt.state import StudioState
+from studio.qt.jobs import JobState
+from studio.qt.panels.export_dialog import CURRENT_PLAN
 from tests.llama_verdict import stub_llama_kl
 from tests.scan_data import synthetic_scan
 
@@ -20,16 +18,8 @@ TIMEOUT_MS = 120_000
 
 
 @pytest.fixture
-def dialogs(qtbot, tiny_models):
-    state, jobs = StudioState(), JobManager()
-    ckpt = open_model(tiny_models("llama"))
-    state.set_checkpoint(ckpt)
-    budget, export = BudgetDialog(state, jobs), ExportDialog(state, jobs)
-    qtbot.addWidget(budget)
-    qtbot.addWidget(export)
-    yield state, budget, export
-    jobs.shutdown(5000)
-    ckpt.close()
+def dialogs(open_budget_export):
+    return open_budget_export("llama")
 
 
 def _use_budget_plan(qtbot, state, budget):

@@ -11,7 +11,7 @@ from studio.core.model import open_model
 from studio.qt.jobs import JobManager
 from studio.qt.panels import budget_dialog
 from studio.qt.panels.budget_dialog import BudgetDialog
-from studio.qt.panels.export_dialog import CURRENT_PLAN, ExportDialog
+from studio.qt.panels.export_dialog import CURRENT_PLAN
 from studio.qt.state import StudioState
 from tests.llama_verdict import stub_llama_kl
 
@@ -19,19 +19,11 @@ TIMEOUT_MS = 120_000
 
 
 @pytest.fixture
-def dialogs(qtbot, tiny_models, tmp_path, monkeypatch):
+def dialogs(open_budget_export, tmp_path, monkeypatch):
     monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
     # two candidate types keep the real scan short
     monkeypatch.setattr(budget_dialog, "default_types", lambda config: ("Q4_0", "Q8_0"))
-    state, jobs = StudioState(), JobManager()
-    ckpt = open_model(tiny_models("qwen2"))  # tied: the rotation unties its head
-    state.set_checkpoint(ckpt)
-    budget, export = BudgetDialog(state, jobs), ExportDialog(state, jobs)
-    qtbot.addWidget(budget)
-    qtbot.addWidget(export)
-    yield state, budget, export
-    jobs.shutdown(5000)
-    ckpt.close()
+    return open_budget_export("qwen2")  # tied: the rotation unties its head
 
 
 def test_a_rotated_budget_plan_is_scanned_planned_and_written_rotated(dialogs, qtbot, tmp_path, monkeypatch):
