@@ -48,6 +48,7 @@ from studio.core.quant.gptq import (
     gptq_start,
     inverse_factor,
     output_error,
+    working_hessian,
 )
 from studio.core.quant.types import QK_K
 
@@ -378,7 +379,7 @@ def gptq_lattice(
     dev = w.device
     h_in = h  # the caller's object: the key of a shared factor
     st = gptq_start(w, h, qtype, QK_K)
-    w0, h, W, H, n_dead = st.w0, st.h, st.W, st.H, st.n_dead
+    w0, h, W, dead, n_dead = st.w0, st.h, st.W, st.dead, st.n_dead
     template = iquants.quantize_rows(w0.cpu().numpy(), qtype, imatrix)
     codes0 = unpack(template, qtype, n)
     nbl = n // QK_K
@@ -387,7 +388,8 @@ def gptq_lattice(
     dneg0 = None if codes0.dneg is None else torch.tensor(codes0.dneg.reshape(rows, ng), device=dev)
 
     arrival = opt.scales == "arrival"
-    energy = torch.diagonal(H).reshape(ng, 8).sum(1)
+    energy = st.diag.reshape(ng, 8).sum(1)
+    del st
     if opt.act_order and arrival:  # super-blocks by decreasing energy, then their sign groups
         sb_order = torch.argsort(energy.reshape(nbl, G).sum(1), descending=True)
         within = torch.argsort(energy.reshape(nbl, G)[sb_order], dim=1, descending=True)
@@ -398,11 +400,11 @@ def gptq_lattice(
         gorder = torch.arange(ng, device=dev)
     perm = (gorder[:, None] * 8 + torch.arange(8, device=dev)[None, :]).reshape(-1)
     W = W[:, perm]
-    H = H[perm][:, perm]
     damp = max(opt.damp, LATTICE_DAMP) if qtype in _DAMPED else opt.damp
     how = ("lattice", opt.act_order, arrival)  # the column order depends on these and on H alone
-    hinv, lam, tries = inverse_factor(h_in, H, damp, opt.damp_mode, how, factors)
-    del H
+    hinv, lam, tries = inverse_factor(
+        h_in, lambda: working_hessian(h, dead, perm), damp, opt.damp_mode, how, factors
+    )
     search = _Searcher(qtype, dev)
     npts = 8 // search.dim
     idx_out = torch.zeros((rows, ng, npts), dtype=torch.long, device=dev)
