@@ -20,7 +20,8 @@ def test_gptq_export_refused_when_the_estimate_exceeds_free_ram(llama_model, tmp
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
 
 
-def test_estimate_at_llama_8b_widths_is_bounded_and_names_the_layer():
+def test_estimate_at_llama_8b_widths_is_bounded_and_names_the_layer(monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_SPOOL_HIDDEN", "0")  # the states in RAM: counted whole
     cfg = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
            "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
     gptq = estimate_calibrated(cfg, 128, 2, hessian=True, head=True)
@@ -30,6 +31,9 @@ def test_estimate_at_llama_8b_widths_is_bounded_and_names_the_layer():
     more = estimate_calibrated(cfg, 512, 128, hessian=True, head=True)
     assert more.peak_bytes - gptq.peak_bytes == 2 * (512 * 128 - 256) * 4096 * 4  # the hidden states, twice
     assert estimate_calibrated(cfg, 128, 2, hessian=True, head=True, device="cuda").peak_bytes < 1e9
+    monkeypatch.delenv("QUANT_STUDIO_SPOOL_HIDDEN")  # by default a CPU run spools 128 × 512 to disk
+    spooled = estimate_calibrated(cfg, 512, 128, hessian=True, head=True)
+    assert spooled.peak_bytes - gptq.peak_bytes == 2 * (512 - 256) * 4096 * 4 and spooled.peak_bytes < 6e9
 
 
 def _refusal(capsys) -> tuple[str, str]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from studio.core import hardware
 from studio.core.calib.data import Chunks
+from studio.core.calib.hidden_spool import HiddenSpool, spool_states
 from studio.core.chat import hf_backend
 from studio.core.chat.hf_backend import resolve_dtype
 from studio.core.errors import CalibrationError
@@ -134,7 +135,8 @@ class LayerView:
         self._root = root
         self._names = names or {}
         self._args = args
-        self.inputs = tuple(inputs)  # the hidden states (1 × tokens × hidden) that entered, per chunk
+        # the hidden states (1 × tokens × hidden) that entered, per chunk (a spool stays on disk)
+        self.inputs = inputs if isinstance(inputs, HiddenSpool) else tuple(inputs)
         self.changed = False
 
     def forward(self, hidden: Any) -> Any:
@@ -863,12 +865,12 @@ def _check_memory(
 
 
 def _capture_inputs(
-    sk: _Skeleton, chunks: Chunks, dev: str, prog: RunMeter, ctx: JobContext, cost: float
-) -> tuple[list[Any], list[tuple[tuple[Any, ...], dict[str, Any]]]]:
+    sk: _Skeleton, chunks: Chunks, dev: str, prog: RunMeter, ctx: JobContext, cost: float, spool: bool
+) -> tuple[Any, list[tuple[tuple[Any, ...], dict[str, Any]]]]:
     import torch
 
     n = len(sk.layers)
-    states: list[Any] = []
+    states: Any = HiddenSpool() if spool else []
     layer_args: list[tuple[tuple[Any, ...], dict[str, Any]] | None] = [None] * n
 
     def recorder(i: int) -> Callable[..., Any]:
@@ -989,8 +991,19 @@ def _run_layerwise(
     hooks = _Hooks(sk.model, consumers, chunk_ref)
     recomputed: list[int] = []
     peak = 0
+    # the hidden states of all chunks, twice (a layer's inputs and outputs): on disk when they are large
+    spool = dt == torch.float32 and spool_states(dev, chunks.n_chunks, chunks.n_ctx, hidden)
+
+    def fresh() -> Any:
+        return HiddenSpool() if spool else []
+
+    def drop(x: Any) -> None:
+        if isinstance(x, HiddenSpool):
+            x.close()
+
+    states: Any = []
     try:
-        states, layer_args = _capture_inputs(sk, chunks, dev, prog, ctx, embed_cost)
+        states, layer_args = _capture_inputs(sk, chunks, dev, prog, ctx, embed_cost, spool)
         if not keep_outer:
             mat.unload([p for p in outer if p not in head_paths])
         for i, layer in enumerate(sk.layers):
@@ -1002,7 +1015,7 @@ def _run_layerwise(
                 rest, kwargs = layer_args[i]
                 lsites = spec.sites_of(i)
                 hooks.add(lsites)
-                outs = []
+                outs = fresh()
                 for c in range(chunks.n_chunks):
                     ctx.check_cancelled()
                     chunk_ref[0] = c
@@ -1025,7 +1038,8 @@ def _run_layerwise(
                 prog.settle(lsites)
                 if view.changed:
                     recomputed.append(i)
-                    outs = []
+                    drop(outs)
+                    outs = fresh()
                     for c in range(chunks.n_chunks):
                         ctx.check_cancelled()
                         out = layer(states[c], *rest, **kwargs)
@@ -1038,6 +1052,7 @@ def _run_layerwise(
                     _check_finite(h, f"The output of layer {i} on chunk {c + 1}")
                     for cons in consumers:
                         cons.layer_output(i, c, h)
+                drop(states)
                 states = outs
             except torch.OutOfMemoryError:
                 raise _oom_error(dev, f"layer {i}") from None
@@ -1062,6 +1077,7 @@ def _run_layerwise(
                 mat.unload([p for p in outer if p not in skip])
     finally:
         hooks.remove()
+        drop(states)
     for c in consumers:
         c.finish()
     prog.settle(spec.sites)

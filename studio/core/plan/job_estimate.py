@@ -10,6 +10,7 @@ above the free RAM into one sentence with what would fit, before anything starts
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,15 @@ from studio.core.errors import CalibrationError, EvaluationError
 from studio.core.quant.methods import method_info
 from studio.core.units import format_bytes
 
-__all__ = ["JobEstimate", "check_fits", "check_whole_fits", "estimate_calibrated", "estimate_whole"]
+__all__ = [
+    "SPOOL_ABOVE",
+    "JobEstimate",
+    "check_fits",
+    "check_whole_fits",
+    "estimate_calibrated",
+    "estimate_whole",
+    "spool_states",
+]
 
 BASE_BYTES = 900 * 1024**2  # torch, transformers and the tokenizer, imported (measured: 0.8-0.9 GB)
 _F32 = 4
@@ -25,6 +34,19 @@ _F64 = 8  # Hessians are summed in float64
 _GPTQ_COPIES = 4  # a GPTQ slab's working copies (weights, codes, errors, scales)
 _SLAB_ROWS = 16384  # as studio.core.calib.quantize rounds tall matrices
 _CPU_MACS_PER_S = 2.0e10  # multiply-adds per second a desktop CPU sustains in float32 (rough)
+
+
+SPOOL_ABOVE = 512 * 1024**2
+"""Bytes of hidden states (one set, all chunks) above which a CPU run spools them to disk."""
+
+
+def spool_states(device: str, n_chunks: int, n_ctx: int, hidden: int) -> bool:
+    """Whether a run on ``device`` keeps its hidden states in a ``studio.core.calib.hidden_spool.HiddenSpool`` (a CPU run whose float32
+    states take more than ``SPOOL_ABOVE``; ``QUANT_STUDIO_SPOOL_HIDDEN=1``/``0`` forces it on or off)."""
+    forced = os.environ.get("QUANT_STUDIO_SPOOL_HIDDEN", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return device == "cpu" and n_chunks * n_ctx * hidden * 4 > SPOOL_ABOVE
 
 
 @dataclass(frozen=True)
@@ -73,14 +95,23 @@ def estimate_calibrated(
     mats = [(heads * head_dim, hidden), (kv * head_dim, hidden), (kv * head_dim, hidden)]
     mats += [(hidden, heads * head_dim), (ffn, hidden), (ffn, hidden), (hidden, ffn)]
     layer_params = sum(r * c for r, c in mats)
-    states = 2 * tokens * hidden * _F32
     gpu = device.startswith("cuda")
+    # the hidden states of all chunks, twice (a layer's inputs and outputs), or one chunk of each when
+    # the run spools them to disk (studio.core.calib.hidden_spool)
+    spooled = spool_states("cpu" if not gpu and device != "mps" else device, n_chunks, n_ctx, hidden)
+    states = 2 * (n_ctx if spooled else tokens) * hidden * _F32
     embed = vocab * hidden * _F32
     layer = layer_params * _F32
     if hessian:
-        layer += (3 * hidden * hidden + ffn * ffn) * _F64  # one per distinct input (q/k/v, o, gate/up, down)
-        layer += ffn * ffn * _F64  # the inverse factor of the widest input
-        layer += _GPTQ_COPIES * max(min(r, _SLAB_ROWS) * c for r, c in mats) * _F32
+        # the layer's Hessians, one per distinct input (q/k/v, o, gate/up, down): summed in float64 while
+        # the chunks run, then float32 while GPTQ rounds beside the widest input's working copy (its
+        # inverse factor is made in that copy's buffer) plus a transient one, and the sweep's copies;
+        # at 8B widths this measured 5.18 GB peak RSS (estimate 5.37 GB) for one layer on 2 × 128 tokens
+        pairs = 3 * hidden * hidden + ffn * ffn
+        collect = pairs * _F64
+        rounding = pairs * _F32 + 2 * ffn * ffn * _F32
+        rounding += _GPTQ_COPIES * max(min(r, _SLAB_ROWS) * c for r, c in mats) * _F32
+        layer += max(collect, rounding)
     head_b = embed + n_ctx * vocab * _F32 if head else 0
     if head and hessian:
         head_b += hidden * hidden * _F64 + _GPTQ_COPIES * _SLAB_ROWS * hidden * _F32
