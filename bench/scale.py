@@ -154,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--converter", type=Path, default=Path("/work/llama.cpp/convert_hf_to_gguf.py"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--device", default="cpu", help="where the studio's calibrated paths run (cpu, cuda, mps)"
+    )
+    ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp's tools out (no build at hand)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args(argv)
     paths = [p.strip() for p in a.paths.split(",") if p.strip()]
@@ -161,11 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown paths: {', '.join(unknown)}")
     a.work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(a.threads)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": str(a.threads),
+    }
     cli = [sys.executable, "-m", "studio.cli"]
     model, work, ctx, n = str(a.model), a.work, a.calib_ctx, a.calib_chunks
     text = _calib_text(work, ctx, n)
-    calib = ["--calib-text", str(text), "--calib-ctx", str(ctx), "--calib-chunks", str(n)]
+    dev = ["--device", a.device]
+    calib = ["--calib-text", str(text), "--calib-ctx", str(ctx), "--calib-chunks", str(n), *dev]
     scan_ctx = ["--scan-ctx", str(min(128, ctx)), "--no-cache"]  # the scan's chunks fit the calibration's
     q4 = work / "studio-Q4_K_M.gguf"
     llama_q4 = work / "llama-Q4_K_M.gguf"
@@ -180,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             err = eta_error(r)
             rows[-1].eta_error_pct = None if err is None else round(err, 1)
         print(f"{name}: {r.seconds:.1f} s, {r.peak / 1e9:.2f} GB, rc {r.rc}", file=sys.stderr, flush=True)
+        if a.json:  # after every path, so a run stopped partway keeps what it measured
+            a.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
         return r
 
     def beside(tool: str, runs: list[Run]) -> None:
@@ -193,19 +204,20 @@ def main(argv: list[str] | None = None) -> int:
     thr = ["-t", str(a.threads)]
     if "inspect" in paths:
         studio("inspect", ["inspect", model])
-    if "export" in paths or "best" in paths or "eval" in paths:
+    if "export" in paths or (("best" in paths or "eval" in paths) and not q4.is_file()):
         studio("export", ["export", model, "-o", str(q4), "--preset", "Q4_K_M"])
+    if ("export" in paths or "best" in paths or "eval" in paths) and not a.no_llama:
         conv = run([sys.executable, str(a.converter), model, "--outtype", "bf16", "--outfile", str(bf16)], env,
                    work / "llama-convert.log")  # fmt: skip
         quant = run([str(lb / "llama-quantize"), str(bf16), str(llama_q4), "Q4_K_M", str(a.threads)], env,
                     work / "llama-quantize.log")  # fmt: skip
         beside(f"convert {conv.seconds:.0f} s + llama-quantize {quant.seconds:.0f} s", [conv, quant])
-        if "export" not in paths:
-            rows.pop()
+    if "export" not in paths:  # made only as best's budget and eval's variant
+        rows[:] = [r for r in rows if r.path != "export"]
     if "calibrate" in paths:
         studio("calibrate", ["calibrate", model, "-o", str(work / "studio-imatrix.gguf"), "--text", str(text),
-                             "--ctx", str(ctx), "--chunks", str(n)])  # fmt: skip
-        if bf16.is_file():
+                             "--ctx", str(ctx), "--chunks", str(n), *dev])  # fmt: skip
+        if bf16.is_file() and not a.no_llama:
             imx = [
                 str(lb / "llama-imatrix"),
                 "-m",
@@ -233,13 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                         "--method", "best", *calib, *scan_ctx])  # fmt: skip
     if "eval" in paths and q4.is_file():
         studio("eval", ["eval", "--original", model, "--variant", str(q4), "--text", str(text), "--ctx", str(ctx),
-                        "--chunks", str(n)])  # fmt: skip
-        if llama_q4.is_file():
+                        "--chunks", str(n), *dev])  # fmt: skip
+        if llama_q4.is_file() and not a.no_llama:
             ppl = [str(lb / "llama-perplexity"), "-m", str(llama_q4), "-f", str(text), "-c", str(ctx)]
             beside("llama-perplexity (variant only)", [run([*ppl, "--chunks", str(n), *thr], env,
                                                            work / "llama-perplexity.log")])  # fmt: skip
 
-    print(f"\n{a.model.name}: calibration {n} chunks of {ctx} tokens, {a.threads} threads\n")
+    print(
+        f"\n{a.model.name}: calibration {n} chunks of {ctx} tokens, {a.threads} threads, device {a.device}\n"
+    )
     print(
         "| path | seconds | peak RSS | ETA error after layer 1 | llama.cpp | its seconds | its peak | time ratio | dominated by |"
     )

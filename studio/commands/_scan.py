@@ -44,9 +44,11 @@ def scanned_info(ck: Any, args: argparse.Namespace) -> Any:
     return ck.info if rotation is None else RotatedCheckpoint(ck, rotation).info
 
 
-def settings_of(args: argparse.Namespace, device: str = "cpu", info: Any = None) -> Any:
+def settings_of(args: argparse.Namespace, device: str | None = None, info: Any = None) -> Any:
     """The ``ScanSettings`` the arguments describe (without ``--types``: the default menu for ``info``'s
-    model, which leaves out the ternary and 1-2-bit types unless it was trained for them)."""
+    model, which leaves out the ternary and 1-2-bit types unless it was trained for them); the device is
+    ``--device``'s unless ``device`` names one."""
+    device = device or getattr(args, "device", None) or "cpu"
     return ScanSettings(
         types=_types(args.types) or default_types(getattr(info, "config", None)),
         exact=bool(args.exact),
@@ -69,6 +71,7 @@ def calibration(args: argparse.Namespace, info: Any, ctx: Any, text: Any = None)
         calib_chunks=args.calib_chunks,
         ctx=ctx,
         cache=not args.no_cache,
+        device=settings_of(args, info=info).device,
     )[0]
 
 

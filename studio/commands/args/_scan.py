@@ -31,6 +31,12 @@ def add_scan_args(p: argparse.ArgumentParser, *, calib_text: bool = True) -> Non
             metavar="N",
             help="use the first N chunks (default all)",
         )
+        p.add_argument(
+            "--device",
+            default="cpu",
+            choices=("cpu", "cuda", "mps"),
+            help="where the calibration and the scan run (default cpu)",
+        )
     p.add_argument(
         "--types",
         metavar="T,T,...",

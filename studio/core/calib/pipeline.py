@@ -41,9 +41,10 @@ def scan_imatrix(
     calib_chunks: int | None,
     ctx: JobContext,
     cache: bool = True,
+    device: str = "cpu",
 ) -> tuple[Any, bool]:
     """(the imatrix of ``text`` for ``info``'s model, whether it had to calibrate): the cached one when
-    there is one, else calibrated now on the CPU in float32 and stored (``cache=False``: neither).
+    there is one, else calibrated now on ``device`` in float32 and stored (``cache=False``: neither).
     ``text``: ``"builtin"``, a file, or a ``CalibrationText`` (e.g. a text less its held-out end)."""
     if isinstance(text, CalibrationText):
         data = text
@@ -62,7 +63,7 @@ def scan_imatrix(
         data,
         n_ctx=calib_ctx,
         n_chunks=calib_chunks,
-        device="cpu",
+        device=device,
         dtype="float32",
         histogram=False,
         ctx=ctx,
@@ -98,6 +99,7 @@ def calibrate_then_scan(
             calib_chunks=settings.calib_chunks,
             ctx=ctx,
             cache=cache,
+            device=settings.device,
         )
     scan = scan_sensitivity(
         info.path,
