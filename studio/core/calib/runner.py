@@ -865,7 +865,7 @@ def _check_memory(
 
 
 def _capture_inputs(
-    sk: _Skeleton, chunks: Chunks, dev: str, prog: RunMeter, ctx: JobContext, cost: float, spool: bool
+    sk: _Skeleton, chunks: Chunks, dev: str, prog: RunMeter, ctx: JobContext, cost: float, spool: bool = False
 ) -> tuple[Any, list[tuple[tuple[Any, ...], dict[str, Any]]]]:
     import torch
 
