@@ -49,6 +49,7 @@ class _Stream:
     delta: Any = None  # torch (C, T, H), float16 (float32 where float16 would overflow)
     head: Any = None  # the head's weight for this stream (tied embedding or output quantized), or None
     plan: Mapping[str, str] | None = None
+    head_q: str | None = None  # the output head's type, its weight made only while its KLs are measured
 
 
 def _pack(delta: Any) -> Any:
@@ -338,35 +339,62 @@ class SensitivityScan(Consumer):
         fast = head_w is not None and head_is_linear(hh, head_w, ref)
         wb = head_w.detach().to(torch.bfloat16) if fast else None
         out = next((t for t in self.targets.values() if t.kind == "output"), None)
-        if out is not None and head_w is not None:
-            rows = rows_of(head_w, None)
-            for q in self._wanted(out.name):
-                self.ctx.check_cancelled()
-                d, self.err[(out.name, q)] = self._quantized(out.name, rows, q, True)
-                new = torch.from_numpy(d).reshape(head_w.shape).to(head_w.dtype)
-                if q in self.exact.get(out.name, ()):
-                    self._streams.append(_Stream(("t", out.name, q), None, new))
-                for s in self._streams:
-                    if s.plan is not None and s.plan.get(out.name) == q:
-                        s.head = new
-            self._errors_only(out.name, rows)
+        wanted = self._wanted(out.name) if out is not None and head_w is not None else ()
+        for q in wanted:
+            if q in self.exact.get(out.name, ()):
+                self._streams.append(_Stream(("t", out.name, q), None, None, head_q=q))
+            for s in self._streams:
+                if s.plan is not None and s.plan.get(out.name) == q:
+                    s.head_q = q
         # the original's distribution once, in float32; m = pᵀW gives each stream's mean logit change
         # Σ_v p_v δ_v = m·(ĥ' − ĥ) without a pass over the vocabulary
         p = torch.softmax(ref.float(), -1).reshape(-1, ref.shape[-1])
         mvec = (p @ head_w.detach().float()) if fast else None
+        env = (p, mvec, wb, head_w, hh, ref, fast, outer)
         streams = list(self._streams)
+        self._measure(streams, hidden, hh, env, lambda s: s.head_q is None)
+        # one quantized output head at a time (vocabulary × hidden in float32: 0.93 GB at Qwen2.5's 151,936
+        # rows), each type's streams measured while it is held; before, every type's head was made first
+        has_out = out is not None and head_w is not None
+        rows = rows_of(head_w, None) if has_out else None
+        for q in wanted:
+            self.ctx.check_cancelled()
+            d, self.err[(out.name, q)] = self._quantized(out.name, rows, q, True)
+            mine = [s for s in streams if s.head_q == q]
+            if not mine:
+                continue
+            new = torch.from_numpy(d).reshape(head_w.shape).to(head_w.dtype)
+            del d
+            for s in mine:
+                s.head = new
+            self._measure(mine, hidden, hh, env, lambda s: True)
+            for s in mine:
+                s.head = None
+            del new
+        if has_out:
+            self._errors_only(out.name, rows)
+        self._streams.clear()
+        self._ref.clear()
+
+    def _measure(
+        self, streams: list[_Stream], hidden: Any, hh: Any, env: tuple[Any, ...], which: Any
+    ) -> None:
+        """The KL of each of ``streams`` that ``which`` picks, against the original, in groups."""
+        outer = env[-1]
+        ref = env[5]
+        streams = [s for s in streams if which(s)]
         for a in range(0, len(streams), _HEAD_GROUP):
             self.ctx.check_cancelled()
             group = streams[a : a + _HEAD_GROUP]
             moved = [s for s in group if s.delta is not None]
             h2s = {}
             if moved:  # the final norm of every moved stream of the group in one call
-                x = torch.cat([hidden + s.delta.to(hidden.dtype) for s in moved], 0)
+                x = torch_cat([hidden + s.delta.to(hidden.dtype) for s in moved])
                 for s, h2 in zip(moved, outer.head_input(x).split(int(hidden.shape[0])), strict=True):
                     h2s[id(s)] = h2
             for s in group:
                 self.ctx.check_cancelled()
-                h2f, env = h2s.get(id(s), hh), (p, mvec, wb, head_w, hh, ref, fast, outer)
+                h2f = h2s.get(id(s), hh)
                 n_chunks = int(ref.shape[0])
                 if s.key[0] == "t":
                     kl = self._kl_between(s, h2f, 0, n_chunks, env)  # float64 already where float32 failed
@@ -384,8 +412,6 @@ class SensitivityScan(Consumer):
                             for a0, a1 in zip(ends, ends[1:], strict=False)
                         )
                 self._step(1, "output head")
-        self._streams.clear()
-        self._ref.clear()
 
 
 def _each_weight(view: LayerView, site: LinearSite, weights: Sequence[Any], h_in: Any) -> list[Any]:
