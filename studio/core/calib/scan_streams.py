@@ -339,7 +339,8 @@ class SensitivityScan(Consumer):
         fast = head_w is not None and head_is_linear(hh, head_w, ref)
         wb = head_w.detach().to(torch.bfloat16) if fast else None
         out = next((t for t in self.targets.values() if t.kind == "output"), None)
-        wanted = self._wanted(out.name) if out is not None and head_w is not None else ()
+        has_out = out is not None and head_w is not None
+        wanted = self._wanted(out.name) if has_out else ()
         for q in wanted:
             if q in self.exact.get(out.name, ()):
                 self._streams.append(_Stream(("t", out.name, q), None, None, head_q=q))
@@ -352,10 +353,9 @@ class SensitivityScan(Consumer):
         mvec = (p @ head_w.detach().float()) if fast else None
         env = (p, mvec, wb, head_w, hh, ref, fast, outer)
         streams = list(self._streams)
-        self._measure(streams, hidden, hh, env, lambda s: s.head_q is None)
+        self._measure([s for s in streams if s.head_q is None], hidden, hh, env)
         # one quantized output head at a time (vocabulary × hidden in float32: 0.93 GB at Qwen2.5's 151,936
         # rows), each type's streams measured while it is held; before, every type's head was made first
-        has_out = out is not None and head_w is not None
         rows = rows_of(head_w, None) if has_out else None
         for q in wanted:
             self.ctx.check_cancelled()
@@ -367,7 +367,7 @@ class SensitivityScan(Consumer):
             del d
             for s in mine:
                 s.head = new
-            self._measure(mine, hidden, hh, env, lambda s: True)
+            self._measure(mine, hidden, hh, env)
             for s in mine:
                 s.head = None
             del new
@@ -376,13 +376,10 @@ class SensitivityScan(Consumer):
         self._streams.clear()
         self._ref.clear()
 
-    def _measure(
-        self, streams: list[_Stream], hidden: Any, hh: Any, env: tuple[Any, ...], which: Any
-    ) -> None:
-        """The KL of each of ``streams`` that ``which`` picks, against the original, in groups."""
+    def _measure(self, streams: list[_Stream], hidden: Any, hh: Any, env: tuple[Any, ...]) -> None:
+        """The KL of each of ``streams`` against the original, in groups."""
         outer = env[-1]
         ref = env[5]
-        streams = [s for s in streams if which(s)]
         for a in range(0, len(streams), _HEAD_GROUP):
             self.ctx.check_cancelled()
             group = streams[a : a + _HEAD_GROUP]
