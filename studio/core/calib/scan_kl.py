@@ -34,6 +34,13 @@ def kl_from_delta(p: Any, delta: Any, shift: Any = None, *, owned: bool = False)
     memory traffic). ``owned``: ``delta`` is a scratch float32 tensor that may be overwritten. NaN when
     the KL is not finite even in float64 (a δ that holds NaN or Inf).
     """
+    rows = kl_rows(p, delta, shift, owned=owned)
+    return float("nan") if rows is None else float(rows.mean())
+
+
+def kl_rows(p: Any, delta: Any, shift: Any = None, *, owned: bool = False) -> Any:
+    """The KL of each position (float64, clamped at 0) as in ``kl_from_delta``; None when one is not finite
+    even in float64. Positions are independent, so a caller may measure a long run block by block."""
     import torch
 
     v = p.shape[-1]
@@ -49,16 +56,21 @@ def kl_from_delta(p: Any, delta: Any, shift: Any = None, *, owned: bool = False)
         # a change beyond float32's exp range (or not finite): the float64 form, decided before the
         # in-place exp below overwrites d (which may be the caller's ``delta``); KL does not change
         # when a constant is taken from δ per position, so the centred d is as good as δ
-        return _kl_float64(p, d)
+        return _kl_float64_rows(p, d)
     r = dot(d)
     s = dot(d.expm1_())
     kl = torch.log1p(s.double()) - r.double()
     if not bool(torch.isfinite(kl).all()):  # log1p(s ≤ −1) by rounding: d is spent, the caller marks it
-        return float("nan")
-    return float(kl.clamp_min(0).mean())
+        return None
+    return kl.clamp_min(0)
 
 
 def _kl_float64(p: Any, delta: Any) -> float:
+    rows = _kl_float64_rows(p, delta)
+    return float("nan") if rows is None else float(rows.mean())
+
+
+def _kl_float64_rows(p: Any, delta: Any) -> Any:
     import torch
 
     d = delta.double().reshape(-1, p.shape[-1])
@@ -67,14 +79,21 @@ def _kl_float64(p: Any, delta: Any) -> float:
     lse = torch.log((pd * torch.exp(d - m)).sum(-1)) + m.squeeze(-1)
     kl = lse - (pd * d).sum(-1)
     if not bool(torch.isfinite(kl).all()):
-        return float("nan")  # clamp_min would turn a NaN into 0: the caller marks the candidate instead
-    return float(kl.clamp_min(0).mean())
+        return None  # clamp_min would turn a NaN into 0: the caller marks the candidate instead
+    return kl.clamp_min(0)
 
 
 def head_is_linear(hh: Any, w: Any, ref: Any) -> bool:
-    """Whether the logits are ``ĥ Wᵀ`` (no soft-capping, no scaling), so that δ = W(ĥ' − ĥ) holds."""
+    """Whether the logits are ``ĥ Wᵀ`` (no soft-capping, no scaling), so that δ = W(ĥ' − ĥ) holds
+    (``hh``: chunks × tokens × hidden; ``ref``: the logits, one tensor or one per chunk; compared a chunk
+    at a time, so that no second vocabulary-wide copy of every chunk is made)."""
     import torch
 
-    z = hh.float() @ w.float().T
-    scale = float(ref.abs().amax()) or 1.0
-    return bool(torch.allclose(z, ref.float(), atol=1e-4 * scale, rtol=1e-4))
+    chunks = list(ref) if isinstance(ref, (list, tuple)) else list(ref.unbind(0))
+    scale = max((float(r.abs().amax()) for r in chunks), default=0.0) or 1.0
+    wf = w.float()
+    for h, r in zip(hh, chunks, strict=True):
+        z = h.float() @ wf.T
+        if not torch.allclose(z, r.float(), atol=1e-4 * scale, rtol=1e-4):
+            return False
+    return True

@@ -225,3 +225,39 @@ def test_the_head_phase_holds_one_quantized_output_head_at_a_time(
     for t in scan.tensors:
         for q, c in t.by_type.items():
             assert c.kl == before.tensor(t.name).cost(q).kl, (t.name, q)
+
+
+def test_the_head_measures_a_block_of_chunks_at_a_time_with_the_same_kls(
+    llama_model, calib_text, untied_scan, monkeypatch
+):
+    """The head's vocabulary-wide temporaries (the logits, the distribution, each stream's δ) are one block
+    of chunks', not the whole run's: the 1.5B bench model's held-out judgement (2,304 positions × 151,936
+    logits, 1.4 GB a copy) held five such copies at once and took its budget export to 12.25 GB. Measured a
+    chunk at a time, every KL is the one measured in one block, and the logits are not kept once the
+    distribution is made (a linear head needs only p and pᵀW)."""
+    from studio.core.calib import scan_streams
+
+    im, before = untied_scan
+    monkeypatch.setattr(scan_streams, "_HEAD_BLOCK", 1)  # one chunk per block
+    positions: list[int] = []
+    envs: list = []
+    real_rows, real_env = scan_streams.kl_rows, scan_streams.SensitivityScan._head_env
+
+    def spy_rows(p, delta, shift=None, *, owned=False):
+        positions.append(int(p.shape[0]))
+        return real_rows(p, delta, shift, owned=owned)
+
+    def spy_env(self, outer, hidden):
+        env = real_env(self, outer, hidden)
+        envs.append((env, len(self._ref)))
+        return env
+
+    monkeypatch.setattr(scan_streams, "kl_rows", spy_rows)
+    monkeypatch.setattr(scan_streams.SensitivityScan, "_head_env", spy_env)
+    scan = scan_sensitivity(llama_model, calib_text, SETTINGS, imatrix=im, cache_dir=None)
+    assert positions and set(positions) == {SETTINGS.n_ctx}, sorted(set(positions))  # before: n_chunks × n_ctx
+    (env, kept), = envs
+    assert env.fast and env.ref is None and kept == 0 and len(env.blocks) == SETTINGS.n_chunks
+    for t in scan.tensors:
+        for q, c in t.by_type.items():
+            assert c.kl == pytest.approx(before.tensor(t.name).cost(q).kl, rel=1e-9, abs=1e-12), (t.name, q)
