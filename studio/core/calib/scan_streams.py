@@ -50,7 +50,9 @@ class _Stream:
     delta: Any = None  # torch (C, T, H), float16 (float32 where float16 would overflow)
     head: Any = None  # the head's weight for this stream (tied embedding or output quantized), or None
     plan: Mapping[str, str] | None = None
-    head_q: str | None = None  # the output head's type, its weight made only while its KLs are measured
+    # the quantized head this stream is measured with, (tensor, qtype): the output head, or a tied embedding;
+    # its weight is made only while the streams that share it are measured
+    head_q: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -237,12 +239,15 @@ class SensitivityScan(Consumer):
             deq, self.err[(emb.name, q)] = self._quantized(emb.name, rows, q, True)
             new = torch.from_numpy(deq).reshape(p.shape).to(device=p.device, dtype=p.dtype)
             delta = _pack(outer.embed(ids, {outer.embedding: new}) - h0)
-            head = new if outer.tied else None
+            del new
+            # a tied head is this quantized embedding: made again at the head (the same bytes), not held
+            # through the run (vocabulary × hidden in float32 per type: 0.93 GB at Qwen2.5's 151,936 rows)
+            head = (emb.name, q) if outer.tied else None
             if q in self.exact.get(emb.name, ()):
-                self._streams.append(_Stream(("t", emb.name, q), delta, head))
+                self._streams.append(_Stream(("t", emb.name, q), delta, head_q=head))
             for s in plan_streams:
                 if s.plan.get(emb.name) == q:
-                    s.delta, s.head = delta, head
+                    s.delta, s.head_q = delta, head
             self._step(1, f"token embedding at {q}")
         self._errors_only(emb.name, rows)
 
@@ -398,22 +403,26 @@ class SensitivityScan(Consumer):
         wanted = self._wanted(out.name) if has_out else ()
         for q in wanted:
             if q in self.exact.get(out.name, ()):
-                self._streams.append(_Stream(("t", out.name, q), None, None, head_q=q))
+                self._streams.append(_Stream(("t", out.name, q), None, head_q=(out.name, q)))
             for s in self._streams:
                 if s.plan is not None and s.plan.get(out.name) == q:
-                    s.head_q = q
+                    s.head_q = (out.name, q)
         streams = list(self._streams)
         self._measure([s for s in streams if s.head_q is None], hidden, env)
-        # one quantized output head at a time (vocabulary × hidden in float32: 0.93 GB at Qwen2.5's 151,936
-        # rows), each type's streams measured while it is held; before, every type's head was made first
-        rows = rows_of(head_w, None) if has_out else None
-        for q in wanted:
+        # one quantized head at a time (vocabulary × hidden in float32: 0.93 GB at Qwen2.5's 151,936 rows),
+        # each type's streams measured while it is held; before, every type's head was made first (and a
+        # tied embedding's were held from the start of the run)
+        rows = rows_of(head_w, None) if head_w is not None else None
+        heads = [(out.name, q) for q in wanted] if has_out else []
+        heads += [k for k in dict.fromkeys(s.head_q for s in streams) if k is not None and k not in heads]
+        for name, q in heads:
             self.ctx.check_cancelled()
-            d, self.err[(out.name, q)] = self._quantized(out.name, rows, q, True)
-            mine = [s for s in streams if s.head_q == q]
+            d, err = self._quantized(name, rows, q, True)
+            self.err[(name, q)] = err
+            mine = [s for s in streams if s.head_q == (name, q)]
             if not mine:
                 continue
-            new = torch.from_numpy(d).reshape(head_w.shape).to(head_w.dtype)
+            new = torch.from_numpy(d).reshape(head_w.shape).to(device=head_w.device, dtype=head_w.dtype)
             del d
             for s in mine:
                 s.head = new

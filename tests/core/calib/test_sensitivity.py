@@ -261,3 +261,32 @@ def test_the_head_measures_a_block_of_chunks_at_a_time_with_the_same_kls(
     for t in scan.tensors:
         for q, c in t.by_type.items():
             assert c.kl == pytest.approx(before.tensor(t.name).cost(q).kl, rel=1e-9, abs=1e-12), (t.name, q)
+
+
+def test_a_tied_embeddings_quantized_heads_are_made_at_the_head_not_held_through_the_layers(
+    tied_model, calib_text, monkeypatch
+):
+    """A tied model's embedding streams (and the plans' streams) are measured through the quantized
+    embedding as their head; that head (vocabulary × hidden in float32, 0.93 GB a type at Qwen2.5's
+    vocabulary) is made again at the head, one type at a time, instead of being held from the first layer
+    on (before: one per embedding type, through every layer). The KL is still transformers' own."""
+    from studio.core.calib import scan_streams
+
+    im = _imatrix(tied_model, calib_text)
+    held: list[int] = []
+    real = scan_streams.SensitivityScan.layer_collected
+
+    def spy(self, view):
+        held.append(sum(1 for s in self._streams if s.head is not None))
+        return real(self, view)
+
+    monkeypatch.setattr(scan_streams.SensitivityScan, "layer_collected", spy)
+    emb = "model.embed_tokens.weight"
+    settings = dataclasses.replace(SETTINGS, types=("Q4_0", "Q8_0"))
+    scan = scan_sensitivity(tied_model, calib_text, settings, imatrix=im, cache_dir=None)
+    assert held and max(held) == 0, held  # before: 2 (one per embedding type) at every layer
+    want = _brute_force_kl(tied_model, calib_text, im, emb, "Q4_0")
+    assert scan.tensor(emb).cost("Q4_0").kl == pytest.approx(want, rel=0.01)
+    assert 0 < scan.tensor(emb).cost("Q8_0").kl < scan.tensor(emb).cost("Q4_0").kl
+    (kl,) = measure_plans(tied_model, [{emb: "Q4_0"}], calib_text, settings, imatrix=im)
+    assert kl == pytest.approx(scan.tensor(emb).cost("Q4_0").kl, rel=1e-6)  # a plan's stream: the same head
