@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 
 from studio.core.units import format_eta
 
-__all__ = ["WorkMeter"]
+__all__ = ["ETA_MIN_SHARE", "WorkMeter"]
+
+ETA_MIN_SHARE = 0.002
+"""Share of a job's cost done before its ETA is shown."""
 
 
 @dataclass
@@ -45,8 +48,9 @@ class WorkMeter:
         return min(1.0, self.done / self.total) if self.total > 0 else 1.0
 
     def eta(self) -> float | None:
-        """Seconds left at the rate so far; None before any work is done."""
-        if self.done <= 0:
+        """Seconds left at the rate so far; None before ``ETA_MIN_SHARE`` of the work is done (the first
+        steps, e.g. the embeddings' lookups, carry start-up time a rate would multiply: "ETA 19 h")."""
+        if self.done <= 0 or self.done < ETA_MIN_SHARE * self.total:
             return None
         return (self.clock() - self.t0) * max(0.0, self.total - self.done) / self.done
 

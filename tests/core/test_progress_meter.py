@@ -68,3 +68,17 @@ def test_settle_counts_work_a_consumer_did_not_report():
     meter.plan([_Sweeper()], _spec(sites, meter), forward=512.0 * 2)
     meter.settle(sites[:1])
     assert meter.meter.done == 512.0 and meter.meter.fraction == 0.25
+
+
+def test_no_eta_before_a_share_of_the_work_is_done():
+    """The first steps (the embeddings' lookups, which carry the start-up) give no rate to multiply: the line
+    said "ETA 19 h" for a 10-minute export. The ETA shows once ETA_MIN_SHARE of the cost is done."""
+    from studio.core.progress import ETA_MIN_SHARE
+
+    clock = Clock()
+    m = WorkMeter(1e6, clock)
+    clock.t += 5.0
+    m.add(ETA_MIN_SHARE * 1e6 / 4)
+    assert m.eta() is None and m.line("embeddings: chunk 1/2") == "embeddings: chunk 1/2 · ETA ?"
+    m.add(ETA_MIN_SHARE * 1e6)
+    assert m.eta() is not None and m.eta() > 0

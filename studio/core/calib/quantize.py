@@ -208,6 +208,7 @@ class MethodConsumer(Consumer):
         # gate/up), so the linears that read it do not factor the same matrix again
         self._scaled: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
         self._factors = FactorCache()
+        self._now = ""  # what the meter says is running (a slab's progress line repeats it)
         head = next((t for t in layout.tensors if t.gguf_name == "output.weight"), None)
         self.head_name = head.hf_name if head is not None else None
         self.wants_head = bool(
@@ -277,6 +278,7 @@ class MethodConsumer(Consumer):
         for s in sites:
             self.ctx.check_cancelled()
             what = f"layer {view.index + 1}/{n}: {self.plan.method_of(s.name)} {s.name}"
+            self._now = what
             if meter is not None:
                 meter.note(what)
             w = view.weight(s)
@@ -313,6 +315,7 @@ class MethodConsumer(Consumer):
             w = w.to(h[0].device)
         meter = self.spec.meter
         what = f"output head: {self.plan.method_of(site.name)} {site.name}"
+        self._now = what
         if meter is not None:
             meter.note(what)
         rep = self._site(site, w, h, None, False, None)
@@ -477,11 +480,21 @@ class MethodConsumer(Consumer):
         if rows <= _SLAB_ROWS:
             return self._round_slab(method, w, stats, qtype)
         parts, used = [], method.name
-        for a in range(0, rows, _SLAB_ROWS):
+        starts = range(0, rows, _SLAB_ROWS)
+        site = next((x for x in self.spec.sites if x.name == stats.name), None) if self.spec else None
+        meter = self.spec.meter if self.spec else None
+        for k, a in enumerate(starts):
             self.ctx.check_cancelled()
             enc, u = self._round_slab(method, w[a : a + _SLAB_ROWS].float().contiguous(), stats, qtype)
             parts.append(enc)
             used = u if u != method.name else used
+            if meter is not None and site is not None:  # the bar and the ETA move slab by slab
+                meter.site_part(
+                    self,
+                    site,
+                    len(starts) - k,
+                    f"{self._now}: rows {a + len(enc.data):,} of {rows:,}",
+                )
         errs = [e.error for e in parts]
         rtns = [e.rtn_error for e in parts]
         return Encoded(

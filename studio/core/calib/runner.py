@@ -456,6 +456,15 @@ class RunMeter:
         """``consumer``'s work on ``site`` is done."""
         self.step(self._work.pop((id(consumer), site.name), 0.0), msg)
 
+    def site_part(self, consumer: Consumer, site: LinearSite, left: int, msg: str) -> None:
+        """One more part of ``consumer``'s work on ``site`` is done, ``left`` parts (this one included) having
+        been to do: a tall matrix rounded in slabs moves the bar slab by slab, not once at its end."""
+        key = (id(consumer), site.name)
+        w = self._work.get(key, 0.0)
+        part = w / max(1, left)
+        self._work[key] = w - part
+        self.step(part, msg)
+
     def settle(self, sites: Sequence[LinearSite]) -> None:
         """Count the work on ``sites`` that consumers did not mark as done themselves."""
         names = {s.name for s in sites}

@@ -255,8 +255,10 @@ def test_the_head_measures_a_block_of_chunks_at_a_time_with_the_same_kls(
     monkeypatch.setattr(scan_streams, "kl_rows", spy_rows)
     monkeypatch.setattr(scan_streams.SensitivityScan, "_head_env", spy_env)
     scan = scan_sensitivity(llama_model, calib_text, SETTINGS, imatrix=im, cache_dir=None)
-    assert positions and set(positions) == {SETTINGS.n_ctx}, sorted(set(positions))  # before: n_chunks × n_ctx
-    (env, kept), = envs
+    assert positions and set(positions) == {SETTINGS.n_ctx}, sorted(
+        set(positions)
+    )  # before: n_chunks × n_ctx
+    ((env, kept),) = envs
     assert env.fast and env.ref is None and kept == 0 and len(env.blocks) == SETTINGS.n_chunks
     for t in scan.tensors:
         for q, c in t.by_type.items():

@@ -56,3 +56,26 @@ def test_a_layers_inverse_factors_are_released_before_the_next_layer_is_collecte
     monkeypatch.setattr(quantize.MethodConsumer, "layer_collected", spy)
     export_calibrated(llama_model, tmp_path / "o.gguf", plan, text=text, n_ctx=64, n_chunks=3, device="cpu")
     assert made and after and all(a == (0, 0) for a in after), after
+
+
+def test_a_tall_matrix_moves_the_bar_slab_by_slab(llama_model, tmp_path, monkeypatch):
+    """The output head rounded in slabs reports each slab (its rows so far, the bar moving), instead of one
+    step at its end: at 8B widths GPTQ of the head took 4 min with the line stuck at "ETA 1 min 39 s"."""
+    from studio.core.jobs import JobContext
+
+    text = tmp_path / "calib.txt"
+    text.write_text(sample_text() * 2, encoding="utf-8")
+    info = open_model(llama_model).info
+    plan = with_method(plan_from_preset(info, "Q4_K_M", imatrix=True), info, "gptq")
+    seen: list[tuple[int, str]] = []
+    ctx = JobContext(on_progress=lambda d, t, m: seen.append((d, m)), min_interval=0.0)
+    monkeypatch.setattr(quantize, "_SLAB_ROWS", 40)
+    export_calibrated(
+        llama_model, tmp_path / "o.gguf", plan, text=text, n_ctx=64, n_chunks=3, device="cpu", ctx=ctx
+    )
+    head = [(d, m) for d, m in seen if m.startswith("output head: gptq lm_head.weight: rows")]
+    rows = int(info.config["vocab_size"])
+    assert len(head) == -(-rows // 40), head  # one line per slab
+    assert "rows 40 of" in head[0][1] and f"rows {rows:,} of {rows:,}" in head[-1][1]
+    done = [d for d, _ in head]
+    assert done == sorted(done) and done[-1] > done[0], done  # the bar moves through the head
