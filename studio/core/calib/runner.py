@@ -216,6 +216,24 @@ def swapped_param(p: Any, value: Any) -> Iterator[None]:
         p.data = orig
 
 
+@contextlib.contextmanager
+def _without_embedding(sk: _Skeleton, device: str) -> Iterator[None]:
+    """The model's forward with its input embedding skipped while that is not loaded (an untied model's
+    head pass: layer 0's stand-in replaces its output anyway)."""
+    import torch
+
+    emb = sk.model.get_input_embeddings()
+    if emb is None or getattr(emb, "weight", None) is None or emb.weight.device.type != "meta":
+        yield
+        return
+    width, dt = int(emb.weight.shape[-1]), emb.weight.dtype
+    emb.forward = lambda ids, *_a, **_k: torch.zeros((*ids.shape, width), dtype=dt, device=device)
+    try:
+        yield
+    finally:
+        emb.__dict__.pop("forward", None)
+
+
 class OuterView:
     """The model outside its decoder layers during a layer-wise run: the embeddings and, when the run
     has a head, the final norm and output head. Consumers reach it as ``spec.outer``.
@@ -298,7 +316,8 @@ class OuterView:
             layer.forward = first if i == 0 else identity
         try:
             ids = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self._device)
-            sk.model(input_ids=ids, use_cache=False)
+            with _without_embedding(sk, self._device):
+                sk.model(input_ids=ids, use_cache=False)
         except _Stop:
             pass
         finally:
@@ -343,7 +362,8 @@ class OuterView:
             layer.forward = first if i == 0 else identity
         try:
             ids = torch.zeros(hidden.shape[:2], dtype=torch.long, device=self._device)
-            out = sk.model(input_ids=ids, use_cache=False)
+            with _without_embedding(sk, self._device):
+                out = sk.model(input_ids=ids, use_cache=False)
             return out.logits.float()
         finally:
             head_mod._parameters["weight"], b = saved
@@ -949,7 +969,11 @@ def _run_layerwise(
         raise SkeletonError("the checkpoint has no output head")
     # The embeddings and the head (each vocabulary × hidden in float32: 2.1 GB at Llama 3's vocabulary)
     # are held only while a pass uses them, unless a consumer reaches them through ``spec.outer``.
-    keep_outer = bool(sk.tied_head) or any(c.uses_outer for c in consumers)
+    # A consumer that reaches them (the scan) uses the embeddings at its start and the head at its finish,
+    # not in between: an untied model's are loaded for those ends only (4.2 GB at Llama 3's vocabulary)
+    keep_outer = bool(sk.tied_head)
+    late = not keep_outer and any(c.uses_outer for c in consumers)
+    tail: list[str] = []  # the head pass's tensors, unloaded after the consumers' finish when ``late``
     head_paths = [p for p in outer if head_prefix and p.startswith(head_prefix)]
 
     def load_outer(paths: Sequence[str]) -> None:
@@ -1082,13 +1106,19 @@ def _run_layerwise(
             finally:
                 if skip:
                     emb.__dict__.pop("forward", None)
-            if not keep_outer:
+            if late:
+                tail = [p for p in outer if p not in skip]
+            elif not keep_outer:
                 mat.unload([p for p in outer if p not in skip])
     finally:
         hooks.remove()
         drop(states)
-    for c in consumers:
-        c.finish()
+    try:
+        for c in consumers:
+            c.finish()
+    finally:
+        if tail:
+            mat.unload(tail)
     prog.settle(spec.sites)
     prog.note("done")
     return RunInfo(
