@@ -53,6 +53,7 @@ class _Stream:
     # the quantized head this stream is measured with, (tensor, qtype): the output head, or a tied embedding;
     # its weight is made only while the streams that share it are measured
     head_q: tuple[str, str] | None = None
+    head_dw: Any = None  # a linear head's (Ŵ − W) in bfloat16, made once per type (then ``head`` is not kept)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,18 @@ class _HeadEnv:
     n_chunks: int
     n_tok: int
     blocks: tuple[tuple[int, int], ...]  # chunk ranges measured at once
+
+
+def _bf16_difference(new: Any, old: Any) -> Any:
+    """``(new − old)`` in bfloat16, a block of rows at a time: the float32 difference of a whole head is
+    another 2.1 GB at Llama 3's vocabulary (the same values: each element is rounded once either way)."""
+    import torch
+
+    out = torch.empty(new.shape, dtype=torch.bfloat16, device=new.device)
+    per = max(1, _HEAD_BLOCK // max(1, int(new.shape[-1])))
+    for a in range(0, int(new.shape[0]), per):
+        out[a : a + per] = (new[a : a + per] - old[a : a + per]).to(torch.bfloat16)
+    return out
 
 
 def _pack(delta: Any) -> Any:
@@ -321,11 +334,11 @@ class SensitivityScan(Consumer):
         run's (2,304 held-out and scan positions × 151,936 float32 logits are 1.4 GB each)."""
         import torch
 
-        if s.delta is None and s.head is None:
+        if s.delta is None and s.head is None and s.head_dw is None:
             return torch.zeros(env.n_chunks * env.n_tok, dtype=torch.float64)
-        dw = None
-        if env.fast and s.head is not None:
-            dw = (s.head - env.head_w).to(torch.bfloat16)  # once per stream, not once per block
+        dw = s.head_dw
+        if env.fast and dw is None and s.head is not None:
+            dw = _bf16_difference(s.head, env.head_w)  # once per stream, not once per block
         parts = []
         for c0, c1 in env.blocks:
             rows = slice(c0 * env.n_tok, c1 * env.n_tok)
@@ -424,12 +437,15 @@ class SensitivityScan(Consumer):
                 continue
             new = torch.from_numpy(d).reshape(head_w.shape).to(device=head_w.device, dtype=head_w.dtype)
             del d
+            dw = None
+            if env.fast:  # the streams need only (Ŵ − W) in bfloat16: made once, and the head let go
+                dw, new = _bf16_difference(new, head_w), None
             for s in mine:
-                s.head = new
+                s.head, s.head_dw = new, dw
             self._measure(mine, hidden, env)
             for s in mine:
-                s.head = None
-            del new
+                s.head, s.head_dw = None, None
+            del new, dw
         if has_out:
             self._errors_only(out.name, rows)
         self._streams.clear()
