@@ -85,14 +85,13 @@ def _kl_float64_rows(p: Any, delta: Any) -> Any:
 
 def head_is_linear(hh: Any, w: Any, ref: Any) -> bool:
     """Whether the logits are ``ĥ Wᵀ`` (no soft-capping, no scaling), so that δ = W(ĥ' − ĥ) holds
-    (``hh``: chunks × tokens × hidden; ``ref``: the logits, one tensor or one per chunk; compared a chunk
-    at a time, so that no second vocabulary-wide copy of every chunk is made)."""
+    (``hh``: chunks × tokens × hidden; ``ref``: the logits of each chunk; compared a chunk at a time, so
+    that no second vocabulary-wide copy of every chunk is made)."""
     import torch
 
-    chunks = list(ref) if isinstance(ref, (list, tuple)) else list(ref.unbind(0))
-    scale = max((float(r.abs().amax()) for r in chunks), default=0.0) or 1.0
+    scale = max((float(r.abs().amax()) for r in ref), default=0.0) or 1.0
     wf = w.float()
-    for h, r in zip(hh, chunks, strict=True):
+    for h, r in zip(hh, ref, strict=True):
         z = h.float() @ wf.T
         if not torch.allclose(z, r.float(), atol=1e-4 * scale, rtol=1e-4):
             return False

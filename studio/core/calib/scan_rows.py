@@ -31,9 +31,10 @@ def from_rows(rows: np.ndarray, like: Any, site: LinearSite | None) -> Any:
 _BLOCK_VALUES = 1 << 24
 
 
-def _blocks(rows: np.ndarray) -> range:
-    """Starts of the blocks of rows measured at once."""
-    return range(0, rows.shape[0], max(1, _BLOCK_VALUES // max(1, rows.shape[1])))
+def _blocks(rows: np.ndarray) -> list[slice]:
+    """The blocks of rows measured at once."""
+    per = max(1, _BLOCK_VALUES // max(1, rows.shape[1]))
+    return [slice(a, a + per) for a in range(0, rows.shape[0], per)]
 
 
 def quantize_rows(rows: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.ndarray:
@@ -42,29 +43,26 @@ def quantize_rows(rows: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.nda
     from studio.core.quant.blocks import dequantize, quantize
 
     out = np.empty(rows.shape, dtype=np.float32)
-    per = max(1, _BLOCK_VALUES // max(1, rows.shape[1]))
-    for a in _blocks(rows):
-        part = rows[a : a + per]
-        out[a : a + per] = dequantize(
-            quantize(part, qtype, qw if qtype != "Q8_0" else None), qtype, part.shape
-        )
+    for b in _blocks(rows):
+        part = rows[b]
+        out[b] = dequantize(quantize(part, qtype, qw if qtype != "Q8_0" else None), qtype, part.shape)
     return out
 
 
 def weighted_error(rows: np.ndarray, deq: np.ndarray, qw: np.ndarray | None) -> float:
     """``Σ_j qw_j Σ_i (rows − deq)²_ij`` (unweighted without ``qw``), summed a block of rows at a time: the
     float64 differences of a whole output head were 4.2 GB at Llama 3's 128,256 × 4096."""
-    per = max(1, _BLOCK_VALUES // max(1, rows.shape[1]))
     col = None
-    for a in _blocks(rows):
-        d = np.empty((min(per, rows.shape[0] - a) + (col is not None), rows.shape[1]), dtype=np.float64)
+    for b in _blocks(rows):
+        part = rows[b]
+        d = np.empty((part.shape[0] + (col is not None), rows.shape[1]), dtype=np.float64)
         # the running sum as the block's first row: numpy sums axis 0 row after row, so the columns are
         # summed in the order of one whole-matrix sum (the same float64 bits)
         if col is not None:
             d[0] = col
         x = d[col is not None :]
-        x[:] = rows[a : a + per]
-        x -= deq[a : a + per]
+        x[:] = part
+        x -= deq[b]
         x *= x
         col = d.sum(0)
     if col is None:

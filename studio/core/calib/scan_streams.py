@@ -336,9 +336,7 @@ class SensitivityScan(Consumer):
 
         if s.delta is None and s.head is None and s.head_dw is None:
             return torch.zeros(env.n_chunks * env.n_tok, dtype=torch.float64)
-        dw = s.head_dw
-        if env.fast and dw is None and s.head is not None:
-            dw = _bf16_difference(s.head, env.head_w)  # once per stream, not once per block
+        dw = s.head_dw  # a linear head's change, made once per type in ``finish``
         parts = []
         for c0, c1 in env.blocks:
             rows = slice(c0 * env.n_tok, c1 * env.n_tok)
