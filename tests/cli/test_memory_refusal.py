@@ -61,19 +61,31 @@ def test_sensitivity_scan_refused_before_it_starts(llama_model, tmp_path, capsys
 
 def test_eval_of_a_checkpoint_refused_when_it_would_not_fit_whole(llama_model, capsys, monkeypatch):
     monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(10 * 1024**2))
-    assert (
-        main(["eval", "--original", str(llama_model), "--ctx", "64", "--chunks", "1", "--device", "cpu"]) != 0
-    )
+    argv = ["eval", "--original", str(llama_model), "--ctx", "64", "--chunks", "1", "--device", "cpu"]
+    assert main([*argv, "--original-mode", "whole"]) != 0
     line, _ = _refusal(capsys)
     assert "whole needs about" in line and "10.5 MB free" in line and "--preset F16" in line
+    # auto: whole does not fit, so it runs layer by layer, which is refused too at 10 MB, in its own words
+    assert main(argv) != 0
+    line, _ = _refusal(capsys)
+    assert "layer by layer needs about" in line and "10.5 MB free" in line and "--chunks 1" in line
 
 
-def test_the_scan_estimate_keeps_embeddings_and_head_beside_each_layer():
+def test_the_scan_estimate_follows_the_runner():
+    """The scan holds an untied model's embeddings and head only at its ends (the runner loads them there):
+    its layers are those of a plain run, and its head phase holds the head, its bfloat16 copy and one
+    candidate's bfloat16 difference (2 × 2.1 GB at Llama 3's vocabulary). A tied matrix stays loaded."""
     cfg = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
            "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
-    plain = estimate_calibrated(cfg, 128, 2, hessian=True, head=True)
-    scan = estimate_calibrated(cfg, 128, 2, hessian=True, head=True, outer=True)
-    assert scan.phase == plain.phase == "a decoder layer"
-    assert scan.peak_bytes - plain.peak_bytes == 2 * 128256 * 4096 * 4  # embeddings and head, float32
+    embed = 128256 * 4096 * 4
+    plain = estimate_calibrated(cfg, 128, 2, hessian=False, head=True)
+    scan = estimate_calibrated(cfg, 128, 2, hessian=False, head=True, outer=True)
+    assert plain.phase == scan.phase == "the output head"
+    assert scan.peak_bytes - plain.peak_bytes == embed  # the bfloat16 copy and difference
+    tied = estimate_calibrated(
+        {**cfg, "tie_word_embeddings": True}, 128, 2, hessian=True, head=True, outer=True
+    )
+    layers = estimate_calibrated(cfg, 128, 2, hessian=True, head=True, outer=True)
+    assert layers.phase == tied.phase == "a decoder layer" and tied.peak_bytes - layers.peak_bytes == embed
     whole = estimate_whole(cfg, 512)
     assert 30e9 < whole.peak_bytes < 36e9 and estimate_whole(cfg, 512, dtype_bytes=2).peak_bytes < 18e9

@@ -3,6 +3,7 @@ scan's candidates (``SensitivityScan``) and the proxy's error samples."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,36 +38,60 @@ def _blocks(rows: np.ndarray) -> list[slice]:
     return [slice(a, a + per) for a in range(0, rows.shape[0], per)]
 
 
-def quantize_rows(rows: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.ndarray:
-    """``rows`` quantized to ``qtype`` (with the importance ``qw`` per column) and decoded again, a block of
-    rows at a time (llama.cpp rounds every row on its own: the same values as all rows at once)."""
+def quantized_blocks(
+    rows: np.ndarray, qtype: str, qw: np.ndarray | None
+) -> Iterator[tuple[slice, np.ndarray]]:
+    """``rows`` quantized to ``qtype`` (with the importance ``qw`` per column) and decoded again, one block of
+    rows at a time: (the block's rows, its decoded values). llama.cpp rounds every row on its own, so the
+    blocks hold the values of one call over all rows."""
     from studio.core.quant.blocks import dequantize, quantize
 
-    out = np.empty(rows.shape, dtype=np.float32)
     for b in _blocks(rows):
         part = rows[b]
-        out[b] = dequantize(quantize(part, qtype, qw if qtype != "Q8_0" else None), qtype, part.shape)
+        yield b, dequantize(quantize(part, qtype, qw if qtype != "Q8_0" else None), qtype, part.shape)
+
+
+def quantize_rows(rows: np.ndarray, qtype: str, qw: np.ndarray | None) -> np.ndarray:
+    """``rows`` quantized to ``qtype`` and decoded again (``quantized_blocks`` gathered)."""
+    out = np.empty(rows.shape, dtype=np.float32)
+    for b, deq in quantized_blocks(rows, qtype, qw):
+        out[b] = deq
     return out
 
 
-def weighted_error(rows: np.ndarray, deq: np.ndarray, qw: np.ndarray | None) -> float:
-    """``Σ_j qw_j Σ_i (rows − deq)²_ij`` (unweighted without ``qw``), summed a block of rows at a time: the
-    float64 differences of a whole output head were 4.2 GB at Llama 3's 128,256 × 4096."""
-    col = None
-    for b in _blocks(rows):
-        part = rows[b]
-        d = np.empty((part.shape[0] + (col is not None), rows.shape[1]), dtype=np.float64)
+class ErrorSum:
+    """``Σ_i (rows − deq)²_ij`` per column in float64, added a block of rows at a time: the float64
+    differences of a whole output head were 4.2 GB at Llama 3's 128,256 × 4096."""
+
+    def __init__(self) -> None:
+        self.col: np.ndarray | None = None
+
+    def add(self, part: np.ndarray, deq: np.ndarray) -> None:
+        """Add one block's squared differences."""
+        col = self.col
+        d = np.empty((part.shape[0] + (col is not None), part.shape[1]), dtype=np.float64)
         # the running sum as the block's first row: numpy sums axis 0 row after row, so the columns are
         # summed in the order of one whole-matrix sum (the same float64 bits)
         if col is not None:
             d[0] = col
         x = d[col is not None :]
         x[:] = part
-        x -= deq[b]
+        x -= deq
         x *= x
-        col = d.sum(0)
-    if col is None:
-        return 0.0
-    if qw is None:
-        return float(col.sum())
-    return float((col * np.asarray(qw, dtype=np.float64)).sum())
+        self.col = d.sum(0)
+
+    def total(self, qw: np.ndarray | None) -> float:
+        """The sum, each column weighted by ``qw`` (unweighted without it)."""
+        if self.col is None:
+            return 0.0
+        if qw is None:
+            return float(self.col.sum())
+        return float((self.col * np.asarray(qw, dtype=np.float64)).sum())
+
+
+def weighted_error(rows: np.ndarray, deq: np.ndarray, qw: np.ndarray | None) -> float:
+    """``Σ_j qw_j Σ_i (rows − deq)²_ij`` (unweighted without ``qw``), summed a block of rows at a time."""
+    acc = ErrorSum()
+    for b in _blocks(rows):
+        acc.add(rows[b], deq[b])
+    return acc.total(qw)

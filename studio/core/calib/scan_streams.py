@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +24,19 @@ import numpy as np
 
 from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec
 from studio.core.calib.scan_kl import head_is_linear, kl_rows, torch_cat, torch_stack
-from studio.core.calib.scan_rows import from_rows, quantize_rows, rows_of, weighted_error
+from studio.core.calib.scan_rows import (
+    ErrorSum,
+    from_rows,
+    quantize_rows,
+    quantized_blocks,
+    rows_of,
+    weighted_error,
+)
 from studio.core.errors import CalibrationError
 from studio.core.jobs import JobContext, null_context
 from studio.core.plan.scan import ScanTarget
+from studio.core.progress import WorkMeter
 from studio.core.quant.types import QTYPES
-from studio.core.units import format_eta
 
 PROXY_ROW_SHARE = 1 / 16  # rows of a tensor quantized to estimate its error in proxy mode
 PROXY_MIN_ROWS = 64
@@ -73,18 +79,6 @@ class _HeadEnv:
     blocks: tuple[tuple[int, int], ...]  # chunk ranges measured at once
 
 
-def _bf16_difference(new: Any, old: Any) -> Any:
-    """``(new − old)`` in bfloat16, a block of rows at a time: the float32 difference of a whole head is
-    another 2.1 GB at Llama 3's vocabulary (the same values: each element is rounded once either way)."""
-    import torch
-
-    out = torch.empty(new.shape, dtype=torch.bfloat16, device=new.device)
-    per = max(1, _HEAD_BLOCK // max(1, int(new.shape[-1])))
-    for a in range(0, int(new.shape[0]), per):
-        out[a : a + per] = (new[a : a + per] - old[a : a + per]).to(torch.bfloat16)
-    return out
-
-
 def _pack(delta: Any) -> Any:
     import torch
 
@@ -102,6 +96,56 @@ def _pack_many(deltas: Any) -> list[Any]:
     d16 = deltas.to(torch.float16)
     # float16 rows are views of one tensor, freed once every stream of the group has moved on
     return [d16[i] if m <= _F16_MAX else deltas[i].float().clone() for i, m in enumerate(top)]
+
+
+# MAC-equivalents per value of quantizing a row and decoding it again (numpy, one thread, measured on the
+# 2-core machine against a float32 matmul): the i-quants' grid searches cost 5–20× the K-quants'
+_QUANT_COST = {
+    "MXFP4": 400, "Q8_0": 500, "Q3_K": 700, "Q6_K": 700, "Q5_K": 800, "Q4_K": 900, "Q4_0": 1200,
+    "Q5_0": 1300, "Q2_K": 1300, "IQ1_S": 3300, "Q4_1": 3400, "Q5_1": 3500, "IQ1_M": 4000, "IQ2_S": 4900,
+    "IQ4_NL": 6000, "IQ4_XS": 6200, "IQ3_S": 7900, "IQ2_XXS": 9500, "IQ3_XXS": 10400, "IQ2_XS": 16500,
+}  # fmt: skip
+_QUANT_DEFAULT = 4000
+_KL_COST = 20  # per logit of a stream at the head: its softmax, logarithm and sums
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """The scan's work in float32 multiply-adds: the candidates' rounding, the streams' passes through a
+    layer and their KL at the head (the progress bar and the ETA weigh each step by it)."""
+
+    tokens: int  # positions of the run
+    layer_macs: Mapping[int, int]  # layer → multiply-adds per token of its linear layers
+    head_shape: tuple[int, int]  # vocabulary × hidden ((0, 0) without a head target)
+    row_share: float
+    min_rows: int
+
+    def quantize(self, t: ScanTarget, qtype: str, full: bool) -> float:
+        """Rounding ``t`` to ``qtype``: every row, or the error's sample (``SensitivityScan._quantized``)."""
+        n = math.prod(t.shape)
+        cols = int(t.shape[-1]) if t.shape else 1
+        rows = n // max(1, cols)
+        if not full:
+            rows = min(rows, max(self.min_rows, math.ceil(rows * self.row_share)))
+        if qtype in QTYPES and QTYPES[qtype].is_float:
+            return float(rows * cols)
+        return float(rows * cols * _QUANT_COST.get(qtype, _QUANT_DEFAULT))
+
+    def tensor(self, t: ScanTarget, wanted: Sequence[str], errors: Sequence[str]) -> float:
+        """Every rounding of ``t``: its wanted candidates whole, its other error types on a sample."""
+        return sum(self.quantize(t, q, True) for q in wanted) + sum(
+            self.quantize(t, q, False) for q in errors if q not in wanted
+        )
+
+    def forward(self, layer: int) -> float:
+        """One stream through ``layer``."""
+        return float(self.tokens * self.layer_macs.get(layer, 0))
+
+    @property
+    def head(self) -> float:
+        """One stream's KL at the head: its logits' change and the KL over the vocabulary."""
+        vocab, hidden = self.head_shape
+        return float(self.tokens * vocab * (hidden + _KL_COST))
 
 
 class SensitivityScan(Consumer):
@@ -157,24 +201,45 @@ class SensitivityScan(Consumer):
         self._streams: list[_Stream] = []
         self._ref: dict[int, Any] = {}
         self._last: Any = None
-        self._units = 1
-        self._done = 0
-        self._t0 = time.monotonic()
+        layer_macs: dict[int, int] = {}
+        for t in self.targets.values():
+            if t.kind == "linear" and t.layer is not None:
+                layer_macs[t.layer] = layer_macs.get(t.layer, 0) + math.prod(t.shape)
+        head = next((t for t in self.targets.values() if t.kind == "output"), None)
+        self._costs = _Costs(
+            int(np.asarray(chunk_ids).size),
+            layer_macs,
+            (int(head.shape[0]), int(math.prod(head.shape[1:]))) if head else (0, 0),
+            row_share,
+            min_rows,
+        )
+        self._meter = WorkMeter(1.0)
 
-    # -- progress: one unit per stream and layer it goes through, plus the head
-    def _plan_work(self, n_layers: int) -> int:
-        n = 0
-        for name, qs in self.exact.items():
-            t = self.targets[name]
-            start = 0 if t.layer is None else t.layer
-            n += len(qs) * (n_layers - start + 1) if t.kind != "output" else len(qs)
-        return max(1, n + len(self.plans) * (n_layers + 1))
+    # -- progress: every piece of work weighed by its cost in float32 multiply-adds (``_Costs``)
+    def _plan_work(self, n_layers: int, tied: bool) -> float:
+        c = self._costs
+        total = 0.0
+        emb = next((t for t in self.targets.values() if t.kind == "embedding"), None)
+        # a tied head's candidates are the embedding's, rounded again at the head
+        if tied and emb is not None:
+            total += sum(c.quantize(emb, q, True) for q in self._wanted(emb.name))
+        for t in self.targets.values():
+            total += c.tensor(t, self._wanted(t.name), self.errors.get(t.name, ()))
+            qs = self.exact.get(t.name, ())
+            if t.kind == "linear" and t.layer is not None:
+                # a candidate's stream: made at its layer, carried through the rest, measured at the head
+                total += len(qs) * (sum(c.forward(i) for i in range(t.layer, n_layers)) + c.head)
+            elif t.kind == "embedding":
+                total += len(qs) * (sum(c.forward(i) for i in range(n_layers)) + c.head)
+            else:
+                total += len(qs) * c.head
+        total += len(self.plans) * (sum(c.forward(i) for i in range(n_layers)) + c.head)
+        return max(1.0, total)
 
-    def _step(self, n: int, msg: str) -> None:
-        self._done += n
-        el = time.monotonic() - self._t0
-        left = el / self._done * max(0, self._units - self._done) if self._done else None
-        self.ctx.report(min(self._done, self._units), self._units, f"{msg} · ETA {format_eta(left)}")
+    def _step(self, cost: float, msg: str) -> None:
+        self._meter.add(cost)
+        m = self._meter
+        self.ctx.report(int(m.done), max(1, int(m.total)), m.line(msg))
 
     # -- quantizing
     def _qw(self, name: str) -> np.ndarray | None:
@@ -213,16 +278,41 @@ class SensitivityScan(Consumer):
             self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
         return None, err
 
+    def _head_difference(self, name: str, rows: np.ndarray, qtype: str, head_w: Any) -> tuple[Any, float]:
+        """(``(Ŵ − W)`` in bfloat16, or None without ``head_w``; the weighted error) of the head quantized to
+        ``qtype``, one block of rows at a time: the values of ``_quantized``'s whole candidate, which at Llama
+        3's vocabulary was another 2.1 GB beside the head and its bfloat16 copy."""
+        import torch
+
+        qw = self._qw(name)
+        acc = ErrorSum()
+        dw = w = None
+        if head_w is not None:
+            w = head_w.reshape(rows.shape)
+            dw = torch.empty(rows.shape, dtype=torch.bfloat16, device=head_w.device)
+        for b, deq in quantized_blocks(rows, qtype, qw):
+            self.ctx.check_cancelled()
+            acc.add(rows[b], deq)
+            if dw is not None:
+                # each element rounded to the head's dtype, then once to bfloat16: as the whole candidate was
+                dw[b] = (torch.from_numpy(deq).to(device=w.device, dtype=w.dtype) - w[b]).to(torch.bfloat16)
+        err = acc.total(qw)
+        if not math.isfinite(err):
+            self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
+        return (None if dw is None else dw.reshape(head_w.shape)), err
+
     def _wanted(self, name: str) -> list[str]:
         """Effective qtypes of ``name`` that need the whole tensor quantized (measured or in a plan)."""
         want = set(self.exact.get(name, ())) | {p[name] for p in self.plans if name in p}
         return sorted(q for q in want if not QTYPES[q].is_float)
 
-    def _errors_only(self, name: str, rows: np.ndarray) -> None:
+    def _errors_only(self, name: str, rows: np.ndarray, msg: str = "") -> None:
+        t = self.targets[name]
         for q in self.errors.get(name, ()):
             if (name, q) not in self.err:
                 self.ctx.check_cancelled()
                 _, self.err[(name, q)] = self._quantized(name, rows, q, False)
+                self._step(self._costs.quantize(t, q, False), msg or f"{t.role}: the error at {q}")
 
     # -- consumer
     def start(self, spec: RunSpec) -> None:
@@ -234,8 +324,7 @@ class SensitivityScan(Consumer):
                 "The sensitivity scan needs the layer-by-layer runner with the output head."
             )
         self._spec = spec
-        self._units = self._plan_work(spec.n_layers)
-        self._t0 = time.monotonic()
+        self._meter = WorkMeter(self._plan_work(spec.n_layers, bool(spec.outer.tied)))
         plan_streams = [_Stream(("p", i), plan=p) for i, p in enumerate(self.plans)]
         self._streams.extend(plan_streams)
         outer = spec.outer
@@ -261,7 +350,7 @@ class SensitivityScan(Consumer):
             for s in plan_streams:
                 if s.plan.get(emb.name) == q:
                     s.delta, s.head_q = delta, head
-            self._step(1, f"token embedding at {q}")
+            self._step(self._costs.quantize(emb, q, True), f"token embedding at {q}")
         self._errors_only(emb.name, rows)
 
     def layer_collected(self, view: LayerView) -> None:
@@ -276,11 +365,13 @@ class SensitivityScan(Consumer):
             site = sites[name]
             w = view.weight(site)
             rows = rows_of(w, site)
+            where = f"layer {view.index + 1}/{self._spec.n_layers if self._spec else 0}: {name}"
             for q in self._wanted(name):
                 ctx.check_cancelled()
                 d, self.err[(name, q)] = self._quantized(name, rows, q, True)
                 deq[(name, q)] = from_rows(d, w, site).to(device=w.device, dtype=w.dtype)
-            self._errors_only(name, rows)
+                self._step(self._costs.quantize(self.targets[name], q, True), f"{where} at {q}")
+            self._errors_only(name, rows, where)
         # 1. streams from earlier layers through the original layer, batched
         carried = [s for s in self._streams if s.delta is not None and s.plan is None]
         self._advance(view, carried, h_in, h_out)
@@ -309,7 +400,9 @@ class SensitivityScan(Consumer):
         n_new = sum(len([q for q in self.exact.get(n, ()) if (n, q) in deq]) for n in names)
         n_plan = sum(1 for s in self._streams if s.plan is not None)
         n = self._spec.n_layers if self._spec else 0
-        self._step(len(carried) + n_new + n_plan, f"layer {view.index + 1}/{n}")
+        self._step(
+            (len(carried) + n_new + n_plan) * self._costs.forward(view.index), f"layer {view.index + 1}/{n}"
+        )
         self._last = h_out
 
     def _advance(self, view: LayerView, streams: list[_Stream], h_in: Any, h_out: Any) -> None:
@@ -428,16 +521,19 @@ class SensitivityScan(Consumer):
         heads += [k for k in dict.fromkeys(s.head_q for s in streams) if k is not None and k not in heads]
         for name, q in heads:
             self.ctx.check_cancelled()
-            d, err = self._quantized(name, rows, q, True)
-            self.err[(name, q)] = err
             mine = [s for s in streams if s.head_q == (name, q)]
+            new = dw = None
+            if env.fast or not mine:
+                # a linear head's streams need only (Ŵ − W) in bfloat16: made a block of rows at a time
+                # from the rounding, so the decoded candidate (vocabulary × hidden float32) is never whole
+                dw, self.err[(name, q)] = self._head_difference(name, rows, q, head_w if mine else None)
+            else:
+                d, self.err[(name, q)] = self._quantized(name, rows, q, True)
+                new = torch.from_numpy(d).reshape(head_w.shape).to(device=head_w.device, dtype=head_w.dtype)
+                del d
+            self._step(self._costs.quantize(self.targets[name], q, True), f"output head at {q}")
             if not mine:
                 continue
-            new = torch.from_numpy(d).reshape(head_w.shape).to(device=head_w.device, dtype=head_w.dtype)
-            del d
-            dw = None
-            if env.fast:  # the streams need only (Ŵ − W) in bfloat16: made once, and the head let go
-                dw, new = _bf16_difference(new, head_w), None
             for s in mine:
                 s.head, s.head_dw = new, dw
             self._measure(mine, hidden, env)
@@ -478,7 +574,7 @@ class SensitivityScan(Consumer):
                             float("nan") if kls is None else float(kls[a0:a1].mean())
                             for a0, a1 in zip(ends, ends[1:], strict=False)
                         )
-                self._step(1, "output head")
+                self._step(self._costs.head, "output head")
 
 
 def _each_weight(view: LayerView, site: LinearSite, weights: Sequence[Any], h_in: Any) -> list[Any]:

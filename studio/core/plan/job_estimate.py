@@ -87,8 +87,8 @@ def estimate_calibrated(
 ) -> JobEstimate:
     """The estimate for a layer-wise calibrated run of the model of ``config`` (a config.json dict) on
     ``n_chunks`` chunks of ``n_ctx`` tokens; ``hessian``: GPTQ/AWQ (Hessians and sweeps), else
-    activation statistics only; ``head``: the output head is calibrated too; ``outer``: the embeddings
-    and the head stay loaded through every layer (the sensitivity scan's streams use them)."""
+    activation statistics only; ``head``: the output head is calibrated too; ``outer``: the sensitivity
+    scan, whose streams reach the embeddings at its start and the head at its finish."""
     hidden, ffn, layers, heads, kv, vocab = _shape(config)
     head_dim = hidden // max(heads, 1)
     tokens = max(1, n_ctx * n_chunks)
@@ -115,10 +115,16 @@ def estimate_calibrated(
     head_b = embed + n_ctx * vocab * _F32 if head else 0
     if head and hessian:
         head_b += hidden * hidden * _F64 + _GPTQ_COPIES * _SLAB_ROWS * hidden * _F32
-    if outer:  # both stay resident next to each layer
-        layer += 2 * embed
-        head_b = max(head_b, embed) + embed
-    phases = {"embeddings": embed, "a decoder layer": layer, "the output head": head_b}
+    first = embed
+    if outer:
+        # the scan (studio.core.calib.scan_streams): its start holds the embeddings and one candidate's
+        # decoded rows, its finish the head, its bfloat16 copy and one candidate's bfloat16 difference; the
+        # runner keeps a tied matrix loaded through the layers, an untied model's only for those two ends
+        if config.get("tie_word_embeddings", False):
+            layer += embed
+        first = 2 * embed
+        head_b = max(head_b, 2 * embed + n_ctx * vocab * _F32)
+    phases = {"embeddings": first, "a decoder layer": layer, "the output head": head_b}
     if gpu:  # the weights, Hessians and sweeps live in GPU memory
         phases = {k: 0 for k in phases}
     phase = max(phases, key=lambda k: phases[k])

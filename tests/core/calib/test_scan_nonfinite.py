@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from studio.core.calib import scan_streams
+from studio.core.calib import scan_rows, scan_streams
 from studio.core.calib.heldout import PresetPoint, check_judged
 from studio.core.calib.scan_cache import load_cached_scan, save_cached_scan
 from studio.core.calib.scan_proxy import gain_type
@@ -25,23 +25,29 @@ from tests.scan_data import synthetic_scan
 
 def _planted(monkeypatch, tensor: str, qtype: str) -> None:
     """Make the scan's quantized weights of ``tensor`` at ``qtype`` NaN (every other pair as before)."""
-    real = scan_streams.quantize_rows
+    real = scan_rows.quantized_blocks
     cur: dict[str, str] = {}
 
-    def quantized(self, name, rows, q, full):
-        cur["name"] = name
-        return orig(self, name, rows, q, full)
+    def named(orig):
+        def method(self, name, rows, q, *rest):
+            cur["name"] = name
+            return orig(self, name, rows, q, *rest)
 
-    def rows_nan(rows, q, qw):
-        out = real(rows, q, qw)
-        if cur.get("name") == tensor and q == qtype:
-            out = out.copy()
-            out[0, 0] = np.nan
-        return out
+        return method
 
-    orig = scan_streams.SensitivityScan._quantized
-    monkeypatch.setattr(scan_streams.SensitivityScan, "_quantized", quantized)
-    monkeypatch.setattr(scan_streams, "quantize_rows", rows_nan)
+    def blocks_nan(rows, q, qw):
+        for i, (b, deq) in enumerate(real(rows, q, qw)):
+            if i == 0 and cur.get("name") == tensor and q == qtype:
+                deq = deq.copy()
+                deq[0, 0] = np.nan
+            yield b, deq
+
+    for method in ("_quantized", "_head_difference"):  # the whole candidate, or a head's rows block by block
+        monkeypatch.setattr(
+            scan_streams.SensitivityScan, method, named(getattr(scan_streams.SensitivityScan, method))
+        )
+    monkeypatch.setattr(scan_rows, "quantized_blocks", blocks_nan)
+    monkeypatch.setattr(scan_streams, "quantized_blocks", blocks_nan)
 
 
 def test_a_nan_in_one_candidate_leaves_the_rest_of_the_plan_unchanged(llama_model, calib_text, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -212,14 +213,13 @@ def test_the_head_phase_holds_one_quantized_output_head_at_a_time(
 
     im, before = untied_scan
     alive: list[int] = []
-    real = scan_streams.SensitivityScan._quantized
+    real = scan_streams.SensitivityScan._head_difference
 
-    def counted(self, name, rows, qtype, full):
-        if name == "lm_head.weight" and full:
-            alive.append(sum(1 for s in self._streams if s.head is not None))
-        return real(self, name, rows, qtype, full)
+    def counted(self, name, rows, qtype, head_w):
+        alive.append(sum(1 for s in self._streams if s.head is not None or s.head_dw is not None))
+        return real(self, name, rows, qtype, head_w)
 
-    monkeypatch.setattr(scan_streams.SensitivityScan, "_quantized", counted)
+    monkeypatch.setattr(scan_streams.SensitivityScan, "_head_difference", counted)
     scan = scan_sensitivity(llama_model, calib_text, SETTINGS, imatrix=im, cache_dir=None)
     assert len(alive) == len(SETTINGS.types) and max(alive) == 0, alive  # before: 0, 1, 2, … heads alive
     for t in scan.tensors:
@@ -322,26 +322,84 @@ def test_an_untied_models_embeddings_and_head_are_not_held_through_the_layers(
 def test_a_quantized_heads_difference_is_made_once_per_type_and_the_head_let_go(
     llama_model, calib_text, untied_scan, monkeypatch
 ):
-    """Through a linear head the streams need only (Ŵ − W) in bfloat16: it is made once per candidate type,
-    a block of rows at a time, for every stream of that type (two plans and the exact stream here), and the
-    float32 quantized head is not kept while they are measured (at Llama 3's vocabulary: 2.1 GB, and as much
-    again for each stream's float32 difference before). The KLs are those measured before."""
-    from studio.core.calib import scan_streams
+    """Through a linear head the streams need only (Ŵ − W) in bfloat16: it is made once per candidate type for
+    every stream of that type (two plans and the exact stream here), a block of rows at a time straight from
+    the rounding, so neither the decoded candidate nor a float32 difference is ever whole (at Llama 3's
+    vocabulary: 2.1 GB each; the fixture's scan peaked at 7.22 GB with the whole candidate). The KLs and
+    errors are those measured before."""
+    from studio.core.calib import scan_rows, scan_streams
 
     im, before = untied_scan
     made: list[tuple[int, ...]] = []
-    real = scan_streams._bf16_difference
+    real = scan_streams.SensitivityScan._head_difference
 
-    def spy(new, old):
-        made.append(tuple(new.shape))
-        return real(new, old)
+    def spy(self, name, rows, qtype, head_w):
+        dw, err = real(self, name, rows, qtype, head_w)
+        made.append(tuple(dw.shape))
+        return dw, err
 
-    monkeypatch.setattr(scan_streams, "_bf16_difference", spy)
+    decoded: list[int] = []
+    real_blocks = scan_rows.quantized_blocks
+
+    def blocks(rows, qtype, qw):
+        for b, deq in real_blocks(rows, qtype, qw):
+            decoded.append(deq.shape[0])
+            yield b, deq
+
+    monkeypatch.setattr(scan_streams.SensitivityScan, "_head_difference", spy)
+    monkeypatch.setattr(scan_streams, "quantized_blocks", blocks)
+    width = json.loads((llama_model / "config.json").read_text())["hidden_size"]
+    monkeypatch.setattr(scan_rows, "_BLOCK_VALUES", 100 * width)  # blocks of 100 rows of the head
     plans = [{"lm_head.weight": "Q4_0"}, {"lm_head.weight": "Q4_0", "model.embed_tokens.weight": "Q8_0"}]
     scan = scan_sensitivity(llama_model, calib_text, SETTINGS, imatrix=im, cache_dir=None, plans=plans)
+    head = scan.tensor("lm_head.weight")
     assert len(made) == len(SETTINGS.types), made  # one per type of the head, not one per stream
+    assert decoded and max(decoded) == 100 and sum(decoded) == len(SETTINGS.types) * head.n_params // width
     for t in scan.tensors:
         for q, c in t.by_type.items():
             assert c.kl == before.tensor(t.name).cost(q).kl, (t.name, q)
+            assert c.error == before.tensor(t.name).cost(q).error, (t.name, q)
     (one,) = measure_plans(llama_model, plans[:1], calib_text, SETTINGS, imatrix=im)
     assert one == pytest.approx(before.tensor("lm_head.weight").cost("Q4_0").kl, rel=1e-6)
+
+
+@pytest.mark.parametrize("which", ["untied", "tied", "proxy", "plans"])
+def test_the_scans_progress_weighs_each_step_and_adds_up_to_its_plan(
+    which, llama_model, tied_model, calib_text, monkeypatch
+):
+    """The scan's bar and ETA weigh every step by its cost (issue 40: counted as one unit per stream, the
+    8B fixture's ETA after its first layer was +92 %: the candidates' rounding, the embeddings' and the
+    head's were not counted): the costs of the steps taken add up to the total planned at the start, on
+    an untied and a tied model, in proxy mode and for plans alone, and the bar only moves forward."""
+    from studio.core.calib import scan_streams
+    from studio.core.jobs import JobContext
+
+    steps: list[float] = []
+    real = scan_streams.SensitivityScan._step
+
+    def spy(self, cost, msg):
+        steps.append(cost)
+        return real(self, cost, msg)
+
+    monkeypatch.setattr(scan_streams.SensitivityScan, "_step", spy)
+    seen: list[tuple[int, int]] = []
+    ctx = JobContext(on_progress=lambda done, total, msg: seen.append((done, total)))
+    model = tied_model if which == "tied" else llama_model
+    settings = dataclasses.replace(SETTINGS, exact=which != "proxy")
+    planned: list[float] = []
+    real_plan = scan_streams.SensitivityScan._plan_work
+
+    def plan_spy(self, n_layers, tied):
+        planned.append(real_plan(self, n_layers, tied))
+        return planned[-1]
+
+    monkeypatch.setattr(scan_streams.SensitivityScan, "_plan_work", plan_spy)
+    if which == "plans":
+        measure_plans(model, [{"lm_head.weight": "Q4_0"}, {}], calib_text, settings)
+    else:
+        scan_sensitivity(model, calib_text, settings, cache_dir=None, ctx=ctx)
+    (total,) = planned
+    assert sum(steps) == pytest.approx(total, rel=1e-9)
+    assert len(steps) > 4 and min(steps) >= 0
+    done = [d for d, t in seen if t == int(total)]
+    assert done == sorted(done) and (not seen or done[-1] == int(total))
