@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
             ctx=JobContext(on_progress=line.fraction, on_log=lambda m: line.log(f"note: {m}")),
             kv_types=args.kv_type,
             executor=executor,
+            original_mode=args.original_mode,
         )
 
     notes = save_records(report)  # beside each variant, for the model card of an upload

@@ -36,6 +36,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--device", default="auto", help="device for the original: auto, cpu, cuda, mps")
     options.add_dtype(p, "original's dtype")
+    p.add_argument(
+        "--original-mode",
+        choices=("auto", "whole", "layers"),
+        default="auto",
+        help="how an original checkpoint runs: whole through transformers, or layers, one decoder layer in "
+        "memory at a time (auto, the default: layers when whole would take over 4 GB or the free RAM)",
+    )
     options.add_gpu_layers(p)
     options.add_dequantize(p, "--original")
     options.add_allow_pickle(p)

@@ -23,6 +23,7 @@ from studio.core import hardware, safejson
 from studio.core.chat.hf_backend import TransformersBackend, resolve_device, resolve_dtype
 from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.errors import EvaluationError, StudioError
+from studio.core.evaluate.layerwise import LayerwiseOriginal, use_layers
 from studio.core.evaluate.metrics import (
     chunk_starts,
     chunk_tokens,
@@ -271,6 +272,19 @@ def _open_scorer(
     return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
 
+def _original_in_layers(path: Path, n_ctx: int, device: str, dtype: str, mode: str) -> bool:
+    """Whether the original checkpoint runs layer by layer (``layerwise.use_layers``); a GGUF never does."""
+    cfg_file = path / "config.json"
+    if path.suffix.lower() == ".gguf" or not cfg_file.is_file():
+        if mode == "layers":
+            raise EvaluationError(f"{path.name} is not a checkpoint folder; only those run layer by layer.")
+        return False
+    cfg = safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError)
+    dev = resolve_device(device)
+    nbytes = 2 if str(resolve_dtype(dtype, dev)) in ("torch.bfloat16", "torch.float16") else 4
+    return use_layers(cfg, n_ctx, dev, nbytes, mode)
+
+
 def check_original_memory(path: Path, n_ctx: int, device: str, dtype: str) -> None:
     """Refuse, in one sentence and before loading it, an original checkpoint that transformers would load
     whole into more memory than is free (``studio.core.plan.job_estimate``)."""
@@ -303,6 +317,7 @@ def evaluate(
     kv_types: Sequence[str] = (),
     on_score: Callable[[Any], None] | None = None,
     executor: Any = None,
+    original_mode: str = "auto",
 ) -> EvalReport:
     """Score ``original`` and every variant on ``text``; see the module docstring for the method.
 
@@ -315,6 +330,9 @@ def evaluate(
     ``VariantScore`` as soon as it is measured, so a window can show rows before the report is complete.
     ``executor`` (``studio.core.executor``): a distributed one scores the variants' chunks as units on a
     cluster (``studio.core.cluster.evaluate``), with the same numbers.
+    ``original_mode``: how an original checkpoint runs: ``whole`` through transformers, ``layers`` one
+    decoder layer at a time (``studio.core.evaluate.layerwise``), ``auto`` layer by layer when whole
+    would take more than ``layerwise.WHOLE_LIMIT`` or the free RAM.
     """
     ctx = ctx or null_context()
     t0 = time.monotonic()
@@ -337,8 +355,15 @@ def evaluate(
         notes.append(text)
         ctx.log(text)
 
-    check_original_memory(orig_path, n_ctx, device, dtype)
-    scorer = _open_scorer(orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note, allow_pickle)
+    if _original_in_layers(orig_path, n_ctx, device, dtype, original_mode):
+        scorer: Any = LayerwiseOriginal(
+            orig_path, device=device, dtype=dtype, n_ctx=n_ctx, allow_pickle=allow_pickle
+        )
+    else:
+        check_original_memory(orig_path, n_ctx, device, dtype)
+        scorer = _open_scorer(
+            orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note, allow_pickle
+        )
     tmpdir: tempfile.TemporaryDirectory[str] | None = None
     try:
         scorer.load(ctx)
@@ -358,10 +383,10 @@ def evaluate(
         total = len(starts) * (1 + len(runs))
         base: np.ndarray | None = None
         nll_o: list[np.ndarray] = []
-        for ci, start in enumerate(starts):
-            ctx.check_cancelled()
-            ids = chunk_tokens(tokens, start, n_ctx, bos)
-            logits = np.asarray(scorer.logits(ids), dtype=np.float32)
+
+        def take(ci: int, logits: np.ndarray) -> None:
+            nonlocal base, tmpdir
+            start = starts[ci]
             if base is None:
                 shape = (len(starts), n_rows, logits.shape[-1])
                 nbytes = math.prod(shape) * 4
@@ -374,7 +399,18 @@ def evaluate(
                     base = np.empty(shape, dtype=np.float32)
             base[ci] = logits[sl]
             nll_o.append(token_nll(logits[sl], tokens[start + sl.start + 1 : start + sl.stop + 1]))
-            ctx.report(ci + 1, total, f"{orig_path.name}: chunk {ci + 1}/{len(starts)}")
+
+        if getattr(scorer, "layerwise", False):
+            scorer.logits_of_chunks(
+                [chunk_tokens(tokens, start, n_ctx, bos) for start in starts],
+                take,
+                ctx.span(0.0, len(starts) / total),
+            )
+        else:
+            for ci, start in enumerate(starts):
+                ctx.check_cancelled()
+                take(ci, np.asarray(scorer.logits(chunk_tokens(tokens, start, n_ctx, bos)), dtype=np.float32))
+                ctx.report(ci + 1, total, f"{orig_path.name}: chunk {ci + 1}/{len(starts)}")
         assert base is not None
         if scorer.kind == "llama.cpp":
             size, bpw = gguf_size(orig_path)
