@@ -26,6 +26,7 @@ kernels' compile in a child process (``studio.qt.pages``, ``studio.core.quant.wa
 
     python bench/gui_responsiveness.py [--hidden 2048 --layers 2 --intermediate 8192]
         [--presets Q8_0,Q4_K_M] [--verify] [--model-dir DIR] [--skip calibrate,budget,export,evaluate]
+        [--model CHECKPOINT]
 
 The budget dialog keeps its scans in the CLI's scan cache: a second run on the same model reads its
 scan back (seconds). For a real scan every time, give the run a fresh cache:
@@ -290,9 +291,15 @@ def main() -> int:
     parser.add_argument(
         "--model-dir", default=str(Path(tempfile.gettempdir()) / "quant-studio-bench"), help="model cache"
     )
+    parser.add_argument(
+        "--model", default="", help="open this checkpoint instead of building one (e.g. bench/make_8b_fixture.py's)"
+    )
     args = parser.parse_args()
 
-    model = _build_model(Path(args.model_dir), args.hidden, args.layers, args.intermediate)
+    if args.model:
+        model = Path(args.model)
+    else:
+        model = _build_model(Path(args.model_dir), args.hidden, args.layers, args.intermediate)
 
     from PySide6.QtWidgets import QApplication
 
