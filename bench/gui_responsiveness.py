@@ -292,7 +292,9 @@ def main() -> int:
         "--model-dir", default=str(Path(tempfile.gettempdir()) / "quant-studio-bench"), help="model cache"
     )
     parser.add_argument(
-        "--model", default="", help="open this checkpoint instead of building one (e.g. bench/make_8b_fixture.py's)"
+        "--model",
+        default="",
+        help="open this checkpoint instead of building one (e.g. bench/make_8b_fixture.py's)",
     )
     args = parser.parse_args()
 

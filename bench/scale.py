@@ -116,19 +116,23 @@ def dominated_by(r: Run) -> str:
 
 
 def eta_error(r: Run) -> float | None:
-    """Percent error of the total predicted when the progress first leaves layer 1 (elapsed + ETA)."""
-    seen_first = False
+    """Percent error of the total predicted when the progress leaves layer 1 (elapsed + ETA), the last time
+    it does: a scan or a budget export runs a calibration first, whose own first layer says only how long
+    that short run has left."""
+    err = None
+    in_first = False
     for t, ln in r.lines:
         m = _PROGRESS.match(ln)
         if not m:
             continue
         if re.match(r"layer 1/\d+", m.group(2)):
-            seen_first = True
-        elif seen_first:
+            in_first = True
+        elif in_first:
             eta = _eta_seconds(m.group(2))
             if eta is not None:
-                return 100.0 * (t + eta - r.seconds) / r.seconds
-    return None
+                err = 100.0 * (t + eta - r.seconds) / r.seconds
+                in_first = False
+    return err
 
 
 def _calib_text(work: Path, ctx: int, chunks: int) -> Path:

@@ -26,7 +26,7 @@ import dataclasses
 import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,6 +156,7 @@ _SLAB_ROWS = 16384  # rows rounded at once: bounds the working copies of a tall 
 # the Hessian's inverse factor (float64) against the sweep's matrix products: fitted on the 8B fixture,
 # where the head's GPTQ (128256 × 4096) took 0.61 of a decoder layer's time (down_proj's 14336-wide inverse)
 _INVERSE_WEIGHT = 0.7
+_RESCALE_BLOCK = 1 << 24  # values of a Hessian divided at once by AWQ's scales (64 MB of float32)
 _SEARCH_CANDIDATES = 64  # scale candidates a block search tries, for the progress's cost model
 
 
@@ -164,6 +165,42 @@ def _too_few(tokens: int, cols: int, name: str) -> str:
         f"The calibration has {tokens} tokens, fewer than twice the {cols} input columns of {name}: its "
         "Hessian is poorly estimated; use a longer text or more chunks."
     )
+
+
+def rescaled_hessian(hess: Any, s: Any) -> Any:
+    """``hess / (s sᵀ)``, the Hessian of the input ``x / s`` (AWQ's column scales), a block of rows at a time:
+    the outer product ``s sᵀ`` of a 14336-wide input is another 0.8 GB (the same values either way)."""
+    import torch
+
+    sd = s.to(hess.device, torch.float32)
+    out = torch.empty(hess.shape, dtype=torch.promote_types(hess.dtype, torch.float32), device=hess.device)
+    per = max(1, _RESCALE_BLOCK // max(1, int(hess.shape[-1])))
+    for a in range(0, int(hess.shape[0]), per):
+        out[a : a + per] = hess[a : a + per] / (sd[a : a + per, None] * sd[None, :])
+    return out
+
+
+def _divide_by_scales(hess: dict[str, tuple[Any, int]], scales: Mapping[str, Any]) -> None:
+    """Replace, in ``hess``, the Hessian of every site AWQ scaled by ``rescaled_hessian``: once per shared
+    input and scales (q/k/v, gate/up), each raw one let go as soon as its sites have theirs. Kept until
+    the layer was rounded, the raw Hessians sat beside the rescaled ones (at 8B widths 1 GB, which put
+    awq+gptq's peak at 6.29 GB)."""
+    groups: list[tuple[Any, Any, list[str]]] = []
+    for name, (h, _n) in hess.items():
+        sc = scales.get(name)
+        if sc is None:
+            continue
+        g = next((g for g in groups if g[0] is h and g[1] is sc), None)
+        if g is None:
+            groups.append((h, sc, [name]))
+        else:
+            g[2].append(name)
+    while groups:
+        raw, sc, names = groups.pop(0)
+        new = rescaled_hessian(raw, sc)
+        del raw
+        for name in names:
+            hess[name] = (new, hess[name][1])
 
 
 class MethodConsumer(Consumer):
@@ -204,9 +241,8 @@ class MethodConsumer(Consumer):
         self.warnings: list[str] = []
         self.layers: list[LayerReport] = []
         self.spec: RunSpec | None = None
-        # per layer: the AWQ-rescaled Hessians and GPTQ's inverse factors, one per shared input (q/k/v,
-        # gate/up), so the linears that read it do not factor the same matrix again
-        self._scaled: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        # per layer: GPTQ's inverse factors, one per shared input (q/k/v, gate/up), so the linears that
+        # read it do not factor the same matrix again
         self._factors = FactorCache()
         self._now = ""  # what the meter says is running (a slab's progress line repeats it)
         head = next((t for t in layout.tensors if t.gguf_name == "output.weight"), None)
@@ -266,13 +302,14 @@ class MethodConsumer(Consumer):
             if s.kind == "experts" and s.name in self.by_hf:
                 self._note(f"{s.name}: fused experts are quantized by the export without calibration.")
         hess = self.collector.take_hessians([s.name for s in sites])
-        self._scaled, self._factors = {}, FactorCache()  # the last layer's are not used again
+        self._factors = FactorCache()  # the last layer's are not used again
         scales, alphas, changed = self._awq(view, sites, hess)
         pre: dict[str, Any] = {}
         if self.executor is not None and self.executor.distributed:
             round_layer = self.executor.job("round_layer")  # studio.core.cluster.quantize
 
             pre = round_layer(self, self.executor, sites, view, hess, scales)
+        _divide_by_scales(hess, scales)
         reports = []
         meter = self.spec.meter if self.spec else None
         for s in sites:
@@ -293,10 +330,11 @@ class MethodConsumer(Consumer):
             if name in self.by_hf and name not in self.spool:
                 self._spool_float(self.by_hf[name], view.param(rel).detach().float().cpu().numpy())
         self.layers.append(LayerReport(view.index, time.monotonic() - t0, tuple(reports), tuple(alphas)))
-        # this layer's inverse factors and rescaled Hessians go now, not when the next layer is rounded:
+        # this layer's inverse factors and Hessians go now, not when the next layer is rounded:
         # held through the next layer's collection they sat beside its float64 Hessians (at 8B widths
         # 1 GB of factors beside 1.9 GB being summed: layer 2 of a GPTQ export peaked 2.8 GB above layer 1)
-        self._scaled, self._factors = {}, FactorCache()
+        self._factors = FactorCache()
+        hess.clear()
 
     def finish(self) -> None:
         """The output head (when it has a calibrated method and its own weight)."""
@@ -306,8 +344,8 @@ class MethodConsumer(Consumer):
         if site is None:
             return
         t0 = time.monotonic()
-        # the last layer's Hessians and inverse factors (0.8 GB each for a 14336-wide input) go first
-        self._scaled, self._factors = {}, FactorCache()
+        # the last layer's inverse factors (0.8 GB for a 14336-wide input) go first
+        self._factors = FactorCache()
         hess = self.collector.take_hessians([site.name])
         h = hess.get(site.name)
         w = self.read(site.name)
@@ -412,11 +450,9 @@ class MethodConsumer(Consumer):
         st = self.collector.stats_of(site.name)
         imx = None if st is None else st.mean_sq[0].astype(np.float32)
         hess = None if h is None else h[0]
-        if s is not None:  # the layer's input is x / s now
+        if s is not None:  # the layer's input is x / s now (its Hessian is divided in ``layer_collected``)
             sn = s.double().cpu().numpy()
             imx = None if imx is None else (imx / sn**2).astype(np.float32)
-            if hess is not None:
-                hess = self._rescaled(hess, s)
         stats = SiteStats(site.name, st.tokens if st else 0, imx, hess, self.options.gptq, self._factors)
         copy = None if (s is not None or touched) else self._stored_copy(site, tm, qtype, w)
         if copy is not None:
@@ -458,19 +494,6 @@ class MethodConsumer(Consumer):
             raw = unpermute_rows(raw, heads)
         self.copied += 1
         return Encoded(raw, qtype, 0.0, None, ()), "copy"
-
-    def _rescaled(self, hess: Any, s: Any) -> Any:
-        """``hess / (s sᵀ)``, one tensor for the linears that share the Hessian and AWQ's scales."""
-        import torch
-
-        key = (id(hess), id(s))
-        hit = self._scaled.get(key)
-        if hit is not None and hit[0] is hess and hit[1] is s:
-            return hit[2]
-        sd = s.to(hess.device, torch.float32)
-        out = hess / (sd[:, None] * sd[None, :])
-        self._scaled[key] = (hess, s, out)
-        return out
 
     def _round(self, method: Any, w: Any, stats: SiteStats, qtype: str) -> tuple[Any, str]:
         """The method's encoding in slabs of rows (every method rounds rows independently, so a

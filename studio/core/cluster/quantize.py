@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.calib.quantize import SiteStats
+from studio.core.calib.quantize import SiteStats, rescaled_hessian
 from studio.core.executor import Executor, Unit
 from studio.core.jobs import null_context
 from studio.core.quant.gptq import HessianError
@@ -47,8 +47,7 @@ def round_layer(consumer: Any, executor: Executor, sites: Sequence[Any], view: A
             sn = s.double().cpu().numpy()
             imx = None if imx is None else (imx / sn**2).astype(np.float32)
             if hmat is not None:
-                sd = s.to(hmat.device, torch.float32)
-                hmat = hmat / (sd[:, None] * sd[None, :])
+                hmat = rescaled_hessian(hmat, s)
             href = None if hmat is None else executor.share(hmat.cpu())
         elif hmat is None:
             href = None
