@@ -70,6 +70,7 @@ class ActivationCollector(Consumer):
 
     ``hessian_for(site)`` selects the sites whose XᵀX is also summed (GPTQ); ``hessians()`` then
     returns ``2XᵀX/n`` per selected site. ``histogram=False`` skips the |x| histogram.
+    ``hessian_dtype``: the sums' torch dtype (default float64, float32 on MPS).
     """
 
     def __init__(
@@ -78,9 +79,11 @@ class ActivationCollector(Consumer):
         histogram: bool = True,
         hessian_for: Callable[[LinearSite], bool] | None = None,
         dataset: str = "",
+        hessian_dtype: Any = None,
     ) -> None:
         self.histogram = histogram
         self.hessian_for = hessian_for
+        self.hessian_dtype = hessian_dtype
         self.dataset = dataset
         self._spec: RunSpec | None = None
         self._acc: dict[str, InputAccumulator] = {}
@@ -146,7 +149,7 @@ class ActivationCollector(Consumer):
                 if again and prev is not None and prev[1] is not None and prev[1].n_cols == site.in_features:
                     hess = prev[1]
                 else:
-                    hess = HessianAccumulator(site.in_features, x.device)
+                    hess = HessianAccumulator(site.in_features, x.device, self.hessian_dtype)
                 self._hess[site.name] = hess
             if hess.last is not r:
                 hess.add(x)
@@ -182,6 +185,15 @@ class ActivationCollector(Consumer):
     def hessians(self) -> dict[str, Any]:
         """``2XᵀX/n`` (float32 numpy) per site selected by ``hessian_for``."""
         return {k: h.hessian() for k, h in self._hess.items()}
+
+    def hessian_groups(self, names: Iterable[str]) -> list[list[str]]:
+        """The named sites that have a Hessian, grouped by the input they read (one sum each), in order."""
+        groups: dict[int, list[str]] = {}
+        for name in names:
+            acc = self._hess.get(name)
+            if acc is not None:
+                groups.setdefault(id(acc), []).append(name)
+        return list(groups.values())
 
     def take_hessians(self, names: Iterable[str]) -> dict[str, tuple[Any, int]]:
         """Remove the named sites' sums and return ``(2XᵀX/n, rows)`` per site: a float32 torch tensor

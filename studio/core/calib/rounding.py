@@ -134,15 +134,23 @@ class _Probe(Consumer):
 
     def layer_collected(self, view: LayerView) -> None:
         """GPTQ against the imatrix search for every sampled linear of this layer."""
+        if view.index not in self.layers:
+            return
+        sites = [s for s in view.sites if s.name in self.types and s.kind != "experts"]
+        # one input at a time (q/k/v, o, gate/up, down): its Hessians are taken from the sums, used by the
+        # linears that read it and let go; taken all at once, every input's fitted and judging Hessians sat
+        # beside the 14336-wide down_proj input's (the 8B fixture's best export peaked at 7.7 GB here)
+        for group in self.fit.hessian_groups([s.name for s in sites]):
+            self._round_group(view, [s for s in sites if s.name in group], group)
+
+    def _round_group(self, view: LayerView, sites: list[Any], names: list[str]) -> None:
+        """GPTQ against the imatrix search for the linears ``sites`` that read one input."""
         import torch
 
         from studio.core.quant.blocks import dequantize, quantize  # numba's kernels: only when probing
 
-        if view.index not in self.layers:
-            return
-        sites = [s for s in view.sites if s.name in self.types and s.kind != "experts"]
-        hess = self.fit.take_hessians([s.name for s in sites])
-        judge = hess if self.held is self.fit else self.held.take_hessians([s.name for s in sites])
+        hess = self.fit.take_hessians(names)
+        judge = hess if self.held is self.fit else self.held.take_hessians(names)
         factors = FactorCache()  # one inverse factor per shared Hessian, for every type of every linear
         for s in sites:
             h, hj = hess.get(s.name), judge.get(s.name)
@@ -210,7 +218,7 @@ def rounding_ratios(
         ck = checkpoint_key(info, "")
         key = scan_digest(
             {
-                "v": 2,  # 2: judged on chunks GPTQ was not fitted to
+                "v": 3,  # 2: judged on chunks GPTQ was not fitted to; 3: their sums in float32
                 "model": str(info.path),
                 "files": [ck.mtime_ns, ck.size],
                 "text": inp.data.digest,
@@ -248,7 +256,13 @@ def rounding_ratios(
             return site.name in names and site.kind != "experts"
 
         fit = ActivationCollector(histogram=False, hessian_for=wanted, dataset=inp.data.name)
-        held = ActivationCollector(histogram=False, hessian_for=wanted, dataset=inp.data.name)
+        import torch
+
+        # the judging sums in float32: they only weigh output errors against each other, and beside the
+        # fitted float64 sums they were another 2 GB at 8B widths
+        held = ActivationCollector(
+            histogram=False, hessian_for=wanted, dataset=inp.data.name, hessian_dtype=torch.float32
+        )
         if inp.chunks.n_chunks >= 2:  # fitted on the even chunks, judged on the odd ones
             feed = [_SomeChunks(fit, lambda c: c % 2 == 0), _SomeChunks(held, lambda c: c % 2 == 1)]
         else:  # one chunk: nothing to spare, judged in sample

@@ -118,3 +118,41 @@ def test_the_ratios_are_judged_on_chunks_gptq_was_not_fitted_to(llama_model, tmp
     assert all(r.fitted[q] < r.ratios[q] for q in r.ratios)
     one = rounding_ratios(llama_model, a, ("Q4_0",), n_ctx=64, n_chunks=1, layers=(0,), cache_dir=tmp_path)
     assert one.ratios == one.fitted  # one chunk: nothing to hold out, judged in sample
+
+
+def test_the_probe_rounds_one_input_at_a_time_and_lets_each_go(llama_model, monkeypatch):
+    """The probe takes one input's Hessians (q/k/v, o, gate/up, down), rounds the linears that read it and
+    lets them go before the next (issue 40: taken all at once, every input's fitted and judging Hessians
+    sat beside the 14336-wide down_proj input's; the 8B fixture's best export peaked at 7.7 GB there); the
+    judging sums are float32."""
+    import gc
+    import weakref
+
+    from studio.core.calib import collect, rounding
+
+    a, _ = _texts()
+    taken: list[tuple[list[str], list[weakref.ref]]] = []
+    sums: list[set[str]] = []  # the dtypes of the sums each take read: fitted, then judging, per input
+    real_take = collect.ActivationCollector.take_hessians
+
+    def take(self, names):
+        sums.append({str(self._hess[n].xtx.dtype) for n in names if n in self._hess})
+        out = real_take(self, names)
+        taken.append((list(names), [weakref.ref(h) for h, _n in out.values()]))
+        return out
+
+    alive_at_entry: list[int] = []
+    real_group = rounding._Probe._round_group
+
+    def group(self, view, sites, names):
+        gc.collect()
+        alive_at_entry.append(sum(1 for _n, refs in taken for r in refs if r() is not None))
+        return real_group(self, view, sites, names)
+
+    monkeypatch.setattr(collect.ActivationCollector, "take_hessians", take)
+    monkeypatch.setattr(rounding._Probe, "_round_group", group)
+    rounding_ratios(llama_model, a, ("Q4_0",), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=None)
+    groups = [names for names, _r in taken[::2]]  # fitted, then judging, per input
+    assert [len(g) for g in groups] == [3, 1, 2, 1]  # q/k/v, o, gate/up, down
+    assert alive_at_entry == [0, 0, 0, 0]  # no earlier input's Hessians are held when the next is taken
+    assert all(d == {"torch.float64"} for d in sums[::2]) and all(d == {"torch.float32"} for d in sums[1::2])
