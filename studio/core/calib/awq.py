@@ -19,7 +19,7 @@ of another kind is left unscaled, with a note.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,10 +152,12 @@ def search_group(
     *,
     grid: int = DEFAULT_GRID,
     ctx: Any = None,
+    on_point: Callable[[int, int], None] | None = None,
 ) -> AwqChoice:
     """The α (and scales) whose quantized outputs are closest to the float ones, for one group.
 
-    ``weights`` (rows × in, float32) and ``qtypes`` (None: kept in a float type) follow ``group.linears``.
+    ``weights`` (rows × in, float32) and ``qtypes`` (None: kept in a float type) follow ``group.linears``;
+    ``on_point(done, total)`` is called after each of the grid's points (the progress).
     """
     import torch
 
@@ -176,6 +178,8 @@ def search_group(
             base = loss
         if best is None or loss < best[0]:
             best = (loss, alpha, s)
+        if on_point is not None:
+            on_point(k + 1, grid + 1)
     assert best is not None
     return AwqChoice(group, best[1], best[2], best[0], base)
 

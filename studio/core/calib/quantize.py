@@ -393,8 +393,9 @@ class MethodConsumer(Consumer):
             ws = [view.weight(m).detach() for m in members]
             imx = st.mean_sq[0].astype(np.float32)
             choice = awq.search_group(
-                g, ws, qtypes, h[0], st.mean_abs, imx, grid=self.options.awq_grid, ctx=self.ctx
-            )
+                g, ws, qtypes, h[0], st.mean_abs, imx, grid=self.options.awq_grid, ctx=self.ctx,
+                on_point=self._awq_progress(view, g, members),
+            )  # fmt: skip
             choices.append((g, members, choice))
         scales: dict[str, Any] = {}
         alphas = []
@@ -405,6 +406,25 @@ class MethodConsumer(Consumer):
             for m in members:
                 scales[m.name] = choice.scales
         return scales, alphas, changed
+
+    def _awq_progress(self, view: LayerView, g: Any, members: list[Any]) -> Callable[[int, int], None] | None:
+        """The bar's steps through one group's AWQ grid: each point is its share of the members' search cost
+        (``work``); at 8B widths a layer's search is minutes, and the bar stood still through it."""
+        meter = self.spec.meter if self.spec else None
+        if meter is None:
+            return None
+        n = self.spec.n_layers if self.spec else 0
+        what = f"layer {view.index + 1}/{n}: awq {', '.join(g.linears)}"
+
+        def step(done: int, total: int) -> None:
+            self._now = what
+            for m in members:
+                cost = 0.0
+                if self._method(m.name).awq and self._qtype(m.name) is not None:
+                    cost = self.options.awq_grid * m.out_features * m.in_features * _SEARCH_CANDIDATES
+                meter.site_some(self, m, cost / total, f"{what} (α {done}/{total})")
+
+        return step
 
     def _spool_float(self, tm: Any, x: np.ndarray) -> None:
         from studio.core.quant.blocks import quantize

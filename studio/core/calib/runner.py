@@ -476,6 +476,15 @@ class RunMeter:
         """``consumer``'s work on ``site`` is done."""
         self.step(self._work.pop((id(consumer), site.name), 0.0), msg)
 
+    def site_some(self, consumer: Consumer, site: LinearSite, cost: float, msg: str) -> None:
+        """``cost`` of ``consumer``'s work on ``site`` is done (never more than is left): a search that runs
+        ahead of the rounding (AWQ's grid) moves the bar as it goes, not when the site is rounded."""
+        key = (id(consumer), site.name)
+        w = self._work.get(key, 0.0)
+        part = min(w, max(0.0, cost))
+        self._work[key] = w - part
+        self.step(part, msg)
+
     def site_part(self, consumer: Consumer, site: LinearSite, left: int, msg: str) -> None:
         """One more part of ``consumer``'s work on ``site`` is done, ``left`` parts (this one included) having
         been to do: a tall matrix rounded in slabs moves the bar slab by slab, not once at its end."""
