@@ -203,7 +203,10 @@ def test_a_lost_cluster_is_one_sentence_and_a_rerun_resumes(tmp_path, model_and_
             if units:
                 break
             time.sleep(0.05)
-        assert units, "no unit finished before the deadline"
+        if not units:  # say which: the deadline, or the scan ended (its error, or done before a poll saw it)
+            ended = proc.poll()
+            tail = "" if ended is None else proc.communicate(timeout=60)[1][-2000:]
+            raise AssertionError(f"no unit seen before the deadline (the scan's exit status: {ended}) {tail}")
         first.kill()
     finally:
         first.kill()
