@@ -55,6 +55,7 @@ from studio.core.quant.types import QK_K
 __all__ = ["LATTICE_TYPES", "LatticeCodes", "decode", "encode", "gptq_lattice", "unpack"]
 
 LATTICE_TYPES: tuple[str, ...] = iquants.IQ_TYPES
+_REFIT_BLOCK = 1 << 25  # rows × n × nb values of the scale refit's products at once (256 MB of float64)
 _PARITY = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS"})  # 7 stored sign bits, the 8th their parity
 _DIM = {"IQ3_XXS": 4, "IQ3_S": 4}  # coordinates per grid point (8 for the others)
 _BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110, "IQ1_S": 50, "IQ1_M": 56}
@@ -492,27 +493,46 @@ def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarr
     base = decode(c)
     dev = h.device
     # ŵ = d · L per super-block: L the values of d = 1
-    dd = np.repeat(np.where(d_old != 0, d_old, 1.0).reshape(-1), QK_K).reshape(rows * nb, QK_K)
-    lev = torch.as_tensor((base / dd).reshape(rows, nb, QK_K), dtype=torch.float64, device=dev)
+    base = base.reshape(rows, nb, QK_K)
+    dd = np.where(d_old != 0, d_old, 1.0)[:, :, None]
     hh = h.to(device=dev, dtype=torch.float64)
-    T = torch.einsum("ibj,rbj->rib", hh.view(n, nb, QK_K), lev)
-    A = torch.einsum("rai,raib->rab", lev, T.view(rows, nb, QK_K, nb))
-    hw = w.to(device=dev, dtype=torch.float64) @ hh
-    rhs = (lev * hw.view(rows, nb, QK_K)).sum(-1)
-    reg = 1e-9 * torch.diagonal(A, dim1=-2, dim2=-1).mean(-1).clamp(min=1e-30)
     eye = torch.eye(nb, dtype=torch.float64, device=dev)
+    new_d = torch.empty((rows, nb), dtype=torch.float64, device=dev)
+    # every row is its own least-squares problem: a block of rows at a time, so the rows × n × nb products
+    # stay one block's (all rows of a 4096 × 14336 down_proj at once asked for 26 GB)
+    per = max(1, _REFIT_BLOCK // max(1, n * nb))
+    for a in range(0, rows, per):
+        r = slice(a, min(a + per, rows))
+        new_d[r] = _refit_rows(
+            torch.as_tensor(base[r] / dd[r], dtype=torch.float64, device=dev),
+            hh,
+            w[r].to(device=dev, dtype=torch.float64),
+            torch.as_tensor(d_old[r], dtype=torch.float64, device=dev),
+            eye,
+        )
+    new = new_d.cpu().numpy().reshape(-1)
+    b[:, 0:2] = np.ascontiguousarray(new.astype("<f2")).view(np.uint8).reshape(-1, 2)
+    return b.reshape(rows, -1)
+
+
+def _refit_rows(lev: Any, hh: Any, w: Any, old: Any, eye: Any) -> Any:
+    """``refit_super_scales`` for a block of rows: their levels (rows × nb × 256), the Hessian (float64), the
+    rows' weights and old scales; the new scales where they are better, else the old."""
+    import torch
+
+    rows, nb, qk = (int(x) for x in lev.shape)
+    n = nb * qk
+    T = torch.einsum("ibj,rbj->rib", hh.view(n, nb, qk), lev)
+    A = torch.einsum("rai,raib->rab", lev, T.view(rows, nb, qk, nb))
+    del T
+    hw = w @ hh
+    rhs = (lev * hw.view(rows, nb, qk)).sum(-1)
+    reg = 1e-9 * torch.diagonal(A, dim1=-2, dim2=-1).mean(-1).clamp(min=1e-30)
     d = torch.linalg.solve(A + reg[:, None, None] * eye, rhs)
     d16 = d.to(torch.float16).to(torch.float64)
-    old = torch.as_tensor(d_old, dtype=torch.float64, device=dev)
 
     def loss(x: Any) -> Any:  # the row's error up to a constant: xᵀAx − 2bᵀx
         return torch.einsum("ra,rab,rb->r", x, A, x) - 2 * (rhs * x).sum(-1)
 
-    ok = (
-        torch.isfinite(d16).all(-1)
-        & (loss(d16) < loss(old))
-        & torch.as_tensor((d_old != 0).all(-1), device=dev)
-    )
-    new = torch.where(ok[:, None], d16, old).cpu().numpy().reshape(-1)
-    b[:, 0:2] = np.ascontiguousarray(new.astype("<f2")).view(np.uint8).reshape(-1, 2)
-    return b.reshape(rows, -1)
+    ok = torch.isfinite(d16).all(-1) & (loss(d16) < loss(old)) & (old != 0).all(-1)
+    return torch.where(ok[:, None], d16, old)
