@@ -3,17 +3,11 @@ head of an 8B is 128,256 × 4096, and the float64 differences of all its rows we
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from studio.core.calib import scan_rows
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.memprobe import added_peak
 
 
 @pytest.mark.parametrize(
@@ -58,13 +52,5 @@ print(json.dumps({"added": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 
 def test_the_weighted_error_of_a_tall_matrix_holds_a_block_not_the_matrix_in_float64() -> None:
     """A 40,000 × 4096 weight (655 MB in float32): the error adds under 0.3 of it at its peak
     (one block of float64 differences, 128 MB); whole, it held the float64 differences of every row (measured 1.31 GB added)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    added = json.loads(out.stdout.strip().splitlines()[-1])["added"]
+    added = added_peak(_PROBE)
     assert added < 0.3 * 40000 * 4096 * 4, f"the error added {added / 1e9:.2f} GB at its peak"

@@ -4,17 +4,11 @@ leaves the caller's Hessian as it came."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from studio.core.quant import gptq
 from studio.core.quant.gptq import HessianError
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.memprobe import added_peak
 
 # One process per type: its peak RSS (ru_maxrss) after the Hessian is made, and after GPTQ of a
 # 64 × 8192 weight on it (an n × n float32 copy is 268 MB there).
@@ -42,15 +36,7 @@ print(json.dumps({"added": after - before}))
 def test_gptq_holds_few_copies_of_a_wide_hessian(qtype: str) -> None:
     """Before: 8.8 copies of the float32 Hessian at once (2.36 GB at n = 8192; 7.4 GB at n = 14336, on top
     of the caller's float64 one); now under 5.5 (measured 3.9 for Q4_K, 4.7 for IQ3_S)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(ROOT), qtype],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"OMP_NUM_THREADS": "2", "PATH": "/usr/bin:/bin"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    copies = json.loads(out.stdout.strip().splitlines()[-1])["added"] / (8192 * 8192 * 4)
+    copies = added_peak(_PROBE, qtype, threads=2) / (8192 * 8192 * 4)
     assert copies < 5.5, f"GPTQ ({qtype}) held {copies:.1f} float32 copies of the Hessian at its peak"
 
 
@@ -148,13 +134,5 @@ def test_the_lattice_scale_refit_of_a_tall_matrix_holds_a_block_of_rows() -> Non
     rows × n × n/256 float64 values, made a block of rows at a time. All rows at once, GPTQ of this 8192 ×
     2048 weight added 2.0 GB (now 0.72 GB), and at an 8B's 4096 × 14336 ``down_proj`` it asked for 26 GB
     (GPTQ with IQ3_S ended in an allocation error there)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _TALL, str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"OMP_NUM_THREADS": "2", "PATH": "/usr/bin:/bin"},
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    added = json.loads(out.stdout.strip().splitlines()[-1])["added"]
+    added = added_peak(_TALL, threads=2)
     assert added < 1.0e9, f"GPTQ (IQ3_S) of an 8192 × 2048 weight added {added / 1e9:.2f} GB at its peak"

@@ -1,0 +1,25 @@
+"""Peak memory a piece of code adds, measured in a child process (its ``ru_maxrss`` before and after): the
+memory tests' one way to run a probe script, which prints ``{"added": bytes}`` as its last line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def added_peak(script: str, *args: str, threads: int = 1, timeout: int = 600) -> int:
+    """Run ``script`` (given the repository root and ``args``) in a fresh interpreter with ``threads``
+    OpenMP threads; the bytes its last line reports as added to the peak."""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(ROOT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"OMP_NUM_THREADS": str(threads), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(json.loads(out.stdout.strip().splitlines()[-1])["added"])
