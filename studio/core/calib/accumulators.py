@@ -352,12 +352,18 @@ class HessianAccumulator:
         self.xtx.addmm_(xf.T, xf)
         self.rows += int(xf.shape[0])
 
-    def tensor(self) -> Any:
+    def tensor(self, consume: bool = False) -> Any:
         """``2 XᵀX / n`` as a float32 torch tensor on the accumulator's device (zeros when no row was seen),
         made a block of rows at a time: the scaled float64 copy of a 14336-wide input's sum was another
-        1.6 GB beside the sum and its float32 result (the same values: each element is scaled, then rounded)."""
+        1.6 GB beside the sum and its float32 result (the same values: each element is scaled, then rounded).
+        ``consume``: the sum is not used again, so a float32 one is scaled in place (no second n × n copy)."""
         import torch
 
+        if consume and self.xtx.dtype == torch.float32:
+            if self.rows:
+                self.xtx.mul_(2.0 / self.rows)
+            out, self.xtx = self.xtx, None
+            return out
         out = torch.empty(self.xtx.shape, dtype=torch.float32, device=self.xtx.device)
         per = max(1, _HESSIAN_BLOCK // max(1, self.n_cols))
         for a in range(0, self.n_cols, per):

@@ -206,7 +206,7 @@ class ActivationCollector(Consumer):
             if acc is None:
                 continue
             if id(acc) not in made:
-                made[id(acc)] = (acc.tensor(), acc.rows)
+                made[id(acc)] = (acc.tensor(consume=True), acc.rows)
             out[name] = made[id(acc)]
         return out
 

@@ -54,3 +54,17 @@ def test_a_summed_hessian_is_scaled_to_float32_a_block_at_a_time_with_the_same_b
     got = acc.tensor()
     assert got.dtype == torch.float32 and torch.equal(got, want)
     assert torch.equal(accumulators.HessianAccumulator(5, "cpu").tensor(), torch.zeros(5, 5))
+
+
+def test_a_float32_sum_taken_is_scaled_in_place():
+    """A float32 sum (the probe's judging Hessians, MPS) that is taken is scaled in place: no second n × n
+    copy; the values are those of the copy."""
+    from studio.core.calib import accumulators
+
+    g = torch.Generator().manual_seed(13)
+    acc = accumulators.HessianAccumulator(40, "cpu", torch.float32)
+    acc.add(torch.randn(2, 30, 40, generator=g))
+    want = acc.tensor()
+    buf = acc.xtx
+    got = acc.tensor(consume=True)
+    assert got is buf and torch.equal(got, want) and acc.xtx is None
