@@ -132,6 +132,27 @@ def token_bytes_table(tok: Any) -> list[bytes] | None:
     return table
 
 
+def check_fits_whole(cfg: dict[str, Any], label: str, device: str, dtype: Any) -> None:
+    """Refuse (ChatError, one sentence) loading a checkpoint whose weights in ``dtype`` need more host
+    memory than is free: an 8B in float32 is 33.6 GB, and the window's chat column began loading it as soon
+    as it was opened (minutes of reading, then the kernel's out-of-memory kill)."""
+    from studio.core import hardware
+    from studio.core.plan.job_estimate import estimate_whole
+    from studio.core.units import format_bytes
+
+    if device != "cpu" or not cfg:
+        return
+    nbytes = 2 if str(dtype) in ("torch.bfloat16", "torch.float16") else 4
+    est = estimate_whole(cfg, 512, dtype_bytes=nbytes, device=device)
+    free = hardware.ram()[1]
+    if free > 0 and est.peak_bytes > free:
+        raise ChatError(
+            f"{label} needs about {format_bytes(est.peak_bytes)} in transformers ({str(dtype).replace('torch.', '')}), "
+            f"more than the {format_bytes(free)} free: chat with a GGUF export of it, which llama.cpp maps from "
+            "disk" + (", or choose bfloat16" if nbytes == 4 else "") + "."
+        )
+
+
 def check_folder(folder: Path) -> dict[str, Any]:
     """The folder's config.json, after the checks every transformers load makes first (a folder
     with config.json, no custom code); one ``ModelOpenError``/``RemoteCodeError`` sentence otherwise."""
@@ -205,6 +226,7 @@ class TransformersBackend(BaseBackend):
 
         device = resolve_device(self.device_request)
         dtype = resolve_dtype(self.dtype_request, device)
+        check_fits_whole(cfg, self.label, device, dtype)
         if ctx is not None:
             ctx.check_cancelled()
         try:

@@ -169,3 +169,23 @@ def test_original_too_big_for_the_gpu_runs_on_the_cpu(chat_model, monkeypatch):
         assert generate(b, [Message("user", "Hi")], Sampling(max_tokens=2)).tokens
     finally:
         b.close()
+
+
+def test_an_original_that_does_not_fit_the_free_ram_is_one_sentence_before_loading(chat_model, monkeypatch):
+    """Issue 40: opening an 8B made the window's chat column load it in float32 (33.6 GB) on a 24 GB PC, minutes
+    of reading before the kernel's kill; now the load is refused first, naming the figure and a GGUF export."""
+    import transformers
+
+    from studio.core.chat import ChatError
+
+    called: list[str] = []
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: called.append("load")
+    )
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(1 << 20))
+    b = TransformersBackend(chat_model, n_ctx=128, device="cpu")
+    with pytest.raises(ChatError) as err:
+        b.load()
+    msg = str(err.value)
+    assert "needs about" in msg and "1.05 MB free" in msg and "GGUF export" in msg and "bfloat16" in msg
+    assert called == [] and not b.loaded
