@@ -184,7 +184,7 @@ def _divide_by_scales(hess: dict[str, tuple[Any, int]], scales: Mapping[str, Any
     """Replace, in ``hess``, the Hessian of every site AWQ scaled by ``rescaled_hessian``: once per shared
     input and scales (q/k/v, gate/up), each raw one let go as soon as its sites have theirs. Kept until
     the layer was rounded, the raw Hessians sat beside the rescaled ones (at 8B widths 1 GB, which put
-    awq+gptq's peak at 6.29 GB)."""
+    awq+gptq's peak at 6.45 GB)."""
     groups: list[tuple[Any, Any, list[str]]] = []
     for name, (h, _n) in hess.items():
         sc = scales.get(name)
