@@ -33,7 +33,7 @@ from studio.core.calib.scan_rows import (
     weighted_error,
 )
 from studio.core.errors import CalibrationError
-from studio.core.jobs import JobContext, null_context
+from studio.core.jobs import SPAN_STEPS, JobContext, null_context
 from studio.core.plan.scan import ScanTarget
 from studio.core.progress import WorkMeter
 from studio.core.quant.types import QTYPES
@@ -239,7 +239,8 @@ class SensitivityScan(Consumer):
     def _step(self, cost: float, msg: str) -> None:
         self._meter.add(cost)
         m = self._meter
-        self.ctx.report(int(m.done), max(1, int(m.total)), m.line(msg))
+        # in SPAN_STEPS units: the costs are multiply-adds (10^13 at 8B widths), past what a progress bar holds
+        self.ctx.report(int(SPAN_STEPS * m.fraction), SPAN_STEPS, m.line(msg))
 
     # -- quantizing
     def _qw(self, name: str) -> np.ndarray | None:

@@ -15,7 +15,7 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-from studio.core import safejson
+from studio.core import hardware, safejson
 from studio.core.chat.backend import BaseBackend, StopCheck
 from studio.core.chat.sampling import choose, make_rng
 from studio.core.chat.types import ChatError, Sampling, StopReason, TokenEvent
@@ -23,6 +23,8 @@ from studio.core.errors import ModelOpenError, RemoteCodeError
 from studio.core.jobs import JobContext
 from studio.core.model.hf_folder import transformers_folder
 from studio.core.model.hf_progress import no_hf_progress_bars
+from studio.core.plan.job_estimate import estimate_whole
+from studio.core.units import format_bytes
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 PROMPT_BATCH = 256
@@ -136,10 +138,6 @@ def check_fits_whole(cfg: dict[str, Any], label: str, device: str, dtype: Any) -
     """Refuse (ChatError, one sentence) loading a checkpoint whose weights in ``dtype`` need more host
     memory than is free: an 8B in float32 is 33.6 GB, and the window's chat column began loading it as soon
     as it was opened (minutes of reading, then the kernel's out-of-memory kill)."""
-    from studio.core import hardware
-    from studio.core.plan.job_estimate import estimate_whole
-    from studio.core.units import format_bytes
-
     if device != "cpu" or not cfg:
         return
     nbytes = 2 if str(dtype) in ("torch.bfloat16", "torch.float16") else 4

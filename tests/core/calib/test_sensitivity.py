@@ -372,14 +372,17 @@ def test_the_scans_progress_weighs_each_step_and_adds_up_to_its_plan(
     head's were not counted): the costs of the steps taken add up to the total planned at the start, on
     an untied and a tied model, in proxy mode and for plans alone, and the bar only moves forward."""
     from studio.core.calib import scan_streams
-    from studio.core.jobs import JobContext
+    from studio.core.jobs import SPAN_STEPS, JobContext
 
     steps: list[float] = []
     real = scan_streams.SensitivityScan._step
 
+    fracs: list[float] = []
+
     def spy(self, cost, msg):
         steps.append(cost)
-        return real(self, cost, msg)
+        real(self, cost, msg)
+        fracs.append(self._meter.fraction)
 
     monkeypatch.setattr(scan_streams.SensitivityScan, "_step", spy)
     seen: list[tuple[int, int]] = []
@@ -395,11 +398,11 @@ def test_the_scans_progress_weighs_each_step_and_adds_up_to_its_plan(
 
     monkeypatch.setattr(scan_streams.SensitivityScan, "_plan_work", plan_spy)
     if which == "plans":
-        measure_plans(model, [{"lm_head.weight": "Q4_0"}, {}], calib_text, settings)
+        measure_plans(model, [{"lm_head.weight": "Q4_0"}, {}], calib_text, settings, ctx=ctx)
     else:
         scan_sensitivity(model, calib_text, settings, cache_dir=None, ctx=ctx)
     (total,) = planned
     assert sum(steps) == pytest.approx(total, rel=1e-9)
     assert len(steps) > 4 and min(steps) >= 0
-    done = [d for d, t in seen if t == int(total)]
-    assert done == sorted(done) and (not seen or done[-1] == int(total))
+    assert fracs == sorted(fracs) and fracs[-1] == pytest.approx(1.0)
+    assert seen and max(t for _d, t in seen) <= SPAN_STEPS  # bounded units: a Qt bar holds 32 bits
