@@ -272,28 +272,35 @@ def _open_scorer(
     return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
 
-def _original_in_layers(path: Path, n_ctx: int, device: str, dtype: str, mode: str) -> bool:
-    """Whether the original checkpoint runs layer by layer (``layerwise.use_layers``); a GGUF never does."""
+def _original_facts(path: Path, device: str, dtype: str) -> tuple[dict[str, Any], str, int] | None:
+    """(config.json, device, bytes per weight) of an original checkpoint folder; None for a GGUF."""
     cfg_file = path / "config.json"
     if path.suffix.lower() == ".gguf" or not cfg_file.is_file():
-        if mode == "layers":
-            raise EvaluationError(f"{path.name} is not a checkpoint folder; only those run layer by layer.")
-        return False
+        return None
     cfg = safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError)
     dev = resolve_device(device)
     nbytes = 2 if str(resolve_dtype(dtype, dev)) in ("torch.bfloat16", "torch.float16") else 4
+    return cfg, dev, nbytes
+
+
+def _original_in_layers(path: Path, n_ctx: int, device: str, dtype: str, mode: str) -> bool:
+    """Whether the original checkpoint runs layer by layer (``layerwise.use_layers``); a GGUF never does."""
+    facts = _original_facts(path, device, dtype)
+    if facts is None:
+        if mode == "layers":
+            raise EvaluationError(f"{path.name} is not a checkpoint folder; only those run layer by layer.")
+        return False
+    cfg, dev, nbytes = facts
     return use_layers(cfg, n_ctx, dev, nbytes, mode)
 
 
 def check_original_memory(path: Path, n_ctx: int, device: str, dtype: str) -> None:
     """Refuse, in one sentence and before loading it, an original checkpoint that transformers would load
     whole into more memory than is free (``studio.core.plan.job_estimate``)."""
-    cfg_file = path / "config.json"
-    if path.suffix.lower() == ".gguf" or not cfg_file.is_file():
+    facts = _original_facts(path, device, dtype)
+    if facts is None:
         return
-    cfg = safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError)
-    dev = resolve_device(device)
-    nbytes = 2 if str(resolve_dtype(dtype, dev)) in ("torch.bfloat16", "torch.float16") else 4
+    cfg, dev, nbytes = facts
     est = estimate_whole(cfg, n_ctx, dtype_bytes=nbytes, device=dev)
     check_whole_fits(est, hardware.ram()[1], str(path))
 
