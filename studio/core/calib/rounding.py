@@ -8,9 +8,10 @@ imatrix rounding's errors while the file is written with GPTQ's, so the allocati
 disagree.
 
 ``rounding_ratios`` measures the difference on a sample: the calibration text runs through the model
-layer by layer once, and every sampled linear is rounded to each candidate type both ways. GPTQ and the
-imatrix search are fitted on half of the chunks (the even ones: their ``2XᵀX/n`` and imatrix) and judged
-on the other half (the odd ones' ``2XᵀX/n``): the ratio of GPTQ's output error to the imatrix search's
+layer by layer once, and every sampled linear (``PROBE_ROWS`` of its rows, spread) is rounded to each
+candidate type both ways. GPTQ and the imatrix search are fitted on half of the chunks (the even ones:
+their ``2XᵀX/n`` and imatrix) and judged on the other half (the odd ones' input rows, at most
+``JUDGE_TOKENS`` of them): the ratio of GPTQ's output error to the imatrix search's
 there, per type (the median over the sample), is the correction. Judged on the chunks it was fitted to,
 GPTQ looked far better than it is on other text (Q8_0 ×0.11, Q5_0 ×0.16 in sample on the demo), and the
 allocator, trusting that, moved tensors from Q8_0 down to Q5_0; the in-sample ratios are kept beside the
@@ -52,6 +53,13 @@ from studio.core.stats.cache import checkpoint_key
 GPTQ_METHODS = frozenset({"gptq", "awq+gptq"})  # methods whose rounding the correction models
 PROBE_LAYERS = 3  # decoder layers sampled: the first, the middle and the last of the proxy's layers
 PROBE_CHUNKS = 16  # calibration chunks the probe runs: 8 to fit (4096 tokens at 512), 8 to judge on
+# output rows of a linear the probe rounds: every method rounds rows independently against the same Hessian,
+# so the errors' ratio is a sum over rows that a spread sample estimates; all 14336 rows of an 8B gate_proj
+# cost 28× the time for a ratio the same to a few per cent
+PROBE_ROWS = 512
+# held-out input rows (tokens) the probe judges on: kept as rows, not as their n × n sum, which at an 8B's
+# 14336-wide down_proj input was 0.8 GB in float32 where 4096 rows are 0.23 GB
+JUDGE_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,62 @@ class _SomeChunks(Consumer):
         self.inner.layer_collected(view)
 
 
+class _HeldRows(Consumer):
+    """The judging chunks' inputs of the sampled linears as rows (tokens × n, float32, the first
+    ``JUDGE_TOKENS`` of each input), shared by the linears that read the same input: an output error
+    ``tr(E H Eᵀ)`` is ``‖E Xᵀ‖²`` up to the factor 2/n, which a ratio drops."""
+
+    def __init__(self, wanted: Callable[[Any], bool], keep: Callable[[int], bool]) -> None:
+        self.wanted = wanted
+        self.keep = keep
+        self._rows: dict[str, list[Any]] = {}
+        self._last: tuple[Any, int, int, list[Any]] | None = None
+
+    def start(self, spec: RunSpec) -> None:  # noqa: D102
+        self._rows.clear()
+        self._last = None
+
+    def observe(self, site: Any, x: Any, chunk: int, expert: int = 0) -> None:  # noqa: D102
+        if not self.keep(chunk) or site.kind == "experts" or not self.wanted(site):
+            return
+        last = self._last
+        if last is not None and last[0] is x and last[1] == x._version and last[2] == chunk:
+            self._rows.setdefault(site.name, last[3])  # the same input as the linear before
+            return
+        parts = self._rows.setdefault(site.name, [])
+        room = JUDGE_TOKENS - sum(int(p.shape[0]) for p in parts)
+        if room > 0:
+            import torch
+
+            parts.append(x.detach().reshape(-1, int(x.shape[-1]))[:room].to("cpu", torch.float32, copy=True))
+        self._last = (x, x._version, chunk, parts)
+
+    def layer_collected(self, view: LayerView) -> None:  # noqa: D102
+        self._last = None
+
+    def take(self, names: Sequence[str]) -> dict[str, Any]:
+        """Remove the named linears' rows: one tensor per input, shared by the linears that read it."""
+        import torch
+
+        out: dict[str, Any] = {}
+        made: dict[int, Any] = {}
+        for name in names:
+            parts = self._rows.pop(name, None)
+            if parts:
+                if id(parts) not in made:
+                    made[id(parts)] = torch.cat(parts) if len(parts) > 1 else parts[0]
+                out[name] = made[id(parts)]
+        return out
+
+
+def _judged_error(w: Any, q: Any, judge: Any, rows: bool) -> float:
+    """The output error of ``q`` for ``w`` on the judging data: ``‖(W − Q) Xᵀ‖²`` on held-out rows, or
+    ``tr((W − Q) H (W − Q)ᵀ)`` on a Hessian."""
+    if not rows:
+        return output_error(w, q, judge)
+    return float(((w - q) @ judge.T).double().square().sum())
+
+
 class _Probe(Consumer):
     """Rounds each sampled layer's linears to every candidate type by GPTQ and by the imatrix search,
     both fitted on ``fit``'s chunks, and compares their output errors on ``held``'s."""
@@ -116,7 +180,7 @@ class _Probe(Consumer):
     def __init__(
         self,
         fit: ActivationCollector,
-        held: ActivationCollector,
+        held: ActivationCollector | _HeldRows,
         layers: Sequence[int],
         types: Mapping[str, Sequence[str]],
         ctx: Any,
@@ -150,18 +214,28 @@ class _Probe(Consumer):
         from studio.core.quant.blocks import dequantize, quantize  # numba's kernels: only when probing
 
         hess = self.fit.take_hessians(names)
-        judge = hess if self.held is self.fit else self.held.take_hessians(names)
-        factors = FactorCache()  # one inverse factor per shared Hessian, for every type of every linear
+        rows = isinstance(self.held, _HeldRows)
+        judge = self.held.take(names) if rows else hess
+        linears = []
         for s in sites:
             h, hj = hess.get(s.name), judge.get(s.name)
             st = self.fit.stats_of(s.name)
             if h is None or hj is None or st is None:
                 continue
-            w = view.weight(s).detach().to(torch.float32)
-            w = (w.t() if s.kind == "conv1d" else w).contiguous().cpu()
-            imx = st.mean_sq[0].astype(np.float32)
-            hc, hjc = h[0].cpu(), hj[0].cpu()  # the same objects for the linears that share them
-            for q in self.types[s.name]:
+            w = view.weight(s).detach()
+            w = sample_rows(w.t() if s.kind == "conv1d" else w).to(torch.float32).contiguous().cpu()
+            # the same Hessian objects for the linears that share them
+            j = hj if rows else hj[0].cpu()
+            linears.append((s.name, w, h[0].cpu(), j, st.mean_sq[0].astype(np.float32)))
+        # type by type, every linear of the input: the factor of the one shared Hessian is made once per
+        # column order (the grids', the lattices') and only the last is kept; kept for every order at once,
+        # the 14336-wide down_proj's factors were 0.8 GB each beside its Hessians (the probe peaked at 6.6 GB)
+        factors = FactorCache(keep=1)
+        order = sorted({q for n, *_ in linears for q in self.types[n]}, key=lambda q: q in LATTICE_TYPES)
+        for q in order:
+            for name, w, hc, hjc, imx in linears:
+                if q not in self.types[name]:
+                    continue
                 self.ctx.check_cancelled()
                 try:
                     rnd = gptq_lattice if q in LATTICE_TYPES else gptq_quantize  # as the export rounds
@@ -173,12 +247,22 @@ class _Probe(Consumer):
                 shape = tuple(w.shape)
                 q_gptq = torch.from_numpy(dequantize(r.data, q, shape))
                 q_imx = torch.from_numpy(dequantize(quantize(w.numpy(), q, imx), q, shape))
-                e_imx = output_error(w, q_imx, hjc)
+                e_imx = _judged_error(w, q_imx, hjc, rows)
                 if e_imx > 0:
-                    self.samples.setdefault(q, []).append(output_error(w, q_gptq, hjc) / e_imx)
+                    self.samples.setdefault(q, []).append(_judged_error(w, q_gptq, hjc, rows) / e_imx)
 
     def finish(self) -> None:  # noqa: D102
         return None
+
+
+def sample_rows(w: Any, k: int | None = None) -> Any:
+    """``k`` (``PROBE_ROWS``) of ``w``'s rows, spread evenly from the first to the last (all when it has
+    no more)."""
+    k = PROBE_ROWS if k is None else k
+    rows = int(w.shape[0])
+    if rows <= k:
+        return w
+    return w[np.unique(np.round(np.linspace(0, rows - 1, k)).astype(np.int64)).tolist()]
 
 
 def probe_layers(n_layers: int, k: int = PROBE_LAYERS) -> tuple[int, ...]:
@@ -218,7 +302,9 @@ def rounding_ratios(
         ck = checkpoint_key(info, "")
         key = scan_digest(
             {
-                "v": 3,  # 2: judged on chunks GPTQ was not fitted to; 3: their sums in float32
+                # 2: judged on chunks GPTQ was not fitted to; 3: their sums in float32; 4: rows sampled,
+                # judged on input rows
+                "v": 4,
                 "model": str(info.path),
                 "files": [ck.mtime_ns, ck.size],
                 "text": inp.data.digest,
@@ -256,15 +342,10 @@ def rounding_ratios(
             return site.name in names and site.kind != "experts"
 
         fit = ActivationCollector(histogram=False, hessian_for=wanted, dataset=inp.data.name)
-        import torch
-
-        # the judging sums in float32: they only weigh output errors against each other, and beside the
-        # fitted float64 sums they were another 2 GB at 8B widths
-        held = ActivationCollector(
-            histogram=False, hessian_for=wanted, dataset=inp.data.name, hessian_dtype=torch.float32
-        )
-        if inp.chunks.n_chunks >= 2:  # fitted on the even chunks, judged on the odd ones
-            feed = [_SomeChunks(fit, lambda c: c % 2 == 0), _SomeChunks(held, lambda c: c % 2 == 1)]
+        held: ActivationCollector | _HeldRows
+        if inp.chunks.n_chunks >= 2:  # fitted on the even chunks, judged on the odd ones' rows
+            held = _HeldRows(wanted, lambda c: c % 2 == 1)
+            feed: list[Consumer] = [_SomeChunks(fit, lambda c: c % 2 == 0), held]
         else:  # one chunk: nothing to spare, judged in sample
             feed, held = [fit], fit
         probe = _Probe(fit, held, picked, chosen, ctx)
@@ -304,10 +385,13 @@ def corrected_scan(scan: Sensitivity, ratios: RoundingRatios) -> Sensitivity:
 
 __all__ = [
     "GPTQ_METHODS",
+    "JUDGE_TOKENS",
     "PROBE_CHUNKS",
     "PROBE_LAYERS",
+    "PROBE_ROWS",
     "RoundingRatios",
     "corrected_scan",
     "probe_layers",
     "rounding_ratios",
+    "sample_rows",
 ]

@@ -15,6 +15,7 @@ streams' differences from the original (float16). At the head, the output change
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -107,6 +108,10 @@ _QUANT_COST = {
 }  # fmt: skip
 _QUANT_DEFAULT = 4000
 _KL_COST = 20  # per logit of a stream at the head: its softmax, logarithm and sums
+# a stream's logits change is one large GEMM, run nearer the machine's peak than a layer's forward with its
+# attention and activations: 3.9 s per % of the bar at the head against 5.3 s through a layer (the 8B
+# fixture, 2 threads)
+_HEAD_EFFICIENCY = 0.75
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,10 @@ class _Costs:
     head_shape: tuple[int, int]  # vocabulary × hidden ((0, 0) without a head target)
     row_share: float
     min_rows: int
+    # the rounding kernels run on one thread while torch's matmuls use all of them: on the 2-core machine
+    # the rounding took 8.5 s per % of the bar against 5.3 s for the forwards, and the ETA after the 8B
+    # fixture's first layer was 31 % long (21 % with the rounding weighed by the threads)
+    threads: int = 1
 
     def quantize(self, t: ScanTarget, qtype: str, full: bool) -> float:
         """Rounding ``t`` to ``qtype``: every row, or the error's sample (``SensitivityScan._quantized``)."""
@@ -129,7 +138,7 @@ class _Costs:
             rows = min(rows, max(self.min_rows, math.ceil(rows * self.row_share)))
         if qtype in QTYPES and QTYPES[qtype].is_float:
             return float(rows * cols)
-        return float(rows * cols * _QUANT_COST.get(qtype, _QUANT_DEFAULT))
+        return float(rows * cols * _QUANT_COST.get(qtype, _QUANT_DEFAULT) * self.threads)
 
     def tensor(self, t: ScanTarget, wanted: Sequence[str], errors: Sequence[str]) -> float:
         """Every rounding of ``t``: its wanted candidates whole, its other error types on a sample."""
@@ -145,7 +154,7 @@ class _Costs:
     def head(self) -> float:
         """One stream's KL at the head: its logits' change and the KL over the vocabulary."""
         vocab, hidden = self.head_shape
-        return float(self.tokens * vocab * (hidden + _KL_COST))
+        return float(self.tokens * vocab * (hidden + _KL_COST) * _HEAD_EFFICIENCY)
 
 
 class SensitivityScan(Consumer):
@@ -325,6 +334,8 @@ class SensitivityScan(Consumer):
                 "The sensitivity scan needs the layer-by-layer runner with the output head."
             )
         self._spec = spec
+        if str(spec.device).startswith("cpu"):
+            self._costs = dataclasses.replace(self._costs, threads=max(1, torch.get_num_threads()))
         self._meter = WorkMeter(self._plan_work(spec.n_layers, bool(spec.outer.tied)))
         plan_streams = [_Stream(("p", i), plan=p) for i, p in enumerate(self.plans)]
         self._streams.extend(plan_streams)

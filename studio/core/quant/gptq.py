@@ -233,10 +233,12 @@ def _inverse_factor(build: Callable[[], Any], damp: float, mode: str) -> tuple[A
 class FactorCache:
     """The inverse factors already made, by Hessian: tensors that read the same input (q/k/v, gate/up)
     share one Hessian and so one factor, and a probe rounds one tensor to many types on one Hessian.
-    Keyed by the Hessian object (held, so its id cannot be reused) and how the factor was made."""
+    Keyed by the Hessian object (held, so its id cannot be reused) and how the factor was made; ``keep``:
+    how many factors are held at most (0: all), the oldest let go first."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 0) -> None:
         self._made: dict[tuple[int, tuple[Any, ...]], tuple[Any, tuple[Any, float, int]]] = {}
+        self.keep = keep
 
     def factor(self, h: Any, how: tuple[Any, ...], make: Callable[[], tuple[Any, float, int]]) -> Any:
         """``make()`` once per (``h``, ``how``); the same (factor, damping, tries) afterwards."""
@@ -244,6 +246,9 @@ class FactorCache:
         hit = self._made.get(key)
         if hit is not None and hit[0] is h:
             return hit[1]
+        if self.keep:
+            while len(self._made) >= self.keep:  # let the oldest go before the new one is made
+                self._made.pop(next(iter(self._made)))
         made = make()
         self._made[key] = (h, made)
         return made
@@ -261,7 +266,8 @@ def inverse_factor(
 
 @dataclass(frozen=True)
 class GptqStart:
-    """What every GPTQ sweep starts from: the weight and Hessian in float32 (``w0``, ``h``), the working
+    """What every GPTQ sweep starts from: the weight in float32 and the caller's Hessian (``w0``, ``h``;
+    float32 or float64, on the weight's device), the working
     copy ``W`` with the ``n_dead`` never-active columns (``dead``, their indices) zeroed, and ``diag``,
     H's diagonal with theirs set to 1. The working Hessian is made later by ``working_hessian``, already
     in the sweep's column order, so that no unpermuted copy of it is held."""
@@ -274,22 +280,23 @@ class GptqStart:
     n_dead: int
 
 
+_ERROR_BLOCK = 1 << 24  # values of H converted to float32 at once (output_error)
 _GATHER_ROWS = 256  # rows whose columns ``working_hessian`` reorders at once (a 256 × n temporary)
 
 
 def working_hessian(h: Any, dead: Any, perm: Any = None) -> Any:
-    """One n × n copy of ``h`` with the dead columns' diagonal set to 1, rows and columns in ``perm``'s
-    order (``h[perm][:, perm]``): the rows gathered at once, then the columns in place, a block of rows
-    at a time, so there are never two permuted copies."""
+    """One n × n float32 copy of ``h`` (float32 or float64) with the dead columns' diagonal set to 1, rows
+    and columns in ``perm``'s order (``h[perm][:, perm]``): a block of rows at a time, gathered, converted
+    and permuted, so there is never a second whole copy (nor a float64 one)."""
     import torch
 
     n = int(h.shape[0])
     if perm is None:
-        H = h.clone()
+        H = h.to(torch.float32, copy=True)
     else:
-        H = h.index_select(0, perm)
+        H = torch.empty((n, n), dtype=torch.float32, device=h.device)
         for r0 in range(0, n, _GATHER_ROWS):
-            H[r0 : r0 + _GATHER_ROWS] = H[r0 : r0 + _GATHER_ROWS].index_select(1, perm)
+            H[r0 : r0 + _GATHER_ROWS] = h.index_select(0, perm[r0 : r0 + _GATHER_ROWS]).index_select(1, perm)
     if dead.numel():
         pos = dead if perm is None else torch.argsort(perm)[dead]
         H[pos, pos] = 1.0
@@ -298,7 +305,9 @@ def working_hessian(h: Any, dead: Any, perm: Any = None) -> Any:
 
 def gptq_start(w: Any, h: Any, qtype: str, block: int) -> GptqStart:
     """Checks ``w`` (rows × n, ``n`` a multiple of ``block``) against ``h`` (n × n, finite) and sets the
-    dead columns (``h_dd ≤ 0``) to ``h_dd = 1``, ``w_:d = 0``; shared by the block and lattice sweeps."""
+    dead columns (``h_dd ≤ 0``) to ``h_dd = 1``, ``w_:d = 0``; shared by the block and lattice sweeps.
+    ``h`` stays the caller's float64 or float32 tensor (on the weight's device): a float32 copy of a
+    float64 one was another 0.8 GB at 8B's 14336-wide down_proj input, held through the sweep."""
     import torch
 
     n = int(w.shape[1])
@@ -309,11 +318,13 @@ def gptq_start(w: Any, h: Any, qtype: str, block: int) -> GptqStart:
             f"A Hessian of shape {tuple(h.shape)} does not fit a weight with {n} columns."
         )
     w0 = w.detach().to(torch.float32)
-    h = h.detach().to(device=w.device, dtype=torch.float32)
+    h = h.detach().to(device=w.device)
+    if h.dtype not in (torch.float32, torch.float64):
+        h = h.to(torch.float32)
     if not bool(torch.isfinite(h).all()):
         raise HessianError("The Hessian holds NaN or infinite values.")
     W = w0.clone()
-    diag = torch.diagonal(h).clone()
+    diag = torch.diagonal(h).to(torch.float32, copy=True)  # float32: the column order as before
     dead = torch.nonzero(diag <= 0).reshape(-1)
     n_dead = int(dead.numel())
     if n_dead:
@@ -333,9 +344,18 @@ def gptq_notes(tries: int, lam: float, damp: float, n_dead: int) -> tuple[str, .
 
 
 def output_error(w: Any, q: Any, h: Any) -> float:
-    """tr((W − Q) H (W − Q)ᵀ): the summed squared output error over the calibration rows, ×2/n."""
-    e = (w - q).to(h.dtype)
-    return float(((e @ h) * e).sum())
+    """tr((W − Q) H (W − Q)ᵀ): the summed squared output error over the calibration rows, ×2/n. In float32
+    with a float64 ``h`` read a block of its rows at a time: neither a float32 copy of it (0.8 GB at
+    14336 wide) nor float64 products (twice the time)."""
+    import torch
+
+    e = (w - q).to(torch.float32)
+    n = int(h.shape[0])
+    step = max(1, _ERROR_BLOCK // max(1, n))
+    eh = e[:, :step] @ h[:step].to(torch.float32)
+    for k0 in range(step, n, step):
+        eh.addmm_(e[:, k0 : k0 + step], h[k0 : k0 + step].to(torch.float32))
+    return float((eh * e).sum(dtype=torch.float64))
 
 
 def _grids(qtype: str) -> Any:

@@ -123,8 +123,8 @@ def test_the_ratios_are_judged_on_chunks_gptq_was_not_fitted_to(llama_model, tmp
 def test_the_probe_rounds_one_input_at_a_time_and_lets_each_go(llama_model, monkeypatch):
     """The probe takes one input's Hessians (q/k/v, o, gate/up, down), rounds the linears that read it and
     lets them go before the next (issue 40: taken all at once, every input's fitted and judging Hessians
-    sat beside the 14336-wide down_proj input's; the 8B fixture's best export peaked at 7.7 GB there); the
-    judging sums are float32."""
+    sat beside the 14336-wide down_proj input's; the 8B fixture's best export peaked at 7.7 GB there). It
+    judges on the held-out chunks' input rows, one float32 tensor per input, not on their n × n sums."""
     import gc
     import weakref
 
@@ -132,13 +132,20 @@ def test_the_probe_rounds_one_input_at_a_time_and_lets_each_go(llama_model, monk
 
     a, _ = _texts()
     taken: list[tuple[list[str], list[weakref.ref]]] = []
-    sums: list[set[str]] = []  # the dtypes of the sums each take read: fitted, then judging, per input
+    sums: list[set[str]] = []  # the dtypes of the fitted sums each take read, per input
+    judged: list[tuple[int, ...]] = []  # the shapes of the judging rows each take returned
     real_take = collect.ActivationCollector.take_hessians
+    real_rows = rounding._HeldRows.take
 
     def take(self, names):
         sums.append({str(self._hess[n].xtx.dtype) for n in names if n in self._hess})
         out = real_take(self, names)
         taken.append((list(names), [weakref.ref(h) for h, _n in out.values()]))
+        return out
+
+    def rows(self, names):
+        out = real_rows(self, names)
+        judged.extend({id(x): (tuple(x.shape), str(x.dtype)) for x in out.values()}.values())
         return out
 
     alive_at_entry: list[int] = []
@@ -150,9 +157,61 @@ def test_the_probe_rounds_one_input_at_a_time_and_lets_each_go(llama_model, monk
         return real_group(self, view, sites, names)
 
     monkeypatch.setattr(collect.ActivationCollector, "take_hessians", take)
+    monkeypatch.setattr(rounding._HeldRows, "take", rows)
     monkeypatch.setattr(rounding._Probe, "_round_group", group)
     rounding_ratios(llama_model, a, ("Q4_0",), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=None)
-    groups = [names for names, _r in taken[::2]]  # fitted, then judging, per input
-    assert [len(g) for g in groups] == [3, 1, 2, 1]  # q/k/v, o, gate/up, down
+    assert [len(names) for names, _r in taken] == [3, 1, 2, 1]  # q/k/v, o, gate/up, down
     assert alive_at_entry == [0, 0, 0, 0]  # no earlier input's Hessians are held when the next is taken
-    assert all(d == {"torch.float64"} for d in sums[::2]) and all(d == {"torch.float32"} for d in sums[1::2])
+    assert all(d == {"torch.float64"} for d in sums)
+    with open_model(llama_model) as ck:
+        cfg = ck.info.config
+    h, f = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+    # the odd chunks (2 of 4, 64 tokens each) as rows, one tensor per input
+    assert [s for s, _d in judged] == [(128, h), (128, h), (128, h), (128, f)]
+    assert {d for _s, d in judged} == {"torch.float32"}
+
+
+def test_the_probe_judges_on_at_most_judge_tokens_rows(llama_model, monkeypatch):
+    """The held-out rows stop at ``JUDGE_TOKENS`` per input; the ratios still come from them."""
+    from studio.core.calib import rounding
+
+    a, _ = _texts()
+    seen: list[int] = []
+    real_rows = rounding._HeldRows.take
+
+    def rows(self, names):
+        out = real_rows(self, names)
+        seen.extend(int(x.shape[0]) for x in out.values())
+        return out
+
+    monkeypatch.setattr(rounding, "JUDGE_TOKENS", 80)
+    monkeypatch.setattr(rounding._HeldRows, "take", rows)
+    r = rounding_ratios(llama_model, a, ("Q4_0",), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=None)
+    assert seen and set(seen) == {80} and 0 < r.ratios["Q4_0"] < 1
+
+
+def test_the_probe_rounds_a_spread_sample_of_rows_and_its_ratio_holds(llama_model, monkeypatch):
+    """The probe rounds ``PROBE_ROWS`` rows spread over each linear (issue 40: all 14336 rows of an 8B
+    gate_proj made a budget plan with --method best take hours); the errors' ratio is a sum over rows, so
+    the sample's stays near the whole's."""
+    import torch
+
+    from studio.core.calib import rounding
+
+    picked = rounding.sample_rows(torch.arange(100.0)[:, None], 8)[:, 0].tolist()
+    assert picked == [0.0, 14.0, 28.0, 42.0, 57.0, 71.0, 85.0, 99.0]  # spread, first and last included
+    a, _ = _texts()
+    full = rounding_ratios(llama_model, a, ("Q4_0",), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=None)
+    shapes: list[tuple[int, ...]] = []
+    real = rounding.gptq_quantize
+
+    def gptq(w, *args, **kw):
+        shapes.append(tuple(w.shape))
+        return real(w, *args, **kw)
+
+    monkeypatch.setattr(rounding, "gptq_quantize", gptq)
+    monkeypatch.setattr(rounding, "PROBE_ROWS", 128)
+    part = rounding_ratios(llama_model, a, ("Q4_0",), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=None)
+    assert shapes and max(r for r, _c in shapes) == 128
+    assert part.ratios["Q4_0"] != full.ratios["Q4_0"]  # other rows were rounded
+    assert part.ratios["Q4_0"] == pytest.approx(full.ratios["Q4_0"], rel=0.1)
