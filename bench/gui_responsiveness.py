@@ -305,10 +305,11 @@ def main() -> int:
 
     from PySide6.QtWidgets import QApplication
 
-    from studio.app import build_services
+    from studio.app import build_services, tune_interpreter
     from studio.qt.main_window import MainWindow
     from studio.qt.settings import AppSettings
 
+    tune_interpreter()  # as studio.app.main does
     app = QApplication.instance() or QApplication([sys.argv[0]])
     with tempfile.TemporaryDirectory() as tmp:
         settings = AppSettings.from_file(str(Path(tmp) / "bench.ini"))

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, Slot
+from PySide6.QtCore import QObject, QTimer, Slot
 
 from studio.qt.jobs import JobManager
 from studio.qt.panel_job import PanelJob
@@ -35,13 +35,29 @@ class PresetEstimates(QObject):
         super().__init__(parent)
         self.state, self.services, self._show_status = state, services, show_status
         self.task = PanelJob(jobs, "estimate", self, on_done=self._done, on_error=self._failed)
-        for sig in (state.modelOpened, state.modelClosed, state.hardwareChanged, state.contextLengthChanged):
+        self._pending = False
+        for sig in (state.modelClosed, state.hardwareChanged, state.contextLengthChanged):
             sig.connect(self.recompute)
+        state.modelOpened.connect(self._after_open)
 
     @property
     def running(self) -> bool:
         """Whether an estimate is queued or running."""
-        return self.task.running
+        return self._pending or self.task.running
+
+    @Slot()
+    def _after_open(self, *_args: object) -> None:
+        # started once every panel has shown the new model: started at once, its worker took the GIL from
+        # the panels' handlers, each of whose calls into Qt waits for it again (a 32-layer model's open
+        # stalled the window 127 ms)
+        self._pending = True
+        QTimer.singleShot(0, self._start_pending)
+
+    @Slot()
+    def _start_pending(self) -> None:
+        if self._pending:
+            self._pending = False
+            self.recompute()
 
     @Slot()
     def recompute(self, *_args: object) -> None:

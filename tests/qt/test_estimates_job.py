@@ -58,3 +58,38 @@ def test_a_failing_estimate_says_one_sentence_and_shows_none(qtbot, make_window,
     )
     assert win.state.estimates == ()
     assert win.summary.estimate_table.rowCount() == 0
+
+
+def test_the_estimate_starts_after_the_panels_have_shown_the_opened_model(
+    qtbot, make_window, real_services, tiny_models
+):
+    """Started at once on modelOpened, the estimate's worker took the GIL from the panels' own handlers of
+    the same signal, each of whose calls into Qt waits for it again (a 32-layer model's open stalled the
+    window 127 ms, issue 40); it now starts once they are done, and counts as running meanwhile."""
+    from studio.core.model import open_model
+
+    win = make_window(real_services)
+    qtbot.waitUntil(lambda: win.state.hardware is not None, timeout=OPEN_TIMEOUT_MS)  # an estimate can start
+    jobs_when_shown: list[int] = []
+    ckpt = open_model(tiny_models("llama"))
+    # connected last: runs after every panel's handler of the signal
+    win.state.modelOpened.connect(lambda _c: jobs_when_shown.append(len(win.jobs.active_jobs("estimate"))))
+    win.state.set_checkpoint(ckpt, "tiny")
+    assert jobs_when_shown == [0] and win.estimates.running  # not started yet, but pending
+    qtbot.waitUntil(lambda: bool(win.state.estimates), timeout=OPEN_TIMEOUT_MS)
+    assert not win.estimates.running
+
+
+def test_opening_lays_the_model_out_on_the_worker(tiny_models):
+    """The open job makes the model's GGUF layout and keeps it with the info, so the plan editor, which lays
+    the model out on the GUI thread as it opens, only reads it (building gguf's name map there stalled the
+    window 40 ms at 32 layers)."""
+    from studio.core.jobs import null_context
+    from studio.qt.services import real_services
+
+    ckpt = real_services().open_model(tiny_models("llama"), null_context(), False)
+    try:
+        assert "layout" in ckpt.info.derived
+        assert {t.hf_name for t in ckpt.info.derived["layout"].tensors} <= {t.name for t in ckpt.info.tensors}
+    finally:
+        ckpt.close()

@@ -3,6 +3,7 @@ transforms llama.cpp expects (Q/K row permutation, Conv1D transpose, Gemma's nor
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 from collections.abc import Mapping
@@ -205,7 +206,7 @@ def studio_layout(info: ModelInfo) -> Layout:
         m = re.match(r"blk\.(\d+)\.", gname)
         out.append(TensorMap(t.name, gname, shape, transform, int(m.group(1)) if m else None))
     gnames = [t.gguf_name for t in out]
-    dup = {n for n in gnames if gnames.count(n) > 1}
+    dup = {n for n, k in collections.Counter(gnames).items() if k > 1}
     if dup:
         raise ExportError(f"Several tensors of {info.path} map to the same GGUF tensor {sorted(dup)[0]!r}.")
     tied = "output.weight" not in gnames

@@ -15,12 +15,20 @@ __all__ = ["export_route", "layout"]
 def layout(info: ModelInfo) -> Layout:
     """Map every tensor of ``info`` to its GGUF name, shape and transform: a GGUF original keeps its
     own names; the studio's own mapping covers its families, llama.cpp's converter every other
-    architecture; ExportError (one sentence naming the architecture) when neither converts it."""
+    architecture; ExportError (one sentence naming the architecture) when neither converts it. Kept with
+    ``info`` (``ModelInfo.derived``): the same object is laid out once."""
+    memo = getattr(info, "derived", None)
+    if memo is not None and "layout" in memo:
+        return memo["layout"]
     if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original keeps its own names
-        return gguf_layout(info)
-    if not studio_converts(info):
-        return llama_converter.converter_layout(info)
-    return studio_layout(info)
+        out = gguf_layout(info)
+    elif not studio_converts(info):
+        out = llama_converter.converter_layout(info)
+    else:
+        out = studio_layout(info)
+    if memo is not None:
+        memo["layout"] = out
+    return out
 
 
 def export_route(info: ModelInfo) -> tuple[str | None, str | None]:

@@ -241,3 +241,28 @@ def test_an_unreadable_recipe_next_to_a_types_table_is_dropped(info):
     plan = Plan.from_dict(d, info)
     assert plan.recipe is None and dict(plan.types) == d["types"]
     assert plan.to_dict()["recipe"] == {}
+
+
+def test_a_model_is_laid_out_once_and_a_changed_info_again(llama_model, monkeypatch):
+    """The window's estimates asked for the GGUF layout 57 times while a 32-layer model opened (170 ms of a
+    worker holding the GIL, issue 40); the layout is kept with the info object, and an info made from it
+    by ``dataclasses.replace`` (other tensors) derives its own."""
+    import dataclasses
+
+    from studio.core.gguf import layout as layout_mod
+
+    calls: list[int] = []
+    real = layout_mod.studio_layout
+
+    def counted(info):
+        calls.append(1)
+        return real(info)
+
+    monkeypatch.setattr(layout_mod, "studio_layout", counted)
+    with open_model(llama_model) as ck:
+        info = ck.info
+    first = layout(info)
+    assert layout(info) is first and len(calls) == 1
+    fewer = dataclasses.replace(info, tensors=tuple(t for t in info.tensors if "lm_head" not in t.name))
+    other = layout(fewer)
+    assert len(calls) == 2 and other is not first and layout(fewer) is other
