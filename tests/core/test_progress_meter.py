@@ -82,3 +82,38 @@ def test_no_eta_before_a_share_of_the_work_is_done():
     assert m.eta() is None and m.line("embeddings: chunk 1/2") == "embeddings: chunk 1/2 · ETA ?"
     m.add(ETA_MIN_SHARE * 1e6)
     assert m.eta() is not None and m.eta() > 0
+
+
+def test_each_kind_of_work_goes_at_its_own_measured_rate():
+    """Work of different kinds runs at different speeds per unit of cost by ratios no cost model knows
+    for every machine (issue 40: one rate for all, the 8B fixture's ETA after its first layer was 31 % long
+    for the scan, whose one-thread rounding is slower per unit than its matmuls, and 26 % short for GPTQ).
+    Each kind keeps its own rate, measured from its second step on: the first carries the start-up."""
+    clock = Clock()
+    m = WorkMeter(0.0, clock)
+    m.plan(10.0 + 2 * 100.0, "forward")  # the embeddings, then a pass through each of two layers
+    m.plan(2 * 100.0 + 400.0, "sweep")  # a sweep per layer, then the head's
+    clock.t += 5.0
+    m.add(10.0, "forward")  # the embeddings, with 5 s of start-up
+    clock.t += 1.0
+    m.add(100.0, "forward")  # the first layer: its pass, 1 s, and its sweep, 10 s
+    clock.t += 10.0
+    m.add(100.0, "sweep")
+    # left: a pass (1 s) and a sweep (10 s), the head's sweep (40 s); one rate for all said 31.7 s
+    assert m.eta() == 51.0
+    clock.t += 1.0
+    m.add(100.0, "forward")
+    assert m.eta() == 50.0
+
+
+def test_a_kind_not_measured_yet_goes_at_the_jobs_rate():
+    clock = Clock()
+    m = WorkMeter(0.0, clock)
+    m.plan(300.0, "forward")
+    m.plan(100.0, "head")
+    clock.t += 1.0
+    m.add(100.0, "forward")  # start-up: measures nothing
+    clock.t += 2.0
+    m.add(100.0, "forward")
+    # forward at 2 s per 100; the head, not measured, at the job's 3 s per 200
+    assert m.eta() == 2.0 + 1.5

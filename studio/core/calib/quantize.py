@@ -153,9 +153,14 @@ def _free(device: Any) -> None:
 
 
 _SLAB_ROWS = 16384  # rows rounded at once: bounds the working copies of a tall matrix (the head)
-# the Hessian's inverse factor (float64) against the sweep's matrix products: fitted on the 8B fixture,
-# where the head's GPTQ (128256 × 4096) took 0.61 of a decoder layer's time (down_proj's 14336-wide inverse)
-_INVERSE_WEIGHT = 0.7
+# the Hessian's inverse factor against the sweep's matrix products: fitted on the 8B fixture, where the
+# head's GPTQ (128256 × 4096, in slabs) took 0.94 of a decoder layer's (131 s against 140 s; 0.7 made it
+# 0.57, and the ETA after the first layer of a 2-layer run came out 26 % short)
+_INVERSE_WEIGHT = 0.3
+ROUND, AWQ_GRID = (
+    "round",
+    "awq",
+)  # the consumer's kinds of work: rounding (a GPTQ sweep, a search), AWQ's grid
 _RESCALE_BLOCK = 1 << 24  # values of a Hessian divided at once by AWQ's scales (64 MB of float32)
 _SEARCH_CANDIDATES = 64  # scale candidates a block search tries, for the progress's cost model
 
@@ -260,19 +265,31 @@ class MethodConsumer(Consumer):
     changes_weights = True
 
     def work(self, site: LinearSite, spec: RunSpec) -> float:
+        """Rounding's cost and AWQ's grid's (``work_parts``) together."""
+        return sum(self.work_parts(site, spec).values())
+
+    def work_parts(self, site: LinearSite, spec: RunSpec) -> Mapping[str, float]:
         """Rounding's cost: a GPTQ sweep is rows × columns² (plus the inverse, columns³), a search
-        rows × columns × its candidates; AWQ adds its grid of such searches."""
+        rows × columns × its candidates; AWQ's grid, each point of which rounds the linear and measures its
+        output error on the Hessian (rows × columns²), apart: it runs at another speed."""
         if site.name not in self.by_hf or site.kind == "experts" or self._qtype(site.name) is None:
-            return 0.0
+            return {}
         if site.layer is None and not self.wants_head:
-            return 0.0
+            return {}
         m = self._method(site.name)
         rows, cols = float(site.out_features), float(site.in_features)
         sweep = m.rounding is gptq
         cost = rows * cols * cols + _INVERSE_WEIGHT * cols**3 if sweep else rows * cols * _SEARCH_CANDIDATES
+        parts = {ROUND: cost}
         if m.awq and site.layer is not None:
-            cost += self.options.awq_grid * rows * cols * _SEARCH_CANDIDATES
-        return cost
+            parts[AWQ_GRID] = self._awq_cost(site)
+        return parts
+
+    def _awq_cost(self, site: LinearSite) -> float:
+        """AWQ's grid on ``site``: per point a search and the output error (rows × columns × (columns +
+        the search's candidates))."""
+        rows, cols = float(site.out_features), float(site.in_features)
+        return self.options.awq_grid * rows * cols * (cols + _SEARCH_CANDIDATES)
 
     def needs_hessian(self, site: LinearSite) -> bool:
         """Sites whose Hessian the collector must sum: every site of a layer with a GPTQ or AWQ tensor."""
@@ -421,8 +438,8 @@ class MethodConsumer(Consumer):
             for m in members:
                 cost = 0.0
                 if self._method(m.name).awq and self._qtype(m.name) is not None:
-                    cost = self.options.awq_grid * m.out_features * m.in_features * _SEARCH_CANDIDATES
-                meter.site_some(self, m, cost / total, f"{what} (α {done}/{total})")
+                    cost = self._awq_cost(m)
+                meter.site_some(self, m, cost / total, f"{what} (α {done}/{total})", AWQ_GRID)
 
         return step
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -39,6 +39,7 @@ from studio.core.progress import WorkMeter
 # config.json model types that are encoders: built with AutoModel, never with a causal LM head.
 _ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2"})
 _FIT_SHARE = 0.7  # the whole-model fallback needs its weights within this share of free memory
+FORWARD = "forward"  # the kind of work of the passes through the model (``RunMeter``)
 
 
 class RunnerMode(str, Enum):
@@ -390,6 +391,11 @@ class Consumer:
         the progress and ETA weigh it against the forward passes (0: nothing beyond observing)."""
         return 0.0
 
+    def work_parts(self, site: LinearSite, spec: RunSpec) -> Mapping[str, float]:
+        """``work`` by kind of work, each of which the ETA runs at its own measured rate (one kind, the
+        consumer's class, unless a consumer does work of several speeds: AWQ's grid and GPTQ's sweep)."""
+        return {type(self).__name__: self.work(site, spec)}
+
     wants_head: bool = False  # True: the run computes logits (and observes the head's input)
 
     def start(self, spec: RunSpec) -> None:
@@ -452,20 +458,23 @@ class RunMeter:
     def __init__(self, ctx: JobContext, clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
         self.meter = WorkMeter(0.0, clock)
-        self._work: dict[tuple[int, str], float] = {}
+        self._work: dict[tuple[int, str], dict[str, float]] = {}  # (consumer, site) → kind → cost left
 
     def plan(self, consumers: Sequence[Consumer], spec: RunSpec, forward: float) -> None:
-        """The run's total: ``forward`` (its passes through the model) plus each consumer's work."""
+        """The run's total: ``forward`` (its passes through the model) plus each consumer's work, by kind
+        (``Consumer.work_parts``): the ETA goes at each kind's own measured rate."""
+        self.meter.plan(forward, FORWARD)
         for c in consumers:
             for s in spec.sites:
-                w = float(c.work(s, spec))
-                if w > 0:
-                    self._work[(id(c), s.name)] = w
-        self.meter.total = forward + sum(self._work.values())
+                parts = {k: float(w) for k, w in c.work_parts(s, spec).items() if w > 0}
+                if parts:
+                    self._work[(id(c), s.name)] = parts
+                    for k, w in parts.items():
+                        self.meter.plan(w, k)
 
-    def step(self, cost: float, msg: str) -> None:
-        """``cost`` more is done; report with ``msg``."""
-        self.meter.add(cost)
+    def step(self, cost: float, msg: str, kind: str = FORWARD) -> None:
+        """``cost`` more of ``kind`` is done; report with ``msg``."""
+        self.meter.add(cost, kind)
         self.note(msg)
 
     def note(self, msg: str) -> None:
@@ -474,31 +483,37 @@ class RunMeter:
 
     def site_done(self, consumer: Consumer, site: LinearSite, msg: str) -> None:
         """``consumer``'s work on ``site`` is done."""
-        self.step(self._work.pop((id(consumer), site.name), 0.0), msg)
+        parts = self._work.pop((id(consumer), site.name), {})
+        for k, w in parts.items():
+            self.meter.add(w, k)
+        self.note(msg)
 
-    def site_some(self, consumer: Consumer, site: LinearSite, cost: float, msg: str) -> None:
-        """``cost`` of ``consumer``'s work on ``site`` is done (never more than is left): a search that runs
-        ahead of the rounding (AWQ's grid) moves the bar as it goes, not when the site is rounded."""
-        key = (id(consumer), site.name)
-        w = self._work.get(key, 0.0)
+    def site_some(self, consumer: Consumer, site: LinearSite, cost: float, msg: str, kind: str) -> None:
+        """``cost`` of ``consumer``'s ``kind`` of work on ``site`` is done (never more than is left): a search
+        that runs ahead of the rounding (AWQ's grid) moves the bar as it goes, not when the site is rounded."""
+        parts = self._work.get((id(consumer), site.name), {})
+        w = parts.get(kind, 0.0)
         part = min(w, max(0.0, cost))
-        self._work[key] = w - part
-        self.step(part, msg)
+        if kind in parts:
+            parts[kind] = w - part
+        self.step(part, msg, kind)
 
     def site_part(self, consumer: Consumer, site: LinearSite, left: int, msg: str) -> None:
         """One more part of ``consumer``'s work on ``site`` is done, ``left`` parts (this one included) having
         been to do: a tall matrix rounded in slabs moves the bar slab by slab, not once at its end."""
-        key = (id(consumer), site.name)
-        w = self._work.get(key, 0.0)
-        part = w / max(1, left)
-        self._work[key] = w - part
-        self.step(part, msg)
+        parts = self._work.get((id(consumer), site.name), {})
+        for k, w in parts.items():
+            part = w / max(1, left)
+            parts[k] = w - part
+            self.meter.add(part, k)
+        self.note(msg)
 
     def settle(self, sites: Sequence[LinearSite]) -> None:
         """Count the work on ``sites`` that consumers did not mark as done themselves."""
         names = {s.name for s in sites}
         for key in [k for k in self._work if k[1] in names]:
-            self.meter.add(self._work.pop(key))
+            for k, w in self._work.pop(key).items():
+                self.meter.add(w, k)
 
 
 def _forward_cost(sites: Sequence[LinearSite], n_ctx: int, hidden: int) -> float:

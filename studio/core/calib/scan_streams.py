@@ -110,8 +110,9 @@ _QUANT_DEFAULT = 4000
 _KL_COST = 20  # per logit of a stream at the head: its softmax, logarithm and sums
 # a stream's logits change is one large GEMM, run nearer the machine's peak than a layer's forward with its
 # attention and activations: 3.9 s per % of the bar at the head against 5.3 s through a layer (the 8B
-# fixture, 2 threads)
+# fixture, 2 threads); the bar's share (the ETA measures each kind's rate itself)
 _HEAD_EFFICIENCY = 0.75
+ROUND, STREAMS, HEAD = "round", "streams", "head"  # the scan's kinds of work (``_plan_work``)
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,9 @@ class _Costs:
     row_share: float
     min_rows: int
     # the rounding kernels run on one thread while torch's matmuls use all of them: on the 2-core machine
-    # the rounding took 8.5 s per % of the bar against 5.3 s for the forwards, and the ETA after the 8B
-    # fixture's first layer was 31 % long (21 % with the rounding weighed by the threads)
+    # the rounding took 8.5 s per % of the bar against 5.3 s for the forwards (the bar's share; the ETA
+    # measures each kind's rate itself: with one rate for all, it was 31 % long after the 8B fixture's
+    # first layer)
     threads: int = 1
 
     def quantize(self, t: ScanTarget, qtype: str, full: bool) -> float:
@@ -225,28 +227,32 @@ class SensitivityScan(Consumer):
         self._meter = WorkMeter(1.0)
 
     # -- progress: every piece of work weighed by its cost in float32 multiply-adds (``_Costs``)
-    def _plan_work(self, n_layers: int, tied: bool) -> float:
+    def _plan_work(self, n_layers: int, tied: bool) -> dict[str, float]:
+        """The scan's work by kind: the candidates' rounding, the streams' passes through the layers and
+        their KL at the head (the ETA runs each at its own measured rate)."""
         c = self._costs
-        total = 0.0
+        work = {ROUND: 0.0, STREAMS: 0.0, HEAD: 0.0}
         emb = next((t for t in self.targets.values() if t.kind == "embedding"), None)
         # a tied head's candidates are the embedding's, rounded again at the head
         if tied and emb is not None:
-            total += sum(c.quantize(emb, q, True) for q in self._wanted(emb.name))
+            work[ROUND] += sum(c.quantize(emb, q, True) for q in self._wanted(emb.name))
         for t in self.targets.values():
-            total += c.tensor(t, self._wanted(t.name), self.errors.get(t.name, ()))
+            work[ROUND] += c.tensor(t, self._wanted(t.name), self.errors.get(t.name, ()))
             qs = self.exact.get(t.name, ())
             if t.kind == "linear" and t.layer is not None:
                 # a candidate's stream: made at its layer, carried through the rest, measured at the head
-                total += len(qs) * (sum(c.forward(i) for i in range(t.layer, n_layers)) + c.head)
+                work[STREAMS] += len(qs) * sum(c.forward(i) for i in range(t.layer, n_layers))
             elif t.kind == "embedding":
-                total += len(qs) * (sum(c.forward(i) for i in range(n_layers)) + c.head)
-            else:
-                total += len(qs) * c.head
-        total += len(self.plans) * (sum(c.forward(i) for i in range(n_layers)) + c.head)
-        return max(1.0, total)
+                work[STREAMS] += len(qs) * sum(c.forward(i) for i in range(n_layers))
+            work[HEAD] += len(qs) * c.head
+        work[STREAMS] += len(self.plans) * sum(c.forward(i) for i in range(n_layers))
+        work[HEAD] += len(self.plans) * c.head
+        if sum(work.values()) <= 0:
+            work[ROUND] = 1.0
+        return work
 
-    def _step(self, cost: float, msg: str) -> None:
-        self._meter.add(cost)
+    def _step(self, cost: float, msg: str, kind: str) -> None:
+        self._meter.add(cost, kind)
         m = self._meter
         # in SPAN_STEPS units: the costs are multiply-adds (10^13 at 8B widths), past what a progress bar holds
         self.ctx.report(int(SPAN_STEPS * m.fraction), SPAN_STEPS, m.line(msg))
@@ -322,7 +328,7 @@ class SensitivityScan(Consumer):
             if (name, q) not in self.err:
                 self.ctx.check_cancelled()
                 _, self.err[(name, q)] = self._quantized(name, rows, q, False)
-                self._step(self._costs.quantize(t, q, False), msg or f"{t.role}: the error at {q}")
+                self._step(self._costs.quantize(t, q, False), msg or f"{t.role}: the error at {q}", ROUND)
 
     # -- consumer
     def start(self, spec: RunSpec) -> None:
@@ -336,7 +342,9 @@ class SensitivityScan(Consumer):
         self._spec = spec
         if str(spec.device).startswith("cpu"):
             self._costs = dataclasses.replace(self._costs, threads=max(1, torch.get_num_threads()))
-        self._meter = WorkMeter(self._plan_work(spec.n_layers, bool(spec.outer.tied)))
+        self._meter = WorkMeter(0.0)
+        for kind, cost in self._plan_work(spec.n_layers, bool(spec.outer.tied)).items():
+            self._meter.plan(cost, kind)
         plan_streams = [_Stream(("p", i), plan=p) for i, p in enumerate(self.plans)]
         self._streams.extend(plan_streams)
         outer = spec.outer
@@ -362,7 +370,7 @@ class SensitivityScan(Consumer):
             for s in plan_streams:
                 if s.plan.get(emb.name) == q:
                     s.delta, s.head_q = delta, head
-            self._step(self._costs.quantize(emb, q, True), f"token embedding at {q}")
+            self._step(self._costs.quantize(emb, q, True), f"token embedding at {q}", ROUND)
         self._errors_only(emb.name, rows)
 
     def layer_collected(self, view: LayerView) -> None:
@@ -382,7 +390,7 @@ class SensitivityScan(Consumer):
                 ctx.check_cancelled()
                 d, self.err[(name, q)] = self._quantized(name, rows, q, True)
                 deq[(name, q)] = from_rows(d, w, site).to(device=w.device, dtype=w.dtype)
-                self._step(self._costs.quantize(self.targets[name], q, True), f"{where} at {q}")
+                self._step(self._costs.quantize(self.targets[name], q, True), f"{where} at {q}", ROUND)
             self._errors_only(name, rows, where)
         # 1. streams from earlier layers through the original layer, batched
         carried = [s for s in self._streams if s.delta is not None and s.plan is None]
@@ -413,7 +421,9 @@ class SensitivityScan(Consumer):
         n_plan = sum(1 for s in self._streams if s.plan is not None)
         n = self._spec.n_layers if self._spec else 0
         self._step(
-            (len(carried) + n_new + n_plan) * self._costs.forward(view.index), f"layer {view.index + 1}/{n}"
+            (len(carried) + n_new + n_plan) * self._costs.forward(view.index),
+            f"layer {view.index + 1}/{n}",
+            STREAMS,
         )
         self._last = h_out
 
@@ -543,7 +553,7 @@ class SensitivityScan(Consumer):
                 d, self.err[(name, q)] = self._quantized(name, rows, q, True)
                 new = torch.from_numpy(d).reshape(head_w.shape).to(device=head_w.device, dtype=head_w.dtype)
                 del d
-            self._step(self._costs.quantize(self.targets[name], q, True), f"output head at {q}")
+            self._step(self._costs.quantize(self.targets[name], q, True), f"output head at {q}", ROUND)
             if not mine:
                 continue
             for s in mine:
@@ -586,7 +596,7 @@ class SensitivityScan(Consumer):
                             float("nan") if kls is None else float(kls[a0:a1].mean())
                             for a0, a1 in zip(ends, ends[1:], strict=False)
                         )
-                self._step(self._costs.head, "output head")
+                self._step(self._costs.head, "output head", HEAD)
 
 
 def _each_weight(view: LayerView, site: LinearSite, weights: Sequence[Any], h_in: Any) -> list[Any]:

@@ -375,13 +375,15 @@ def test_the_scans_progress_weighs_each_step_and_adds_up_to_its_plan(
     from studio.core.jobs import SPAN_STEPS, JobContext
 
     steps: list[float] = []
+    by_kind: dict[str, float] = {}
     real = scan_streams.SensitivityScan._step
 
     fracs: list[float] = []
 
-    def spy(self, cost, msg):
+    def spy(self, cost, msg, kind):
         steps.append(cost)
-        real(self, cost, msg)
+        by_kind[kind] = by_kind.get(kind, 0.0) + cost
+        real(self, cost, msg, kind)
         fracs.append(self._meter.fraction)
 
     monkeypatch.setattr(scan_streams.SensitivityScan, "_step", spy)
@@ -401,8 +403,9 @@ def test_the_scans_progress_weighs_each_step_and_adds_up_to_its_plan(
         measure_plans(model, [{"lm_head.weight": "Q4_0"}, {}], calib_text, settings, ctx=ctx)
     else:
         scan_sensitivity(model, calib_text, settings, cache_dir=None, ctx=ctx)
-    (total,) = planned
-    assert sum(steps) == pytest.approx(total, rel=1e-9)
+    (plan,) = planned  # kind → cost: each kind's steps add up to its own plan (the ETA's rate per kind)
+    assert set(by_kind) <= set(plan) and sum(steps) == pytest.approx(sum(plan.values()), rel=1e-9)
+    assert all(by_kind.get(k, 0.0) == pytest.approx(v, rel=1e-9, abs=1e-6) for k, v in plan.items())
     assert len(steps) > 4 and min(steps) >= 0
     assert fracs == sorted(fracs) and fracs[-1] == pytest.approx(1.0)
     assert seen and max(t for _d, t in seen) <= SPAN_STEPS  # bounded units: a Qt bar holds 32 bits
