@@ -110,9 +110,13 @@ _QUANT_DEFAULT = 4000
 _KL_COST = 20  # per logit of a stream at the head: its softmax, logarithm and sums
 # a stream's logits change is one large GEMM, run nearer the machine's peak than a layer's forward with its
 # attention and activations: 3.9 s per % of the bar at the head against 5.3 s through a layer (the 8B
-# fixture, 2 threads); the bar's share (the ETA measures each kind's rate itself)
+# fixture, 2 threads); with it the ETA predicts the head at the passes' measured rate
 _HEAD_EFFICIENCY = 0.75
-ROUND, STREAMS, HEAD = "round", "streams", "head"  # the scan's kinds of work (``_plan_work``)
+# the scan's kinds of work (``_plan_work``): the rounding (numba, one thread) and the matrix products (the
+# streams' passes through the layers and their logits at the head, torch on every thread); the head's
+# products as a kind of their own went at the job's rate until the head was reached, and the ETA after the
+# 8B fixture's first layer was 28 % long, 17 % with them counted as the passes' kind
+ROUND, MATMULS = "round", "matmuls"
 
 
 @dataclass(frozen=True)
@@ -228,10 +232,10 @@ class SensitivityScan(Consumer):
 
     # -- progress: every piece of work weighed by its cost in float32 multiply-adds (``_Costs``)
     def _plan_work(self, n_layers: int, tied: bool) -> dict[str, float]:
-        """The scan's work by kind: the candidates' rounding, the streams' passes through the layers and
+        """The scan's work by kind: the candidates' rounding; the streams' passes through the layers and
         their KL at the head (the ETA runs each at its own measured rate)."""
         c = self._costs
-        work = {ROUND: 0.0, STREAMS: 0.0, HEAD: 0.0}
+        work = {ROUND: 0.0, MATMULS: 0.0}
         emb = next((t for t in self.targets.values() if t.kind == "embedding"), None)
         # a tied head's candidates are the embedding's, rounded again at the head
         if tied and emb is not None:
@@ -241,12 +245,12 @@ class SensitivityScan(Consumer):
             qs = self.exact.get(t.name, ())
             if t.kind == "linear" and t.layer is not None:
                 # a candidate's stream: made at its layer, carried through the rest, measured at the head
-                work[STREAMS] += len(qs) * sum(c.forward(i) for i in range(t.layer, n_layers))
+                work[MATMULS] += len(qs) * sum(c.forward(i) for i in range(t.layer, n_layers))
             elif t.kind == "embedding":
-                work[STREAMS] += len(qs) * sum(c.forward(i) for i in range(n_layers))
-            work[HEAD] += len(qs) * c.head
-        work[STREAMS] += len(self.plans) * sum(c.forward(i) for i in range(n_layers))
-        work[HEAD] += len(self.plans) * c.head
+                work[MATMULS] += len(qs) * sum(c.forward(i) for i in range(n_layers))
+            work[MATMULS] += len(qs) * c.head
+        work[MATMULS] += len(self.plans) * sum(c.forward(i) for i in range(n_layers))
+        work[MATMULS] += len(self.plans) * c.head
         if sum(work.values()) <= 0:
             work[ROUND] = 1.0
         return work
@@ -423,7 +427,7 @@ class SensitivityScan(Consumer):
         self._step(
             (len(carried) + n_new + n_plan) * self._costs.forward(view.index),
             f"layer {view.index + 1}/{n}",
-            STREAMS,
+            MATMULS,
         )
         self._last = h_out
 
@@ -596,7 +600,7 @@ class SensitivityScan(Consumer):
                             float("nan") if kls is None else float(kls[a0:a1].mean())
                             for a0, a1 in zip(ends, ends[1:], strict=False)
                         )
-                self._step(self._costs.head, "output head", HEAD)
+                self._step(self._costs.head, "output head", MATMULS)
 
 
 def _each_weight(view: LayerView, site: LinearSite, weights: Sequence[Any], h_in: Any) -> list[Any]:
