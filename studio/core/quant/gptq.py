@@ -318,9 +318,10 @@ def gptq_start(w: Any, h: Any, qtype: str, block: int) -> GptqStart:
             f"A Hessian of shape {tuple(h.shape)} does not fit a weight with {n} columns."
         )
     w0 = w.detach().to(torch.float32)
-    h = h.detach().to(device=w.device)
-    if h.dtype not in (torch.float32, torch.float64):
-        h = h.to(torch.float32)
+    h = h.detach()
+    if h.dtype not in (torch.float32, torch.float64) or (h.dtype == torch.float64 and w.device.type == "mps"):
+        h = h.to(torch.float32)  # Metal has no float64
+    h = h.to(device=w.device)
     if not bool(torch.isfinite(h).all()):
         raise HessianError("The Hessian holds NaN or infinite values.")
     W = w0.clone()
@@ -500,7 +501,7 @@ def refit_scales(g: G.BlockGrid, codes: np.ndarray, w: Any, h: Any) -> G.BlockGr
     rows, n = g.shape
     gs = g.group
     nb = n // gs
-    dev = h.device
+    dev = h.device if h.device.type != "mps" else torch.device("cpu")  # its float64 solve: Metal has none
     hh = h.to(torch.float64)
     lev = torch.as_tensor(g.levels[codes.astype(np.intp)], dtype=torch.float64, device=dev)  # (rows, n)
     L3 = lev.view(rows, nb, gs)

@@ -491,7 +491,7 @@ def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarr
     d_old = _f16(b, 0).astype(np.float64).reshape(rows, nb)
     c = unpack(b, qtype, QK_K)
     base = decode(c)
-    dev = h.device
+    dev = h.device if h.device.type != "mps" else torch.device("cpu")  # its float64 solve: Metal has none
     # ŵ = d · L per super-block: L the values of d = 1
     base = base.reshape(rows, nb, QK_K)
     dd = np.where(d_old != 0, d_old, 1.0)[:, :, None]
