@@ -29,7 +29,9 @@ class JobContext:
     """What a core function gets to report progress and notice cancellation.
 
     ``report`` is throttled (at most one call to the sink every ``min_interval`` seconds, plus the
-    final one) so a tight loop cannot flood a GUI event queue.
+    final one) so a tight loop cannot flood a GUI event queue. A report held back is sent at the first
+    ``check_cancelled`` after the interval: a step announced just after the one before ended (GPTQ's
+    down_proj after up_proj) runs for minutes, and the line went on naming the step before.
     """
 
     on_progress: ProgressSink | None = None
@@ -37,6 +39,7 @@ class JobContext:
     min_interval: float = 0.05
     cancel_flag: CancelFlag = field(default_factory=threading.Event, repr=False)
     _last: float = field(default=0.0, repr=False)
+    _held: tuple[int, int, str] | None = field(default=None, repr=False)
 
     def report(self, done: int, total: int, msg: str = "") -> None:
         """Report that ``done`` of ``total`` units are finished."""
@@ -45,7 +48,10 @@ class JobContext:
         now = time.monotonic()
         if done >= total or now - self._last >= self.min_interval:
             self._last = now
+            self._held = None
             self.on_progress(done, total, msg)
+        else:
+            self._held = (done, total, msg)
 
     def log(self, msg: str) -> None:
         """Append one line to the job's log."""
@@ -62,9 +68,17 @@ class JobContext:
         return self.cancel_flag.is_set()
 
     def check_cancelled(self) -> None:
-        """Raise ``JobCancelled`` if the job has been asked to stop."""
+        """Raise ``JobCancelled`` if the job has been asked to stop; send a report held back by the
+        throttle once its interval has passed."""
         if self.cancel_flag.is_set():
             raise JobCancelled()
+        held = self._held
+        if held is not None and self.on_progress is not None:
+            now = time.monotonic()
+            if now - self._last >= self.min_interval:
+                self._last = now
+                self._held = None
+                self.on_progress(*held)
 
     def span(self, lo: float, hi: float) -> JobSpan:
         """A context for one step of this job: its progress fills the ``[lo, hi)`` fraction of this
