@@ -45,6 +45,10 @@ _BATCH_TOKENS = 8192  # tokens per batched layer call (bounds the activations' m
 _DELTA_DTYPE = "float16"  # streams store h' − h: small differences keep their precision in float16
 _F16_MAX = 65000.0
 _HEAD_GROUP = 16  # streams whose final norm runs in one call at the head
+# at most this many hidden values of a group's streams at once (their states and final norms: float32, two
+# copies): 16 streams of the held-out judgement's 2,304 positions at 8B's 4096 wide were 1.2 GB, when a
+# budget plan's judgement at the 8B fixture's full vocabulary peaked at 7.1 GB
+_HEAD_GROUP_VALUES = 1 << 25
 _HEAD_BLOCK = 1 << 25  # logits (positions × vocabulary) per block of the head's KL: 128 MB of float32
 
 
@@ -573,9 +577,10 @@ class SensitivityScan(Consumer):
     def _measure(self, streams: list[_Stream], hidden: Any, env: _HeadEnv) -> None:
         """The KL of each of ``streams`` against the original, in groups."""
         outer = env.outer
-        for a in range(0, len(streams), _HEAD_GROUP):
+        per = max(1, min(_HEAD_GROUP, _HEAD_GROUP_VALUES // max(1, int(hidden.numel()))))
+        for a in range(0, len(streams), per):
             self.ctx.check_cancelled()
-            group = streams[a : a + _HEAD_GROUP]
+            group = streams[a : a + per]
             moved = [s for s in group if s.delta is not None]
             h2s = {}
             if moved:  # the final norm of every moved stream of the group in one call
