@@ -60,6 +60,7 @@ PROBE_ROWS = 512
 # held-out input rows (tokens) the probe judges on: kept as rows, not as their n × n sum, which at an 8B's
 # 14336-wide down_proj input was 0.8 GB in float32 where 4096 rows are 0.23 GB
 JUDGE_TOKENS = 4096
+PROBE_KIND = "probe"  # the probe's kind of work for the ETA (``WorkMeter``)
 
 
 @dataclass(frozen=True)
@@ -192,9 +193,24 @@ class _Probe(Consumer):
         self.ctx = ctx
         self.samples: dict[str, list[float]] = {}
         self.fitted: dict[str, list[float]] = {}
+        self.spec: RunSpec | None = None
 
     def start(self, spec: RunSpec) -> None:  # noqa: D102
-        return None
+        self.spec = spec
+
+    def work_parts(self, site: Any, spec: RunSpec) -> Mapping[str, float]:
+        """Rounding a sampled linear to each of its types twice (GPTQ, the imatrix search) and judging both:
+        per type rows × columns² (the sweep), the inverse factor (columns³, made once per input and column
+        order) spread over the types; the bar moves type by type (at 8B widths the probe is minutes a layer,
+        and the bar stood still through it)."""
+        qs = self.types.get(site.name, ())
+        if site.layer not in self.layers or not qs or site.kind == "experts":
+            return {}
+        return {PROBE_KIND: len(qs) * self._type_cost(site)}
+
+    def _type_cost(self, site: Any) -> float:
+        rows, cols = float(min(site.out_features, PROBE_ROWS)), float(site.in_features)
+        return rows * cols * cols + 0.3 * cols**3 / max(1, len(self.types.get(site.name, ())))
 
     def layer_collected(self, view: LayerView) -> None:
         """GPTQ against the imatrix search for every sampled linear of this layer."""
@@ -217,6 +233,7 @@ class _Probe(Consumer):
         rows = isinstance(self.held, _HeldRows)
         judge = self.held.take(names) if rows else hess
         linears = []
+        sites_by = {s.name: s for s in sites}
         for s in sites:
             h, hj = hess.get(s.name), judge.get(s.name)
             st = self.fit.stats_of(s.name)
@@ -250,6 +267,12 @@ class _Probe(Consumer):
                 e_imx = _judged_error(w, q_imx, hjc, rows)
                 if e_imx > 0:
                     self.samples.setdefault(q, []).append(_judged_error(w, q_gptq, hjc, rows) / e_imx)
+                meter = getattr(self.spec, "meter", None) if self.spec is not None else None
+                if meter is not None:
+                    n = self.spec.n_layers
+                    site = sites_by[name]
+                    what = f"layer {view.index + 1}/{n}: rounding probe {name} at {q}"
+                    meter.site_some(self, site, self._type_cost(site), what, PROBE_KIND)
 
     def finish(self) -> None:  # noqa: D102
         return None

@@ -215,3 +215,21 @@ def test_the_probe_rounds_a_spread_sample_of_rows_and_its_ratio_holds(llama_mode
     assert shapes and max(r for r, _c in shapes) == 128
     assert part.ratios["Q4_0"] != full.ratios["Q4_0"]  # other rows were rounded
     assert part.ratios["Q4_0"] == pytest.approx(full.ratios["Q4_0"], rel=0.1)
+
+
+def test_the_probe_moves_the_bar_type_by_type(llama_model):
+    """Each rounding of a sampled linear to a type is a step of the bar and the ETA (issue 40: at the 8B
+    fixture the probe ran 38 minutes with the bar standing at "layer 1/2: chunk 2/2")."""
+    from studio.core.jobs import SPAN_STEPS, JobContext
+
+    a, _ = _texts()
+    seen: list[tuple[int, str]] = []
+    ctx = JobContext(on_progress=lambda d, t, m: seen.append((d, m)), min_interval=0.0)
+    rounding_ratios(
+        llama_model, a, ("Q4_0", "Q8_0"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=None, ctx=ctx
+    )
+    probe = [(d, m) for d, m in seen if "rounding probe" in m]
+    assert len(probe) == 7 * 2  # seven linears of layer 0, two types each
+    assert {m.split(" at ")[1].split(" ·")[0] for _d, m in probe} == {"Q4_0", "Q8_0"}
+    done = [d for d, _m in probe]
+    assert done == sorted(done) and 0 < done[0] < done[-1] < SPAN_STEPS  # the bar moves through the probe
