@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core import safejson
 from studio.core.errors import EvaluationError, StudioError
+from studio.core.evaluate.layerwise import LayerwiseOriginal, use_layers
 from studio.core.export.run import export_gguf
 from studio.core.export.verify import verify_gguf
 from studio.core.jobs import JobContext, null_context
@@ -100,11 +102,37 @@ def llama_kl(
     gguf: str | Path, model_dir: str | Path, text: str, *, max_tokens: int, ctx: Any = None, **kw: Any
 ) -> tuple[float, int]:
     """(mean KL of ``gguf`` against the original on ``text``'s first ``max_tokens`` tokens, tokens): the
-    logits from llama.cpp in its child process, the original's from transformers (``verify_gguf``)."""
-    r = verify_gguf(gguf, model_dir, text=text, max_tokens=max_tokens, ctx=ctx, **kw)
+    logits from llama.cpp in its child process, the original's from transformers (``verify_gguf``), layer by
+    layer where loading it whole would take more than ``layerwise.WHOLE_LIMIT`` or the free RAM (an 8B in
+    float32 is 33.6 GB; the 2-layer 8B fixture's budget export peaked at 9.6 GB here)."""
+    reference = _layerwise_reference(Path(model_dir), max_tokens, str(kw.get("device", "cpu")), ctx)
+    r = verify_gguf(gguf, model_dir, text=text, max_tokens=max_tokens, ctx=ctx, reference=reference, **kw)
     if r.mean_kl is None:
         raise EvaluationError("llama.cpp gave no next-token distribution to measure the file by.")
     return float(r.mean_kl), int(r.n_tokens)
+
+
+def _layerwise_reference(
+    folder: Path, n_tokens: int, device: str, ctx: Any
+) -> Callable[[list[int]], Any] | None:
+    """The original's logits of a token list, run layer by layer, where ``use_layers`` says so; else None."""
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file() or not use_layers(
+        safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError), n_tokens, device, 4, "auto"
+    ):
+        return None
+
+    def logits(ids: list[int]) -> Any:
+        orig = LayerwiseOriginal(folder, device=device, dtype="float32", n_ctx=len(ids), allow_pickle=False)
+        out: dict[int, Any] = {}
+        try:
+            orig.load(ctx)
+            orig.logits_of_chunks([ids], out.__setitem__, ctx=ctx)
+        finally:
+            orig.close()
+        return out[0]
+
+    return logits
 
 
 def last_word(

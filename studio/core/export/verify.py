@@ -9,6 +9,7 @@ nats per token, same top token, perplexity of both for the one verdict rule); ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,10 +113,13 @@ def verify_gguf(
     max_tokens: int = 128,
     ctx: JobContext | None = None,
     extra_buffers: str = "auto",
+    reference: Callable[[list[int]], Any] | None = None,
 ) -> VerifyResult:
     """Run the same token ids through the GGUF (llama.cpp, child process) and the original model.
 
     ``extra_buffers`` (auto/on/off) is llama.cpp's weight repacking, see ``studio.core.llamacpp``.
+    ``reference``: the original's logits (tokens × vocabulary) of a causal model's ids, where transformers
+    should not load it whole (the caller runs it layer by layer); None: transformers, whole.
     """
     ctx = ctx or null_context()
     text_name = "the given text" if text else SAMPLE_NAME
@@ -169,6 +173,10 @@ def verify_gguf(
         notes = wk.notes
     ctx.check_cancelled()
     ctx.report(2, 3, "Running transformers")
+    if reference is not None and not is_encoder:
+        ref = np.asarray(reference(list(ids)), dtype=np.float32)
+        ctx.report(3, 3, "Compared")
+        return causal_result(list(ids), ref, got, tuple(notes), text_name)
     try:
         cls = AutoModel if is_encoder else AutoModelForCausalLM
         kw = {"attn_implementation": "eager"} if cfg.model_type in ("gemma2",) else {}

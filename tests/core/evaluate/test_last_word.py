@@ -67,3 +67,28 @@ def test_the_real_measurement_of_a_file_against_its_original(llama_model, tmp_pa
     k8, n = llama_kl(q8, llama_model, sample_text(), max_tokens=64)
     k2, _ = llama_kl(q2, llama_model, sample_text(), max_tokens=64)
     assert n == 64 and math.isfinite(k8) and 0 <= k8 < k2
+
+
+def test_a_large_original_is_measured_layer_by_layer(llama_model, tmp_path, monkeypatch):
+    """Where loading the original whole in transformers would take more than the limit or the free RAM (an
+    8B in float32 is 33.6 GB; the 2-layer 8B fixture's budget export peaked at 9.6 GB in this step, issue
+    40), llama.cpp's last word takes the original's logits layer by layer: the same KL as whole."""
+    from studio.core.evaluate import last_word
+    from studio.core.export.run import export_gguf
+    from studio.core.factory import sample_text
+
+    q4 = tmp_path / "q4.gguf"
+    export_gguf(llama_model, q4, "Q4_K_M")
+    whole, n = last_word.llama_kl(q4, llama_model, sample_text(), max_tokens=64)
+    built: list[str] = []
+    real = last_word.LayerwiseOriginal
+
+    def spy(*a, **k):
+        built.append("layers")
+        return real(*a, **k)
+
+    monkeypatch.setattr(last_word, "use_layers", lambda *a, **k: True)
+    monkeypatch.setattr(last_word, "LayerwiseOriginal", spy)
+    layers, n2 = last_word.llama_kl(q4, llama_model, sample_text(), max_tokens=64)
+    assert built == ["layers"] and n2 == n == 64
+    assert layers == pytest.approx(whole, rel=1e-3, abs=1e-6)
