@@ -267,7 +267,7 @@ class _Probe(Consumer):
                 e_imx = _judged_error(w, q_imx, hjc, rows)
                 if e_imx > 0:
                     self.samples.setdefault(q, []).append(_judged_error(w, q_gptq, hjc, rows) / e_imx)
-                meter = getattr(self.spec, "meter", None) if self.spec is not None else None
+                meter = getattr(self.spec, "meter", None)
                 if meter is not None:
                     n = self.spec.n_layers
                     site = sites_by[name]

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studio.core import safejson
 from studio.core.errors import EvaluationError, StudioError
-from studio.core.evaluate.layerwise import LayerwiseOriginal, use_layers
+from studio.core.evaluate.layerwise import LayerwiseOriginal, original_in_layers
 from studio.core.export.run import export_gguf
 from studio.core.export.verify import verify_gguf
 from studio.core.jobs import JobContext, null_context
@@ -115,11 +114,9 @@ def llama_kl(
 def _layerwise_reference(
     folder: Path, n_tokens: int, device: str, ctx: Any
 ) -> Callable[[list[int]], Any] | None:
-    """The original's logits of a token list, run layer by layer, where ``use_layers`` says so; else None."""
-    cfg_file = folder / "config.json"
-    if not cfg_file.is_file() or not use_layers(
-        safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError), n_tokens, device, 4, "auto"
-    ):
+    """The original's logits of a token list, run layer by layer, where eval would run it so
+    (``layerwise.original_in_layers``); else None (transformers loads it whole)."""
+    if not original_in_layers(folder, n_tokens, device, "float32", "auto"):
         return None
 
     def logits(ids: list[int]) -> Any:

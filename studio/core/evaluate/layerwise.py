@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from studio.core import hardware
+from studio.core import hardware, safejson
 from studio.core.calib.data import Chunks
 from studio.core.calib.runner import Consumer, run_model
-from studio.core.chat.hf_backend import TransformersBackend, check_folder, resolve_device
+from studio.core.chat.hf_backend import TransformersBackend, check_folder, resolve_device, resolve_dtype
 from studio.core.errors import EvaluationError, ModelOpenError
 from studio.core.jobs import JobContext, null_context
 from studio.core.model import open_model
@@ -42,6 +42,28 @@ def use_layers(config: dict[str, Any], n_ctx: int, device: str, nbytes: int, mod
     est = estimate_whole(config, n_ctx, dtype_bytes=nbytes, device=device)
     free = hardware.ram()[1]
     return est.peak_bytes > WHOLE_LIMIT or (free > 0 and est.peak_bytes > free)
+
+
+def original_facts(path: Path, device: str, dtype: str) -> tuple[dict[str, Any], str, int] | None:
+    """(config.json, device, bytes per weight) of an original checkpoint folder; None for a GGUF."""
+    cfg_file = path / "config.json"
+    if path.suffix.lower() == ".gguf" or not cfg_file.is_file():
+        return None
+    cfg = safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError)
+    dev = resolve_device(device)
+    nbytes = 2 if str(resolve_dtype(dtype, dev)) in ("torch.bfloat16", "torch.float16") else 4
+    return cfg, dev, nbytes
+
+
+def original_in_layers(path: Path, n_ctx: int, device: str, dtype: str, mode: str) -> bool:
+    """Whether the original checkpoint runs layer by layer (``layerwise.use_layers``); a GGUF never does."""
+    facts = original_facts(path, device, dtype)
+    if facts is None:
+        if mode == "layers":
+            raise EvaluationError(f"{path.name} is not a checkpoint folder; only those run layer by layer.")
+        return False
+    cfg, dev, nbytes = facts
+    return use_layers(cfg, n_ctx, dev, nbytes, mode)
 
 
 class _Logits(Consumer):

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from studio.core import hardware, safejson
-from studio.core.chat.hf_backend import TransformersBackend, resolve_device, resolve_dtype
+from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.errors import EvaluationError, StudioError
-from studio.core.evaluate.layerwise import LayerwiseOriginal, use_layers
+from studio.core.evaluate.layerwise import LayerwiseOriginal, original_facts, original_in_layers
 from studio.core.evaluate.metrics import (
     chunk_starts,
     chunk_tokens,
@@ -272,32 +272,10 @@ def _open_scorer(
     return TransformersBackend(path, n_ctx=n_ctx, device=device, dtype=dtype, allow_pickle=allow_pickle)
 
 
-def _original_facts(path: Path, device: str, dtype: str) -> tuple[dict[str, Any], str, int] | None:
-    """(config.json, device, bytes per weight) of an original checkpoint folder; None for a GGUF."""
-    cfg_file = path / "config.json"
-    if path.suffix.lower() == ".gguf" or not cfg_file.is_file():
-        return None
-    cfg = safejson.loads(cfg_file.read_bytes(), "config.json", EvaluationError)
-    dev = resolve_device(device)
-    nbytes = 2 if str(resolve_dtype(dtype, dev)) in ("torch.bfloat16", "torch.float16") else 4
-    return cfg, dev, nbytes
-
-
-def _original_in_layers(path: Path, n_ctx: int, device: str, dtype: str, mode: str) -> bool:
-    """Whether the original checkpoint runs layer by layer (``layerwise.use_layers``); a GGUF never does."""
-    facts = _original_facts(path, device, dtype)
-    if facts is None:
-        if mode == "layers":
-            raise EvaluationError(f"{path.name} is not a checkpoint folder; only those run layer by layer.")
-        return False
-    cfg, dev, nbytes = facts
-    return use_layers(cfg, n_ctx, dev, nbytes, mode)
-
-
 def check_original_memory(path: Path, n_ctx: int, device: str, dtype: str) -> None:
     """Refuse, in one sentence and before loading it, an original checkpoint that transformers would load
     whole into more memory than is free (``studio.core.plan.job_estimate``)."""
-    facts = _original_facts(path, device, dtype)
+    facts = original_facts(path, device, dtype)
     if facts is None:
         return
     cfg, dev, nbytes = facts
@@ -362,7 +340,7 @@ def evaluate(
         notes.append(text)
         ctx.log(text)
 
-    if _original_in_layers(orig_path, n_ctx, device, dtype, original_mode):
+    if original_in_layers(orig_path, n_ctx, device, dtype, original_mode):
         scorer: Any = LayerwiseOriginal(
             orig_path, device=device, dtype=dtype, n_ctx=n_ctx, allow_pickle=allow_pickle
         )

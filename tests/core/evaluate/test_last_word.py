@@ -87,7 +87,7 @@ def test_a_large_original_is_measured_layer_by_layer(llama_model, tmp_path, monk
         built.append("layers")
         return real(*a, **k)
 
-    monkeypatch.setattr(last_word, "use_layers", lambda *a, **k: True)
+    monkeypatch.setattr(last_word, "original_in_layers", lambda *a, **k: True)
     monkeypatch.setattr(last_word, "LayerwiseOriginal", spy)
     layers, n2 = last_word.llama_kl(q4, llama_model, sample_text(), max_tokens=64)
     assert built == ["layers"] and n2 == n == 64
