@@ -104,6 +104,9 @@ class _SomeChunks(Consumer):
     def __init__(self, inner: ActivationCollector, keep: Callable[[int], bool]) -> None:
         self.inner = inner
         self.keep = keep
+        # the run's memory check counts Hessians where a consumer sums them: wrapped, the probe's fitted
+        # sums went uncounted and a run estimated without them was not refused where it did not fit
+        self.hessian_for = inner.hessian_for
 
     def start(self, spec: RunSpec) -> None:  # noqa: D102
         self.inner.start(spec)
