@@ -19,6 +19,23 @@ def rows_of(w: Any, site: LinearSite | None) -> Any:
     return np.ascontiguousarray(x.reshape(-1, x.shape[-1]).numpy())
 
 
+class NarrowRows:
+    """A weight held narrower than float32 (bfloat16, float16) read as ``rows_of`` would give it: each
+    block of rows indexed is made in float32 on the CPU, so the float32 whole is never held."""
+
+    def __init__(self, w: Any) -> None:
+        self._w = w.detach().reshape(-1, w.shape[-1])
+        self.shape = (int(self._w.shape[0]), int(self._w.shape[1]))
+        self.dtype = np.dtype(np.float32)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        import torch
+
+        if isinstance(key, np.ndarray):
+            key = torch.from_numpy(key).to(self._w.device)
+        return np.ascontiguousarray(self._w[key].float().cpu().numpy())
+
+
 def from_rows(rows: np.ndarray, like: Any, site: LinearSite | None) -> Any:
     import torch
 

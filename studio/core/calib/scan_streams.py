@@ -27,6 +27,7 @@ from studio.core.calib.runner import Consumer, LayerView, LinearSite, RunSpec
 from studio.core.calib.scan_kl import head_is_linear, kl_rows, torch_cat, torch_stack
 from studio.core.calib.scan_rows import (
     ErrorSum,
+    NarrowRows,
     from_rows,
     quantize_rows,
     quantized_blocks,
@@ -74,7 +75,9 @@ class _HeadEnv:
     p: Any  # the original's distribution, positions × vocabulary, float32
     mvec: Any  # pᵀW per position (a linear head), else None
     wb: Any  # the head's weight in bfloat16 (a linear head), else None
-    head_w: Any  # the head's weight, or None
+    head_w: Any  # the head's weight (as the checkpoint stores it where that is narrower), or None
+    rows: Any  # the head's weight as GGUF rows of float32 (``rows_of``, or ``NarrowRows`` over ``head_w``)
+    dtype: Any  # the run's dtype of the head, which a quantized candidate is rounded to
     hh: Any  # the original's head input, chunks × tokens × hidden
     ref: Any  # the original's logits per chunk where the head is not linear, else None
     fast: bool  # the head is linear: δ = W(ĥ' − ĥ)
@@ -302,10 +305,13 @@ class SensitivityScan(Consumer):
             self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
         return None, err
 
-    def _head_difference(self, name: str, rows: np.ndarray, qtype: str, head_w: Any) -> tuple[Any, float]:
+    def _head_difference(
+        self, name: str, rows: Any, qtype: str, head_w: Any, dtype: Any
+    ) -> tuple[Any, float]:
         """(``(Ŵ − W)`` in bfloat16, or None without ``head_w``; the weighted error) of the head quantized to
         ``qtype``, one block of rows at a time: the values of ``_quantized``'s whole candidate, which at Llama
-        3's vocabulary was another 2.1 GB beside the head and its bfloat16 copy."""
+        3's vocabulary was another 2.1 GB beside the head and its bfloat16 copy. ``dtype`` is the run's
+        dtype of the head, which ``head_w`` may hold narrower (exactly)."""
         import torch
 
         qw = self._qw(name)
@@ -319,7 +325,8 @@ class SensitivityScan(Consumer):
             acc.add(rows[b], deq)
             if dw is not None:
                 # each element rounded to the head's dtype, then once to bfloat16: as the whole candidate was
-                dw[b] = (torch.from_numpy(deq).to(device=w.device, dtype=w.dtype) - w[b]).to(torch.bfloat16)
+                dq = torch.from_numpy(deq).to(device=w.device, dtype=dtype)
+                dw[b] = (dq - w[b].to(dtype)).to(torch.bfloat16)
         err = acc.total(qw)
         if not math.isfinite(err):
             self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
@@ -493,9 +500,10 @@ class SensitivityScan(Consumer):
         """Keep the original's logits of every chunk."""
         self._ref[chunk] = logits
 
-    def _head_env(self, outer: Any, hidden: Any) -> _HeadEnv:
+    def _head_env(self, outer: Any, hidden: Any, stack: contextlib.ExitStack) -> _HeadEnv:
         """What every stream's head measure shares: the original's distribution (float32, made chunk by
-        chunk; the logits themselves are kept only where the head is not linear), pᵀW, the blocks."""
+        chunk; the logits themselves are kept only where the head is not linear), pᵀW, the blocks; a
+        linear head is held as the checkpoint stores it while ``stack`` is open (``OuterView.stored``)."""
         import torch
 
         ref = [self._ref[c] for c in sorted(self._ref)]
@@ -519,18 +527,36 @@ class SensitivityScan(Consumer):
         del wf
         per = max(1, _HEAD_BLOCK // max(1, n_tok * n_vocab))
         blocks = tuple((a, min(a + per, n_chunks)) for a in range(0, n_chunks, per))
-        wb = head_w.detach().to(torch.bfloat16) if fast else None
-        return _HeadEnv(p, mvec, wb, head_w, hh, None if fast else ref, fast, outer, n_chunks, n_tok, blocks)
+        dtype = None if head_w is None else head_w.dtype
+        wb = rows = None
+        if fast:
+            # the run's float32 head (2.1 GB at Llama 3's vocabulary) beside its bfloat16 copy was most of the
+            # budget export's peak at 8B widths; a bfloat16 checkpoint's head is both, so it is held once
+            del head_w
+            narrow = stack.enter_context(outer.stored(head_name))
+            head_w = outer.param(head_name) if narrow is None else narrow
+            wb = head_w.detach().to(torch.bfloat16)
+            rows = rows_of(head_w, None) if narrow is None else NarrowRows(narrow)
+        elif head_w is not None:
+            rows = rows_of(head_w, None)
+        return _HeadEnv(
+            p, mvec, wb, head_w, rows, dtype, hh, None if fast else ref, fast, outer, n_chunks, n_tok, blocks
+        )
 
     def finish(self) -> None:
         """The head: the KL of every stream against the original."""
+        with contextlib.ExitStack() as stack:
+            # what ``_finish`` held is let go before the stack reads the run's head again
+            self._finish(stack)
+
+    def _finish(self, stack: contextlib.ExitStack) -> None:
         import torch
 
         spec = self._spec
         assert spec is not None and spec.outer is not None
         outer = spec.outer
         hidden = self._last
-        env = self._head_env(outer, hidden)
+        env = self._head_env(outer, hidden, stack)
         head_w = env.head_w
         out = next((t for t in self.targets.values() if t.kind == "output"), None)
         has_out = out is not None and head_w is not None
@@ -546,7 +572,7 @@ class SensitivityScan(Consumer):
         # one quantized head at a time (vocabulary × hidden in float32: 0.93 GB at Qwen2.5's 151,936 rows),
         # each type's streams measured while it is held; before, every type's head was made first (and a
         # tied embedding's were held from the start of the run)
-        rows = rows_of(head_w, None) if head_w is not None else None
+        rows = env.rows
         heads = [(out.name, q) for q in wanted] if has_out else []
         heads += [k for k in dict.fromkeys(s.head_q for s in streams) if k is not None and k not in heads]
         for name, q in heads:
@@ -556,10 +582,12 @@ class SensitivityScan(Consumer):
             if env.fast or not mine:
                 # a linear head's streams need only (Ŵ − W) in bfloat16: made a block of rows at a time
                 # from the rounding, so the decoded candidate (vocabulary × hidden float32) is never whole
-                dw, self.err[(name, q)] = self._head_difference(name, rows, q, head_w if mine else None)
+                dw, self.err[(name, q)] = self._head_difference(
+                    name, rows, q, head_w if mine else None, env.dtype
+                )
             else:
                 d, self.err[(name, q)] = self._quantized(name, rows, q, True)
-                new = torch.from_numpy(d).reshape(head_w.shape).to(device=head_w.device, dtype=head_w.dtype)
+                new = torch.from_numpy(d).reshape(head_w.shape).to(device=head_w.device, dtype=env.dtype)
                 del d
             self._step(self._costs.quantize(self.targets[name], q, True), f"output head at {q}", ROUND)
             if not mine:
@@ -606,6 +634,24 @@ class SensitivityScan(Consumer):
                             for a0, a1 in zip(ends, ends[1:], strict=False)
                         )
                 self._step(self._costs.head, "output head", MATMULS)
+
+
+def scan_work(
+    targets: Sequence[ScanTarget],
+    n_tokens: int,
+    *,
+    exact: Mapping[str, Sequence[str]],
+    errors: Mapping[str, Sequence[str]] | None = None,
+    plans: Sequence[Mapping[str, str]] = (),
+    tied: bool = False,
+) -> dict[str, float]:
+    """The work a scan of ``targets`` on ``n_tokens`` positions plans, by kind (``ROUND``, ``MATMULS``):
+    what its progress bar weighs, known before it runs (``studio.core.calib.budget_job``)."""
+    scan = SensitivityScan(
+        targets, np.zeros(max(1, n_tokens), np.int64), exact=exact, errors=errors, plans=plans
+    )
+    n_layers = max([t.layer + 1 for t in targets if t.layer is not None], default=0)
+    return scan._plan_work(n_layers, tied)
 
 
 def _each_weight(view: LayerView, site: LinearSite, weights: Sequence[Any], h_in: Any) -> list[Any]:

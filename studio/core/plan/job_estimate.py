@@ -84,11 +84,13 @@ def estimate_calibrated(
     head: bool,
     device: str = "cpu",
     outer: bool = False,
+    narrow_head: bool = False,
 ) -> JobEstimate:
     """The estimate for a layer-wise calibrated run of the model of ``config`` (a config.json dict) on
     ``n_chunks`` chunks of ``n_ctx`` tokens; ``hessian``: GPTQ/AWQ (Hessians and sweeps), else
     activation statistics only; ``head``: the output head is calibrated too; ``outer``: the sensitivity
-    scan, whose streams reach the embeddings at its start and the head at its finish."""
+    scan, whose streams reach the embeddings at its start and the head at its finish; ``narrow_head``: the
+    checkpoint stores the head in bfloat16 or float16, which the scan's finish holds instead of float32."""
     hidden, ffn, layers, heads, kv, vocab = _shape(config)
     head_dim = hidden // max(heads, 1)
     tokens = max(1, n_ctx * n_chunks)
@@ -118,12 +120,15 @@ def estimate_calibrated(
     first = embed
     if outer:
         # the scan (studio.core.calib.scan_streams): its start holds the embeddings and one candidate's
-        # decoded rows, its finish the head, its bfloat16 copy and one candidate's bfloat16 difference; the
-        # runner keeps a tied matrix loaded through the layers, an untied model's only for those two ends
-        if config.get("tie_word_embeddings", False):
+        # decoded rows, its finish the original's distribution at every position and the head; the runner
+        # keeps a tied matrix loaded through the layers, an untied model's only for those two ends. The
+        # finish holds the head in float32 with its bfloat16 copy and one candidate's bfloat16 difference,
+        # or, stored narrow and untied, the float32 head until the stored one replaces it (``OuterView.stored``)
+        tied = bool(config.get("tie_word_embeddings", False))
+        if tied:
             layer += embed
         first = 2 * embed
-        head_b = max(head_b, 2 * embed + n_ctx * vocab * _F32)
+        head_b = max(head_b, tokens * vocab * _F32 + (embed if narrow_head and not tied else 2 * embed))
     phases = {"embeddings": first, "a decoder layer": layer, "the output head": head_b}
     if gpu:  # the weights, Hessians and sweeps live in GPU memory
         phases = {k: 0 for k in phases}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -215,9 +216,9 @@ def test_the_head_phase_holds_one_quantized_output_head_at_a_time(
     alive: list[int] = []
     real = scan_streams.SensitivityScan._head_difference
 
-    def counted(self, name, rows, qtype, head_w):
+    def counted(self, name, rows, qtype, head_w, dtype):
         alive.append(sum(1 for s in self._streams if s.head is not None or s.head_dw is not None))
-        return real(self, name, rows, qtype, head_w)
+        return real(self, name, rows, qtype, head_w, dtype)
 
     monkeypatch.setattr(scan_streams.SensitivityScan, "_head_difference", counted)
     scan = scan_sensitivity(llama_model, calib_text, SETTINGS, imatrix=im, cache_dir=None)
@@ -247,8 +248,8 @@ def test_the_head_measures_a_block_of_chunks_at_a_time_with_the_same_kls(
         positions.append(int(p.shape[0]))
         return real_rows(p, delta, shift, owned=owned)
 
-    def spy_env(self, outer, hidden):
-        env = real_env(self, outer, hidden)
+    def spy_env(self, outer, hidden, stack):
+        env = real_env(self, outer, hidden, stack)
         envs.append((env, len(self._ref)))
         return env
 
@@ -333,8 +334,8 @@ def test_a_quantized_heads_difference_is_made_once_per_type_and_the_head_let_go(
     made: list[tuple[int, ...]] = []
     real = scan_streams.SensitivityScan._head_difference
 
-    def spy(self, name, rows, qtype, head_w):
-        dw, err = real(self, name, rows, qtype, head_w)
+    def spy(self, name, rows, qtype, head_w, dtype):
+        dw, err = real(self, name, rows, qtype, head_w, dtype)
         made.append(tuple(dw.shape))
         return dw, err
 
@@ -361,6 +362,50 @@ def test_a_quantized_heads_difference_is_made_once_per_type_and_the_head_let_go(
             assert c.error == before.tensor(t.name).cost(q).error, (t.name, q)
     (one,) = measure_plans(llama_model, plans[:1], calib_text, SETTINGS, imatrix=im)
     assert one == pytest.approx(before.tensor("lm_head.weight").cost("Q4_0").kl, rel=1e-6)
+
+
+def test_a_bfloat16_head_is_held_once_while_its_streams_are_measured(tiny_model, calib_text, monkeypatch):
+    """A bfloat16 checkpoint's untied head is held as stored while the head's streams are measured: the
+    run's float32 copy (2.1 GB at Llama 3's vocabulary) beside the bfloat16 one was most of a budget
+    export's peak at 8B widths. The KLs and errors are those of the scan that held both, to the bit, and the
+    run's copy is read again when the scan is done."""
+    from studio.core.calib import runner, scan_streams
+
+    model = tiny_model("llama", dtype="bfloat16")
+    im = _imatrix(model, calib_text)
+    plans = [{"lm_head.weight": "Q4_K", "model.layers.0.mlp.up_proj.weight": "Q2_K"}]
+    real_stored = runner.OuterView.stored
+    with monkeypatch.context() as m:
+        m.setattr(runner.OuterView, "stored", lambda self, name: contextlib.nullcontext(None))
+        both = scan_sensitivity(model, calib_text, SETTINGS, imatrix=im, cache_dir=None, plans=plans)
+    seen: list[tuple[str, str | None]] = []
+    after: list[str] = []
+    real_diff, real_finish = (
+        scan_streams.SensitivityScan._head_difference,
+        scan_streams.SensitivityScan.finish,
+    )
+
+    def spy(self, name, rows, qtype, head_w, dtype):
+        outer = self._spec.outer
+        seen.append((outer.param(outer.head).device.type, None if head_w is None else str(head_w.dtype)))
+        return real_diff(self, name, rows, qtype, head_w, dtype)
+
+    def finish(self):
+        real_finish(self)
+        outer = self._spec.outer
+        after.append(f"{outer.param(outer.head).device.type} {outer.param(outer.head).dtype}")
+
+    monkeypatch.setattr(scan_streams.SensitivityScan, "_head_difference", spy)
+    monkeypatch.setattr(scan_streams.SensitivityScan, "finish", finish)
+    assert runner.OuterView.stored is real_stored
+    once = scan_sensitivity(model, calib_text, SETTINGS, imatrix=im, cache_dir=None, plans=plans)
+    assert seen and set(seen) == {("meta", "torch.bfloat16")}, seen  # before: ("cpu", "torch.float32")
+    assert after == ["cpu torch.float32"], after
+    assert once.plan_kls == both.plan_kls
+    for t in once.tensors:
+        for q, c in t.by_type.items():
+            assert c.kl == both.tensor(t.name).cost(q).kl, (t.name, q)
+            assert c.error == both.tensor(t.name).cost(q).error, (t.name, q)
 
 
 @pytest.mark.parametrize("which", ["untied", "tied", "proxy", "plans"])
