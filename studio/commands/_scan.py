@@ -10,8 +10,9 @@ from typing import Any
 
 from studio.commands._check import SCAN_KEYS
 from studio.commands._cluster import open_cluster
-from studio.core import safejson
-from studio.core.calib.data import BUILTIN
+from studio.core import hardware, safejson
+from studio.core.calib.budget_job import budget_job, check_budget_job
+from studio.core.calib.data import BUILTIN, builtin_dir
 from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
 from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, corrected_scan, rounding_ratios
 from studio.core.calib.scan_cache import default_cache_dir
@@ -134,6 +135,41 @@ def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = 
     return check_budget(
         info, budget, _candidates(args, types), exclude=_types(args.exclude) or (), method=method
     )
+
+
+def _chunks_hint(args: argparse.Namespace, method: str) -> int:
+    """The calibration's chunks: ``--calib-chunks``, else about as many as the text holds (4 bytes a token;
+    the built-in text follows the user's for the methods that mix it in)."""
+    if args.calib_chunks:
+        return int(args.calib_chunks)
+    own = getattr(args, "calib_text", None)
+    size = 0
+    if own and str(own) != BUILTIN:
+        with contextlib.suppress(OSError):
+            size += Path(own).expanduser().stat().st_size
+    if not own or str(own) == BUILTIN or method in GPTQ_METHODS:
+        with contextlib.suppress(OSError):
+            size += sum(p.stat().st_size for p in builtin_dir().iterdir() if p.suffix in (".txt", ".jsonl"))
+    return max(1, size // 4 // max(1, int(args.calib_ctx)))
+
+
+def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None, *, export: bool) -> Any:
+    """The whole budget run's estimate (``studio.core.calib.budget_job``): refused in one sentence before
+    any work when its peak is above the free RAM (``QUANT_STUDIO_FREE_RAM`` overrides the figure)."""
+    m = method or "imatrix"
+    chunks = _chunks_hint(args, m)
+    job = budget_job(
+        info,
+        m,
+        calib_ctx=int(args.calib_ctx),
+        calib_chunks=chunks,
+        settings=settings_of(args, info=info),
+        heldout=not getattr(args, "no_heldout", False),
+        export=export,
+        scan=not getattr(args, "scan", None),
+    )
+    check_budget_job(job, hardware.ram()[1], chunks)
+    return job
 
 
 def allocation(

@@ -24,6 +24,7 @@ from studio.commands._scan import (
     allocation,
     calibration,
     check_budget_args,
+    check_budget_memory,
     for_rounding,
     run_scan,
 )
@@ -274,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
     alloc = None
     if args.budget:
         alloc = _check_budget_args(args, info)
+        if alloc is None:  # the whole run's peak, refused before its first step (its steps check again)
+            check_budget_memory(args, info, check_method(args.method or "imatrix"), export=True)
     else:
         if args.exclude or args.measure or args.heldout_text or args.no_heldout:
             # they shape or judge a budget plan; a preset or a plan already names every type

@@ -12,6 +12,7 @@ from studio.commands._scan import (
     allocation,
     calibration,
     check_budget_args,
+    check_budget_memory,
     for_rounding,
     run_scan,
     scanned_info,
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     check_exportable(info)
     # a malformed or too small budget is refused before any work; one above F16 needs no scan
     alloc = check_budget_args(args, info, method)
+    if alloc is None:  # the whole run's peak, refused before its first step (its steps check again)
+        check_budget_memory(args, info, method, export=False)
 
     check_output_path(Path(args.output).expanduser())
     scan = verdict = None

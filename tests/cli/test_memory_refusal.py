@@ -41,6 +41,43 @@ def _refusal(capsys) -> tuple[str, str]:
     return next(ln for ln in text.splitlines() if ln.strip() and not ln.startswith("[")), text
 
 
+def test_a_budget_export_is_refused_before_its_first_step(llama_model, tmp_path, capsys, monkeypatch):
+    """A budget export runs up to six layer-wise steps one after another; its whole run is estimated before the
+    first (issue 40), so a job whose probe or judgement would not fit is not refused an hour in."""
+    from studio.core.calib import budget_job
+    from studio.core.calib.scan_settings import ScanSettings
+    from studio.core.model import open_model
+
+    st = ScanSettings(n_ctx=64, calib_ctx=64, calib_chunks=4)  # as --scan-ctx 64 below
+    with open_model(llama_model) as ck:
+        job = budget_job.budget_job(ck.info, "awq+gptq", calib_ctx=64, calib_chunks=4, settings=st)
+        planned = budget_job.budget_job(
+            ck.info, "imatrix", calib_ctx=64, calib_chunks=4, settings=st, export=False
+        )
+    assert [n for n, _ in planned.steps] == ["the calibration", "the scan", "the held-out judgement"]
+    names = [n for n, _ in job.steps]
+    assert names == ["the calibration", "the scan", "GPTQ's probe", "the held-out judgement", "the export",
+                     "llama.cpp's last word"]  # fmt: skip
+    step, est = job.peak
+    assert est.peak_bytes == max(e.peak_bytes for _, e in job.steps) and job.seconds > est.seconds > 0
+    # free RAM just below the peak: refused, naming the step, before any step ran
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(est.peak_bytes - 1))
+    out = tmp_path / "b.gguf"
+    argv = ["export", str(llama_model), "-o", str(out), "--budget", "5bpw", "--method", "awq+gptq"]
+    assert main([*argv, "--calib-ctx", "64", "--calib-chunks", "4", "--scan-ctx", "64", "--no-cache"]) != 0
+    line, text = _refusal(capsys)
+    assert line.startswith("error: This budget export needs about") and f"({step}: {est.phase})" in line
+    assert "--calib-chunks 2" in line and "--device cuda" in line, line
+    assert "Calibrating" not in text and "layer 1/" not in text and not out.exists()
+    assert not list(tmp_path.glob("*.partial"))
+    plan = tmp_path / "p.json"
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(planned.peak[1].peak_bytes - 1))
+    assert main(["plan", str(llama_model), "-o", str(plan), "--budget", "5bpw", "--calib-ctx", "64",
+                 "--calib-chunks", "4", "--scan-ctx", "64", "--no-cache"]) != 0  # fmt: skip
+    line, _ = _refusal(capsys)
+    assert "This budget plan needs about" in line and not plan.exists()
+
+
 def test_calibrate_refused_before_it_starts(llama_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(10 * 1024**2))
     out = tmp_path / "imatrix.gguf"
@@ -73,15 +110,26 @@ def test_eval_of_a_checkpoint_refused_when_it_would_not_fit_whole(llama_model, c
 
 def test_the_scan_estimate_follows_the_runner():
     """The scan holds an untied model's embeddings and head only at its ends (the runner loads them there):
-    its layers are those of a plain run, and its head phase holds the head, its bfloat16 copy and one
-    candidate's bfloat16 difference (2 × 2.1 GB at Llama 3's vocabulary). A tied matrix stays loaded."""
+    its layers are those of a plain run, and its head phase holds the original's distribution at every
+    position with the head, its bfloat16 copy and one candidate's bfloat16 difference (2 × 2.1 GB at Llama 3's
+    vocabulary), or, stored in bfloat16, the float32 head until the stored one replaces it. A tied matrix
+    stays loaded."""
     cfg = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
            "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
     embed = 128256 * 4096 * 4
     plain = estimate_calibrated(cfg, 128, 2, hessian=False, head=True)
     scan = estimate_calibrated(cfg, 128, 2, hessian=False, head=True, outer=True)
     assert plain.phase == scan.phase == "the output head"
-    assert scan.peak_bytes - plain.peak_bytes == embed  # the bfloat16 copy and difference
+    p = 128256 * 4  # a position's distribution; plain holds one chunk's logits (128 positions)
+    assert (
+        scan.peak_bytes - plain.peak_bytes == embed + (256 - 128) * p
+    )  # bfloat16 copy and difference, all p
+    narrow = estimate_calibrated(cfg, 128, 18, hessian=False, head=True, outer=True, narrow_head=True)
+    judged = estimate_calibrated(cfg, 128, 18, hessian=False, head=True, outer=True)
+    # the held-out judgement's 2,304 positions: its head phase held p (1.18 GB) with the float32 head, its
+    # bfloat16 copy and a difference; a bfloat16 head's phase is under its start (embeddings and a candidate)
+    assert judged.phase == "the output head" and narrow.phase == "embeddings"
+    assert judged.peak_bytes - narrow.peak_bytes == 2304 * p
     tied = estimate_calibrated(
         {**cfg, "tie_word_embeddings": True}, 128, 2, hessian=True, head=True, outer=True
     )
@@ -89,3 +137,33 @@ def test_the_scan_estimate_follows_the_runner():
     assert layers.phase == tied.phase == "a decoder layer" and tied.peak_bytes - layers.peak_bytes == embed
     whole = estimate_whole(cfg, 512)
     assert 30e9 < whole.peak_bytes < 36e9 and estimate_whole(cfg, 512, dtype_bytes=2).peak_bytes < 18e9
+
+
+def test_a_budget_runs_every_step_its_estimate_counts_and_none_above_it(llama_model, tmp_path, monkeypatch):
+    """The whole-job estimate has a step for every layer-wise run the budget plan starts, and no run's own
+    check (the runner's, before it starts) estimates more than the job's peak: a job the estimate lets
+    through is not refused halfway."""
+    from studio.core.calib import budget_job, runner
+    from studio.core.calib.scan_settings import ScanSettings, default_types
+    from studio.core.model import open_model
+
+    seen: list[int] = []
+    real = runner.estimate_calibrated
+
+    def spy(*args, **kwargs):
+        est = real(*args, **kwargs)
+        seen.append(est.peak_bytes)
+        return est
+
+    monkeypatch.setattr(runner, "estimate_calibrated", spy)
+    plan = tmp_path / "p.json"
+    argv = ["plan", str(llama_model), "-o", str(plan), "--budget", "5bpw", "--calib-ctx", "64"]
+    assert main([*argv, "--calib-chunks", "8", "--scan-ctx", "32", "--no-cache"]) == 0 and plan.is_file()
+    with open_model(llama_model) as ck:
+        info = ck.info
+    st = ScanSettings(types=default_types(info.config), n_ctx=32, calib_ctx=64, calib_chunks=8)
+    job = budget_job.budget_job(info, "imatrix", calib_ctx=64, calib_chunks=8, settings=st, export=False)
+    # the calibration, the scan, and the judgement on the held-out and (another length) the scan's chunks
+    assert len(seen) == 4 and len(job.steps) == 3, (seen, job.steps)
+    assert max(seen) <= job.peak[1].peak_bytes
+    assert set(seen) == {e.peak_bytes for _, e in job.steps}  # each run's own estimate is one of the steps'

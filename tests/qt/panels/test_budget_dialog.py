@@ -421,11 +421,14 @@ def test_presets_sit_on_the_heldout_axis_and_a_losing_plan_says_so(dialog, qtbot
     assert list(d.heldout_dot.data["y"]) == pytest.approx([np.log10(j.heldout_kl)])
 
 
-def test_the_dialog_shows_the_scan_calibration_estimate(dialog):
+def test_the_dialog_shows_the_whole_scans_estimate(dialog):
+    """Before a scan: its whole run's peak and time, step by step (issue 40), not the calibration's alone."""
     _state, d = dialog
     d.update_controls()
     text = d.estimate_label.text()
-    assert text.startswith("Calibrating: about ") and "at its peak" in text and "chunks of 512 tokens" in text
+    assert text.startswith("Scanning: about ") and "at its peak (" in text and "chunks of 512 tokens" in text
+    for step in ("the calibration ", "the scan ", "the held-out judgement "):
+        assert step in text, text
 
 
 def test_a_scan_with_a_nan_is_refused_in_one_sentence_naming_tensor_and_type(dialog, qtbot):
