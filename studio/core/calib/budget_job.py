@@ -166,19 +166,16 @@ def budget_job(
     tokens = calib_ctx * calib_chunks
     narrow = str(cfg.get("torch_dtype") or "") in ("bfloat16", "float16")
     steps: list[tuple[str, JobEstimate]] = []
+
+    def streams(n_ctx: int, n: int) -> JobEstimate:  # a run of the scan's consumer (the scan, the judgement)
+        return estimate_calibrated(
+            cfg, n_ctx, n, hessian=False, head=True, device=device, outer=True, narrow_head=narrow
+        )
+
     est = estimate_calibrated(cfg, calib_ctx, calib_chunks, hessian=False, head=False, device=device)
     steps.append(("the calibration", est))
     if scan:
-        est = estimate_calibrated(
-            cfg,
-            st.n_ctx,
-            st.n_chunks,
-            hessian=False,
-            head=True,
-            device=device,
-            outer=True,
-            narrow_head=narrow,
-        )
+        est = streams(st.n_ctx, st.n_chunks)
         secs = _scan_seconds(info, st, st.n_ctx * st.n_chunks)
         steps.append(("the scan", JobEstimate(est.peak_bytes, secs, est.phase)))
     method = method_info(method).name  # "best" is awq+gptq
@@ -193,24 +190,16 @@ def budget_job(
         runs = [(HELDOUT_CTX, HELDOUT_CHUNKS + st.n_chunks)]
         if st.n_ctx != HELDOUT_CTX:
             runs = [(HELDOUT_CTX, HELDOUT_CHUNKS), (st.n_ctx, st.n_chunks)]
-        ests = [
-            estimate_calibrated(
-                cfg, n_ctx, n, hessian=False, head=True, device=device, outer=True, narrow_head=narrow
-            )
-            for n_ctx, n in runs
-        ]
-        est = max(ests, key=lambda e: e.peak_bytes)
+        est = max((streams(n_ctx, n) for n_ctx, n in runs), key=lambda e: e.peak_bytes)
         secs = sum(_scan_seconds(info, st, n_ctx * n, plans=4) for n_ctx, n in runs)
         steps.append(("the held-out judgement", JobEstimate(est.peak_bytes, secs, est.phase)))
     if export:
-        run = method
-        m = method_info(run)
+        m = method_info(method)
         est = estimate_calibrated(
             cfg, calib_ctx, calib_chunks, hessian=m.hessian, head=m.hessian, device=device
         )
-        steps.append(
-            ("the export", JobEstimate(est.peak_bytes, _export_seconds(cfg, run, tokens), est.phase))
-        )
+        secs = _export_seconds(cfg, method, tokens)
+        steps.append(("the export", JobEstimate(est.peak_bytes, secs, est.phase)))
         est = estimate_calibrated(cfg, 256, 1, hessian=False, head=True, device=device)
         # the original's logits layer by layer, the same-size preset written, llama.cpp on both files
         secs = 2 * _passes(cfg, 256, False) / _RATES[MATMULS] + _write_seconds(cfg)
