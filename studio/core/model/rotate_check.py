@@ -46,6 +46,9 @@ def _layers_within(view: RotatedCheckpoint, max_bytes: int) -> int:
     return max(1, min(n, k))
 
 
+_PER_LAYER = ("layer_types", "no_rope_layers")  # config lists with one entry per decoder layer
+
+
 def _model(config: dict[str, Any], state: dict[str, Any]) -> Any:
     import torch
     import transformers
@@ -76,7 +79,13 @@ def _logits(ckpt: Checkpoint, config: dict[str, Any], k: int, tokens: Any) -> np
             continue
         state[t.name] = torch.from_numpy(np.array(ckpt.read(t.name), dtype=np.float32))
     cfg = dict(config)
+    n = cfg.get("num_hidden_layers")
     cfg["num_hidden_layers"] = k
+    for key in _PER_LAYER:
+        # one entry per layer (Qwen2's layer_types): transformers refuses a list longer than the layers
+        v = cfg.get(key)
+        if isinstance(v, list) and len(v) == n:
+            cfg[key] = v[:k]
     cfg.pop("torch_dtype", None)
     cfg.pop("dtype", None)
     model = _model(cfg, state)
