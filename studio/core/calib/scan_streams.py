@@ -376,7 +376,10 @@ class SensitivityScan(Consumer):
             deq, self.err[(emb.name, q)] = self._quantized(emb.name, rows, q, True)
             new = torch.from_numpy(deq).reshape(p.shape).to(device=p.device, dtype=p.dtype)
             delta = _pack(outer.embed(ids, {outer.embedding: new}) - h0)
-            del new
+            # both names let go (on a CPU ``new`` is ``deq``'s memory): kept to the next type, two decoded
+            # candidates (2.1 GB each at Llama 3's vocabulary) sat beside the embedding, and the 8B fixture's
+            # best budget export reached 7.04 GB at its judgement's start
+            del new, deq
             # a tied head is this quantized embedding: made again at the head (the same bytes), not held
             # through the run (vocabulary × hidden in float32 per type: 0.93 GB at Qwen2.5's 151,936 rows)
             head = (emb.name, q) if outer.tied else None
