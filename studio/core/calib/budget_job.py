@@ -21,8 +21,8 @@ from studio.core.calib.scan_proxy import measure_sets
 from studio.core.calib.scan_settings import ScanSettings
 from studio.core.calib.scan_streams import MATMULS, ROUND, scan_work
 from studio.core.errors import CalibrationError
-from studio.core.plan.job_estimate import JobEstimate, estimate_calibrated
-from studio.core.plan.scan import scan_targets
+from studio.core.plan.job_estimate import JobEstimate, estimate_calibrated, layer_shapes
+from studio.core.plan.scan import scan_targets, stored_narrow_head
 from studio.core.quant.methods import method_info
 from studio.core.units import format_bytes
 
@@ -32,14 +32,9 @@ __all__ = ["BudgetJob", "budget_job", "check_budget_job"]
 # rounding kernels (numba, one thread), torch's matrix products (all threads), GPTQ's sweeps of a whole matrix
 # and of the probe's 512-row samples (small products run far from the machine's peak), AWQ's grid
 _RATES = {ROUND: 2.4e10, MATMULS: 5.0e10, "gptq": 1.6e10, "probe": 4.5e9, "awq": 3.0e10}
-_AWQ_GRID = 21
+_AWQ_GRID = 21  # α points of AWQ's grid (``studio.core.calib.awq``)
 _WRITE_COST = 250  # MAC-equivalents per value of the export's rounding (its threads share the tensors)
-_HEAD_TYPES = (
-    "Q6_K",
-    "Q6_K",
-    "Q4_K",
-    "Q4_K",
-)  # the head's types in the judged plans, as presets give them  # α points of AWQ's grid (``studio.core.calib.awq``)
+_HEAD_TYPES = ("Q6_K", "Q6_K", "Q4_K", "Q4_K")  # the head's types in the judged plans, as presets give them
 
 
 @dataclass(frozen=True)
@@ -76,45 +71,28 @@ def _duration(seconds: float) -> str:
     return f"{mins // 60} h {mins % 60} min" if mins >= 60 else f"{mins} min"
 
 
-def _mats(config: dict[str, Any]) -> tuple[list[tuple[int, int]], int, int, int]:
-    """(a decoder layer's linears as (rows, cols), layers, vocabulary, hidden) from config.json."""
-    c = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    hidden = int(c.get("hidden_size") or 0)
-    ffn = int(c.get("intermediate_size") or 4 * hidden)
-    heads = int(c.get("num_attention_heads") or 1)
-    kv = int(c.get("num_key_value_heads") or heads)
-    hd = int(c.get("head_dim") or hidden // max(heads, 1))
-    mats = [(heads * hd, hidden), (kv * hd, hidden), (kv * hd, hidden), (hidden, heads * hd)]
-    mats += [(ffn, hidden), (ffn, hidden), (hidden, ffn)]
-    return mats, int(c.get("num_hidden_layers") or 0), int(c.get("vocab_size") or 0), hidden
-
-
-def _inputs(mats: list[tuple[int, int]]) -> list[int]:
-    """The widths of a layer's distinct inputs (q/k/v, o, gate/up, down): one inverse factor each."""
-    return [mats[0][1], mats[3][1], mats[4][1], mats[6][1]]
-
-
 def _passes(config: dict[str, Any], tokens: int, twice: bool) -> float:
-    mats, layers, vocab, hidden = _mats(config)
-    return (2 if twice else 1) * tokens * (layers * sum(r * c for r, c in mats) + vocab * hidden)
+    sh = layer_shapes(config)
+    return (2 if twice else 1) * tokens * (sh.layers * sh.layer_params + sh.vocab * sh.hidden)
 
 
 def _write_seconds(config: dict[str, Any]) -> float:
     """Rounding and writing every tensor of the file (the plain export: 17 s for the 2-layer 8B fixture)."""
-    mats, layers, vocab, hidden = _mats(config)
-    return (layers * sum(r * c for r, c in mats) + 2 * vocab * hidden) * _WRITE_COST / _RATES[ROUND]
+    sh = layer_shapes(config)
+    return (sh.layers * sh.layer_params + 2 * sh.vocab * sh.hidden) * _WRITE_COST / _RATES[ROUND]
 
 
 def _export_seconds(config: dict[str, Any], method: str, tokens: int) -> float:
     """The export's time: writing the file, and for a calibrated method its passes, GPTQ's sweeps (rows ×
     cols² and 0.3 cols³ per input, the head too) and AWQ's grid (α points × rows × cols × (cols + 64))."""
-    mats, layers, vocab, hidden = _mats(config)
+    sh = layer_shapes(config)
+    mats, layers, vocab, hidden = sh.mats, sh.layers, sh.vocab, sh.hidden
     m = method_info(method)
     secs = _write_seconds(config)
     if m.hessian:
         secs += _passes(config, tokens, True) / _RATES[MATMULS]
     if "gptq" in method:
-        per_layer = sum(r * c * c for r, c in mats) + sum(0.3 * n**3 for n in _inputs(mats))
+        per_layer = sum(r * c * c for r, c in mats) + sum(0.3 * n**3 for n in sh.inputs)
         head = vocab * hidden * hidden + 0.3 * hidden**3
         secs += (layers * per_layer + head) / _RATES["gptq"]
     if "awq" in method:
@@ -124,11 +102,9 @@ def _export_seconds(config: dict[str, Any], method: str, tokens: int) -> float:
 
 def _probe_seconds(config: dict[str, Any], n_types: int, tokens: int) -> float:
     """GPTQ's rounding probe: each sampled layer's linears rounded to every type by GPTQ on 512 rows."""
-    mats, layers, _, _ = _mats(config)
-    picked = len(probe_layers(layers))
-    sweep = sum(n_types * min(r, PROBE_ROWS) * c * c for r, c in mats) + sum(
-        0.3 * n**3 for n in _inputs(mats)
-    )
+    sh = layer_shapes(config)
+    picked = len(probe_layers(sh.layers))
+    sweep = sum(n_types * min(r, PROBE_ROWS) * c * c for r, c in sh.mats) + sum(0.3 * n**3 for n in sh.inputs)
     return picked * sweep / _RATES["probe"] + _passes(config, tokens, True) / _RATES[MATMULS]
 
 
@@ -164,7 +140,7 @@ def budget_job(
     st = settings or ScanSettings()
     device = device or st.device
     tokens = calib_ctx * calib_chunks
-    narrow = str(cfg.get("torch_dtype") or "") in ("bfloat16", "float16")
+    narrow = stored_narrow_head(info)
     steps: list[tuple[str, JobEstimate]] = []
 
     def streams(n_ctx: int, n: int) -> JobEstimate:  # a run of the scan's consumer (the scan, the judgement)

@@ -34,6 +34,7 @@ from studio.core.errors import CalibrationError
 from studio.core.jobs import SPAN_STEPS, JobContext, null_context
 from studio.core.model.hf_progress import no_hf_progress_bars
 from studio.core.plan.job_estimate import check_fits, estimate_calibrated
+from studio.core.plan.scan import stored_narrow_head
 from studio.core.progress import WorkMeter
 
 # config.json model types that are encoders: built with AutoModel, never with a causal LM head.
@@ -954,11 +955,7 @@ def run_model(
 
 def _narrow_head(sk: _Skeleton, info: Any) -> bool:
     """Whether the checkpoint stores an untied output head in bfloat16 or float16 (``OuterView.stored``)."""
-    name = sk.names.get(f"{sk.head_path}.weight") if sk.head_path and not sk.tied_head else None
-    try:
-        return name is not None and str(info.tensor(name).dtype) in ("BF16", "F16")
-    except KeyError:
-        return False
+    return bool(sk.head_path) and not sk.tied_head and stored_narrow_head(info)
 
 
 def _check_memory(

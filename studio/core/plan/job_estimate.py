@@ -21,10 +21,12 @@ from studio.core.units import format_bytes
 __all__ = [
     "SPOOL_ABOVE",
     "JobEstimate",
+    "LayerShapes",
     "check_fits",
     "check_whole_fits",
     "estimate_calibrated",
     "estimate_whole",
+    "layer_shapes",
     "spool_states",
 ]
 
@@ -64,15 +66,39 @@ class JobEstimate:
         return f"about {format_bytes(self.peak_bytes)} at its peak ({self.phase}), about {t} on a CPU"
 
 
-def _shape(config: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
+@dataclass(frozen=True)
+class LayerShapes:
+    """A model's decoder-layer linears as (rows, cols) and its depth, vocabulary and widths (config.json)."""
+
+    mats: tuple[tuple[int, int], ...]  # q, k, v, o, gate, up, down
+    layers: int
+    vocab: int
+    hidden: int
+    ffn: int
+
+    @property
+    def layer_params(self) -> int:
+        """The weights of one decoder layer's linears."""
+        return sum(r * c for r, c in self.mats)
+
+    @property
+    def inputs(self) -> tuple[int, ...]:
+        """The widths of a layer's distinct inputs (q/k/v, o, gate/up, down): one Hessian each."""
+        return (self.mats[0][1], self.mats[3][1], self.mats[4][1], self.mats[6][1])
+
+
+def layer_shapes(config: dict[str, Any]) -> LayerShapes:
+    """The shapes of the model of ``config`` (its ``text_config`` where it has one; ``head_dim`` where the
+    config names one, else hidden / heads)."""
     c = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     hidden = int(c.get("hidden_size") or 0)
     ffn = int(c.get("intermediate_size") or 4 * hidden)
-    layers = int(c.get("num_hidden_layers") or 0)
     heads = int(c.get("num_attention_heads") or 1)
     kv = int(c.get("num_key_value_heads") or heads)
-    vocab = int(c.get("vocab_size") or 0)
-    return hidden, ffn, layers, heads, kv, vocab
+    hd = int(c.get("head_dim") or hidden // max(heads, 1))
+    mats = ((heads * hd, hidden), (kv * hd, hidden), (kv * hd, hidden), (hidden, heads * hd))
+    mats += ((ffn, hidden), (ffn, hidden), (hidden, ffn))
+    return LayerShapes(mats, int(c.get("num_hidden_layers") or 0), int(c.get("vocab_size") or 0), hidden, ffn)
 
 
 def estimate_calibrated(
@@ -91,12 +117,10 @@ def estimate_calibrated(
     activation statistics only; ``head``: the output head is calibrated too; ``outer``: the sensitivity
     scan, whose streams reach the embeddings at its start and the head at its finish; ``narrow_head``: the
     checkpoint stores the head in bfloat16 or float16, which the scan's finish holds instead of float32."""
-    hidden, ffn, layers, heads, kv, vocab = _shape(config)
-    head_dim = hidden // max(heads, 1)
+    sh = layer_shapes(config)
+    hidden, ffn, layers, vocab, mats = sh.hidden, sh.ffn, sh.layers, sh.vocab, sh.mats
     tokens = max(1, n_ctx * n_chunks)
-    mats = [(heads * head_dim, hidden), (kv * head_dim, hidden), (kv * head_dim, hidden)]
-    mats += [(hidden, heads * head_dim), (ffn, hidden), (ffn, hidden), (hidden, ffn)]
-    layer_params = sum(r * c for r, c in mats)
+    layer_params = sh.layer_params
     gpu = device.startswith("cuda")
     # the hidden states of all chunks, twice (a layer's inputs and outputs), or one chunk of each when
     # the run spools them to disk (studio.core.calib.hidden_spool)
@@ -172,12 +196,11 @@ def estimate_whole(
 ) -> JobEstimate:
     """The estimate for a job that loads the whole model of ``config`` through transformers (eval's
     original checkpoint): every weight at ``dtype_bytes`` plus one chunk's logits (kept and scored)."""
-    hidden, ffn, layers, heads, kv, vocab = _shape(config)
-    head_dim = hidden // max(heads, 1)
-    layer_params = hidden * (2 * heads * head_dim + 2 * kv * head_dim) + 3 * hidden * ffn
-    params = layers * layer_params + (1 if config.get("tie_word_embeddings") else 2) * vocab * hidden
+    sh = layer_shapes(config)
+    tied = 1 if config.get("tie_word_embeddings") else 2
+    params = sh.layers * sh.layer_params + tied * sh.vocab * sh.hidden
     weights = 0 if device.startswith("cuda") else params * dtype_bytes
-    peak = BASE_BYTES + weights + 2 * n_ctx * vocab * _F32
+    peak = BASE_BYTES + weights + 2 * n_ctx * sh.vocab * _F32
     return JobEstimate(int(peak), 2 * params * n_ctx / _CPU_MACS_PER_S, "the whole model loaded")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.errors import CalibrationError, QuantizationError
+from studio.core.errors import CalibrationError, QuantizationError, StudioError
 from studio.core.gguf.layout import layout
 from studio.core.plan.presets import allows_quantization
 from studio.core.quant.types import QTYPES, fallback_type, tensor_bytes
@@ -365,6 +365,22 @@ def scan_targets(info: Any, types: Sequence[str]) -> tuple[list[ScanTarget], dic
     return out, fixed
 
 
+def stored_narrow_head(info: Any) -> bool:
+    """Whether the model of ``info`` stores an untied output head in bfloat16 or float16, which the scan's
+    finish holds as stored instead of in float32 (``runner.OuterView.stored``; the estimates count it so)."""
+    try:
+        tensors = layout(info).tensors
+    except StudioError:  # an architecture the exporter does not map: counted in float32
+        return False
+    for tm in tensors:
+        if tm.gguf_name == "output.weight":
+            try:
+                return str(info.tensor(tm.hf_name).dtype) in ("BF16", "F16")
+            except KeyError:
+                return False
+    return False
+
+
 def sizes_only(info: Any, types: Sequence[str]) -> Sensitivity:
     """A scan with every KL 0: the candidates' bytes without running the model (what a budget's range
     needs, so that a budget no plan can meet is refused before any scan)."""
@@ -396,4 +412,5 @@ __all__ = [
     "require_finite",
     "scan_targets",
     "sizes_only",
+    "stored_narrow_head",
 ]
