@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from studio.core.calib.stored_types import with_stored_copies
 from studio.core.errors import StudioError
 from studio.core.model.rotate import RotatedCheckpoint, rotation_from, rotation_of
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
+from studio.core.plan.job_estimate import thin_calibration
 from studio.core.plan.plan import with_method
 from studio.core.quant.types import QTYPES
 from studio.core.textfile import read_untrusted
@@ -169,7 +171,16 @@ def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None,
         scan=not getattr(args, "scan", None),
     )
     check_budget_job(job, hardware.ram()[1], chunks)
+    warn_thin_calibration(args, info, m)
     return job
+
+
+def warn_thin_calibration(args: argparse.Namespace, info: Any, method: str) -> None:
+    """Say on stderr, before any work, when ``method`` would fit GPTQ to fewer calibration tokens than the
+    model is wide (``job_estimate.thin_calibration``)."""
+    line = thin_calibration(dict(info.config or {}), method, int(args.calib_ctx), _chunks_hint(args, method))
+    if line:
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def allocation(

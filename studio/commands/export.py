@@ -27,6 +27,7 @@ from studio.commands._scan import (
     check_budget_memory,
     for_rounding,
     run_scan,
+    warn_thin_calibration,
 )
 from studio.core.calib.heldout import same_size_preset
 from studio.core.calib.imatrix import check_for_model, read_imatrix
@@ -284,6 +285,10 @@ def run(args: argparse.Namespace) -> int:
         plan = _with_method(args, build_plan(args, info), info)
         if not plan.calibrated:  # IQ2_XXS and the like without --imatrix: one sentence, before any work
             check_imatrix(plan, info, imatrix)
+        elif imatrix is None:  # GPTQ on fewer tokens than the model is wide: said before it runs
+            gptq = next((m for m in map(plan.method_of, plan.types) if "gptq" in m), None)
+            if gptq is not None:
+                warn_thin_calibration(args, info, gptq)
         if args.save_plan:
             write_text(args.save_plan, plan.to_json(), "plan")
     verdict = None

@@ -12,7 +12,8 @@ def test_gptq_export_refused_when_the_estimate_exceeds_free_ram(llama_model, tmp
     argv = ["export", str(llama_model), "-o", str(out), "--preset", "Q4_K_M", "--method", "gptq"]
     assert main([*argv, "--calib-ctx", "64", "--calib-chunks", "2"]) != 0
     text = capsys.readouterr().err
-    err = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("[")]
+    # (the warning that GPTQ on 128 tokens fits them and little else comes first)
+    err = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("[", "warning: GPTQ"))]
     assert (
         "more than the 10.5 MB free" in err[0] and "--device cuda" in err[0] and "--calib-chunks 1" in err[0]
     )
@@ -167,3 +168,33 @@ def test_a_budget_runs_every_step_its_estimate_counts_and_none_above_it(llama_mo
     assert len(seen) == 4 and len(job.steps) == 3, (seen, job.steps)
     assert max(seen) <= job.peak[1].peak_bytes
     assert set(seen) == {e.peak_bytes for _, e in job.steps}  # each run's own estimate is one of the steps'
+
+
+def test_gptq_on_fewer_tokens_than_the_model_is_wide_is_warned_before_it_runs(llama_model, tmp_path, capsys):
+    """GPTQ fitted on fewer tokens than the model is wide fits those tokens and little else; the 2-layer 8B
+    fixture's best-method budget on 2 × 128 tokens ran two hours and llama.cpp measured 19× its prediction.
+    Said before the run, with the chunks that would do (the tiny model is 256 wide)."""
+    from studio.core.plan.job_estimate import thin_calibration
+
+    cfg = {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+    }
+    line = thin_calibration(cfg, "best", 128, 2)
+    assert "256 calibration tokens" in line and "(4,096)" in line and "32 chunks of 128 tokens" in line
+    assert thin_calibration(cfg, "gptq", 512, 8) == "" and thin_calibration(cfg, "awq+gptq", 512, 7) != ""
+    assert thin_calibration(cfg, "awq", 128, 2) == thin_calibration(cfg, "imatrix", 128, 2) == ""
+
+    out = tmp_path / "m.gguf"
+    argv = ["export", str(llama_model), "-o", str(out), "--preset", "Q4_K_M", "--method", "gptq"]
+    assert main([*argv, "--calib-ctx", "32", "--calib-chunks", "4"]) == 0
+    err = capsys.readouterr().err
+    warned = [ln for ln in err.splitlines() if ln.startswith("warning: GPTQ")]
+    assert len(warned) == 1 and "128 calibration tokens, fewer than the model is wide (256)" in warned[0]
+    assert "calibrate on 8 chunks of 32 tokens or more" in warned[0]
+    assert err.index(warned[0]) < err.index("layer 1/")  # before the run
+    out.unlink()
+    assert main([*argv, "--calib-ctx", "32", "--calib-chunks", "8"]) == 0
+    assert "warning: GPTQ" not in capsys.readouterr().err

@@ -28,6 +28,7 @@ __all__ = [
     "estimate_whole",
     "layer_shapes",
     "spool_states",
+    "thin_calibration",
 ]
 
 BASE_BYTES = 900 * 1024**2  # torch, transformers and the tokenizer, imported (measured: 0.8-0.9 GB)
@@ -189,6 +190,25 @@ def calibration_estimate_line(
         return ""
     est = estimate_calibrated(config, n_ctx, n_chunks, hessian=m.hessian, head=m.hessian, device=device)
     return f"Calibrating: {est.describe()} ({n_chunks} chunks of {n_ctx} tokens)."
+
+
+def thin_calibration(config: dict[str, Any], method: str, n_ctx: int, n_chunks: int) -> str:
+    """A warning ("" when none) for a GPTQ method calibrated on fewer tokens than the model is wide: each
+    input's Hessian XᵀX then has rank at most the token count, so GPTQ fits those tokens and little else,
+    and a budget's rounding probe (fitted on half of them, judged on the rest) promises far too much (the
+    2-layer 8B fixture's best-method budget on 256 tokens: llama.cpp measured 19× its prediction)."""
+    if "gptq" not in method_info(method).name:
+        return ""
+    hidden = layer_shapes(config).hidden
+    tokens = max(0, n_ctx) * max(0, n_chunks)
+    if hidden <= 0 or tokens >= hidden:
+        return ""
+    need = -(-hidden // max(1, n_ctx))
+    return (
+        f"GPTQ will fit each matrix to {tokens:,} calibration tokens, fewer than the model is wide "
+        f"({hidden:,}): it fits that text and little else, and a budget's predictions will be hopeful; "
+        f"calibrate on {need} chunks of {n_ctx} tokens or more."
+    )
 
 
 def estimate_whole(

@@ -44,7 +44,7 @@ from studio.core.jobs import JobContext
 from studio.core.model.gguf_source import hf_folder_cached, hf_folder_for, source_summary
 from studio.core.model.rotate import Rotation, rotation_of
 from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
-from studio.core.plan.job_estimate import calibration_estimate_line
+from studio.core.plan.job_estimate import calibration_estimate_line, thin_calibration
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import ALIASES, METHODS
@@ -795,7 +795,9 @@ class ExportDialog(JobPanel, QDialog):
             return ""
         chunks = self.chunks_spin.value() or ESTIMATE_CHUNKS
         device = str(self.device_combo.currentData() or "cpu")
-        return calibration_estimate_line(info.config, self.method, 512, chunks, device)
+        line = calibration_estimate_line(info.config, self.method, 512, chunks, device)
+        thin = thin_calibration(info.config, self.method, 512, chunks)
+        return f"{line}\n⚠ {thin}" if line and thin else line
 
     def _show_requirement(self, *_args: Any) -> None:
         text = self.imatrix_requirement()

@@ -20,3 +20,31 @@ def test_export_dialog_shows_the_calibration_estimate(qtbot, make_window, llama_
     assert "4 chunks of 512 tokens" in dlg.estimate_label.text()
     dlg.set_method("rtn")
     assert dlg.estimate_label.text() == ""
+
+
+def test_export_dialog_warns_when_gptq_would_fit_fewer_tokens_than_the_model_is_wide(
+    qtbot, make_window, llama_model, monkeypatch
+):
+    """The tiny model is 256 wide, narrower than any chunk of 512: the warning's rule is seen through a
+    model as wide as an 8B (4096), and the line follows the chunks as the user changes them."""
+    from studio.core.plan import job_estimate
+    from studio.qt.panels import export_dialog
+
+    real = job_estimate.thin_calibration
+    monkeypatch.setattr(
+        export_dialog, "thin_calibration", lambda cfg, *a: real({**cfg, "hidden_size": 4096}, *a)
+    )
+    dlg = _dialog(qtbot, make_window(), llama_model)
+    dlg.set_method("gptq")
+    dlg.chunks_spin.setValue(4)
+    text = dlg.estimate_label.text()
+    assert (
+        text.startswith("Calibrating: about ")
+        and "\n⚠ GPTQ will fit each matrix to 2,048 calibration" in text
+    )
+    assert "calibrate on 8 chunks of 512 tokens or more" in text
+    dlg.chunks_spin.setValue(8)
+    assert "⚠" not in dlg.estimate_label.text() and "8 chunks of 512 tokens" in dlg.estimate_label.text()
+    dlg.chunks_spin.setValue(4)
+    dlg.set_method("awq")  # AWQ alone fits no Hessian's inverse
+    assert "⚠" not in dlg.estimate_label.text()
