@@ -37,12 +37,10 @@ def test_export_dialog_warns_when_gptq_would_fit_fewer_tokens_than_the_model_is_
     dlg = _dialog(qtbot, make_window(), llama_model)
     dlg.set_method("gptq")
     dlg.chunks_spin.setValue(4)
-    text = dlg.estimate_label.text()
-    assert (
-        text.startswith("Calibrating: about ")
-        and "\n⚠ GPTQ will fit each matrix to 2,048 calibration" in text
-    )
-    assert "calibrate on 8 chunks of 512 tokens or more" in text
+    line, warning = dlg.estimate_label.text().split("\n")
+    assert line.startswith("Calibrating: about ") and line.endswith("(4 chunks of 512 tokens).")
+    assert warning.startswith("⚠ GPTQ will fit each matrix to 2,048 calibration tokens")
+    assert warning.endswith("calibrate on 8 chunks of 512 tokens or more.")
     dlg.chunks_spin.setValue(8)
     assert "⚠" not in dlg.estimate_label.text() and "8 chunks of 512 tokens" in dlg.estimate_label.text()
     dlg.chunks_spin.setValue(4)
