@@ -55,7 +55,8 @@ from studio.core.quant.types import QK_K
 __all__ = ["LATTICE_TYPES", "LatticeCodes", "decode", "encode", "gptq_lattice", "unpack"]
 
 LATTICE_TYPES: tuple[str, ...] = iquants.IQ_TYPES
-_REFIT_BLOCK = 1 << 25  # rows × n × nb values of the scale refit's products at once (256 MB of float64)
+_ERROR_ROWS = 1 << 24  # weights decoded at once for the output errors (64 MB of float32)
+_REFIT_BLOCK = 1 << 24  # rows × n × nb values of the scale refit's products at once (128 MB of float64)
 _PARITY = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS"})  # 7 stored sign bits, the 8th their parity
 _DIM = {"IQ3_XXS": 4, "IQ3_S": 4}  # coordinates per grid point (8 for the others)
 _BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110, "IQ1_S": 50, "IQ1_M": 56}
@@ -471,12 +472,32 @@ def gptq_lattice(
     ) and qtype != "IQ1_M":  # IQ1_M spreads its fp16 scale over the sub-block scale bits
         data = refit_super_scales(data, qtype, w0, h)
         new = unpack(data, qtype, n)
-    q_gptq = torch.as_tensor(decode(new).reshape(rows, n), device=dev)
-    q_rtn = torch.as_tensor(decode(codes0).reshape(rows, n), device=dev)
-    notes = gptq_notes(tries, lam, opt.damp, n_dead)
-    return GptqResult(
-        data, qtype, lam, n_dead, output_error(w0, q_gptq, h), output_error(w0, q_rtn, h), notes
-    )
+    err, err_rtn = _decoded_error(w0, h, new, dev), _decoded_error(w0, h, codes0, dev)
+    return GptqResult(data, qtype, lam, n_dead, err, err_rtn, gptq_notes(tries, lam, opt.damp, n_dead))
+
+
+def _decoded_error(w0: Any, h: Any, c: LatticeCodes, dev: Any) -> float:
+    """``output_error`` of ``c``'s values against ``w0``, decoded a block of rows at a time: both results
+    decoded whole, with the error's products, held five float32 copies of the matrix at once (1.2 GB for
+    an 8B's ``ffn_up``, the peak of a best-method budget export on the 8B fixture)."""
+    import torch
+
+    rows, n = (int(x) for x in w0.shape)
+    nbl = n // QK_K
+    step = max(1, _ERROR_ROWS // max(1, n))
+    total = 0.0
+    for a in range(0, rows, step):
+        r = slice(a * nbl, min(a + step, rows) * nbl)
+        part = LatticeCodes(
+            c.qtype,
+            c.scale[r],
+            c.idx[r],
+            None if c.neg is None else c.neg[r],
+            None if c.dneg is None else c.dneg[r],
+        )
+        q = torch.as_tensor(decode(part).reshape(-1, n), device=dev)
+        total += output_error(w0[a : a + step], q, h)
+    return total
 
 
 def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarray:
@@ -489,11 +510,9 @@ def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarr
     nb = n // QK_K
     b = np.array(data, dtype=np.uint8).reshape(rows * nb, _BYTES[qtype])
     d_old = _f16(b, 0).astype(np.float64).reshape(rows, nb)
-    c = unpack(b, qtype, QK_K)
-    base = decode(c)
     dev = h.device if h.device.type != "mps" else torch.device("cpu")  # its float64 solve: Metal has none
-    # ŵ = d · L per super-block: L the values of d = 1
-    base = base.reshape(rows, nb, QK_K)
+    # ŵ = d · L per super-block: L the values of d = 1, decoded a block of rows at a time (the whole
+    # matrix's codes and values, 0.5 GB for an 8B's ffn_up, sat beside the layer at the export's peak)
     dd = np.where(d_old != 0, d_old, 1.0)[:, :, None]
     hh = h.to(device=dev, dtype=torch.float64)
     eye = torch.eye(nb, dtype=torch.float64, device=dev)
@@ -503,8 +522,9 @@ def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarr
     per = max(1, _REFIT_BLOCK // max(1, n * nb))
     for a in range(0, rows, per):
         r = slice(a, min(a + per, rows))
+        lev = decode(unpack(b[r.start * nb : r.stop * nb], qtype, QK_K)).reshape(-1, nb, QK_K)
         new_d[r] = _refit_rows(
-            torch.as_tensor(base[r] / dd[r], dtype=torch.float64, device=dev),
+            torch.as_tensor(lev / dd[r], dtype=torch.float64, device=dev),
             hh,
             w[r].to(device=dev, dtype=torch.float64),
             torch.as_tensor(d_old[r], dtype=torch.float64, device=dev),
