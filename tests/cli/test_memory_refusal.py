@@ -194,7 +194,8 @@ def test_gptq_on_fewer_tokens_than_the_model_is_wide_is_warned_before_it_runs(ll
     warned = [ln for ln in err.splitlines() if ln.startswith("warning: GPTQ")]
     assert len(warned) == 1 and "128 calibration tokens, fewer than the model is wide (256)" in warned[0]
     assert "calibrate on 8 chunks of 32 tokens or more" in warned[0]
-    assert err.index(warned[0]) < err.index("layer 1/")  # before the run
+    # before the run: its first line (the progress lines that follow are throttled, so none is named)
+    assert err.splitlines()[0] == warned[0] and len(err.splitlines()) > 1
     out.unlink()
     assert main([*argv, "--calib-ctx", "32", "--calib-chunks", "8"]) == 0
     assert "warning: GPTQ" not in capsys.readouterr().err
