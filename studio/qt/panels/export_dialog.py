@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -362,7 +362,7 @@ class ExportDialog(JobPanel, QDialog):
         lay.addLayout(buttons)
         self.setMinimumWidth(620)
         self.method_combo.currentIndexChanged.connect(self._on_method_changed)
-        self.chunks_spin.valueChanged.connect(lambda *_: self.estimate_label.setText(self.job_estimate()))
+        self.chunks_spin.valueChanged.connect(lambda *_: self._show_estimate())
         self.imatrix_check.toggled.connect(self._show_requirement)
         self.calib_edit.textChanged.connect(self._on_calib_edited)
 
@@ -786,7 +786,21 @@ class ExportDialog(JobPanel, QDialog):
             b.setEnabled(not running)
         self.show_folder_button.setEnabled(self.outcome is not None)
         self._show_requirement()
+        self._show_estimate()
+
+    def _show_estimate(self) -> None:
+        """The estimate line (with GPTQ's thin-calibration warning, several wrapped lines), the dialog grown
+        to hold it: a word-wrapped label's height is not in the form's minimum, so it was drawn over the
+        rows above it."""
         self.estimate_label.setText(self.job_estimate())
+        QTimer.singleShot(0, self._fit_height)  # once the layout has taken the new text
+
+    def _fit_height(self) -> None:
+        layout = self.layout()
+        if layout is not None and layout.hasHeightForWidth():
+            need = layout.totalHeightForWidth(self.width())
+            if need > self.height():
+                self.resize(self.width(), need)
 
     def job_estimate(self) -> str:
         """The calibrated export's estimated peak memory and time ("" without a model or for rtn)."""

@@ -41,6 +41,8 @@ def test_export_dialog_warns_when_gptq_would_fit_fewer_tokens_than_the_model_is_
     assert line.startswith("Calibrating: about ") and line.endswith("(4 chunks of 512 tokens).")
     assert warning.startswith("⚠ GPTQ will fit each matrix to 2,048 calibration tokens")
     assert warning.endswith("calibrate on 8 chunks of 512 tokens or more.")
+    label = dlg.estimate_label  # its wrapped lines are all shown, not drawn over the rows above
+    qtbot.waitUntil(lambda: label.height() >= label.heightForWidth(label.width()), timeout=2000)
     dlg.chunks_spin.setValue(8)
     assert "⚠" not in dlg.estimate_label.text() and "8 chunks of 512 tokens" in dlg.estimate_label.text()
     dlg.chunks_spin.setValue(4)
