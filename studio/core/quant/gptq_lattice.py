@@ -56,7 +56,9 @@ __all__ = ["LATTICE_TYPES", "LatticeCodes", "decode", "encode", "gptq_lattice", 
 
 LATTICE_TYPES: tuple[str, ...] = iquants.IQ_TYPES
 _ERROR_ROWS = 1 << 24  # weights decoded at once for the output errors (64 MB of float32)
-_REFIT_BLOCK = 1 << 24  # rows × n × nb values of the scale refit's products at once (128 MB of float64)
+_REFIT_BLOCK = (
+    1 << 22
+)  # rows × n values of the scale refit's levels, weights and products at once (32 MB of float64)
 _PARITY = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS"})  # 7 stored sign bits, the 8th their parity
 _DIM = {"IQ3_XXS": 4, "IQ3_S": 4}  # coordinates per grid point (8 for the others)
 _BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110, "IQ1_S": 50, "IQ1_M": 56}
@@ -514,18 +516,19 @@ def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarr
     # ŵ = d · L per super-block: L the values of d = 1, decoded a block of rows at a time (the whole
     # matrix's codes and values, 0.5 GB for an 8B's ffn_up, sat beside the layer at the export's peak)
     dd = np.where(d_old != 0, d_old, 1.0)[:, :, None]
-    hh = h.to(device=dev, dtype=torch.float64)
+    hs = h.to(device=dev)  # as stored: _refit_rows reads it in float64 a super-block's slab at a time
     eye = torch.eye(nb, dtype=torch.float64, device=dev)
     new_d = torch.empty((rows, nb), dtype=torch.float64, device=dev)
-    # every row is its own least-squares problem: a block of rows at a time, so the rows × n × nb products
-    # stay one block's (all rows of a 4096 × 14336 down_proj at once asked for 26 GB)
-    per = max(1, _REFIT_BLOCK // max(1, n * nb))
+    # every row is its own least-squares problem: a block of rows at a time, so that its levels, weights
+    # and products stay a few rows × n float64 values (all rows of a 4096 × 14336 down_proj at once asked
+    # for 26 GB)
+    per = max(1, _REFIT_BLOCK // max(1, n))
     for a in range(0, rows, per):
         r = slice(a, min(a + per, rows))
         lev = decode(unpack(b[r.start * nb : r.stop * nb], qtype, QK_K)).reshape(-1, nb, QK_K)
         new_d[r] = _refit_rows(
             torch.as_tensor(lev / dd[r], dtype=torch.float64, device=dev),
-            hh,
+            hs,
             w[r].to(device=dev, dtype=torch.float64),
             torch.as_tensor(d_old[r], dtype=torch.float64, device=dev),
             eye,
@@ -535,18 +538,26 @@ def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarr
     return b.reshape(rows, -1)
 
 
-def _refit_rows(lev: Any, hh: Any, w: Any, old: Any, eye: Any) -> Any:
-    """``refit_super_scales`` for a block of rows: their levels (rows × nb × 256), the Hessian (float64), the
-    rows' weights and old scales; the new scales where they are better, else the old."""
+def _refit_rows(lev: Any, h: Any, w: Any, old: Any, eye: Any) -> Any:
+    """``refit_super_scales`` for a block of rows: their levels (rows × nb × 256), the Hessian, the rows'
+    weights and old scales; the new scales where they are better, else the old."""
     import torch
 
     rows, nb, qk = (int(x) for x in lev.shape)
     n = nb * qk
-    T = torch.einsum("ibj,rbj->rib", hh.view(n, nb, qk), lev)
-    A = torch.einsum("rai,raib->rab", lev, T.view(rows, nb, qk, nb))
-    del T
-    hw = w @ hh
+    A = torch.empty((rows, nb, nb), dtype=torch.float64, device=lev.device)
+    hw = torch.empty((rows, n), dtype=torch.float64, device=lev.device)
+    # in float64 one super-block's slab of H at a time: a float64 copy of the whole Hessian (1.64 GB at
+    # an 8B's 14336-wide down_proj) was a best-method budget export's peak on the 8B fixture
+    for a in range(nb):
+        s = slice(a * qk, (a + 1) * qk)
+        ha = h[s].to(torch.float64)  # H's rows of super-block a
+        T = torch.einsum("ibj,rbj->rib", ha.view(qk, nb, qk), lev)
+        A[:, a] = torch.einsum("ri,rib->rb", lev[:, a], T)
+        del T, ha
+        hw[:, s] = w @ h[:, s].to(torch.float64)
     rhs = (lev * hw.view(rows, nb, qk)).sum(-1)
+    del hw
     reg = 1e-9 * torch.diagonal(A, dim1=-2, dim2=-1).mean(-1).clamp(min=1e-30)
     d = torch.linalg.solve(A + reg[:, None, None] * eye, rhs)
     d16 = d.to(torch.float16).to(torch.float64)

@@ -140,13 +140,13 @@ def test_the_lattice_scale_refit_of_a_tall_matrix_holds_a_block_of_rows() -> Non
     assert added < 1.0e9, f"GPTQ (IQ3_S) of an 8192 × 2048 weight added {added / 1e9:.2f} GB at its peak"
 
 
-_TALL = """
+_TALL_CODES = """
 import json, resource, sys
 import torch
 sys.path.insert(0, sys.argv[1])
 from studio.core.quant import gptq_lattice as L
 L._ERROR_ROWS = 1 << 18  # blocks far smaller than the matrix, as at an 8B's 14336 x 4096 ffn_up
-L._REFIT_BLOCK = 1 << 20
+L._REFIT_BLOCK = 1 << 18
 rows, n = 4096, 1024
 g = torch.Generator().manual_seed(0)
 w = torch.randn(rows, n, generator=g) * 0.02
@@ -166,5 +166,37 @@ def test_lattice_gptq_of_a_tall_matrix_decodes_a_block_of_rows_at_a_time() -> No
     both results whole beside their products: five float32 copies of the matrix. At an 8B's ffn_up at
     IQ3_XXS that was the best-method budget export's peak (6.84 GB on the 2-layer fixture). Measured here:
     18.4 copies of the weight before, 14.6 after (the sweep's own copies and codes are the rest)."""
-    copies = added_peak(_TALL, threads=2) / (4096 * 1024 * 4)
+    copies = added_peak(_TALL_CODES, threads=2) / (4096 * 1024 * 4)
     assert copies < 16.5, f"lattice GPTQ held {copies:.1f} float32 copies of a 4096 x 1024 weight at its peak"
+
+
+_REFIT = """
+import json, resource, sys
+import numpy as np
+import torch
+sys.path.insert(0, sys.argv[1])
+from studio.core.quant import iquants
+from studio.core.quant.gptq_lattice import refit_super_scales
+rows, n = 128, 8192
+g = torch.Generator().manual_seed(0)
+w = torch.randn(rows, n, generator=g) * 0.02
+a = torch.randn(n, 96, generator=g)
+h = a @ a.T
+h.diagonal().add_(1.0)
+del a
+data = iquants.quantize_rows(w.numpy(), "IQ3_XXS", None)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+refit_super_scales(data, "IQ3_XXS", w, h)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"added": after - before}))
+"""
+
+
+def test_the_lattice_scale_refit_reads_a_float32_hessian_a_slab_at_a_time() -> None:
+    """The i-quants' scale refit made a float64 copy of the export's float32 Hessian (1.64 GB at an 8B's
+    14336-wide ``down_proj``: the peak of a best-method budget export on the 8B fixture, 6.84 GB); it
+    reads one super-block's 256 rows (and columns) of it in float64 at a time now, to the same bytes.
+    Measured at n = 8192 (a float32 copy is 268 MB): 2.6 copies added before, 0.45-0.6 now (the
+    slabs, their einsum's permuted copies and the decoded levels)."""
+    copies = added_peak(_REFIT, threads=2) / (8192 * 8192 * 4)
+    assert copies < 1.0, f"the scale refit added {copies:.2f} float32 copies of an 8192-wide Hessian"
