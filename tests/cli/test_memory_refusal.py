@@ -35,6 +35,8 @@ def test_estimate_at_llama_8b_widths_is_bounded_and_names_the_layer(monkeypatch)
     monkeypatch.delenv("QUANT_STUDIO_SPOOL_HIDDEN")  # by default a CPU run spools 128 × 512 to disk
     spooled = estimate_calibrated(cfg, 512, 128, hessian=True, head=True)
     assert spooled.peak_bytes - gptq.peak_bytes == 2 * (512 - 256) * 4096 * 4 and spooled.peak_bytes < 6e9
+    # the built-in text's 57 chunks of 512 spool too (in RAM their two sets put GPTQ at 6.38 GB)
+    assert estimate_calibrated(cfg, 512, 57, hessian=True, head=True).peak_bytes == spooled.peak_bytes
 
 
 def _refusal(capsys) -> tuple[str, str]:

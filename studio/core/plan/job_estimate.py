@@ -39,8 +39,9 @@ _SLAB_ROWS = 16384  # as studio.core.calib.quantize rounds tall matrices
 _CPU_MACS_PER_S = 2.0e10  # multiply-adds per second a desktop CPU sustains in float32 (rough)
 
 
-SPOOL_ABOVE = 512 * 1024**2
-"""Bytes of hidden states (one set, all chunks) above which a CPU run spools them to disk."""
+SPOOL_ABOVE = 256 * 1024**2
+"""Bytes of hidden states (one set, all chunks) above which a CPU run spools them to disk: an 8B's
+default calibration (57 chunks of 512 at 4,096 wide, 2 × 0.48 GB) spools, a 1.5B's (0.18 GB) stays."""
 
 
 def spool_states(device: str, n_chunks: int, n_ctx: int, hidden: int) -> bool:

@@ -39,8 +39,10 @@ def test_a_spool_in_a_missing_folder_is_one_sentence(tmp_path):
 
 def test_when_a_run_spools(monkeypatch):
     monkeypatch.delenv("QUANT_STUDIO_SPOOL_HIDDEN", raising=False)
-    # 8B widths: 128 chunks of 512 tokens (1.07 GB a set) spool on a CPU; 2 of 128 do not; a GPU never
+    # 8B widths: 128 chunks of 512 tokens (1.07 GB a set) and the built-in text's 57 (0.48 GB) spool on a
+    # CPU; 2 of 128 do not, nor the 1.5B bench model's 57 of 512 (0.18 GB); a GPU never
     assert spool_states("cpu", 128, 512, 4096) and not spool_states("cpu", 2, 128, 4096)
+    assert spool_states("cpu", 57, 512, 4096) and not spool_states("cpu", 57, 512, 1536)
     assert not spool_states("cuda", 128, 512, 4096)
     monkeypatch.setenv("QUANT_STUDIO_SPOOL_HIDDEN", "1")
     assert spool_states("cpu", 1, 8, 8)
