@@ -57,6 +57,12 @@ _NUMPY_DTYPES: dict[str, np.dtype] = {
     "U64": np.dtype("<u8"),
     "F64": np.dtype("<f8"),
 }
+# safetensors' dtypes by torch's names: read_torch reads them into a buffer of its own.
+_TORCH_DTYPES: dict[str, str] = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
+    "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64", "U64": "uint64",
+    "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+}  # fmt: skip
 # Stored bit patterns for dtypes numpy lacks.
 _RAW_DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype("<u2"),
@@ -256,7 +262,17 @@ class SafetensorsCheckpoint(Checkpoint):
         )
 
     def _read_torch(self, t: TensorInfo) -> Any:
-        return self._handle(t.file, "pt").get_tensor(t.name)
+        import torch
+
+        dt = getattr(torch, _TORCH_DTYPES.get(t.dtype, ""), None)
+        if dt is None:  # a dtype this torch lacks a name for: safetensors knows what to do or says why
+            return self._handle(t.file, "pt").get_tensor(t.name)
+        # its own buffer, as _read_f32: the handle's one map of the whole file kept every tensor read
+        # through it resident (an FP8 checkpoint's layers, read by the calibration runner this way)
+        e = self._entries[t.name]
+        if e.nbytes == 0:
+            return torch.empty(t.shape, dtype=dt)
+        return torch.from_numpy(_read_copy(t.file, e.begin, e.nbytes)).view(dt).reshape(t.shape)
 
     def _map_raw(self, t: TensorInfo) -> np.ndarray:
         return self._read_raw(t, private=True)

@@ -179,6 +179,38 @@ def test_read_torch_keeps_stored_dtype(tmp_path):
         np.testing.assert_array_equal(t.float().numpy(), x)
 
 
+def test_read_torch_of_every_stored_dtype_matches_safetensors_and_keeps_no_map(tmp_path):
+    """``read_torch`` reads each dtype into a buffer of its own, as safetensors' own reader gives it, with no
+    safetensors handle opened: the handle maps the whole file once and kept every tensor read through it
+    resident (the calibration runner reads an FP8 checkpoint's layers this way)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(64, 96, generator=g) * 4
+    want = {
+        "bf16": base.bfloat16(),
+        "f16": base.half(),
+        "f32": base,
+        "f64": base.double(),
+        "e4m3": base.to(torch.float8_e4m3fn),
+        "e5m2": base.to(torch.float8_e5m2),
+        "i64": base.long(),
+        "i8": base.to(torch.int8),
+        "u8": base.abs().to(torch.uint8),
+        "bool": base > 0,
+        "empty": torch.zeros(0, 8),
+    }
+    (tmp_path / "m").mkdir()
+    save_file(want, str(tmp_path / "m" / "model.safetensors"))
+    with open_model(tmp_path / "m") as ck:
+        for name, w in want.items():
+            got = ck.read_torch(name)
+            assert got.dtype == w.dtype and got.shape == w.shape, name
+            assert torch.equal(got.view(torch.uint8), w.contiguous().view(torch.uint8)), name
+        assert not ck._handles
+
+
 def test_single_safetensors_file_path(llama_dir):
     with open_model(llama_dir / "model.safetensors") as ck:
         assert ck.info.path == llama_dir / "model.safetensors"
