@@ -77,7 +77,8 @@ def _logits(ckpt: Checkpoint, config: dict[str, Any], k: int, tokens: Any) -> np
             continue
         if t.name.endswith("rotary_emb.inv_freq"):
             continue
-        state[t.name] = torch.from_numpy(np.array(ckpt.read(t.name), dtype=np.float32))
+        a = ckpt.read(t.name)  # a new float32 array: torch takes it as it is (a copy held two at once)
+        state[t.name] = torch.from_numpy(a if a.flags.writeable else np.array(a, dtype=np.float32))
     cfg = dict(config)
     n = cfg.get("num_hidden_layers")
     cfg["num_hidden_layers"] = k
