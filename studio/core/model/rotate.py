@@ -54,8 +54,8 @@ _WRITERS = (Role.ATTN_OUT, Role.FFN_DOWN, Role.FFN_DOWN_EXPS)
 
 
 ROTATION_CONFIG_KEY = "_quant_studio_rotation"
-_RIGHT_VALUES = 1 << 22  # values Rotor.right rotates at once (16 MB of float32 per temporary)
 """Where a rotated view's config carries its ``quantize.rotation.*`` metadata (no HF config uses it)."""
+_RIGHT_VALUES = 1 << 22  # values Rotor.right rotates at once (16 MB of float32 per temporary)
 
 
 class RotationError(StudioError):
@@ -121,7 +121,7 @@ class Rotor:
 
     def right(self, x: np.ndarray) -> np.ndarray:
         """``x·Q`` over the last axis of ``x`` (float32 in, float32 out), into a new array a block of rows at
-        a time: whole, a 151,936-row head held three temporaries of its size (0.93 GB each on the 1.5B)."""
+        a time: whole, a 151,936-row head held two temporaries of its size at once (0.93 GB each on the 1.5B)."""
         x = np.asarray(x, dtype=np.float32)
         n, k, m = self.n, self.h.shape[0], len(self.r)
         flat = x.reshape(-1, n)

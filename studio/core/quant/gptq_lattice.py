@@ -56,9 +56,8 @@ __all__ = ["LATTICE_TYPES", "LatticeCodes", "decode", "encode", "gptq_lattice", 
 
 LATTICE_TYPES: tuple[str, ...] = iquants.IQ_TYPES
 _ERROR_ROWS = 1 << 24  # weights decoded at once for the output errors (64 MB of float32)
-_REFIT_BLOCK = (
-    1 << 22
-)  # rows × n values of the scale refit's levels, weights and products at once (32 MB of float64)
+# rows × n values of the scale refit's levels, weights and products at once (32 MB of float64)
+_REFIT_BLOCK = 1 << 22
 _PARITY = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS"})  # 7 stored sign bits, the 8th their parity
 _DIM = {"IQ3_XXS": 4, "IQ3_S": 4}  # coordinates per grid point (8 for the others)
 _BYTES = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110, "IQ1_S": 50, "IQ1_M": 56}
