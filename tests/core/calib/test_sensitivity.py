@@ -204,32 +204,41 @@ def test_float32_kl_matches_float64_even_under_a_common_shift(scale):
     assert kl_from_delta(p.float(), delta.clone(), shift, owned=True) == pytest.approx(want, rel=1e-3)
 
 
-def test_the_start_holds_one_decoded_embedding_candidate_at_a_time(llama_model, calib_text, monkeypatch):
-    """The plans' embedding types are rounded whole at the start, one after another; each decoded candidate
-    (vocabulary × hidden float32: 2.1 GB at Llama 3's vocabulary) is let go before the next is made. Kept to
-    the next type, two sat beside the embedding and the 8B fixture's best budget export reached 7.04 GB."""
-    import weakref
+def test_the_start_rounds_only_the_embedding_rows_its_chunks_use(llama_model, calib_text, monkeypatch):
+    """The plans' embedding types were each rounded and decoded whole at the start (vocabulary × hidden
+    float32: 2.1 GB at Llama 3's vocabulary) beside the embedding: the peak of the 8B fixture's best budget
+    export at its judgement's start. Now the error is summed a block of rows at a time and only the rows of
+    the chunks' tokens are decoded; the KLs are those of the whole candidate, to the bit."""
+    import torch
 
     from studio.core.calib import scan_streams
 
     im = _imatrix(llama_model, calib_text)
-    made: list[weakref.ref] = []
-    alive: list[int] = []
-    real = scan_streams.SensitivityScan._quantized
-
-    def spy(self, name, rows, qtype, full):
-        if full and name == "model.embed_tokens.weight":
-            alive.append(sum(1 for r in made if r() is not None))
-        deq, err = real(self, name, rows, qtype, full)
-        if full and name == "model.embed_tokens.weight":
-            made.append(weakref.ref(deq))
-        return deq, err
-
-    monkeypatch.setattr(scan_streams.SensitivityScan, "_quantized", spy)
     emb = "model.embed_tokens.weight"
     plans = [{emb: "Q4_0"}, {emb: "Q8_0"}, {emb: "Q2_K"}]
-    (a, b, c) = measure_plans(llama_model, plans, calib_text, SETTINGS, imatrix=im)
-    assert alive == [0, 0, 0], alive  # before: [0, 1, 1]
+    decoded: list[int] = []
+    real_rows = scan_streams.quantize_rows
+
+    def counted(rows, qtype, qw):
+        decoded.append(int(rows.shape[0]))
+        return real_rows(rows, qtype, qw)
+
+    monkeypatch.setattr(scan_streams, "quantize_rows", counted)
+    got = measure_plans(llama_model, plans, calib_text, SETTINGS, imatrix=im)
+    monkeypatch.undo()
+    vocab = json.loads((llama_model / "config.json").read_text())["vocab_size"]
+    assert decoded and max(decoded) < vocab, (decoded, vocab)  # before: the whole embedding, every type
+
+    def whole(self, name, p, rows, qtype, ids, h0):  # the old start: the whole candidate swapped in
+        deq, err = self._quantized(name, rows, qtype, True)
+        new = torch.from_numpy(deq).reshape(p.shape).to(device=p.device, dtype=p.dtype)
+        outer = self._spec.outer
+        return scan_streams._pack(outer.embed(ids, {outer.embedding: new}) - h0), err
+
+    monkeypatch.setattr(scan_streams.SensitivityScan, "_embedding_delta", whole)
+    want = measure_plans(llama_model, plans, calib_text, SETTINGS, imatrix=im)
+    assert got == want
+    a, b, c = got
     assert 0 < b < a and 0 < a < c  # Q8_0 < Q4_0 < Q2_K: each plan measured with its own candidate
 
 
@@ -363,17 +372,24 @@ def test_a_quantized_heads_difference_is_made_once_per_type_and_the_head_let_go(
     made: list[tuple[int, ...]] = []
     real = scan_streams.SensitivityScan._head_difference
 
+    inside: list[bool] = []
+
     def spy(self, name, rows, qtype, head_w, dtype):
-        dw, err = real(self, name, rows, qtype, head_w, dtype)
+        inside.append(True)
+        try:
+            dw, err = real(self, name, rows, qtype, head_w, dtype)
+        finally:
+            inside.pop()
         made.append(tuple(dw.shape))
         return dw, err
 
-    decoded: list[int] = []
+    decoded: list[int] = []  # the head's blocks (the embedding's error is summed in blocks too)
     real_blocks = scan_rows.quantized_blocks
 
     def blocks(rows, qtype, qw):
         for b, deq in real_blocks(rows, qtype, qw):
-            decoded.append(deq.shape[0])
+            if inside:
+                decoded.append(deq.shape[0])
             yield b, deq
 
     monkeypatch.setattr(scan_streams.SensitivityScan, "_head_difference", spy)
