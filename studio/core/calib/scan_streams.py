@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,15 +294,13 @@ class SensitivityScan(Consumer):
         if full:
             deq = quantize_rows(rows, qtype, qw)
             err = weighted_error(rows, deq, qw)
-            if not math.isfinite(err):
-                self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
+            self._flag(name, qtype, err)
             return deq, err
         k = min(n_rows, max(self.min_rows, int(math.ceil(n_rows * self.row_share))))
         idx = np.sort(self.rng.choice(n_rows, size=k, replace=False)) if k < n_rows else np.arange(n_rows)
         sub = np.ascontiguousarray(rows[idx])
         err = weighted_error(sub, quantize_rows(sub, qtype, qw), qw) * (n_rows / k)
-        if not math.isfinite(err):
-            self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
+        self._flag(name, qtype, err)
         return None, err
 
     def _head_difference(
@@ -314,23 +312,39 @@ class SensitivityScan(Consumer):
         dtype of the head, which ``head_w`` may hold narrower (exactly)."""
         import torch
 
+        if head_w is None:
+            return None, self._error_in_blocks(name, rows, qtype)
+        w = head_w.reshape(rows.shape)
+        dw = torch.empty(rows.shape, dtype=torch.bfloat16, device=head_w.device)
+
+        def put(b: slice, deq: np.ndarray) -> None:
+            # each element rounded to the head's dtype, then once to bfloat16: as the whole candidate was
+            dq = torch.from_numpy(deq).to(device=w.device, dtype=dtype)
+            dw[b] = (dq - w[b].to(dtype)).to(torch.bfloat16)
+
+        err = self._error_in_blocks(name, rows, qtype, put)
+        return dw.reshape(head_w.shape), err
+
+    def _error_in_blocks(
+        self, name: str, rows: Any, qtype: str, each: Callable[[slice, np.ndarray], None] | None = None
+    ) -> float:
+        """The weighted error of ``rows`` quantized to ``qtype``, summed a block of rows at a time (the blocks
+        and bits of ``weighted_error``), never the whole candidate at once; ``each(rows, dequantized)`` sees
+        every block. A non-finite error marks the pair unusable."""
         qw = self._qw(name)
         acc = ErrorSum()
-        dw = w = None
-        if head_w is not None:
-            w = head_w.reshape(rows.shape)
-            dw = torch.empty(rows.shape, dtype=torch.bfloat16, device=head_w.device)
         for b, deq in quantized_blocks(rows, qtype, qw):
             self.ctx.check_cancelled()
             acc.add(rows[b], deq)
-            if dw is not None:
-                # each element rounded to the head's dtype, then once to bfloat16: as the whole candidate was
-                dq = torch.from_numpy(deq).to(device=w.device, dtype=dtype)
-                dw[b] = (dq - w[b].to(dtype)).to(torch.bfloat16)
+            if each is not None:
+                each(b, deq)
         err = acc.total(qw)
+        self._flag(name, qtype, err)
+        return err
+
+    def _flag(self, name: str, qtype: str, err: float) -> None:
         if not math.isfinite(err):
             self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
-        return (None if dw is None else dw.reshape(head_w.shape)), err
 
     def _embedding_delta(
         self, name: str, p: Any, rows: np.ndarray, qtype: str, ids: Any, h0: Any
@@ -344,16 +358,9 @@ class SensitivityScan(Consumer):
         import torch
 
         assert self._spec is not None and self._spec.outer is not None
-        qw = self._qw(name)
-        acc = ErrorSum()
-        for b, deq in quantized_blocks(rows, qtype, qw):  # as ``weighted_error``: the same blocks and bits
-            self.ctx.check_cancelled()
-            acc.add(rows[b], deq)
-        err = acc.total(qw)
-        if not math.isfinite(err):
-            self.unusable.setdefault((name, qtype), "its quantized weights are not finite")
+        err = self._error_in_blocks(name, rows, qtype)
         used = torch.unique(ids.reshape(-1))
-        part = quantize_rows(np.ascontiguousarray(rows[used.cpu().numpy()]), qtype, qw)
+        part = quantize_rows(np.ascontiguousarray(rows[used.cpu().numpy()]), qtype, self._qw(name))
         w = p.data
         saved = w[used].clone()  # ``rows`` is ``p``'s memory on a CPU: its rows are read before this
         try:
