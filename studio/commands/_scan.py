@@ -27,8 +27,9 @@ from studio.core.calib.stored_types import with_stored_copies
 from studio.core.errors import StudioError
 from studio.core.model.rotate import RotatedCheckpoint, rotation_from, rotation_of
 from studio.core.plan.allocate import allocate, check_budget, parse_budget
-from studio.core.plan.job_estimate import thin_calibration
+from studio.core.plan.job_estimate import calibration_estimate_line, estimate_calibrated, thin_calibration
 from studio.core.plan.plan import with_method
+from studio.core.quant.methods import method_info
 from studio.core.quant.types import QTYPES
 from studio.core.textfile import read_untrusted
 
@@ -171,8 +172,31 @@ def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None,
         scan=not getattr(args, "scan", None),
     )
     check_budget_job(job, hardware.ram()[1], chunks)
+    say_estimate(args, f"{'Budget export' if export else 'Budget plan'}: {job.describe()}.")
     warn_thin_calibration(args, info, m)
     return job
+
+
+def say_estimate(args: argparse.Namespace, line: str) -> None:
+    """Say on stderr, before a long job starts, the memory and time it is expected to take; not on a GPU,
+    where the time (a CPU's) would mislead."""
+    if line and str(getattr(args, "device", "cpu") or "cpu").split(":")[0] not in ("cuda", "mps"):
+        print(line, file=sys.stderr)
+
+
+def say_calibration_estimate(args: argparse.Namespace, info: Any, methods: Any) -> None:
+    """``say_estimate`` for a calibrated export of one of ``methods`` (the heaviest: a GPTQ or AWQ one holds
+    Hessians): the line the Export dialog shows (``job_estimate.calibration_estimate_line``)."""
+    ms = sorted(set(methods), key=lambda m: ("gptq" not in m and "awq" not in m, m))
+    if not ms or not method_info(ms[0]).calibrated:
+        return
+    cfg, ctx = dict(info.config or {}), int(args.calib_ctx)
+    n = _chunks_hint(args, ms[0])
+    m = method_info(ms[0])
+    est = estimate_calibrated(cfg, ctx, n, hessian=m.hessian, head=m.hessian)
+    free = hardware.ram()[1]
+    if free <= 0 or est.peak_bytes <= free:  # above: the export refuses it in one sentence, said there
+        say_estimate(args, calibration_estimate_line(cfg, ms[0], ctx, n, "cpu"))
 
 
 def warn_thin_calibration(args: argparse.Namespace, info: Any, method: str) -> None:

@@ -27,6 +27,7 @@ from studio.commands._scan import (
     check_budget_memory,
     for_rounding,
     run_scan,
+    say_calibration_estimate,
     warn_thin_calibration,
 )
 from studio.core.calib.heldout import same_size_preset
@@ -286,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         if not plan.calibrated:  # IQ2_XXS and the like without --imatrix: one sentence, before any work
             check_imatrix(plan, info, imatrix)
         elif imatrix is None:  # GPTQ on fewer tokens than the model is wide: said before it runs
+            say_calibration_estimate(args, info, map(plan.method_of, plan.types))
             gptq = next((m for m in map(plan.method_of, plan.types) if "gptq" in m), None)
             if gptq is not None:
                 warn_thin_calibration(args, info, gptq)

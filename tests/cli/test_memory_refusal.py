@@ -196,8 +196,38 @@ def test_gptq_on_fewer_tokens_than_the_model_is_wide_is_warned_before_it_runs(ll
     warned = [ln for ln in err.splitlines() if ln.startswith("warning: GPTQ")]
     assert len(warned) == 1 and "128 calibration tokens, fewer than the model is wide (256)" in warned[0]
     assert "calibrate on 8 chunks of 32 tokens or more" in warned[0]
-    # before the run: its first line (the progress lines that follow are throttled, so none is named)
-    assert err.splitlines()[0] == warned[0] and len(err.splitlines()) > 1
+    # before the run: after the estimate, before the first progress line
+    lines = err.splitlines()
+    assert lines[0].startswith("Calibrating: about ") and lines[1] == warned[0] and len(lines) > 2
     out.unlink()
     assert main([*argv, "--calib-ctx", "32", "--calib-chunks", "8"]) == 0
     assert "warning: GPTQ" not in capsys.readouterr().err
+
+
+def test_a_calibrated_export_says_its_estimate_before_it_starts(llama_model, tmp_path, capsys):
+    """Issue 40: the user hears the memory and time a calibrated job is expected to take before it starts,
+    the line the Export dialog shows, on the command line too; a budget run says its whole run's."""
+    from studio.core.calib import budget_job
+    from studio.core.calib.scan_settings import ScanSettings, default_types
+    from studio.core.model import open_model
+    from studio.core.plan.job_estimate import calibration_estimate_line
+
+    with open_model(llama_model) as ck:
+        info = ck.info
+    out = tmp_path / "m.gguf"
+    argv = ["export", str(llama_model), "-o", str(out), "--calib-ctx", "32", "--calib-chunks", "8"]
+    assert main([*argv, "--preset", "Q4_K_M", "--method", "awq"]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == calibration_estimate_line(dict(info.config), "awq", 32, 8, "cpu")
+    assert first.startswith("Calibrating: about ") and "(8 chunks of 32 tokens)." in first
+    out.unlink()
+    assert main([*argv[:4], "--preset", "Q4_K_M"]) == 0  # round to nearest: nothing calibrated, nothing said
+    assert "Calibrating" not in capsys.readouterr().err
+
+    plan = tmp_path / "p.json"
+    argv = ["plan", str(llama_model), "-o", str(plan), "--budget", "5bpw", "--calib-ctx", "64"]
+    assert main([*argv, "--calib-chunks", "8", "--scan-ctx", "32", "--no-cache"]) == 0 and plan.is_file()
+    said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("Budget plan: ")]
+    st = ScanSettings(types=default_types(info.config), n_ctx=32, calib_ctx=64, calib_chunks=8)
+    job = budget_job.budget_job(info, "imatrix", calib_ctx=64, calib_chunks=8, settings=st, export=False)
+    assert said == [f"Budget plan: {job.describe()}."]

@@ -64,7 +64,7 @@ class JobEstimate:
     def describe(self) -> str:
         """One line: ``about 5.1 GB at its peak (a decoder layer), about 12 min``."""
         mins = self.seconds / 60
-        t = f"{mins:.0f} min" if mins >= 1 else f"{self.seconds:.0f} s"
+        t = f"{mins:.0f} min" if mins >= 1 else f"{max(1, round(self.seconds))} s"
         return f"about {format_bytes(self.peak_bytes)} at its peak ({self.phase}), about {t} on a CPU"
 
 
