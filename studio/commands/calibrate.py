@@ -9,6 +9,7 @@ from typing import Any
 
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, format_table, print_json, torch_original
+from studio.commands._scan import say_calibration_estimate
 from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
 from studio.core.calib.calibrate import calibrate
 from studio.core.calib.collect import ActivationCollector
@@ -47,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
         info = ck.info
     # The disk must hold the imatrix before the long run, not after it: sums and counts per input column.
     check_output_path(out, need_bytes=_imatrix_bytes(info))
+    # its expected memory and time, as an export's calibration says them (the same arguments, renamed)
+    hint = argparse.Namespace(
+        calib_chunks=args.chunks, calib_text=args.text or args.chat, calib_ctx=args.ctx, device=args.device
+    )
+    say_calibration_estimate(hint, info, ["imatrix"])
 
     collector = ActivationCollector()
     consumers: list[Any] = []

@@ -223,6 +223,12 @@ def test_a_calibrated_export_says_its_estimate_before_it_starts(llama_model, tmp
     out.unlink()
     assert main([*argv[:4], "--preset", "Q4_K_M"]) == 0  # round to nearest: nothing calibrated, nothing said
     assert "Calibrating" not in capsys.readouterr().err
+    assert (
+        main(["calibrate", str(llama_model), "-o", str(tmp_path / "i.gguf"), "--ctx", "32", "--chunks", "4"])
+        == 0
+    )
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == calibration_estimate_line(dict(info.config), "imatrix", 32, 4, "cpu")
 
     plan = tmp_path / "p.json"
     argv = ["plan", str(llama_model), "-o", str(plan), "--budget", "5bpw", "--calib-ctx", "64"]
