@@ -27,7 +27,7 @@ def score_on_cluster(
     tokens: Sequence[int],
     starts: Sequence[int],
     bos: int | None,
-    base: np.ndarray,
+    base: Any,  # the original's logits, chunk by chunk (evaluate.logit_store.LogitStore)
     n_ctx: int,
     n_gpu_layers: int,
     ctx: JobContext,

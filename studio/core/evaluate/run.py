@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from studio.core.chat.hf_backend import TransformersBackend
 from studio.core.chat.llama_backend import LlamaCppBackend
 from studio.core.errors import EvaluationError, StudioError
 from studio.core.evaluate.layerwise import LayerwiseOriginal, original_facts, original_in_layers
+from studio.core.evaluate.logit_store import LogitStore
 from studio.core.evaluate.metrics import (
     chunk_starts,
     chunk_tokens,
@@ -41,8 +41,6 @@ from studio.core.lab.memory import gguf_kv_cache_bytes
 from studio.core.llamacpp.kvcache import kv_type
 from studio.core.plan.job_estimate import check_whole_fits, estimate_whole
 from studio.core.quality import MeasuredOn
-
-IN_MEMORY_LIMIT = 256 << 20  # original logits above this size go to a temporary file
 
 
 @dataclass(frozen=True)
@@ -349,7 +347,7 @@ def evaluate(
         scorer = _open_scorer(
             orig_path, n_ctx, device, dtype, n_gpu_layers, extra_buffers, note, allow_pickle
         )
-    tmpdir: tempfile.TemporaryDirectory[str] | None = None
+    base: LogitStore | None = None
     try:
         scorer.load(ctx)
         if scorer.n_ctx < n_ctx:
@@ -366,22 +364,13 @@ def evaluate(
             )
         runs = [(v, t) for v in variants for t in kv_types] if kv_types else [(v, None) for v in variants]
         total = len(starts) * (1 + len(runs))
-        base: np.ndarray | None = None
         nll_o: list[np.ndarray] = []
 
         def take(ci: int, logits: np.ndarray) -> None:
-            nonlocal base, tmpdir
+            nonlocal base
             start = starts[ci]
             if base is None:
-                shape = (len(starts), n_rows, logits.shape[-1])
-                nbytes = math.prod(shape) * 4
-                if nbytes > IN_MEMORY_LIMIT:
-                    tmpdir = tempfile.TemporaryDirectory(prefix="quant-studio-eval-")
-                    base = np.lib.format.open_memmap(
-                        os.path.join(tmpdir.name, "base.npy"), mode="w+", dtype=np.float32, shape=shape
-                    )
-                else:
-                    base = np.empty(shape, dtype=np.float32)
+                base = LogitStore(len(starts), n_rows, int(logits.shape[-1]))
             base[ci] = logits[sl]
             nll_o.append(token_nll(logits[sl], tokens[start + sl.start + 1 : start + sl.stop + 1]))
 
@@ -456,9 +445,8 @@ def evaluate(
         )
     finally:
         scorer.close()
-        if tmpdir is not None:
-            del base
-            tmpdir.cleanup()
+        if base is not None:
+            base.close()
 
 
 def variant_facts(
@@ -560,7 +548,7 @@ def _score_variant(
     tokens: Sequence[int],
     starts: Sequence[int],
     bos: int | None,
-    base: np.ndarray,
+    base: LogitStore,
     n_ctx: int,
     n_gpu_layers: int,
     ctx: JobContext,
