@@ -196,7 +196,8 @@ def say_calibration_estimate(args: argparse.Namespace, info: Any, methods: Any) 
     est = estimate_calibrated(cfg, ctx, n, hessian=m.hessian, head=m.hessian)
     free = hardware.ram()[1]
     if free <= 0 or est.peak_bytes <= free:  # above: the export refuses it in one sentence, said there
-        say_estimate(args, calibration_estimate_line(cfg, ms[0], ctx, n, "cpu"))
+        guessed = not args.calib_chunks  # from the text's size: the tokenizer decides the real count
+        say_estimate(args, calibration_estimate_line(cfg, ms[0], ctx, n, "cpu", guessed=guessed))
 
 
 def warn_thin_calibration(args: argparse.Namespace, info: Any, method: str) -> None:

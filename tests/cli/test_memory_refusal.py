@@ -220,6 +220,9 @@ def test_a_calibrated_export_says_its_estimate_before_it_starts(llama_model, tmp
     first = capsys.readouterr().err.splitlines()[0]
     assert first == calibration_estimate_line(dict(info.config), "awq", 32, 8, "cpu")
     assert first.startswith("Calibrating: about ") and "(8 chunks of 32 tokens)." in first
+    # without --calib-chunks the count is guessed from the text's size, and said so
+    guess = calibration_estimate_line(dict(info.config), "awq", 32, 8, "cpu", guessed=True)
+    assert guess == first.replace("(8 chunks", "(about 8 chunks")
     out.unlink()
     assert main([*argv[:4], "--preset", "Q4_K_M"]) == 0  # round to nearest: nothing calibrated, nothing said
     assert "Calibrating" not in capsys.readouterr().err

@@ -181,16 +181,19 @@ def check_fits(est: JobEstimate, free_bytes: int, n_ctx: int, n_chunks: int) -> 
 
 
 def calibration_estimate_line(
-    config: dict[str, Any], method: str, n_ctx: int, n_chunks: int, device: str
+    config: dict[str, Any], method: str, n_ctx: int, n_chunks: int, device: str, *, guessed: bool = False
 ) -> str:
     """What the Export and budget dialogs show before a calibrated job: ``Calibrating: about 5.1 GB at its
-    peak (a decoder layer), about 12 min on a CPU (64 chunks of 512 tokens).`` ("" for rtn)."""
+    peak (a decoder layer), about 12 min on a CPU (64 chunks of 512 tokens).`` ("" for rtn); ``guessed``:
+    the chunk count is a guess from the text's size (``about 64 chunks``)."""
 
     m = method_info(method)
     if not m.calibrated:
         return ""
     est = estimate_calibrated(config, n_ctx, n_chunks, hessian=m.hessian, head=m.hessian, device=device)
-    return f"Calibrating: {est.describe()} ({n_chunks} chunks of {n_ctx} tokens)."
+    return (
+        f"Calibrating: {est.describe()} ({'about ' if guessed else ''}{n_chunks} chunks of {n_ctx} tokens)."
+    )
 
 
 def thin_calibration(config: dict[str, Any], method: str, n_ctx: int, n_chunks: int) -> str:
