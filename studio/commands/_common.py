@@ -76,8 +76,13 @@ class ProgressLine:
     the work fails (the error then starts on a line of its own).
     """
 
-    def __init__(self, *, width: int = 100, interval: float = 0.5, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, *, width: int = 100, interval: float = 0.5, stream: TextIO | None = None, preface: str = ""
+    ) -> None:
+        """``preface``: a line said once, just before the first progress or log line (a job's estimate):
+        a job refused before its work starts says only its one sentence."""
         self.stream = stream or sys.stderr
+        self._preface = preface
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.width = width
         self.interval = interval
@@ -90,6 +95,7 @@ class ProgressLine:
         if not final and now - self._last < self.interval:
             return
         self._last = now
+        self._say_preface()
         text = terminal_safe(text)  # file names and messages may come from the Hub or a model's files
         if self.tty:
             self.stream.write("\r" + text[: self.width].ljust(self.width))
@@ -106,8 +112,14 @@ class ProgressLine:
     def log(self, msg: str) -> None:
         """A message of its own line (a ``JobContext`` log callback), below the progress line."""
         self.end()
+        self._say_preface()
         self.stream.write(terminal_safe(msg, keep_newlines=True) + "\n")
         self.stream.flush()
+
+    def _say_preface(self) -> None:
+        if self._preface:
+            self.stream.write(terminal_safe(self._preface) + "\n")
+            self._preface = ""
 
     def end(self) -> None:
         """Finish the rewritten line, if one is open."""

@@ -172,32 +172,40 @@ def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None,
         scan=not getattr(args, "scan", None),
     )
     check_budget_job(job, hardware.ram()[1], chunks)
-    say_estimate(args, f"{'Budget export' if export else 'Budget plan'}: {job.describe()}.")
     warn_thin_calibration(args, info, m)
     return job
 
 
-def say_estimate(args: argparse.Namespace, line: str) -> None:
-    """Say on stderr, before a long job starts, the memory and time it is expected to take; not on a GPU,
-    where the time (a CPU's) would mislead."""
-    if line and str(getattr(args, "device", "cpu") or "cpu").split(":")[0] not in ("cuda", "mps"):
-        print(line, file=sys.stderr)
+def _on_cpu(args: argparse.Namespace) -> bool:
+    # the estimates' times are a CPU's: on a GPU they would mislead
+    return str(getattr(args, "device", "cpu") or "cpu").split(":")[0] not in ("cuda", "mps")
 
 
-def say_calibration_estimate(args: argparse.Namespace, info: Any, methods: Any) -> None:
-    """``say_estimate`` for a calibrated export of one of ``methods`` (the heaviest: a GPTQ or AWQ one holds
-    Hessians): the line the Export dialog shows (``job_estimate.calibration_estimate_line``)."""
+def budget_preface(args: argparse.Namespace, job: Any, *, export: bool) -> str:
+    """The line said before a budget run's first step (``ProgressLine(preface=…)``): its whole estimate,
+    ``Budget export: about 5.6 GB at its peak (…), about 1 h 40 min on a CPU (…).``; "" on a GPU."""
+    if not _on_cpu(args):
+        return ""
+    return f"{'Budget export' if export else 'Budget plan'}: {job.describe()}."
+
+
+def calibration_preface(args: argparse.Namespace, info: Any, methods: Any) -> str:
+    """The line said before a calibrated export's first step: the Export dialog's estimate
+    (``job_estimate.calibration_estimate_line``) for the heaviest of ``methods`` (a GPTQ or AWQ one holds
+    Hessians); "" on a GPU, for round-to-nearest, or when the estimate is above the free RAM (the job is
+    refused in one sentence instead)."""
     ms = sorted(set(methods), key=lambda m: ("gptq" not in m and "awq" not in m, m))
-    if not ms or not method_info(ms[0]).calibrated:
-        return
+    if not ms or not method_info(ms[0]).calibrated or not _on_cpu(args):
+        return ""
     cfg, ctx = dict(info.config or {}), int(args.calib_ctx)
     n = _chunks_hint(args, ms[0])
     m = method_info(ms[0])
     est = estimate_calibrated(cfg, ctx, n, hessian=m.hessian, head=m.hessian)
     free = hardware.ram()[1]
-    if free <= 0 or est.peak_bytes <= free:  # above: the export refuses it in one sentence, said there
-        guessed = not args.calib_chunks  # from the text's size: the tokenizer decides the real count
-        say_estimate(args, calibration_estimate_line(cfg, ms[0], ctx, n, "cpu", guessed=guessed))
+    if 0 < free < est.peak_bytes:
+        return ""
+    guessed = not args.calib_chunks  # from the text's size: the tokenizer decides the real count
+    return calibration_estimate_line(cfg, ms[0], ctx, n, "cpu", guessed=guessed)
 
 
 def warn_thin_calibration(args: argparse.Namespace, info: Any, method: str) -> None:

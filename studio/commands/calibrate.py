@@ -9,7 +9,7 @@ from typing import Any
 
 from studio.commands._cluster import open_cluster
 from studio.commands._common import ProgressLine, format_table, print_json, torch_original
-from studio.commands._scan import say_calibration_estimate
+from studio.commands._scan import calibration_preface
 from studio.core.calib.analysis import layer_outlier_counts, top_outlier_features
 from studio.core.calib.calibrate import calibrate
 from studio.core.calib.collect import ActivationCollector
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     hint = argparse.Namespace(
         calib_chunks=args.chunks, calib_text=args.text or args.chat, calib_ctx=args.ctx, device=args.device
     )
-    say_calibration_estimate(hint, info, ["imatrix"])
+    preface = calibration_preface(hint, info, ["imatrix"])
 
     collector = ActivationCollector()
     consumers: list[Any] = []
@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if args.int8:
         int8 = Int8Analysis(collector)
         consumers.append(int8)
-    with ProgressLine() as line, contextlib.closing(open_cluster(args, args.device)) as executor:
+    with (
+        ProgressLine(preface=preface) as line,
+        contextlib.closing(open_cluster(args, args.device)) as executor,
+    ):
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         stats = calibrate(
             info.path,

@@ -22,12 +22,13 @@ from studio.commands._fallbacks import fallback_lines
 from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
     allocation,
+    budget_preface,
     calibration,
+    calibration_preface,
     check_budget_args,
     check_budget_memory,
     for_rounding,
     run_scan,
-    say_calibration_estimate,
     warn_thin_calibration,
 )
 from studio.core.calib.heldout import same_size_preset
@@ -275,10 +276,12 @@ def run(args: argparse.Namespace) -> int:
         imatrix = read_imatrix(args.imatrix)
         check_for_model(imatrix, info)  # another model's imatrix: one sentence, before any work
     alloc = None
+    preface = ""  # the job's estimate, said before its first step
     if args.budget:
         alloc = _check_budget_args(args, info)
         if alloc is None:  # the whole run's peak, refused before its first step (its steps check again)
-            check_budget_memory(args, info, check_method(args.method or "imatrix"), export=True)
+            job = check_budget_memory(args, info, check_method(args.method or "imatrix"), export=True)
+            preface = budget_preface(args, job, export=True)
     else:
         if args.exclude or args.measure or args.heldout_text or args.no_heldout:
             # they shape or judge a budget plan; a preset or a plan already names every type
@@ -287,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
         if not plan.calibrated:  # IQ2_XXS and the like without --imatrix: one sentence, before any work
             check_imatrix(plan, info, imatrix)
         elif imatrix is None:  # GPTQ on fewer tokens than the model is wide: said before it runs
-            say_calibration_estimate(args, info, map(plan.method_of, plan.types))
+            preface = calibration_preface(args, info, map(plan.method_of, plan.types))
             gptq = next((m for m in map(plan.method_of, plan.types) if "gptq" in m), None)
             if gptq is not None:
                 warn_thin_calibration(args, info, gptq)
@@ -295,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             write_text(args.save_plan, plan.to_json(), "plan")
     verdict = None
     last: dict[str, Any] = {}  # llama.cpp's last word on a budget file (studio.core.evaluate.last_word)
-    with ProgressLine() as line:
+    with ProgressLine(preface=preface) as line:
         ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
         if args.budget:
             if alloc is None:

@@ -10,6 +10,7 @@ from studio.commands._common import ProgressLine, print_json, print_notes, torch
 from studio.commands._heldout import allocate_guarded, guard, judge, split
 from studio.commands._scan import (
     allocation,
+    budget_preface,
     calibration,
     check_budget_args,
     check_budget_memory,
@@ -35,13 +36,14 @@ def run(args: argparse.Namespace) -> int:
     check_exportable(info)
     # a malformed or too small budget is refused before any work; one above F16 needs no scan
     alloc = check_budget_args(args, info, method)
+    preface = ""
     if alloc is None:  # the whole run's peak, refused before its first step (its steps check again)
-        check_budget_memory(args, info, method, export=False)
+        preface = budget_preface(args, check_budget_memory(args, info, method, export=False), export=False)
 
     check_output_path(Path(args.output).expanduser())
     scan = verdict = None
     if alloc is None:
-        with ProgressLine() as line:
+        with ProgressLine(preface=preface) as line:
             ctx = JobContext(on_progress=line.fraction, on_log=line.log, min_interval=0.2)
             fit, held, text_note = split(args, info, ctx)
             imatrix = calibration(args, info, ctx, fit)
