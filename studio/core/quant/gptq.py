@@ -23,6 +23,7 @@ Memory is the weight, the Hessian and its factor (a few copies of ``rows × n`` 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -196,11 +197,47 @@ def _columns_numba(
         f.result()
 
 
+_FINITE_BLOCK = 1 << 22  # values ``all_finite`` checks at once (32 MB of float64)
+
+
+def all_finite(t: Any) -> bool:
+    """Whether every value of the tensor ``t`` is finite, checked a block of rows at a time: torch's
+    ``isfinite`` on the whole makes an absolute-value copy and two boolean ones (1.6 float32 copies of
+    an 8B's 0.8 GB ``down_proj`` Hessian at once; 2.75 of a float64 one)."""
+    import torch
+
+    if t.dim() < 2:
+        return bool(torch.isfinite(t).all())
+    step = max(1, _FINITE_BLOCK // max(1, t[0].numel()))
+    return all(bool(torch.isfinite(t[r : r + step]).all()) for r in range(0, int(t.shape[0]), step))
+
+
+_TRANSPOSE_ROWS = 256  # rows of the strip ``_transpose_`` swaps at once (a 256 × n temporary)
+
+
+def _transpose_(t: Any) -> Any:
+    """Transpose the square tensor ``t`` in place, a strip of rows against its column at a time (no second
+    n × n copy): a row-major buffer then holds the column-major layout LAPACK works in."""
+    n = int(t.shape[0])
+    for i0 in range(0, n, _TRANSPOSE_ROWS):
+        i1 = min(i0 + _TRANSPOSE_ROWS, n)
+        d = t[i0:i1, i0:i1]
+        d.copy_(d.t().clone())
+        if i1 < n:
+            strip = t[i0:i1, i1:].clone()
+            t[i0:i1, i1:] = t[i1:, i0:i1].t()
+            t[i1:, i0:i1] = strip.t()
+    return t
+
+
 def _inverse_factor(build: Callable[[], Any], damp: float, mode: str) -> tuple[Any, float, int]:
     """Upper Cholesky factor of (H + damping)⁻¹, H = ``build()`` (a fresh n × n copy this call may
     overwrite); the damping grows tenfold until H is positive definite, on a fresh copy each time. The
-    damped H, its factor, the inverse and the inverse's factor all take turns in that one buffer (LAPACK
-    works in place): at 8B widths (n = 14336) each float32 copy is 0.8 GB."""
+    damped H, its factor, the inverse and the inverse's factor all take turns in that one buffer: LAPACK
+    works in place on a column-major matrix, so the row-major copy is transposed in place first and its
+    column-major view handed to torch, and the factor transposed back at the end. Given the row-major
+    buffer itself, torch made a column-major copy for every call (2 copies at once, not 1: at 8B widths,
+    n = 14336, each float32 copy is 0.8 GB). The values LAPACK sees are the same either way."""
     import torch
 
     work = build()
@@ -218,13 +255,14 @@ def _inverse_factor(build: Callable[[], Any], damp: float, mode: str) -> tuple[A
             wd += lam * diag0 + 1e-12 * max(mean, 1e-30)
         else:
             wd += lam * max(mean, 1e-30)
-        torch.linalg.cholesky_ex(work, out=(work, info))
+        col = _transpose_(work).mT  # the same matrix, column-major in work's buffer
+        torch.linalg.cholesky_ex(col, out=(col, info))
         if int(info) == 0:
-            torch.cholesky_inverse(work, out=work)
-            torch.linalg.cholesky_ex(work, upper=True, out=(work, info))
-            if int(info) == 0 and bool(torch.isfinite(work).all()):
-                return work, lam, tries
-        work = None  # freed before the next copy is built
+            torch.cholesky_inverse(col, out=col)
+            torch.linalg.cholesky_ex(col, upper=True, out=(col, info))
+            if int(info) == 0 and all_finite(work):
+                return _transpose_(work), lam, tries
+        work = col = None  # freed before the next copy is built
         tries += 1
         lam *= 10.0
     raise HessianError(f"The Hessian is not positive definite even with damping {MAX_DAMP:g}.")
@@ -252,6 +290,11 @@ class FactorCache:
         made = make()
         self._made[key] = (h, made)
         return made
+
+    def release(self, h: Any) -> None:
+        """Let go of the factors made from the Hessian ``h``: no tensor left to round reads it."""
+        for key in [k for k, (held, _) in self._made.items() if held is h]:
+            del self._made[key]
 
 
 def inverse_factor(
@@ -322,7 +365,7 @@ def gptq_start(w: Any, h: Any, qtype: str, block: int) -> GptqStart:
     if h.dtype not in (torch.float32, torch.float64) or (h.dtype == torch.float64 and w.device.type == "mps"):
         h = h.to(torch.float32)  # Metal has no float64
     h = h.to(device=w.device)
-    if not bool(torch.isfinite(h).all()):
+    if not all_finite(h):
         raise HessianError("The Hessian holds NaN or infinite values.")
     W = w0.clone()
     diag = torch.diagonal(h).to(torch.float32, copy=True)  # float32: the column order as before
@@ -475,17 +518,36 @@ def gptq_quantize(
     if opt.refit and qtype in REFIT_TYPES:
         final = refit_scales(final, codes_np, w0, h)
     data = ops.encode(final, codes_np)
-    q_gptq = torch.as_tensor(ops.values(final, codes_np), device=dev)
-    q_rtn = torch.as_tensor(ops.values(grid0, codes0), device=dev)
     return GptqResult(
         data,
         qtype,
         lam,
         n_dead,
-        output_error(w0, q_gptq, h),
-        output_error(w0, q_rtn, h),
+        _grid_error(ops, final, codes_np, w0, h),
+        _grid_error(ops, grid0, codes0, w0, h),
         gptq_notes(tries, lam, opt.damp, n_dead),
     )
+
+
+_ERROR_ROWS = 1 << 24  # weights decoded at once for the output errors (64 MB of float32)
+
+
+def _grid_error(ops: Any, grid: G.BlockGrid, codes: np.ndarray, w0: Any, h: Any) -> float:
+    """``output_error`` of ``codes`` under ``grid`` against ``w0``, decoded a block of rows at a time:
+    decoded whole, each result (with its index array, its error and the error's products) held about five
+    float32 copies of the matrix (1.2 GB for an 8B's ``down_proj``, beside its Hessian and inverse factor)."""
+    import torch
+
+    rows, n = (int(x) for x in w0.shape)
+    step = max(1, _ERROR_ROWS // max(1, n))
+    total = 0.0
+    for a in range(0, rows, step):
+        b = min(a + step, rows)
+        off = None if grid.offset is None else grid.offset[a:b]
+        part = dataclasses.replace(grid, scale=grid.scale[a:b], offset=off, template=grid.template[a:b])
+        q = torch.as_tensor(ops.values(part, codes[a:b]), device=w0.device)
+        total += output_error(w0[a:b], q, h)
+    return total
 
 
 REFIT_TYPES = frozenset({"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})

@@ -76,3 +76,17 @@ def test_the_lattice_sweep_and_the_method_share_the_factor_too(monkeypatch: pyte
     for a, b in zip(alone, shared, strict=True):
         assert np.array_equal(a.data, b.data)
     assert np.array_equal(grid.data, gptq_quantize(ws[0], h, "Q4_K", imatrix=imx).data)
+
+
+def test_a_released_factor_is_made_again_and_the_others_stay(monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, h, imx = _shared_input(4)
+    other = h.clone()
+    made = _counting(monkeypatch)
+    cache = FactorCache()
+    gptq_quantize(ws[0], h, "Q4_K", imatrix=imx, factors=cache)
+    gptq_quantize(ws[1], other, "Q4_K", imatrix=imx, factors=cache)
+    cache.release(h)
+    gptq_quantize(ws[2], other, "Q4_K", imatrix=imx, factors=cache)
+    assert len(made) == 2  # the other Hessian's factor is still held
+    gptq_quantize(ws[2], h, "Q4_K", imatrix=imx, factors=cache)
+    assert len(made) == 3
