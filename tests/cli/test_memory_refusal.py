@@ -27,7 +27,8 @@ def test_estimate_at_llama_8b_widths_is_bounded_and_names_the_layer(monkeypatch)
            "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
     gptq = estimate_calibrated(cfg, 128, 2, hessian=True, head=True)
     stats = estimate_calibrated(cfg, 128, 2, hessian=False, head=False)
-    assert gptq.phase == "a decoder layer" and 5e9 < gptq.peak_bytes < 7e9
+    # measured on one layer at these widths (bench/make_8b_fixture.py --layers 1 --vocab 8192): 4.28 GB
+    assert gptq.phase == "a decoder layer" and 4.28e9 < gptq.peak_bytes < 5e9
     assert stats.phase == "embeddings" and stats.peak_bytes < 3.5e9 and stats.seconds < gptq.seconds
     more = estimate_calibrated(cfg, 512, 128, hessian=True, head=True)
     assert more.peak_bytes - gptq.peak_bytes == 2 * (512 * 128 - 256) * 4096 * 4  # the hidden states, twice
@@ -136,7 +137,8 @@ def test_the_scan_estimate_follows_the_runner():
     tied = estimate_calibrated(
         {**cfg, "tie_word_embeddings": True}, 128, 2, hessian=True, head=True, outer=True
     )
-    layers = estimate_calibrated(cfg, 128, 2, hessian=True, head=True, outer=True)
+    # the scan of a tied model holds the matrix through the layers: its layer phase is a GPTQ layer's plus it
+    layers = estimate_calibrated({**cfg, "tie_word_embeddings": True}, 128, 2, hessian=True, head=True)
     assert layers.phase == tied.phase == "a decoder layer" and tied.peak_bytes - layers.peak_bytes == embed
     whole = estimate_whole(cfg, 512)
     assert 30e9 < whole.peak_bytes < 36e9 and estimate_whole(cfg, 512, dtype_bytes=2).peak_bytes < 18e9
