@@ -247,6 +247,7 @@ def _inverse_factor(build: Callable[[], Any], damp: float, mode: str) -> tuple[A
     lam = damp
     tries = 0
     info = torch.empty((), dtype=torch.int32, device=work.device)
+    flip = work.device.type in ("cpu", "cuda")
     while lam <= MAX_DAMP * (1 + 1e-9):
         if work is None:
             work = build()
@@ -255,13 +256,14 @@ def _inverse_factor(build: Callable[[], Any], damp: float, mode: str) -> tuple[A
             wd += lam * diag0 + 1e-12 * max(mean, 1e-30)
         else:
             wd += lam * max(mean, 1e-30)
-        col = _transpose_(work).mT  # the same matrix, column-major in work's buffer
+        # the same matrix, column-major in work's buffer (Metal keeps torch's own copies: its kernels differ)
+        col = _transpose_(work).mT if flip else work
         torch.linalg.cholesky_ex(col, out=(col, info))
         if int(info) == 0:
             torch.cholesky_inverse(col, out=col)
             torch.linalg.cholesky_ex(col, upper=True, out=(col, info))
             if int(info) == 0 and all_finite(work):
-                return _transpose_(work), lam, tries
+                return (_transpose_(work) if flip else work), lam, tries
         work = col = None  # freed before the next copy is built
         tries += 1
         lam *= 10.0
