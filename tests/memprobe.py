@@ -23,3 +23,30 @@ def added_peak(script: str, *args: str, threads: int = 1, timeout: int = 600) ->
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return int(json.loads(out.stdout.strip().splitlines()[-1])["added"])
+
+
+_HEAD = """
+import json, resource, sys
+import numpy as np
+import torch
+sys.path.insert(0, sys.argv[1])
+g = torch.Generator().manual_seed(0)
+def weight_and_hessian(rows, n, rank):
+    w = torch.randn(rows, n, generator=g) * 0.02
+    a = torch.randn(n, rank, generator=g)
+    return w, a @ a.T / rank
+"""
+
+_TAIL = """
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+{call}
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({{"added": after - before}}))
+"""
+
+
+def added_by(setup: str, call: str, *, threads: int = 1) -> int:
+    """``added_peak`` of the statement ``call`` after ``setup`` (which may use ``np``, ``torch``, the
+    seeded generator ``g`` and ``weight_and_hessian(rows, n, rank)``: a random weight and a rank-``rank``
+    Hessian of its inputs)."""
+    return added_peak(_HEAD + setup + _TAIL.format(call=call), threads=threads)

@@ -81,24 +81,11 @@ def test_search_scales_the_salient_channels_under_the_target_grid() -> None:
     assert choice.loss_unscaled == pytest.approx(awq._quant_error(w, torch.ones(n), h, "Q4_0", imx), rel=1e-6)
 
 
-_ERROR_PROBE = """
-import json, resource, sys
-import numpy as np
-import torch
-sys.path.insert(0, sys.argv[1])
+_ERROR_SETUP = """
 from studio.core.calib import awq
-rows, n = 16384, 2048
-g = torch.Generator().manual_seed(0)
-w = torch.randn(rows, n, generator=g) * 0.02
-a = torch.randn(n, 256, generator=g)
-h = a @ a.T / 256
-del a
-s = awq.group_scales(torch.rand(n, generator=g) + 0.1, 0.5)
+w, h = weight_and_hessian(16384, 2048, 256)
+s = awq.group_scales(torch.rand(2048, generator=g) + 0.1, 0.5)
 imx = torch.diagonal(h).numpy().astype(np.float32)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-awq._quant_error(w, s, h, "Q4_K", imx)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"added": after - before}))
 """
 
 
@@ -106,7 +93,7 @@ def test_a_grid_point_rounds_and_measures_a_block_of_rows_at_a_time() -> None:
     """Each point of AWQ's grid rounds the scaled weight and measures its output error. Whole, that held
     8.6 float32 copies of this 16384 × 2048 matrix at once (2 GB for an 8B's ``down_proj``, the peak of
     AWQ on the 8B fixture); a block of rows at a time, 4.0."""
-    from tests.memprobe import added_peak
+    from tests.memprobe import added_by
 
-    copies = added_peak(_ERROR_PROBE, threads=2) / (16384 * 2048 * 4)
+    copies = added_by(_ERROR_SETUP, 'awq._quant_error(w, s, h, "Q4_K", imx)', threads=2) / (16384 * 2048 * 4)
     assert copies < 5.5, f"one point of AWQ's grid held {copies:.1f} copies of the weight at its peak"
