@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from studio.core.quant.gptq import output_error
+from studio.core.quant.gptq import output_error_by_rows
 
 AWQ_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """config.json model types whose decoder layers have the module names of ``GROUPS``."""
@@ -129,29 +129,22 @@ def group_scales(mean_abs: Any, alpha: float, tie: int = 1, head_dim: int = 0) -
     return s / torch.sqrt(s.max() * s.min())
 
 
-_ERROR_ROWS = 1 << 24  # weights rounded and measured at once (64 MB of float32)
-
-
 def _quant_error(w: Any, s: Any, h: Any, qtype: str, imatrix: np.ndarray | None) -> float:
-    """Σ tr((W − Ŵ) H (W − Ŵ)ᵀ) with Ŵ = Q(W·s)/s, a block of rows at a time (every type rounds rows
-    apart): the whole matrix scaled, rounded, decoded, unscaled and its error's products held about six
-    float32 copies of it at once (1.4 GB for an 8B's ``down_proj``: AWQ's peak on the 8B fixture)."""
+    """Σ tr((W − Ŵ) H (W − Ŵ)ᵀ) with Ŵ = Q(W·s)/s, a block of rows at a time (every type rounds rows apart)."""
     import torch
 
     from studio.core.quant.blocks import dequantize, quantize
 
     qw = None if imatrix is None else (imatrix / (s.double().cpu().numpy() ** 2)).astype(np.float32)
-    rows, n = (int(x) for x in w.shape)
-    step = max(1, _ERROR_ROWS // max(1, n))
-    total = 0.0
-    for a in range(0, rows, step):
-        wb = w[a : a + step]
-        ws = wb * s[None, :]
+
+    def values(a: int, b: int) -> Any:
+        ws = w[a:b] * s[None, :]
         x = ws if ws.device.type != "cpu" else ws.numpy()
         q = torch.as_tensor(dequantize(quantize(x, qtype, qw), qtype, tuple(ws.shape)), device=w.device)
         del ws, x
-        total += output_error(wb, q / s[None, :], h)
-    return total
+        return q / s[None, :]
+
+    return output_error_by_rows(w, h, values)
 
 
 def search_group(

@@ -404,6 +404,23 @@ def output_error(w: Any, q: Any, h: Any) -> float:
     return float((eh * e).sum(dtype=torch.float64))
 
 
+_ERROR_ROWS = 1 << 24  # weights decoded at once for the output errors (64 MB of float32)
+
+
+def output_error_by_rows(w0: Any, h: Any, values: Callable[[int, int], Any]) -> float:
+    """``output_error`` of ``w0`` against its quantized values, a block of rows at a time: ``values(a, b)``
+    gives rows ``a:b``'s values. Whole, each result (decoded with its index array, its error and the error's
+    products) held five or six float32 copies of the matrix: 1.2–1.4 GB for an 8B's ``down_proj``, beside
+    its Hessian and inverse factor (GPTQ's and AWQ's peak on the 8B fixture)."""
+    rows, n = (int(x) for x in w0.shape)
+    step = max(1, _ERROR_ROWS // max(1, n))
+    total = 0.0
+    for a in range(0, rows, step):
+        b = min(a + step, rows)
+        total += output_error(w0[a:b], values(a, b), h)
+    return total
+
+
 def _grids(qtype: str) -> Any:
     """The module that takes ``qtype``'s blocks apart: ``grid``, or ``gptq_lowbit`` for the scalar low-bit types."""
     if qtype in G.GRID_TYPES:
@@ -531,25 +548,16 @@ def gptq_quantize(
     )
 
 
-_ERROR_ROWS = 1 << 24  # weights decoded at once for the output errors (64 MB of float32)
-
-
 def _grid_error(ops: Any, grid: G.BlockGrid, codes: np.ndarray, w0: Any, h: Any) -> float:
-    """``output_error`` of ``codes`` under ``grid`` against ``w0``, decoded a block of rows at a time:
-    decoded whole, each result (with its index array, its error and the error's products) held about five
-    float32 copies of the matrix (1.2 GB for an 8B's ``down_proj``, beside its Hessian and inverse factor)."""
+    """``output_error`` of ``codes`` under ``grid`` against ``w0``, decoded a block of rows at a time."""
     import torch
 
-    rows, n = (int(x) for x in w0.shape)
-    step = max(1, _ERROR_ROWS // max(1, n))
-    total = 0.0
-    for a in range(0, rows, step):
-        b = min(a + step, rows)
+    def values(a: int, b: int) -> Any:
         off = None if grid.offset is None else grid.offset[a:b]
         part = dataclasses.replace(grid, scale=grid.scale[a:b], offset=off, template=grid.template[a:b])
-        q = torch.as_tensor(ops.values(part, codes[a:b]), device=w0.device)
-        total += output_error(w0[a:b], q, h)
-    return total
+        return torch.as_tensor(ops.values(part, codes[a:b]), device=w0.device)
+
+    return output_error_by_rows(w0, h, values)
 
 
 REFIT_TYPES = frozenset({"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})

@@ -47,7 +47,7 @@ from studio.core.quant.gptq import (
     gptq_notes,
     gptq_start,
     inverse_factor,
-    output_error,
+    output_error_by_rows,
     working_hessian,
 )
 from studio.core.quant.types import QK_K
@@ -55,7 +55,6 @@ from studio.core.quant.types import QK_K
 __all__ = ["LATTICE_TYPES", "LatticeCodes", "decode", "encode", "gptq_lattice", "unpack"]
 
 LATTICE_TYPES: tuple[str, ...] = iquants.IQ_TYPES
-_ERROR_ROWS = 1 << 24  # weights decoded at once for the output errors (64 MB of float32)
 # rows × n values of the scale refit's levels, weights and products at once (32 MB of float64)
 _REFIT_BLOCK = 1 << 22
 _PARITY = frozenset({"IQ2_XXS", "IQ2_XS", "IQ3_XXS"})  # 7 stored sign bits, the 8th their parity
@@ -478,17 +477,13 @@ def gptq_lattice(
 
 
 def _decoded_error(w0: Any, h: Any, c: LatticeCodes, dev: Any) -> float:
-    """``output_error`` of ``c``'s values against ``w0``, decoded a block of rows at a time: both results
-    decoded whole, with the error's products, held five float32 copies of the matrix at once (1.2 GB for
-    an 8B's ``ffn_up``, the peak of a best-method budget export on the 8B fixture)."""
+    """``output_error`` of ``c``'s values against ``w0``, decoded a block of rows at a time."""
     import torch
 
-    rows, n = (int(x) for x in w0.shape)
-    nbl = n // QK_K
-    step = max(1, _ERROR_ROWS // max(1, n))
-    total = 0.0
-    for a in range(0, rows, step):
-        r = slice(a * nbl, min(a + step, rows) * nbl)
+    nbl = int(w0.shape[1]) // QK_K
+
+    def values(a: int, b: int) -> Any:
+        r = slice(a * nbl, b * nbl)
         part = LatticeCodes(
             c.qtype,
             c.scale[r],
@@ -496,9 +491,9 @@ def _decoded_error(w0: Any, h: Any, c: LatticeCodes, dev: Any) -> float:
             None if c.neg is None else c.neg[r],
             None if c.dneg is None else c.dneg[r],
         )
-        q = torch.as_tensor(decode(part).reshape(-1, n), device=dev)
-        total += output_error(w0[a : a + step], q, h)
-    return total
+        return torch.as_tensor(decode(part).reshape(b - a, -1), device=dev)
+
+    return output_error_by_rows(w0, h, values)
 
 
 def refit_super_scales(data: np.ndarray, qtype: str, w: Any, h: Any) -> np.ndarray:

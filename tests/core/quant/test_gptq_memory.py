@@ -145,8 +145,8 @@ _TALL_CODES = """
 import json, resource, sys
 import torch
 sys.path.insert(0, sys.argv[1])
-from studio.core.quant import gptq_lattice as L
-L._ERROR_ROWS = 1 << 18  # blocks far smaller than the matrix, as at an 8B's 14336 x 4096 ffn_up
+from studio.core.quant import gptq as G, gptq_lattice as L
+G._ERROR_ROWS = 1 << 18  # blocks far smaller than the matrix, as at an 8B's 14336 x 4096 ffn_up
 L._REFIT_BLOCK = 1 << 18
 rows, n = 4096, 1024
 g = torch.Generator().manual_seed(0)
