@@ -161,17 +161,22 @@ def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None,
     any work when its peak is above the free RAM (``QUANT_STUDIO_FREE_RAM`` overrides the figure)."""
     m = method or "imatrix"
     chunks = _chunks_hint(args, m)
-    job = budget_job(
-        info,
-        m,
-        calib_ctx=int(args.calib_ctx),
-        calib_chunks=chunks,
-        settings=settings_of(args, info=info),
-        heldout=not getattr(args, "no_heldout", False),
-        export=export,
-        scan=not getattr(args, "scan", None),
-    )
-    check_budget_job(job, hardware.ram()[1], chunks)
+    settings = settings_of(args, info=info)
+
+    def job_at(calib_ctx: int, calib_chunks: int) -> Any:
+        return budget_job(
+            info,
+            m,
+            calib_ctx=calib_ctx,
+            calib_chunks=calib_chunks,
+            settings=settings,
+            heldout=not getattr(args, "no_heldout", False),
+            export=export,
+            scan=not getattr(args, "scan", None),
+        )
+
+    job = job_at(int(args.calib_ctx), chunks)
+    check_budget_job(job, hardware.ram()[1], int(args.calib_ctx), chunks, job_at)
     warn_thin_calibration(args, info, m)
     return job
 

@@ -14,11 +14,38 @@ def test_gptq_export_refused_when_the_estimate_exceeds_free_ram(llama_model, tmp
     text = capsys.readouterr().err
     # (the warning that GPTQ on 128 tokens fits them and little else comes first)
     err = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("[", "warning: GPTQ"))]
-    assert (
-        "more than the 10.5 MB free" in err[0] and "--device cuda" in err[0] and "--calib-chunks 1" in err[0]
-    )
+    assert "more than the 10.5 MB free" in err[0] and "--device cuda" in err[0]
+    # torch alone takes more than 10 MB: no calibration size would fit, so none is offered
+    assert "no smaller calibration would fit" in err[0] and "--calib-" not in err[0], err[0]
     assert "layer 1/" not in text and "embeddings" not in text  # refused before the run began
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
+
+
+def test_a_refusal_offers_the_largest_calibration_that_fits(llama_model, tmp_path, capsys, monkeypatch):
+    """Issue 40: a refusal names what would fit. The chunks' hidden states grow with the calibration, so a
+    smaller one fits a little less free RAM: the one offered fits, and twice its chunks do not."""
+    from studio.core.model import open_model
+
+    monkeypatch.setenv("QUANT_STUDIO_SPOOL_HIDDEN", "0")  # the states in RAM, as a small model's are
+    with open_model(llama_model) as ck:
+        cfg = dict(ck.info.config)
+
+    def peak(ctx: int, chunks: int) -> int:
+        return estimate_calibrated(cfg, ctx, chunks, hessian=True, head=True).peak_bytes
+
+    assert peak(64, 16) > peak(64, 5) > peak(64, 4)  # the states are what grows
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(peak(64, 5)))
+    out = tmp_path / "m.gguf"
+    argv = ["export", str(llama_model), "-o", str(out), "--preset", "Q4_K_M", "--method", "gptq"]
+    assert main([*argv, "--calib-ctx", "64", "--calib-chunks", "16"]) != 0
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: "))
+    assert line.endswith("or run it with --device cuda or fewer chunks (--calib-chunks 4)."), line
+    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    # at 512 tokens a smaller context keeps more of the text: 16 chunks of 128 (2,048 tokens) over 4 of 512
+    monkeypatch.setenv("QUANT_STUDIO_FREE_RAM", str(peak(128, 16)))
+    assert main([*argv, "--calib-ctx", "512", "--calib-chunks", "16"]) != 0
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: "))
+    assert line.endswith("a smaller context (--calib-ctx 128 --calib-chunks 16)."), line
 
 
 def test_estimate_at_llama_8b_widths_is_bounded_and_names_the_layer(monkeypatch):
@@ -71,7 +98,18 @@ def test_a_budget_export_is_refused_before_its_first_step(llama_model, tmp_path,
     assert main([*argv, "--calib-ctx", "64", "--calib-chunks", "4", "--scan-ctx", "64", "--no-cache"]) != 0
     line, text = _refusal(capsys)
     assert line.startswith("error: This budget export needs about") and f"({step}: {est.phase})" in line
-    assert "--calib-chunks 2" in line and "--device cuda" in line, line
+    assert "--device cuda" in line, line
+    # what it offers fits, and twice its chunks do not (the same context: one chunk of 64 is the smallest)
+    k = int(line.split("--calib-chunks ")[1].split(")")[0]) if "--calib-chunks" in line else 0
+    at = {n: budget_job.budget_job(ck.info, "awq+gptq", calib_ctx=64, calib_chunks=n, settings=st).peak[1]
+          for n in (1, 2, 4)}  # fmt: skip
+    if k:
+        assert at[k].peak_bytes <= est.peak_bytes - 1 < at[2 * k].peak_bytes, (line, at)
+    else:
+        assert at[1].peak_bytes > est.peak_bytes - 1 and "no smaller calibration would fit" in line, (
+            line,
+            at,
+        )
     assert "Calibrating" not in text and "layer 1/" not in text and not out.exists()
     assert not list(tmp_path.glob("*.partial"))
     plan = tmp_path / "p.json"
@@ -87,7 +125,8 @@ def test_calibrate_refused_before_it_starts(llama_model, tmp_path, capsys, monke
     out = tmp_path / "imatrix.gguf"
     assert main(["calibrate", str(llama_model), "-o", str(out), "--ctx", "64", "--chunks", "4"]) != 0
     line, text = _refusal(capsys)
-    assert "needs about" in line and "more than the 10.5 MB free" in line and "--calib-chunks 2" in line
+    assert "needs about" in line and "more than the 10.5 MB free" in line and "--device cuda" in line
+    assert "no smaller calibration would fit" in line and "--calib-chunks" not in line, line
     assert "layer 1/" not in text and not out.exists()
 
 
@@ -242,3 +281,17 @@ def test_a_calibrated_export_says_its_estimate_before_it_starts(llama_model, tmp
     st = ScanSettings(types=default_types(info.config), n_ctx=32, calib_ctx=64, calib_chunks=8)
     job = budget_job.budget_job(info, "imatrix", calib_ctx=64, calib_chunks=8, settings=st, export=False)
     assert said == [f"Budget plan: {job.describe()}."]
+
+
+def test_the_smaller_calibration_offered_keeps_the_most_tokens_that_fit():
+    """Chunks halved, context cut to 256 or 128: the fitting size with the most tokens, the longer context on
+    a tie; none when the peak does not fall with the calibration (a layer's or the head's)."""
+    from studio.core.plan.job_estimate import fit_remedy, smaller_calibration
+
+    tokens = lambda ctx, chunks: ctx * chunks  # noqa: E731  (a peak that grows with the tokens)
+    assert smaller_calibration(tokens, 3000, 512, 57) == (256, 7)  # 1,792 tokens, as 14 × 128
+    assert smaller_calibration(tokens, 512 * 28, 512, 57) == (512, 28)
+    assert smaller_calibration(tokens, 10**9, 128, 4) == (128, 2)  # never the size asked for
+    assert smaller_calibration(lambda c, k: 5_000, 4_999, 512, 57) is None
+    assert fit_remedy(None, 512) == "--device cuda (no smaller calibration would fit)"
+    assert fit_remedy((128, 16), 512).endswith("(--calib-ctx 128 --calib-chunks 16)")

@@ -12,6 +12,7 @@ units its progress bar weighs (``scan_streams.scan_work``, GPTQ's and AWQ's swee
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,13 @@ from studio.core.calib.scan_proxy import measure_sets
 from studio.core.calib.scan_settings import ScanSettings
 from studio.core.calib.scan_streams import MATMULS, ROUND, scan_work
 from studio.core.errors import CalibrationError
-from studio.core.plan.job_estimate import JobEstimate, estimate_calibrated, layer_shapes
+from studio.core.plan.job_estimate import (
+    JobEstimate,
+    estimate_calibrated,
+    fit_remedy,
+    layer_shapes,
+    smaller_calibration,
+)
 from studio.core.plan.scan import scan_targets, stored_narrow_head
 from studio.core.quant.methods import method_info
 from studio.core.units import format_bytes
@@ -183,17 +190,27 @@ def budget_job(
     return BudgetJob(tuple(steps))
 
 
-def check_budget_job(job: BudgetJob, free_bytes: int, calib_chunks: int) -> None:
+def check_budget_job(
+    job: BudgetJob,
+    free_bytes: int,
+    calib_ctx: int,
+    calib_chunks: int,
+    job_at: Callable[[int, int], BudgetJob] | None = None,
+) -> None:
     """Refuse (CalibrationError, one sentence) a budget export whose estimated peak is above ``free_bytes``,
-    before its first step."""
+    before its first step, saying which smaller calibration would fit (``job_at(ctx, chunks)``: the same job
+    at another calibration size)."""
     step, est = job.peak
     if free_bytes <= 0 or est.peak_bytes <= free_bytes:
         return
-    fewer = max(1, calib_chunks // 2)
+    size = None
+    if job_at is not None:
+        size = smaller_calibration(
+            lambda c, k: job_at(c, k).peak[1].peak_bytes, free_bytes, calib_ctx, calib_chunks
+        )
     what = "budget export" if any(n == "the export" for n, _ in job.steps) else "budget plan"
     raise CalibrationError(
         f"This {what} needs about {format_bytes(est.peak_bytes)} of memory at its peak ({step}: "
         f"{est.phase}), more than the {format_bytes(free_bytes)} free: close other programs, or run it with "
-        f"--device cuda or fewer chunks (--calib-chunks {fewer}); its whole run would take "
-        f"{_duration(job.seconds)} on a CPU."
+        f"{fit_remedy(size, calib_ctx)}; its whole run would take {_duration(job.seconds)} on a CPU."
     )

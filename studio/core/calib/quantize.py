@@ -639,10 +639,14 @@ def check_calibration_memory(config: dict[str, Any], chunks: Any, plan: Any, dev
 
     methods = {method_info(plan.method_of(n)) for n in plan.types}
     hessian = any(m.hessian for m in methods)
-    est = estimate_calibrated(
-        config, chunks.n_ctx, chunks.n_chunks, hessian=hessian, head=hessian, device=_export_device(device)
-    )
-    check_fits(est, hardware.ram()[1], chunks.n_ctx, chunks.n_chunks)
+
+    def estimate(n_ctx: int, n_chunks: int) -> Any:
+        return estimate_calibrated(
+            config, n_ctx, n_chunks, hessian=hessian, head=hessian, device=_export_device(device)
+        )
+
+    est = estimate(chunks.n_ctx, chunks.n_chunks)
+    check_fits(est, hardware.ram()[1], chunks.n_ctx, chunks.n_chunks, lambda c, k: estimate(c, k).peak_bytes)
 
 
 def export_calibrated(

@@ -970,17 +970,15 @@ def _check_memory(
     # before it starts when its estimated peak is above the free RAM, not killed halfway through
     hessian = any(c.changes_weights or getattr(c, "hessian_for", None) is not None for c in consumers)
     outer = any(c.uses_outer for c in consumers)
-    est = estimate_calibrated(
-        config,
-        chunks.n_ctx,
-        chunks.n_chunks,
-        hessian=hessian,
-        head=head,
-        device=dev,
-        outer=outer,
-        narrow_head=narrow_head and not any(c.changes_weights for c in consumers),
-    )
-    check_fits(est, hardware.ram()[1], chunks.n_ctx, chunks.n_chunks)
+    narrow = narrow_head and not any(c.changes_weights for c in consumers)
+
+    def estimate(n_ctx: int, n_chunks: int) -> Any:
+        return estimate_calibrated(
+            config, n_ctx, n_chunks, hessian=hessian, head=head, device=dev, outer=outer, narrow_head=narrow
+        )
+
+    est = estimate(chunks.n_ctx, chunks.n_chunks)
+    check_fits(est, hardware.ram()[1], chunks.n_ctx, chunks.n_chunks, lambda c, k: estimate(c, k).peak_bytes)
 
 
 def _capture_inputs(

@@ -11,6 +11,7 @@ above the free RAM into one sentence with what would fit, before anything starts
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,10 @@ __all__ = [
     "check_fits",
     "check_whole_fits",
     "estimate_calibrated",
+    "fit_remedy",
     "estimate_whole",
     "layer_shapes",
+    "smaller_calibration",
     "spool_states",
     "thin_calibration",
 ]
@@ -168,16 +171,47 @@ def estimate_calibrated(
     return JobEstimate(int(peak), macs / _CPU_MACS_PER_S, phase)
 
 
-def check_fits(est: JobEstimate, free_bytes: int, n_ctx: int, n_chunks: int) -> None:
-    """Refuse (CalibrationError, one sentence) a job whose estimated peak is above ``free_bytes``."""
+def smaller_calibration(
+    peak_of: Callable[[int, int], int], free_bytes: int, n_ctx: int, n_chunks: int
+) -> tuple[int, int] | None:
+    """The calibration size (context, chunks) below (``n_ctx``, ``n_chunks``) with the most tokens whose peak
+    (``peak_of(ctx, chunks)``, bytes) fits ``free_bytes``, the chunks halved and the context cut to 256 or
+    128; None when none fits (the peak is a layer or the head, which no calibration size makes smaller)."""
+    counts = [n_chunks]
+    while counts[-1] > 1:
+        counts.append(max(1, counts[-1] // 2))
+    sizes = [(c, k) for c in (n_ctx, 256, 128) if c <= n_ctx for k in counts if (c, k) != (n_ctx, n_chunks)]
+    fits = [(c * k, c, k) for c, k in dict.fromkeys(sizes) if peak_of(c, k) <= free_bytes]
+    return max(fits)[1:] if fits else None
+
+
+def fit_remedy(size: tuple[int, int] | None, n_ctx: int) -> str:
+    """The end of a refusal's sentence: what to change (``smaller_calibration``'s answer) besides closing
+    programs or a GPU, or that no calibration size would fit on this CPU."""
+    if size is None:
+        return "--device cuda (no smaller calibration would fit)"
+    ctx, chunks = size
+    if ctx == n_ctx:
+        return f"--device cuda or fewer chunks (--calib-chunks {chunks})"
+    return f"--device cuda or a smaller context (--calib-ctx {ctx} --calib-chunks {chunks})"
+
+
+def check_fits(
+    est: JobEstimate,
+    free_bytes: int,
+    n_ctx: int,
+    n_chunks: int,
+    peak_of: Callable[[int, int], int] | None = None,
+) -> None:
+    """Refuse (CalibrationError, one sentence) a job whose estimated peak is above ``free_bytes``, saying
+    which smaller calibration would fit (``peak_of(n_ctx, n_chunks)``: the same job's peak at another size)."""
     if free_bytes <= 0 or est.peak_bytes <= free_bytes:
         return
-    fewer = max(1, n_chunks // 2)
+    size = None if peak_of is None else smaller_calibration(peak_of, free_bytes, n_ctx, n_chunks)
     raise CalibrationError(
         f"This calibration needs about {format_bytes(est.peak_bytes)} of memory at its peak "
         f"({est.phase}), more than the {format_bytes(free_bytes)} free: close other programs, or run it "
-        f"with --device cuda, fewer chunks (--calib-chunks {fewer}) or a smaller context"
-        f"{' (--calib-ctx 256)' if n_ctx > 256 else ''}."
+        f"with {fit_remedy(size, n_ctx)}."
     )
 
 
