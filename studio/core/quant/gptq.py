@@ -52,9 +52,9 @@ class GptqOptions:
     # in order; awq+gptq 0.0179 / 0.0557 against 0.0194 / 0.0580
     act_order: bool = True
     scales: str = "arrival"  # "float" (fixed before the sweep) or "arrival" (searched on updated weights)
-    refit: bool = (
-        False  # after the sweep, re-fit each block's fp16 scale to its codes (Q8_0/Q4_0/Q5_0/IQ4_NL)
-    )
+    # after the sweep, re-fit each super-block's fp16 scale to its codes (the lattice i-quants, which
+    # always do with arrival scales; gptq_lattice.refit_super_scales)
+    refit: bool = False
 
     def __post_init__(self) -> None:
         if self.scales not in SCALE_MODES:
@@ -534,8 +534,6 @@ def gptq_quantize(
 
     final = ops.BlockGrid(qtype, tgrid.scale.cpu().numpy(), _np(tgrid.offset), tgrid.template)
     codes_np = codes.cpu().numpy()
-    if opt.refit and qtype in REFIT_TYPES:
-        final = refit_scales(final, codes_np, w0, h)
     data = ops.encode(final, codes_np)
     return GptqResult(
         data,
@@ -560,51 +558,11 @@ def _grid_error(ops: Any, grid: G.BlockGrid, codes: np.ndarray, w0: Any, h: Any)
     return output_error_by_rows(w0, h, values)
 
 
-REFIT_TYPES = frozenset({"Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})
-"""Types with one fp16 scale per 32-weight block and no offset: their scales can be re-fitted exactly."""
-
-
-def refit_scales(g: G.BlockGrid, codes: np.ndarray, w: Any, h: Any) -> G.BlockGrid:
-    """The grid whose block scales minimise each row's output error ``(w − ŵ) H (w − ŵ)ᵀ`` for fixed
-    ``codes`` (one linear least-squares problem per row, its unknowns the row's block scales), stored
-    as fp16; a row keeps its old scales where the rounded new ones are not better."""
-    import torch
-
-    rows, n = g.shape
-    gs = g.group
-    nb = n // gs
-    dev = h.device if h.device.type != "mps" else torch.device("cpu")  # its float64 solve: Metal has none
-    hh = h.to(torch.float64)
-    lev = torch.as_tensor(g.levels[codes.astype(np.intp)], dtype=torch.float64, device=dev)  # (rows, n)
-    L3 = lev.view(rows, nb, gs)
-    # T[r, i, b] = Σ_{j in block b} H[i, j] L[r, j];  A[r, a, b] = Σ_{i in block a} L[r, i] T[r, i, b]
-    T = torch.einsum("ibj,rbj->rib", hh.view(n, nb, gs), L3)
-    A = torch.einsum("rai,raib->rab", L3, T.view(rows, nb, gs, nb))
-    hw = w.to(device=dev, dtype=torch.float64) @ hh
-    b = (L3 * hw.view(rows, nb, gs)).sum(-1)
-    eye = torch.eye(nb, dtype=torch.float64, device=dev)
-    reg = 1e-9 * torch.diagonal(A, dim1=-2, dim2=-1).mean(-1).clamp(min=1e-30)
-    d = torch.linalg.solve(A + reg[:, None, None] * eye, b)
-    d16 = d.to(torch.float16).to(torch.float64)
-    old = torch.as_tensor(g.scale, dtype=torch.float64, device=dev)
-
-    def loss(x: Any) -> Any:  # the row's error up to a constant: xᵀAx − 2bᵀx
-        return torch.einsum("ra,rab,rb->r", x, A, x) - 2 * (b * x).sum(-1)
-
-    ok = torch.isfinite(d16).all(-1) & (loss(d16) < loss(old))
-    new = torch.where(ok[:, None], d16, old).to(torch.float32).cpu().numpy()
-    tpl = np.array(g.template).reshape(rows, nb, -1)
-    tpl[:, :, 0:2] = np.ascontiguousarray(new.astype("<f2")).view(np.uint8).reshape(rows, nb, 2)
-    return G.BlockGrid(g.qtype, new, None, tpl.reshape(rows, -1))
-
-
 def _np(t: Any) -> np.ndarray | None:
     return None if t is None else t.cpu().numpy()
 
 
 __all__ = [
-    "REFIT_TYPES",
-    "refit_scales",
     "DAMP_MODES",
     "FactorCache",
     "GptqOptions",
