@@ -13,7 +13,7 @@ from studio.commands._check import SCAN_KEYS
 from studio.commands._cluster import open_cluster
 from studio.core import hardware, safejson
 from studio.core.calib.budget_job import budget_job, check_budget_job
-from studio.core.calib.data import BUILTIN, builtin_dir
+from studio.core.calib.data import BUILTIN, calibration_sources, guess_chunks
 from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
 from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, corrected_scan, rounding_ratios
 from studio.core.calib.scan_cache import default_cache_dir
@@ -141,19 +141,13 @@ def check_budget_args(args: argparse.Namespace, info: Any, method: str | None = 
 
 
 def _chunks_hint(args: argparse.Namespace, method: str) -> int:
-    """The calibration's chunks: ``--calib-chunks``, else about as many as the text holds (4 bytes a token;
-    the built-in text follows the user's for the methods that mix it in)."""
+    """The calibration's chunks: ``--calib-chunks``, else about as many as the text holds
+    (``data.guess_chunks``; the built-in text follows the user's for the methods that mix it in)."""
     if args.calib_chunks:
         return int(args.calib_chunks)
     own = getattr(args, "calib_text", None)
-    size = 0
-    if own and str(own) != BUILTIN:
-        with contextlib.suppress(OSError):
-            size += Path(own).expanduser().stat().st_size
-    if not own or str(own) == BUILTIN or method in GPTQ_METHODS:
-        with contextlib.suppress(OSError):
-            size += sum(p.stat().st_size for p in builtin_dir().iterdir() if p.suffix in (".txt", ".jsonl"))
-    return max(1, size // 4 // max(1, int(args.calib_ctx)))
+    src = calibration_sources(own, method, own_only=bool(getattr(args, "calib_only", False)))
+    return guess_chunks(src, int(args.calib_ctx))
 
 
 def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None, *, export: bool) -> Any:

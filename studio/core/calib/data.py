@@ -286,6 +286,30 @@ def calibration_sources(
     return [own, BUILTIN]
 
 
+GUESS_BYTES_PER_TOKEN = 4
+"""Bytes of text a token covers, for a guess made before any tokenizer is loaded: about right for English
+through a 32k–150k-token vocabulary; a tokenizer with a small vocabulary makes more tokens (the 8B fixture's
+2.5× as many: 57 chunks of 512 of the built-in text, guessed 23)."""
+
+
+def guess_chunks(sources: Any, n_ctx: int) -> int:
+    """About how many chunks of ``n_ctx`` tokens ``sources`` (``calibration_sources``'s answer) hold, from
+    the files' sizes (``GUESS_BYTES_PER_TOKEN``): what an estimate says before the text is tokenized."""
+    size = 0
+    for src in sources if isinstance(sources, (list, tuple)) else [sources]:
+        paths = (
+            [p for p in builtin_dir().iterdir() if p.suffix in (".txt", ".jsonl")]
+            if str(src) == BUILTIN
+            else [Path(src).expanduser()]
+        )
+        for path in paths:
+            try:
+                size += path.stat().st_size
+            except OSError:  # a missing file is refused, in its own words, when the job reads it
+                continue
+    return max(1, size // GUESS_BYTES_PER_TOKEN // max(1, n_ctx))
+
+
 def load_calibration(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fmt: ChatFormat,
@@ -387,12 +411,14 @@ def make_chunks(
 
 __all__ = [
     "BUILTIN",
+    "GUESS_BYTES_PER_TOKEN",
     "MIXED_METHODS",
     "CalibrationText",
     "ChatFormat",
     "Chunks",
     "bos_of",
     "builtin_dir",
+    "guess_chunks",
     "builtin_pieces",
     "calibration_sources",
     "chunk_ids",

@@ -47,6 +47,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.calib.budget_job import budget_job
+from studio.core.calib.data import BUILTIN, guess_chunks
 from studio.core.calib.heldout import (
     UNGUARDED_NOTE,
     guarded_scan,
@@ -88,7 +89,6 @@ DEFAULT_MAP_TYPE = "Q4_K"
 TOP_N = 20  # bars of the ranked chart by default
 KL_FLOOR = 1e-9  # a KL of 0 (all F16) on the front's log axis
 SLIDER_PLAN_MS = 150  # the slider re-plans once it rests this long
-ESTIMATE_CHUNKS = 128  # chunks the estimate assumes for "the whole text"
 ETA_WINDOW_S = 20.0  # the scan's ETA follows its rate over the last seconds of the current phase
 ETA_MIN_S = 3.0  # no ETA before the phase has run this long
 
@@ -582,12 +582,13 @@ class BudgetDialog(JobPanel, QDialog):
             return ""
         if self._estimate[0] is not info:
             st = ScanSettings(types=default_types(info.config))
-            chunks = st.calib_chunks or ESTIMATE_CHUNKS
+            chunks = st.calib_chunks or guess_chunks(BUILTIN, st.calib_ctx)
             try:
                 job = budget_job(
                     info, "imatrix", calib_ctx=st.calib_ctx, calib_chunks=chunks, settings=st, export=False
                 )
-                line = f"Scanning: {job.describe()}; {chunks} chunks of {st.calib_ctx} tokens."
+                about = "" if st.calib_chunks else "about "
+                line = f"Scanning: {job.describe()}; {about}{chunks} chunks of {st.calib_ctx} tokens."
             except StudioError:  # a model the scan cannot cover says so when scanned
                 line = ""
             self._estimate = (info, line)

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources
+from studio.core.calib.data import BUILTIN, MIXED_METHODS, calibration_sources, guess_chunks
 from studio.core.calib.quantize import export_calibrated, plan_sources
 from studio.core.cluster import open_executor
 from studio.core.errors import ExportError, StudioError
@@ -67,7 +67,6 @@ DEFAULT_PRESET = "Q4_K_M"
 BACKENDS = (("studio", "Quant Studio (streamed)"), ("llama.cpp", "llama.cpp llama_model_quantize"))
 PROGRESS_STEPS = 1000
 CONVERT_SHARE = 0.4  # of a rotated export's bar: converting a GGUF original into its float32 folder
-ESTIMATE_CHUNKS = 128  # chunks the estimate assumes when the dialog uses "all" (a text of 64k tokens)
 BEST_METHOD = ALIASES["best"]  # the calibrated rounding recommended with a preset (as export --budget says)
 
 
@@ -363,6 +362,7 @@ class ExportDialog(JobPanel, QDialog):
         self.setMinimumWidth(620)
         self.method_combo.currentIndexChanged.connect(self._on_method_changed)
         self.chunks_spin.valueChanged.connect(lambda *_: self._show_estimate())
+        self.calib_mix_check.toggled.connect(lambda *_: self._show_estimate())
         self.imatrix_check.toggled.connect(self._show_requirement)
         self.calib_edit.textChanged.connect(self._on_calib_edited)
 
@@ -807,9 +807,16 @@ class ExportDialog(JobPanel, QDialog):
         info = self.state.info
         if info is None or self.method == "rtn":
             return ""
-        chunks = self.chunks_spin.value() or ESTIMATE_CHUNKS
+        chunks = self.chunks_spin.value()
+        if not chunks:  # "all": as many as the text holds, guessed from its size until it is tokenized
+            own = self.calibration_text
+            src = calibration_sources(
+                None if own is None else str(own), self.method, own_only=not self.calib_mix_check.isChecked()
+            )
+            chunks = guess_chunks(src, 512)
         device = str(self.device_combo.currentData() or "cpu")
-        line = calibration_estimate_line(info.config, self.method, 512, chunks, device)
+        guessed = not self.chunks_spin.value()
+        line = calibration_estimate_line(info.config, self.method, 512, chunks, device, guessed=guessed)
         thin = thin_calibration(info.config, self.method, 512, chunks)
         return f"{line}\n⚠ {thin}" if line and thin else line
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from studio.core.calib.data import BUILTIN, guess_chunks
+from studio.core.plan.job_estimate import calibration_estimate_line
 from tests.qt.panels.test_export_calibrated import _dialog
 
 
@@ -11,15 +13,34 @@ def test_export_dialog_shows_the_calibration_estimate(qtbot, make_window, llama_
     assert dlg.estimate_label.text() == ""  # rtn: nothing is calibrated
     dlg.set_method("gptq")
     first = dlg.estimate_label.text()
-    assert (
-        first.startswith("Calibrating: about ")
-        and "at its peak" in first
-        and "128 chunks of 512 tokens" in first
+    # "all" chunks: as many as the built-in text holds, guessed from its size (as the command line says)
+    builtin = guess_chunks(BUILTIN, 512)
+    assert 15 < builtin < 40, builtin  # 49 KB of text at 4 bytes a token
+    assert first == calibration_estimate_line(
+        dict(dlg.state.info.config), "gptq", 512, builtin, "cpu", guessed=True
     )
+    assert first.startswith("Calibrating: about ") and f"(about {builtin} chunks of 512 tokens)." in first
     dlg.chunks_spin.setValue(4)
-    assert "4 chunks of 512 tokens" in dlg.estimate_label.text()
+    assert dlg.estimate_label.text().endswith("(4 chunks of 512 tokens).")
     dlg.set_method("rtn")
     assert dlg.estimate_label.text() == ""
+
+
+def test_the_guessed_chunks_follow_the_users_text_and_the_mix(qtbot, make_window, llama_model, tmp_path):
+    """A user's text of 40,960 bytes is about 20 chunks of 512 tokens; gptq adds the built-in text after it
+    unless the mix box is cleared, and the estimate follows both."""
+    dlg = _dialog(qtbot, make_window(), llama_model)
+    text = tmp_path / "mine.txt"
+    text.write_text("word " * 8192)
+    dlg.set_method("gptq")
+    dlg.set_calibration(text)
+    builtin = guess_chunks(BUILTIN, 512)
+    assert f"(about {20 + builtin} chunks of 512 tokens)." in dlg.estimate_label.text()
+    dlg.calib_mix_check.setChecked(False)
+    assert dlg.estimate_label.text().endswith("(about 20 chunks of 512 tokens).")
+    dlg.set_method("awq")  # never mixed
+    dlg.calib_mix_check.setChecked(True)
+    assert dlg.estimate_label.text().endswith("(about 20 chunks of 512 tokens).")
 
 
 def test_export_dialog_warns_when_gptq_would_fit_fewer_tokens_than_the_model_is_wide(
