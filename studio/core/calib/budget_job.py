@@ -195,7 +195,7 @@ def check_budget_job(
     free_bytes: int,
     calib_ctx: int,
     calib_chunks: int,
-    job_at: Callable[[int, int], BudgetJob] | None = None,
+    job_at: Callable[[int, int], BudgetJob],
 ) -> None:
     """Refuse (CalibrationError, one sentence) a budget export whose estimated peak is above ``free_bytes``,
     before its first step, saying which smaller calibration would fit (``job_at(ctx, chunks)``: the same job
@@ -203,11 +203,9 @@ def check_budget_job(
     step, est = job.peak
     if free_bytes <= 0 or est.peak_bytes <= free_bytes:
         return
-    size = None
-    if job_at is not None:
-        size = smaller_calibration(
-            lambda c, k: job_at(c, k).peak[1].peak_bytes, free_bytes, calib_ctx, calib_chunks
-        )
+    size = smaller_calibration(
+        lambda c, k: job_at(c, k).peak[1].peak_bytes, free_bytes, calib_ctx, calib_chunks
+    )
     what = "budget export" if any(n == "the export" for n, _ in job.steps) else "budget plan"
     raise CalibrationError(
         f"This {what} needs about {format_bytes(est.peak_bytes)} of memory at its peak ({step}: "

@@ -201,13 +201,13 @@ def check_fits(
     free_bytes: int,
     n_ctx: int,
     n_chunks: int,
-    peak_of: Callable[[int, int], int] | None = None,
+    peak_of: Callable[[int, int], int],
 ) -> None:
     """Refuse (CalibrationError, one sentence) a job whose estimated peak is above ``free_bytes``, saying
     which smaller calibration would fit (``peak_of(n_ctx, n_chunks)``: the same job's peak at another size)."""
     if free_bytes <= 0 or est.peak_bytes <= free_bytes:
         return
-    size = None if peak_of is None else smaller_calibration(peak_of, free_bytes, n_ctx, n_chunks)
+    size = smaller_calibration(peak_of, free_bytes, n_ctx, n_chunks)
     raise CalibrationError(
         f"This calibration needs about {format_bytes(est.peak_bytes)} of memory at its peak "
         f"({est.phase}), more than the {format_bytes(free_bytes)} free: close other programs, or run it "
