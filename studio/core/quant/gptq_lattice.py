@@ -64,7 +64,8 @@ _DELTA = np.float32(0.125)
 G = QK_K // 8  # sign groups (8 columns) per super-block
 # the least damping of the lattice sweep: at 2-3 bits GPTQ over-fits the calibration Hessian; on the
 # demo's ffn_down (IQ2_S, IQ3_XXS), output error on held-out prose over the imatrix search's went from
-# 0.79 / 0.78 at 0.01 to 0.77 / 0.75 at 0.1 (while rising on the calibration text)
+# 0.79 / 0.78 at 0.01 to 0.77 / 0.75 at 0.1 (while rising on the calibration text); "mean" damping only:
+# the default "diag" damping (3.0) blends H with its diagonal far more
 LATTICE_DAMP = 0.1
 _DAMPED = frozenset({"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"})  # IQ1_S/IQ1_M: not measured
 
@@ -402,7 +403,7 @@ def gptq_lattice(
         gorder = torch.arange(ng, device=dev)
     perm = (gorder[:, None] * 8 + torch.arange(8, device=dev)[None, :]).reshape(-1)
     W = W[:, perm]
-    damp = max(opt.damp, LATTICE_DAMP) if qtype in _DAMPED else opt.damp
+    damp = max(opt.damp, LATTICE_DAMP) if qtype in _DAMPED and opt.damp_mode == "mean" else opt.damp
     how = ("lattice", opt.act_order, arrival)  # the column order depends on these and on H alone
     hinv, lam, tries = inverse_factor(
         h_in, lambda: working_hessian(h, dead, perm), damp, opt.damp_mode, how, factors
