@@ -11,10 +11,13 @@ the same run. Judged texts:
 
 * ``rest``: the calibration text's chunks that the export does not read (held out, the same kind of text);
 * each ``--judge FILE[:N]`` (default: ``resources/eval/code_python.txt``, another kind: Python);
-* ``--oracle`` adds GPTQ fitted to each judged text itself (the bound no calibration text can beat).
+* ``--oracle`` adds GPTQ fitted to each judged text itself (the bound no calibration text can beat);
+* ``--rotate SEED`` adds the imatrix search and GPTQ on the sites rotated as ``export --rotate`` writes them
+  (issue 41's R1, the norm's scale folded in; o_proj's per-head R2 is not applied), against the same
+  unrotated imatrix search.
 
     python bench/gptq_transfer.py --model BENCH --calib-text LICENCES.txt [--layers 2,14,26] [--qtype Q3_K]
-        [--gptq damp=3.0] [--gptq damp=0.01,damp_mode=mean] [--judge FILE[:N]] [--oracle] [--down]
+        [--gptq damp=3.0] [--gptq damp=0.01,damp_mode=mean] [--judge FILE[:N]] [--oracle] [--down] [--rotate SEED]
 
 Not part of the test suite: collecting the Hessians of the 1.5B bench model takes about 8 min on two cores
 (one forward pass per chunk up to the last layer asked for), each option set about 30 s.
@@ -93,7 +96,13 @@ def collect(folder: Path, layers: list[int], texts: dict[str, object], down: boo
                 m.model(input_ids=torch.as_tensor(ids).view(1, -1))
     hess = {key: s / k for key, (s, k) in sums.items()}
     weights = {site: mod.weight.detach().float().clone() for site, mod in mods.items()}
-    return {"hess": hess, "weights": weights}
+    norms = {}  # γ of the norm a reader of the residual stream reads through; None: a writer into it
+    for site in mods:
+        li, nm = site.split(".")
+        lay = m.model.layers[int(li)]
+        norm = {"q_proj": lay.input_layernorm, "gate_proj": lay.post_attention_layernorm}.get(nm)
+        norms[site] = None if norm is None else norm.weight.detach().double().clone()
+    return {"hess": hess, "weights": weights, "norms": norms}
 
 
 def _error(w, q, h) -> float:  # noqa: ANN001
@@ -101,9 +110,36 @@ def _error(w, q, h) -> float:  # noqa: ANN001
     return float(((d @ h) * d).sum())
 
 
-def ratios(data: dict, judged: list[str], qtype: str, options, fit: str = "cal") -> dict[str, float]:  # noqa: ANN001
-    """Each judged text's summed output error of GPTQ (fitted to ``fit``'s Hessian) over the imatrix search's
-    (the calibration's imatrix, as llama.cpp's file would have it)."""
+def rotated(data: dict, seed: int) -> dict:
+    """The sites as ``--rotate`` writes them (R1, the residual stream's randomised Hadamard rotation Q, the
+    norm's scale γ folded in): a reader's W·diag(γ)·Q under Qᵀ·diag(1/γ)·H·diag(1/γ)·Q, a writer's Qᵀ·W under
+    the same H. An orthogonal Q keeps every output error comparable with the unrotated one's."""
+    import torch
+
+    from studio.core.model.rotate import rotation_matrix
+
+    qs: dict[int, object] = {}
+    out = {"hess": {}, "weights": {}, "norms": data["norms"]}
+    for site, w in data["weights"].items():
+        gamma = data["norms"][site]
+        n = int(w.shape[1] if gamma is not None else w.shape[0])
+        q = qs.setdefault(n, torch.as_tensor(rotation_matrix(n, seed)).double())
+        if gamma is None:  # a writer into the stream: its rows turn
+            out["weights"][site] = (q.T @ w.double()).float()
+        else:
+            out["weights"][site] = ((w.double() * gamma) @ q).float()
+        for (text, s), h in data["hess"].items():
+            if s == site:
+                out["hess"][(text, s)] = (
+                    h if gamma is None else q.T @ (h / gamma[:, None] / gamma[None, :]) @ q
+                )
+    return out
+
+
+def ratios(data: dict, judged: list[str], qtype: str, options, fit: str = "cal", turned: dict | None = None):  # noqa: ANN001, ANN201
+    """Each judged text's summed output error of GPTQ (fitted to ``fit``'s Hessian; ``options`` None: the
+    imatrix search) over llama.cpp's imatrix search's (the calibration's imatrix, as llama.cpp's file would
+    have it) on the unrotated weights; ``turned``: round ``rotated(data)``'s weights instead."""
     import gguf
     import numpy as np
     import torch
@@ -117,18 +153,26 @@ def ratios(data: dict, judged: list[str], qtype: str, options, fit: str = "cal")
     sweep = gptq_lattice if qtype in IQ_TYPES else gptq_quantize
     base = dict.fromkeys(judged, 0.0)
     got = dict.fromkeys(judged, 0.0)
+    src = turned or data
+
+    def search(w, h):  # noqa: ANN001, ANN202
+        g0, c0 = _search(w, qtype, torch.diagonal(h).float().numpy().copy())
+        return torch.as_tensor(ops.values(g0, c0)).float()
+
     for site, w in data["weights"].items():
-        hc = data["hess"][("cal", site)]
-        g0, c0 = _search(w, qtype, torch.diagonal(hc).float().numpy().copy())
-        q0 = torch.as_tensor(ops.values(g0, c0)).float()
-        hf = data["hess"][(fit, site)]
-        r = sweep(w, hf.float(), qtype, imatrix=torch.diagonal(hf).float().numpy().copy(), options=options)
-        raw = dequantize(np.asarray(r.data), getattr(gguf.GGMLQuantizationType, qtype))
-        q = torch.as_tensor(raw).float().reshape(w.shape)
+        q0 = search(w, data["hess"][("cal", site)])
+        wq, hf = src["weights"][site], src["hess"][(fit, site)]
+        if options is None:
+            q = search(wq, hf)
+        else:
+            r = sweep(
+                wq, hf.float(), qtype, imatrix=torch.diagonal(hf).float().numpy().copy(), options=options
+            )
+            raw = dequantize(np.asarray(r.data), getattr(gguf.GGMLQuantizationType, qtype))
+            q = torch.as_tensor(raw).float().reshape(wq.shape)
         for j in judged:
-            hj = data["hess"][(j, site)]
-            base[j] += _error(w, q0, hj)
-            got[j] += _error(w, q, hj)
+            base[j] += _error(w, q0, data["hess"][(j, site)])
+            got[j] += _error(wq, q, src["hess"][(j, site)])
     return {j: got[j] / base[j] for j in judged}
 
 
@@ -148,6 +192,9 @@ def main() -> None:
     ap.add_argument("--gptq", action="append", default=[], help="GptqOptions as k=v,... (repeat)")
     ap.add_argument("--oracle", action="store_true", help="also GPTQ fitted to each judged text itself")
     ap.add_argument("--down", action="store_true", help="down_proj too (8960-wide Hessians on the 1.5B)")
+    ap.add_argument(
+        "--rotate", type=int, metavar="SEED", help="also the sites rotated as --rotate writes them (R1)"
+    )
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
@@ -173,11 +220,16 @@ def main() -> None:
         f"{a.qtype}, layers {a.layers}: GPTQ's output error / llama.cpp's imatrix search's (lower is better)"
     )
     print(f"{'GPTQ options':34s} {'fitted to':9s} " + " ".join(f"{j:>12s}" for j in ["cal", *judged]))
-    fits = [("cal", s) for s in sets] + ([(j, sets[0]) for j in judged] if a.oracle else [])
-    for fit, spec in fits:
-        r = ratios(data, ["cal", *judged], a.qtype, GptqOptions(**_parse_opts(spec)), fit)
-        rows.append({"options": spec, "fitted_to": fit, **r})
-        print(f"{spec:34s} {fit:9s} " + " ".join(f"{r[j]:12.3f}" for j in ["cal", *judged]), flush=True)
+    fits = [("cal", s, None) for s in sets] + ([(j, sets[0], None) for j in judged] if a.oracle else [])
+    if a.rotate is not None:
+        turned = rotated(data, a.rotate)
+        fits += [("cal", "imatrix search", turned), ("cal", sets[0], turned)]
+    for fit, spec, turn in fits:
+        opt = None if spec == "imatrix search" else GptqOptions(**_parse_opts(spec))
+        r = ratios(data, ["cal", *judged], a.qtype, opt, fit, turn)
+        label = f"{spec} (rotated)" if turn is not None else spec
+        rows.append({"options": label, "fitted_to": fit, **r})
+        print(f"{label:34s} {fit:9s} " + " ".join(f"{r[j]:12.3f}" for j in ["cal", *judged]), flush=True)
     tokens = {k: int(len(v)) * 512 for k, v in texts.items()}
     print(
         f"tokens {tokens}; collect {t1 - t0:.0f} s, round {time.perf_counter() - t1:.0f} s, peak RSS {peak_mib():.0f} MiB"
