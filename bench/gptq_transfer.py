@@ -145,19 +145,20 @@ def ratios(data: dict, judged: list[str], qtype: str, options, fit: str = "cal",
     import torch
     from gguf.quants import dequantize
 
-    from studio.core.quant.gptq import _grids, _search, gptq_quantize
+    from studio.core.quant import blocks
+    from studio.core.quant.gptq import gptq_quantize
     from studio.core.quant.gptq_lattice import gptq_lattice
     from studio.core.quant.iquants import IQ_TYPES
 
-    ops = _grids(qtype)
     sweep = gptq_lattice if qtype in IQ_TYPES else gptq_quantize
     base = dict.fromkeys(judged, 0.0)
     got = dict.fromkeys(judged, 0.0)
     src = turned or data
 
-    def search(w, h):  # noqa: ANN001, ANN202
-        g0, c0 = _search(w, qtype, torch.diagonal(h).float().numpy().copy())
-        return torch.as_tensor(ops.values(g0, c0)).float()
+    def search(w, h):  # noqa: ANN001, ANN202 - llama.cpp's imatrix-weighted search, any type (i-quants too)
+        imx = torch.diagonal(h).float().numpy().copy()
+        data = blocks.quantize(w.numpy(), qtype, imx)
+        return torch.from_numpy(blocks.dequantize(data, qtype, tuple(w.shape))).float()
 
     for site, w in data["weights"].items():
         q0 = search(w, data["hess"][("cal", site)])
