@@ -105,11 +105,6 @@ def collect(folder: Path, layers: list[int], texts: dict[str, object], down: boo
     return {"hess": hess, "weights": weights, "norms": norms}
 
 
-def _error(w, q, h) -> float:  # noqa: ANN001
-    d = (w - q).double()
-    return float(((d @ h) * d).sum())
-
-
 def rotated(data: dict, seed: int) -> dict:
     """The sites as ``--rotate`` writes them (R1, the residual stream's randomised Hadamard rotation Q, the
     norm's scale γ folded in): a reader's W·diag(γ)·Q under Qᵀ·diag(1/γ)·H·diag(1/γ)·Q, a writer's Qᵀ·W under
@@ -140,13 +135,10 @@ def ratios(data: dict, judged: list[str], qtype: str, options, fit: str = "cal",
     """Each judged text's summed output error of GPTQ (fitted to ``fit``'s Hessian; ``options`` None: the
     imatrix search) over llama.cpp's imatrix search's (the calibration's imatrix, as llama.cpp's file would
     have it) on the unrotated weights; ``turned``: round ``rotated(data)``'s weights instead."""
-    import gguf
-    import numpy as np
     import torch
-    from gguf.quants import dequantize
 
     from studio.core.quant import blocks
-    from studio.core.quant.gptq import gptq_quantize
+    from studio.core.quant.gptq import gptq_quantize, output_error
     from studio.core.quant.gptq_lattice import gptq_lattice
     from studio.core.quant.iquants import IQ_TYPES
 
@@ -160,8 +152,11 @@ def ratios(data: dict, judged: list[str], qtype: str, options, fit: str = "cal",
         data = blocks.quantize(w.numpy(), qtype, imx)
         return torch.from_numpy(blocks.dequantize(data, qtype, tuple(w.shape))).float()
 
+    made = data.setdefault("baseline", {})  # the unrotated search's values, made once per site for every row
     for site, w in data["weights"].items():
-        q0 = search(w, data["hess"][("cal", site)])
+        if site not in made:
+            made[site] = search(w, data["hess"][("cal", site)])
+        q0 = made[site]
         wq, hf = src["weights"][site], src["hess"][(fit, site)]
         if options is None:
             q = search(wq, hf)
@@ -169,11 +164,10 @@ def ratios(data: dict, judged: list[str], qtype: str, options, fit: str = "cal",
             r = sweep(
                 wq, hf.float(), qtype, imatrix=torch.diagonal(hf).float().numpy().copy(), options=options
             )
-            raw = dequantize(np.asarray(r.data), getattr(gguf.GGMLQuantizationType, qtype))
-            q = torch.as_tensor(raw).float().reshape(wq.shape)
+            q = torch.from_numpy(blocks.dequantize(r.data, qtype, tuple(wq.shape))).float()
         for j in judged:
-            base[j] += _error(w, q0, data["hess"][(j, site)])
-            got[j] += _error(wq, q, src["hess"][(j, site)])
+            base[j] += output_error(w, q0, data["hess"][(j, site)])
+            got[j] += output_error(wq, q, src["hess"][(j, site)])
     return {j: got[j] / base[j] for j in judged}
 
 
