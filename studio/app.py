@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         "model",
         nargs="?",
         metavar="MODEL",
-        help="a model folder, a GGUF file, or a Hub id already in the local Hugging Face cache",
+        help="a model folder, a GGUF file, a Hub id already in the local Hugging Face cache, or BENCH "
+        "(the 1.5B bench model, once fetched by quant-studio-cli bench-model)",
     )
     parser.add_argument(
         "--demo",

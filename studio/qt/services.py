@@ -47,6 +47,9 @@ def _core(service: str) -> Any:
 
 
 def _open_model(path: Path, ctx: JobContext, allow_pickle: bool = False) -> Any:
+    benchmodel = importlib.import_module("studio.core.benchmodel")
+    if str(path) == benchmodel.BENCH_ALIAS:  # `quant-studio BENCH`, as every CLI command takes it
+        path = benchmodel.bench_model_path()  # not fetched yet: one sentence naming the fetch command
     ckpt = _core("open_model").open_model(path, ctx, allow_pickle=allow_pickle)
     # its GGUF layout made here, on the worker, and kept with the info: the plan editor lays the model out
     # on the GUI thread as it opens, which built gguf's name map there (40 ms at 32 layers)

@@ -418,6 +418,28 @@ def test_a_gguf_file_opens_with_layers_and_roles(qtbot, make_window, tmp_path):
     assert win.summary.fact_labels["Format"].text() == "gguf"
 
 
+def test_bench_opens_the_fetched_bench_model_as_the_cli_does(qtbot, make_window, monkeypatch, tmp_path):
+    # `quant-studio BENCH` once said "BENCH does not exist.": the alias was the CLI's alone
+    path = tmp_path / "bench.gguf"
+    names = _write_tiny_gguf(path)
+    monkeypatch.setattr("studio.core.benchmodel.bench_model_path", lambda cache_dir=None: path)
+    win = make_window()
+    _open(qtbot, win, Path("BENCH"))
+    assert set(_tree_rows(win)) == set(names)
+    assert win.windowTitle() == f"bench.gguf — {APP_TITLE}"
+    assert win.model_path == path
+
+
+def test_bench_before_it_is_fetched_says_how_to_fetch_it(qtbot, make_window, dialogs):
+    win = make_window()  # the tests' own empty cache: nothing fetched
+    win.open_path("BENCH")
+    qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=OPEN_TIMEOUT_MS)
+    kind, _title, text = dialogs.calls[0]
+    assert kind == "warning" and "\n" not in text
+    assert "not fetched yet" in text and "quant-studio-cli bench-model" in text
+    assert win.state.checkpoint is None
+
+
 def test_a_text_file_named_gguf_is_refused_with_a_dialog(qtbot, make_window, dialogs, tmp_path):
     fake = tmp_path / "notes.gguf"
     fake.write_text("these are not weights\n")
