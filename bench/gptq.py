@@ -2,6 +2,7 @@
 
     python bench/gptq.py [--model DIR] [--preset Q4_K_M] [--method gptq] [--chunks N] [--device cpu]
     python bench/gptq.py --shapes 8b [--layers 2] --device cuda     # Llama-3-8B-shaped linears only
+    python bench/gptq.py --lattice IQ2_S [--rows 1024]              # vector GPTQ onto an i-quant lattice
 
 The first form exports MODEL (default: a tiny factory llama) with ``--method`` and with ``imatrix``
 (the same calibration run without GPTQ, the reference), each in a child process so that each peak
@@ -9,6 +10,9 @@ RSS is its own, and prints per layer: seconds of the layer's forward passes and 
 the ratio of the two totals. The second form times only the GPTQ sweeps of one decoder layer of a
 Llama-3-8B shape (q/k/v/o 4096², gate/up 14336×4096, down 4096×14336, random Hessians of those
 sizes) on ``--device``, and extrapolates to 32 layers (AutoRound's reference: 8B in ~12 min on an A100).
+The third times GPTQ onto a lattice type (``gptq_lattice``) on the 1.5B bench model's widths (q_proj's
+1536 inputs, down_proj's 8960; ``--rows`` output rows each, the time is linear in them) beside llama.cpp's
+own imatrix quantizer (``ggml_quantize_chunk``, one thread) of the same matrix, the reference.
 """
 
 from __future__ import annotations
@@ -98,6 +102,41 @@ def shapes_8b(args: argparse.Namespace) -> None:
     print(f"peak RSS {peak_mib():.0f} MiB")
 
 
+def lattice(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch
+
+    from studio.core.quant import gptq_lattice
+    from studio.core.quant import reference as ref
+    from studio.core.quant.types import row_bytes
+
+    torch.manual_seed(0)
+    total_g = total_r = 0.0
+    for n in (1536, 8960):  # Qwen2.5-1.5B: hidden (q/k/v/o, gate/up inputs), FFN (down_proj's input)
+        x = torch.randn(2048, n)  # 2,048 tokens: H is singular at n = 8960, as a real one may be (damped)
+        x[:, :: max(1, n // 8)] *= 20  # a few massive input channels, as real activations have
+        h = x.T @ x / x.shape[0]
+        del x
+        w = 0.02 * torch.randn(args.rows, n)
+        imx = np.ascontiguousarray(torch.diagonal(h).numpy(), dtype=np.float32)
+        out = np.empty((args.rows, row_bytes(args.lattice, n)), np.uint8)
+        ref.ggml_quantize_into(w[:1].numpy(), args.lattice, out[:1], imx)  # llama.cpp builds its grids once
+        t0 = time.perf_counter()
+        ref.ggml_quantize_into(w.numpy(), args.lattice, out, imx)
+        t_ref = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        r = gptq_lattice.gptq_lattice(w, h, args.lattice, imatrix=imx)
+        t_g = time.perf_counter() - t0
+        total_g, total_r = total_g + t_g, total_r + t_ref
+        nw = args.rows * n
+        print(
+            f"{args.lattice} {args.rows}×{n}: gptq {t_g:.2f} s ({1e9 * t_g / nw:.0f} ns/weight), "
+            f"llama.cpp {t_ref:.2f} s, ratio {t_g / t_ref:.1f}, output error {r.gain:.3f}× llama.cpp's",
+            flush=True,
+        )
+    print(f"ratio gptq / llama.cpp time: {total_g / total_r:.1f}; peak RSS {peak_mib():.0f} MiB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder (default: a tiny factory llama)")
@@ -108,6 +147,8 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--shapes", choices=("8b",), default=None)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--lattice", default=None, metavar="QTYPE", help="time vector GPTQ onto this i-quant")
+    ap.add_argument("--rows", type=int, default=1024, help="--lattice: output rows per matrix")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -116,6 +157,9 @@ def main() -> int:
         return 0
     if args.shapes:
         shapes_8b(args)
+        return 0
+    if args.lattice:
+        lattice(args)
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-gptq-") as tmp:
         if args.model is None:

@@ -279,17 +279,34 @@ class _Searcher:
 
         self.q = qtype
         self.T = torch.as_tensor(np.array(table(qtype)), device=device)  # (P, dim)
+        self.Tt = self.T.T.contiguous()
         self.dim = int(self.T.shape[1])
         self.parity = qtype in _PARITY
+        # rows per piece of the flip search's (rows, P, dim) product: about 8 MB, which the allocator
+        # reuses (a whole 8960-row matrix's product is 290 MB, mapped and faulted in anew every group)
+        self.piece = max(1, (1 << 21) // (int(self.T.shape[0]) * self.dim))
 
-    def _half(self, a: Any, c: Any, s: Any) -> tuple[Any, Any, Any]:
-        """Per row and point: the weighted distance of |w| (``a``: R × dim) to ``s · T``, and the cheapest flip."""
+    def _half(self, a: Any, c: Any, s: Any, odd: Any = None) -> tuple[Any, Any, Any]:
+        """Per row and point: the weighted distance of |w| (``a``: R × dim) to ``s · T``, and the cheapest flip.
+
+        The flip (``pen``, ``at``) is searched only for the rows in ``odd``; the others' stay 0 (unused)."""
+        import torch
+
         T = self.T
         ca = a * c
-        score = (s * s)[:, None] * ((T * T) @ c)[None, :] - 2 * s[:, None] * (ca @ T.T)
+        # in place from here: bit for bit s²·(T²c) − 2s·(ca·Tᵀ), with fewer (rows, P) temporaries
+        score = ca @ self.Tt
+        score.mul_((-2 * s)[:, None])
+        score.add_((s * s)[:, None] * ((T * T) @ c)[None, :])
         if not self.parity:
             return score, None, None
-        pen, at = (4 * s[:, None, None] * ca[:, None, :] * T[None, :, :]).min(-1)
+        pen = torch.zeros_like(score)
+        at = torch.zeros(score.shape, dtype=torch.long, device=score.device)
+        which = torch.nonzero(odd).reshape(-1)
+        u = (4 * s)[:, None] * ca
+        for k in range(0, int(which.shape[0]), self.piece):
+            r = which[k : k + self.piece]
+            pen[r], at[r] = (u[r][:, None, :] * T[None, :, :]).min(-1)
         return score, pen, at
 
     def choose(self, wg: Any, c: Any, s: Any, dneg: Any) -> tuple[Any, Any, Any, Any]:
@@ -324,7 +341,7 @@ class _Searcher:
         neg = wg < 0
         odd = (neg.sum(1) % 2 == 1) if self.parity else None
         if self.dim == 8:
-            score, pen, at = self._half(a, c, s)
+            score, pen, at = self._half(a, c, s, odd)
             if self.parity:
                 total = score + torch.where(odd[:, None], pen, torch.zeros_like(pen))
                 p = total.argmin(1)
@@ -335,8 +352,8 @@ class _Searcher:
             idx = p[:, None]
             pts = self.T[p]
         else:
-            sa, pa, ja = self._half(a[:, :4], c[:4], s)
-            sb, pb, jb = self._half(a[:, 4:], c[4:], s)
+            sa, pa, ja = self._half(a[:, :4], c[:4], s, odd)
+            sb, pb, jb = self._half(a[:, 4:], c[4:], s, odd)
             va, ia = sa.min(1)
             vb, ib = sb.min(1)
             if self.parity:
@@ -450,11 +467,14 @@ def gptq_lattice(
                 neg_out[:, g] = neg
             if dnew is not None:
                 dneg_out[:, g] = dnew
-            for j in range(8):
+            e = b0 + 8
+            for j in range(8):  # within the sign group column by column, then the block's rest at once
                 i = b0 + j
                 err = (W1[:, i] - vals[:, j]) / Hi1[i, i]
-                W1[:, i:] -= err[:, None] * Hi1[i, i:][None, :]
+                W1[:, i:e] -= err[:, None] * Hi1[i, i:e][None, :]
                 E1[:, i] = err
+            if e < i2 - i1:
+                W1[:, e:] -= E1[:, b0:e] @ Hi1[b0:e, e:]
         if i2 < n:
             W[:, i2:] -= E1 @ hinv[i1:i2, i2:]
     del W, hinv

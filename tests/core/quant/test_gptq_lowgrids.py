@@ -131,6 +131,39 @@ def test_gptq_keeps_llamacpps_scale_fields(qtype: str) -> None:
         assert not np.array_equal(r.data, want)
 
 
+@pytest.mark.parametrize("qtype", ["IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
+def test_the_sign_group_search_finds_the_nearest_allowed_point(qtype: str) -> None:
+    """Against brute force over every grid point (pair) and, for the parity types, every single sign flip:
+    the search's choice is as near as the nearest allowed vector, and its negatives are even in number."""
+    import itertools
+
+    import torch
+
+    rng = np.random.default_rng(11)
+    T = gptq_lattice.table(qtype).astype(np.float64)
+    dim, parity = T.shape[1], qtype in ("IQ2_XXS", "IQ2_XS", "IQ3_XXS")
+    R = 40  # more rows than one piece of the flip search holds at 256 points of 4 (IQ3_XXS: 2,048 / 1,024)
+    wg = (rng.standard_normal((R, 8)) * rng.uniform(0.2, 3.0, (R, 1))).astype(np.float32)
+    c = rng.uniform(0.1, 2.0, 8).astype(np.float32)
+    s = rng.uniform(0.05, 0.6, R).astype(np.float32)
+    search = gptq_lattice._Searcher(qtype, "cpu")
+    search.piece = 7  # several pieces, the last one short
+    _, neg, _, vals = search.choose(torch.from_numpy(wg), torch.from_numpy(c), torch.from_numpy(s), None)
+    wg, c, s = wg.astype(np.float64), c.astype(np.float64), s.astype(np.float64)
+    got = ((wg - vals.numpy()) ** 2 * c).sum(1)
+    pts = np.array([np.concatenate(q) for q in itertools.product(T, repeat=8 // dim)])  # (P^(8/dim), 8)
+    for r in range(R):
+        signs = np.where(wg[r] < 0, -1.0, 1.0)
+        flips = [np.ones(8)]
+        if parity and (wg[r] < 0).sum() % 2:
+            flips = [np.where(np.arange(8) == j, -1.0, 1.0) for j in range(8)]
+        best = min((((wg[r] - s[r] * pts * signs * f) ** 2) * c).sum(1).min() for f in flips)
+        # float32 search: equal to the nearest within its rounding of the expanded distance
+        assert got[r] == pytest.approx(best, abs=1e-5 * float((wg[r] ** 2 * c).sum())), (qtype, r)
+        if parity:
+            assert int(neg[r].sum()) % 2 == 0
+
+
 def test_the_gptq_method_routes_lattice_types_to_vector_gptq() -> None:
     w, h, imx = _outlier_problem(5)
     enc = gptq_method(w, SiteStats("t", 2048, imx, h, GptqOptions(act_order=False)), "IQ3_XXS")
