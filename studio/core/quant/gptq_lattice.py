@@ -282,9 +282,11 @@ class _Searcher:
         self.Tt = self.T.T.contiguous()
         self.dim = int(self.T.shape[1])
         self.parity = qtype in _PARITY
-        # rows per piece of the flip search's (rows, P, dim) product: about 8 MB, which the allocator
-        # reuses (a whole 8960-row matrix's product is 290 MB, mapped and faulted in anew every group)
-        self.piece = max(1, (1 << 21) // (int(self.T.shape[0]) * self.dim))
+        # on the CPU, rows per piece of the flip search's (rows, P, dim) product: about 8 MB, which the
+        # allocator reuses (a whole 8960-row matrix's product is 290 MB, mapped and faulted in anew every
+        # group); on an accelerator None: one kernel over every row, no host sync to find the odd ones
+        cpu = torch.device(device).type == "cpu"
+        self.piece = max(1, (1 << 21) // (int(self.T.shape[0]) * self.dim)) if cpu else None
 
     def _half(self, a: Any, c: Any, s: Any, odd: Any = None) -> tuple[Any, Any, Any]:
         """Per row and point: the weighted distance of |w| (``a``: R × dim) to ``s · T``, and the cheapest flip.
@@ -300,10 +302,13 @@ class _Searcher:
         score.add_((s * s)[:, None] * ((T * T) @ c)[None, :])
         if not self.parity:
             return score, None, None
+        u = (4 * s)[:, None] * ca
+        if self.piece is None:
+            pen, at = (u[:, None, :] * T[None, :, :]).min(-1)
+            return score, pen, at
         pen = torch.zeros_like(score)
         at = torch.zeros(score.shape, dtype=torch.long, device=score.device)
         which = torch.nonzero(odd).reshape(-1)
-        u = (4 * s)[:, None] * ca
         for k in range(0, int(which.shape[0]), self.piece):
             r = which[k : k + self.piece]
             pen[r], at[r] = (u[r][:, None, :] * T[None, :, :]).min(-1)

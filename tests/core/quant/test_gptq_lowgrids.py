@@ -147,8 +147,12 @@ def test_the_sign_group_search_finds_the_nearest_allowed_point(qtype: str) -> No
     c = rng.uniform(0.1, 2.0, 8).astype(np.float32)
     s = rng.uniform(0.05, 0.6, R).astype(np.float32)
     search = gptq_lattice._Searcher(qtype, "cpu")
-    search.piece = 7  # several pieces, the last one short
-    _, neg, _, vals = search.choose(torch.from_numpy(wg), torch.from_numpy(c), torch.from_numpy(s), None)
+    runs = []
+    for piece in (7, None):  # the CPU's pieces (several, the last one short), an accelerator's one pass
+        search.piece = piece
+        runs.append(search.choose(torch.from_numpy(wg), torch.from_numpy(c), torch.from_numpy(s), None))
+    _, neg, _, vals = runs[0]
+    assert torch.equal(vals, runs[1][3]) and (neg is None or torch.equal(neg, runs[1][1]))
     wg, c, s = wg.astype(np.float64), c.astype(np.float64), s.astype(np.float64)
     got = ((wg - vals.numpy()) ** 2 * c).sum(1)
     pts = np.array([np.concatenate(q) for q in itertools.product(T, repeat=8 // dim)])  # (P^(8/dim), 8)
