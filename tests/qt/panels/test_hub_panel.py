@@ -140,15 +140,21 @@ def test_gated_download_without_token_shows_the_reason(qtbot, panel, hub):
     assert len(panel.prompts) == 1
 
 
+def _size(p) -> int:
+    """A partial's size, 0 once it is gone: a small file's partial is renamed between glob and stat."""
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def test_pause_keeps_partial_and_download_resumes(qtbot, panel, hub):
     hub.add_fault(Fault("slow", path="*/model.safetensors", times=1, chunk=8192, delay=0.05))
     _search(qtbot, panel, "tiny-llama")
     _select(qtbot, panel, LLAMA)
     panel.download_button.click()
     blobs = hub.cache_dir / "models--tiny-org--tiny-llama" / "blobs"
-    qtbot.waitUntil(
-        lambda: any(p.stat().st_size > 50_000 for p in blobs.glob(f"*{PARTIAL_SUFFIX}")), timeout=10_000
-    )
+    qtbot.waitUntil(lambda: any(_size(p) > 50_000 for p in blobs.glob(f"*{PARTIAL_SUFFIX}")), timeout=10_000)
     panel.pause_button.click()
     qtbot.waitUntil(lambda: not panel.downloading and "Paused" in panel.status.text(), timeout=5000)
     assert list(blobs.glob(f"*{PARTIAL_SUFFIX}"))
@@ -165,12 +171,6 @@ def test_cancel_removes_partials(qtbot, panel, hub):
     _select(qtbot, panel, LLAMA)
     panel.download_button.click()
     blobs = hub.cache_dir / "models--tiny-org--tiny-llama" / "blobs"
-
-    def _size(p) -> int:
-        try:
-            return p.stat().st_size
-        except FileNotFoundError:  # renamed between glob and stat: the download just moved on
-            return 0
 
     qtbot.waitUntil(lambda: any(_size(p) > 30_000 for p in blobs.glob(f"*{PARTIAL_SUFFIX}")), timeout=10_000)
     panel.cancel_button.click()
