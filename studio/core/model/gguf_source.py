@@ -495,6 +495,9 @@ def write_hf_folder(
             }
             (work / SOURCE_MARKER).write_text(json.dumps(marker, indent=1), encoding="utf-8")
             ctx.check_cancelled()
+            if folder_is_complete(dst, sha256):
+                # Another process wrote the same folder meanwhile and may be reading it now: keep its copy.
+                return dst
             if dst.exists():
                 shutil.rmtree(dst, ignore_errors=True)  # an older or broken folder
             try:

@@ -22,6 +22,7 @@ from studio.core.model.gguf_source import (
     can_decode,
     dequantize_tensor,
     folder_is_complete,
+    hf_folder_for,
     source_summary,
     write_hf_folder,
 )
@@ -170,6 +171,22 @@ def test_cancel_leaves_no_folder_and_an_old_one_is_replaced_whole(f32_gguf, tmp_
     write_hf_folder(f32_gguf, target)
     assert not (target / "junk.txt").exists() and folder_is_complete(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_folder_another_process_finished_first_is_kept_not_replaced(f32_gguf, tmp_path):
+    """Two exports of one GGUF convert it at once: the later one keeps the folder the other may be reading."""
+    target, sha = tmp_path / "hf", "cd" * 32
+    write_hf_folder(f32_gguf, target, sha256=sha)
+    first = (target / "model.safetensors").stat().st_ino
+    write_hf_folder(f32_gguf, target, sha256=sha)  # finds a whole folder of the same file at its end
+    assert (target / "model.safetensors").stat().st_ino == first and folder_is_complete(target, sha)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # and no work folder left
+    other = hf_folder_for(f32_gguf, cache_dir=tmp_path / "cache")  # named by the file: no sha256 given
+    inode = (other / "model.safetensors").stat().st_ino
+    write_hf_folder(f32_gguf, other)
+    assert (other / "model.safetensors").stat().st_ino == inode
+    write_hf_folder(f32_gguf, target, sha256="ef" * 32)  # another file's folder is replaced
+    assert (target / "model.safetensors").stat().st_ino != first and folder_is_complete(target, "ef" * 32)
 
 
 def test_source_summary_warns_only_for_quantized_matrices(chat_model, gguf_of):
