@@ -93,7 +93,8 @@ def add_rotate(parser: Any) -> None:
         action="store_true",
         help=(
             "fold a randomised Hadamard rotation into the weights (QuaRot's R1 and R2; any llama.cpp runs "
-            "the file, which may quantize better; a tied head is untied; llama, mistral, qwen2, qwen3, phi3)"
+            "the file, which may quantize better; a tied head is untied; gemma, gemma2, gemma3, olmo2 and "
+            "bert get R2 alone)"
         ),
     )
     parser.add_argument(

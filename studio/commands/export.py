@@ -265,7 +265,10 @@ def run(args: argparse.Namespace) -> int:
         info = ck.info
         source = _gguf_source(ck)
         if rotation is not None:  # plans name the rotated model's tensors (an untied head included)
-            info = RotatedCheckpoint(ck, rotation).info
+            view = RotatedCheckpoint(ck, rotation)
+            info = view.info
+            if not args.json:
+                print_notes(view.notes)  # R2 alone on a family R1 cannot fold: why, before the work
     check_exportable(info)
     if source is not None and source.warning and not args.json:
         print(f"warning: {source.warning}", file=sys.stderr)

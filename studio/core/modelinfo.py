@@ -101,6 +101,17 @@ class ModelInfo:
         raise KeyError(name)
 
 
+ROTATION_CONFIG_KEY = "_quant_studio_rotation"
+"""Where a rotated view's config carries its ``quantize.rotation.*`` metadata (no HF config uses it;
+``studio.core.model.rotate``): the layers below the model see from it that the values are rotated."""
+
+
+def rotation_config(info: ModelInfo) -> dict[str, Any]:
+    """The ``quantize.rotation.*`` keys a rotated view's config carries (empty for a model as it is)."""
+    meta = info.config.get(ROTATION_CONFIG_KEY)
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
 def config_int(cfg: dict[str, Any], *keys: str) -> int | None:
     """The first of ``keys`` that ``cfg`` holds as a positive int (bools are not ints here); None if none."""
     for k in keys:

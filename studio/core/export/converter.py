@@ -19,6 +19,7 @@ from studio.core.gguf.metadata import _studio_version
 from studio.core.gguf.writer import AtomicGGUFWriter
 from studio.core.jobs import JobContext, null_context
 from studio.core.modelinfo import ModelInfo
+from studio.core.plan.gguf_file import add_rotation_metadata
 from studio.core.quant.nonfinite import count_nonfinite, nonfinite_error
 from studio.core.quant.types import tensor_bytes
 
@@ -35,16 +36,18 @@ def export_converted(
     validate: Callable[[Path], None] | None,
     encode: Callable[[np.ndarray, str, str, np.ndarray | None], np.ndarray],
     float_only: bool = False,
+    values: Any = None,
 ) -> dict[str, Any]:
     """Write ``out`` atomically: llama.cpp's converter metadata, vocabulary and tensor values, our
     plan's types and quantizers (``encode(rows, qtype, device, imatrix)``), one tensor at a time.
 
     ``float_only``: write every tensor as F32 (the llama.cpp back end's input), the plan still
-    recorded in the metadata."""
+    recorded in the metadata. ``values``: the rotated view ``info`` describes (its tensors are read
+    from it, not from the folder)."""
 
     ctx = ctx or null_context()
     ctx.report(0, 1, "Running llama.cpp's converter")
-    run = start_run(info, out_path=out, metadata=True)
+    run = start_run(info, out_path=out, metadata=True, values=values)
     got = {n: t.shape for n, t in run.tensors.items()}
     want = {tm.gguf_name: tm.shape for tm in lay.tensors}
     if got != want:
@@ -71,6 +74,7 @@ def export_converted(
             w.kv.add_file_type(int(plan.ftype))
         w.kv.add_string("quant_studio.version", _studio_version())
         w.kv.add_string("quant_studio.plan", plan.to_json())
+        add_rotation_metadata(w.kv, info)
         # an imatrix that knows its origin (studio.core.calib.imatrix.Imatrix): llama-quantize's keys
         for key, value in getattr(imatrix, "quantize_metadata", lambda: [])():
             if isinstance(value, str):

@@ -43,7 +43,7 @@ from studio.core.gguf.writer import (
 from studio.core.jobs import JobCancelled, JobContext, null_context
 from studio.core.llamacpp import LlamaRunner, LlamaWorker, LoadOptions
 from studio.core.model import hub_repo_id, open_model
-from studio.core.model.rotate import Rotation, RotationError, rotated
+from studio.core.model.rotate import RotatedCheckpoint, Rotation, RotationError, rotated
 from studio.core.model.rotate_check import check_rotation
 from studio.core.plan.gguf_file import PlannedItem as _Item
 from studio.core.plan.gguf_file import export_file_bytes
@@ -225,6 +225,7 @@ def export_gguf(
     try:
         if rotation is not None:
             ckpt = _rotate(ckpt, rotation, ctx)
+        rotation_notes = ckpt.notes if isinstance(ckpt, RotatedCheckpoint) else ()  # R2 alone: why
         info = ckpt.info
         check_exportable(info)
         if source_repo is None:
@@ -257,7 +258,8 @@ def export_gguf(
         elif backend == "llama.cpp":
             result = _export_llamacpp(ckpt, lay, out, plan, inputs, imatrix, ctx, source_repo, validate)
         elif lay.converted:
-            result = _export_converted(info, lay, out, plan, device, imatrix, ctx, validate)
+            values = ckpt if isinstance(ckpt, RotatedCheckpoint) else None  # the converter reads the view
+            result = _export_converted(info, lay, out, plan, device, imatrix, ctx, validate, values=values)
         else:
             result = _export_studio(
                 ckpt, lay, out, plan, inputs, device, imatrix, ctx, source_repo, validate, pre=precomputed
@@ -277,7 +279,8 @@ def export_gguf(
         tensor_types=result["types"],
         fallbacks=plan.fallbacks,
         tokenizer=result.get("tokenizer"),
-        notes=plan.notes
+        notes=rotation_notes
+        + plan.notes
         + tuple(f"{n} is not written: llama.cpp does not use it." for n in lay.skipped)
         + tuple(result.get("notes", ())),
         n_weights=n_weights,
@@ -400,12 +403,13 @@ def _export_converted(
     validate: Callable[[Path], None] | None,
     *,
     float_only: bool = False,
+    values: Any = None,
 ) -> dict[str, Any]:
     # architectures llama.cpp's converter maps: its metadata, vocabulary and values, our plan,
-    # quantizers and writer (studio.core.gguf.llama_converter)
+    # quantizers and writer (studio.core.gguf.llama_converter); a rotated view's values from the view
     return export_converted(
         info, lay, out, plan, device=device, imatrix=imatrix, ctx=ctx, validate=validate,
-        encode=_encode, float_only=float_only,
+        encode=_encode, float_only=float_only, values=values,
     )  # fmt: skip
 
 
@@ -471,7 +475,10 @@ def _export_llamacpp(
     try:
         # the F32 intermediate carries the imatrix's quantize.imatrix.* keys; llama.cpp copies them over
         if lay.converted:
-            _export_converted(info, lay, tmp_final, plan, "cpu", imatrix, sub, None, float_only=True)
+            values = ckpt if isinstance(ckpt, RotatedCheckpoint) else None
+            _export_converted(
+                info, lay, tmp_final, plan, "cpu", imatrix, sub, None, float_only=True, values=values
+            )
         else:
             _export_studio(
                 ckpt, lay, tmp_final, plan, inputs, "cpu", imatrix, sub, source_repo, None, float_only=True

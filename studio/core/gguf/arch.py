@@ -174,8 +174,9 @@ def studio_layout(info: ModelInfo) -> Layout:
             skipped.append(t.name)
             continue
         if name == "lm_head.weight":
-            # Gemma never uses lm_head; others drop it when tied to the embeddings
-            if mt in ("gemma", "gemma2", "gpt2") or (tie_cfg and _has_embed(names)):
+            # Gemma never uses lm_head; others drop it when tied to the embeddings (GPT-2's config
+            # usually says nothing, which means tied; a rotated GPT-2 has its own head)
+            if mt in ("gemma", "gemma2") or (tie_cfg and _has_embed(names)):
                 skipped.append(t.name)
                 continue
         if mt == "bert" and name.startswith("lm_head"):

@@ -38,7 +38,7 @@ from studio.core.gguf.converter_bundle import (
 )
 from studio.core.gguf.converter_roles import hf_architecture, unknown_architecture_error
 from studio.core.gguf.vocab import pre_tokenizer_name
-from studio.core.modelinfo import CheckpointFormat, ModelInfo
+from studio.core.modelinfo import CheckpointFormat, ModelInfo, rotation_config
 
 CHUNK_BYTES = 16 << 20  # float32 bytes per block of rows handed to the quantizers
 
@@ -129,6 +129,34 @@ def _tag_sources(model: Any, info: ModelInfo) -> None:
         return make
 
     model.model_tensors = {k: tagged(back.get(k, k), g) for k, g in model.model_tensors.items()}
+
+
+def _read_from_view(model: Any, info: ModelInfo, values: Any) -> None:
+    """Point the converter's tensors at a rotated view: its names and shapes, its float32 values read when
+    a tensor is evaluated (lazily, one at a time), and its config's tied-or-not head."""
+    import importlib
+
+    import torch
+
+    lazy = importlib.import_module(type(model).__module__.rsplit(".", 1)[0] + ".base").LazyTorchTensor
+
+    def read(name: str) -> Any:
+        if values is None:
+            raise ExportError(f"The rotated values of {name} were not given to llama.cpp's converter.")
+        return torch.from_numpy(np.ascontiguousarray(values.read(name), dtype=np.float32))
+
+    tensors: dict[str, Callable[[], Any]] = {}
+    for t in info.tensors:
+        shape = tuple(int(d) for d in t.shape)
+
+        def gen(name: str = t.name, shape: tuple[int, ...] = shape) -> Any:
+            return lazy(meta=lazy.meta_with_dtype_and_shape(torch.float32, shape), args=(name,), func=read)
+
+        item = type(model).filter_tensors((t.name, gen))
+        if item is not None:
+            tensors[item[0]] = item[1]
+    model.model_tensors = tensors
+    model.hparams["tie_word_embeddings"] = bool(info.config.get("tie_word_embeddings", False))
 
 
 def _sources(lazy_base: type, node: Any) -> tuple[str, ...]:
@@ -229,9 +257,15 @@ def _check_safe_for_converter(info: ModelInfo, folder: Path) -> None:
             )
 
 
-def start_run(info: ModelInfo, *, out_path: Path | None = None, metadata: bool = False) -> ConverterRun:
+def start_run(
+    info: ModelInfo, *, out_path: Path | None = None, metadata: bool = False, values: Any = None
+) -> ConverterRun:
     """Instantiate the converter for ``info`` and run its tensor preparation (lazy, no data read);
-    with ``metadata`` also its hyper-parameters, general.* keys and vocabulary."""
+    with ``metadata`` also its hyper-parameters, general.* keys and vocabulary.
+
+    A rotated view's ``info`` (``studio.core.model.rotate``): the converter sees the view's tensors (an
+    untied head included) instead of the folder's, each read from ``values`` (the view) when it is
+    written; without ``values`` (a layout: names and shapes only) reading one is an error."""
     import torch
 
     if not converter_available()[0]:
@@ -253,6 +287,8 @@ def start_run(info: ModelInfo, *, out_path: Path | None = None, metadata: bool =
                 Path(out_path) if out_path is not None else folder / "converted.gguf",
                 eager=False,
             )
+            if rotation_config(info):
+                _read_from_view(model, info, values)
             _tag_sources(model, info)
             _pre_fallback(model, folder, notes)
             model.prepare_tensors()

@@ -27,7 +27,7 @@ from studio.core.gguf.converter_run import (
     reference_convert,
     start_run,
 )
-from studio.core.modelinfo import ModelInfo
+from studio.core.modelinfo import ModelInfo, rotation_config
 
 # ----------------------------------------------------------------------------------- layouts
 
@@ -39,7 +39,8 @@ def _cache_key(info: ModelInfo) -> tuple[Any, ...]:
         with contextlib.suppress(OSError):
             st = os.stat(f)
             stamp.append((str(f), st.st_size, st.st_mtime_ns))
-    return (str(info.path), tuple(stamp))
+    rotation = tuple(sorted(rotation_config(info).items()))  # a rotated view's layout is its own
+    return (str(info.path), tuple(stamp), rotation)
 
 
 @functools.lru_cache(maxsize=8)

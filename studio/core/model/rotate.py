@@ -3,11 +3,17 @@
 R1 rotates the residual stream by an orthogonal ``Q``: RMSNorm commutes with ``Q`` once its scale is
 folded into the matrices that read it, so the embedding becomes ``E·Q``, every reader of a norm
 ``W·diag(s)·Q`` (q/k/v, gate/up, the MoE router, the head), every writer into the stream ``Qᵀ·W``
-(o_proj, down; a bias ``b·Q``) and the norms all ones. R2 rotates each attention head's values by
+(o_proj, down; a bias ``b·Q``) and the norms all ones. LayerNorm (GPT-2) subtracts the mean first: its
+``Q`` also maps the all-ones direction to itself (a Householder step after the Hadamard), so the mean
+commutes too, and the norm's bias folds into the readers' biases (the final norm keeps ``(b/s)·Q``,
+since llama.cpp's GPT-2 head has no bias). R2 rotates each attention head's values by
 ``R2`` (v_proj's rows per KV head, o_proj's input columns per query head: one matrix per layer, so
 query heads sharing a KV head see the same rotation). The function is unchanged up to rounding, the
 tensors keep their names and shapes, and stock llama.cpp runs the file. A tied head is untied: it
 becomes its own tensor (``lm_head.weight``), since the head carries the final norm's scale.
+
+Gemma, Gemma 2 and BERT get R2 alone (``R2_ONLY`` says why R1 cannot fold there); the file records
+``quantize.rotation.r1 = false`` and the export says so.
 
 ``RotatedCheckpoint`` produces each tensor rotated when it is read (one tensor at a time; the only
 extra memory is ``Q``, ``hidden²`` float32), so export, the imatrix, the scan, AWQ and GPTQ see the
@@ -25,26 +31,35 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.model.checkpoint import Checkpoint
-from studio.core.modelinfo import ModelInfo, Role, TensorInfo
+from studio.core.modelinfo import ROTATION_CONFIG_KEY, ModelInfo, Role, TensorInfo, rotation_config
 
-ROTATABLE = ("llama", "mistral", "qwen2", "qwen3", "phi3")
-"""Model types whose rotation the studio folds and writes itself."""
+ROTATABLE = (
+    *("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gemma", "gemma2", "bert"),  # the studio writes
+    *("gemma3_text", "olmo2", "mixtral", "qwen3_moe", "granite", "smollm3"),  # llama.cpp's converter writes
+)
+"""Model types whose rotation the studio folds (``R2_ONLY``'s with R2 alone)."""
 
-# why each other family is refused, in one sentence
-_REFUSED = {
+R2_ONLY = {
     "gemma": "llama.cpp's Gemma always reads its output head from the embedding, so the final norm "
     "cannot be folded into an untied head",
-    "gemma2": "Gemma 2 normalises each block's output (post-norms), which a residual rotation cannot fold",
-    "gemma3_text": "Gemma 3 normalises each block's output (post-norms), which a residual rotation cannot "
-    "fold",
-    "olmo2": "OLMo 2 normalises each block's output (post-norms), which a residual rotation cannot fold",
-    "gpt2": "GPT-2's LayerNorm subtracts the mean and adds a bias, which this rotation does not fold yet",
-    "bert": "BERT's LayerNorm subtracts the mean and adds a bias, which this rotation does not fold yet",
+    "gemma2": "Gemma 2 normalises each block's output (post-norms), and a post-norm's scale cannot be "
+    "folded out of the residual stream",
+    "gemma3_text": "Gemma 3 normalises each block's output (post-norms), and a post-norm's scale cannot be "
+    "folded out of the residual stream",
+    "olmo2": "OLMo 2 normalises each block's output (post-norms), and a post-norm's scale cannot be "
+    "folded out of the residual stream",
+    "bert": "BERT normalises the residual stream itself after each block (post-LayerNorm), so the norm's "
+    "scale cannot be folded out of the stream",
 }
+"""Families where R1 cannot fold into a standard GGUF (why, in one clause): they get R2 alone."""
 
-_INPUT_NORM = re.compile(r"\.input_layernorm\.weight$")
-_POST_NORM = re.compile(r"\.post_attention_layernorm\.weight$")
-_FINAL_NORM = re.compile(r"(?:^|\.)norm\.weight$")
+_LAYERNORM = ("gpt2",)  # LayerNorm families: Q keeps the all-ones direction, so the mean commutes
+
+_INPUT_NORM = re.compile(r"\.(?:input_layernorm|ln_1)\.weight$")
+_POST_NORM = re.compile(r"\.(?:post_attention_layernorm|ln_2)\.weight$")
+_FINAL_NORM = re.compile(r"(?:^|\.)(?:norm|ln_f)\.weight$")
+_NORM_BIAS = re.compile(r"\.(?:ln_1|ln_2|ln_f)\.bias$")  # GPT-2's LayerNorm biases
+_BUFFER = re.compile(r"(?:rotary_emb\.inv_freq|attn\.(?:masked_)?bias)$")  # not weights: kept as they are
 _HEAD_NORM = re.compile(r"self_attn\.[qk]_norm\.weight$")  # inside a head: untouched by R1
 
 _ATTN_READERS = (Role.ATTN_Q, Role.ATTN_K, Role.ATTN_V, Role.ATTN_QKV)
@@ -53,8 +68,6 @@ _FFN_READERS = (Role.FFN_GATE, Role.FFN_UP, Role.FFN_GATE_UP, Role.FFN_ROUTER, R
 _WRITERS = (Role.ATTN_OUT, Role.FFN_DOWN, Role.FFN_DOWN_EXPS)
 
 
-ROTATION_CONFIG_KEY = "_quant_studio_rotation"
-"""Where a rotated view's config carries its ``quantize.rotation.*`` metadata (no HF config uses it)."""
 _RIGHT_VALUES = 1 << 22  # values Rotor.right rotates at once (16 MB of float32 per temporary)
 
 
@@ -70,9 +83,11 @@ class Rotation:
     r1: bool = True
     r2: bool = True
 
-    def metadata(self, hidden: int, head_dim: int) -> dict[str, Any]:
-        """The ``quantize.rotation.*`` keys that record this rotation in a GGUF file."""
-        return {
+    def metadata(self, hidden: int, head_dim: int, *, keeps_mean: bool = False) -> dict[str, Any]:
+        """The ``quantize.rotation.*`` keys that record this rotation in a GGUF file (``keeps_mean``: R1 maps
+        the all-ones direction to itself, for LayerNorm)."""
+        extra = {"quantize.rotation.r1_keeps_mean": True} if keeps_mean and self.r1 else {}
+        return extra | {
             "quantize.rotation.method": "randomized-hadamard",
             "quantize.rotation.seed": int(self.seed),
             "quantize.rotation.r1": bool(self.r1),
@@ -104,11 +119,14 @@ def random_orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
 @dataclass(frozen=True)
 class Rotor:
     """A randomised Hadamard rotation ``Q = diag(signs)·(H ⊗ R)`` of order ``len(signs)``, kept as its
-    factors: ``right(x) = x·Q`` costs ``n·(2^k + m)`` per row instead of ``n²``."""
+    factors: ``right(x) = x·Q`` costs ``n·(2^k + m)`` per row instead of ``n²``. With ``house`` (a unit
+    vector ``v``) it is followed by the reflection ``I − 2·v·vᵀ`` that maps the all-ones direction back
+    onto itself (``Q·1 = 1``), as LayerNorm's mean subtraction needs."""
 
     signs: np.ndarray  # (n,) ±1
     h: np.ndarray  # (2^k, 2^k) orthogonal Walsh–Hadamard
     r: np.ndarray  # (m, m) orthogonal, m odd
+    house: np.ndarray | None = None  # (n,) unit, float64: the Householder step, or None
 
     @property
     def n(self) -> int:
@@ -117,7 +135,10 @@ class Rotor:
 
     def matrix(self) -> np.ndarray:
         """``Q`` itself (float64): for tests and small orders."""
-        return self.signs[:, None] * np.kron(self.h, self.r)
+        q = self.signs[:, None] * np.kron(self.h, self.r)
+        if self.house is not None:
+            q = q - 2.0 * np.outer(q @ self.house, self.house)
+        return q
 
     def right(self, x: np.ndarray) -> np.ndarray:
         """``x·Q`` over the last axis of ``x`` (float32 in, float32 out), into a new array a block of rows at
@@ -127,32 +148,51 @@ class Rotor:
         flat = x.reshape(-1, n)
         out = np.empty(flat.shape, dtype=np.float32)
         signs, ht, r = self.signs.astype(np.float32), self.h.T.astype(np.float32), self.r.astype(np.float32)
+        v = None if self.house is None else self.house.astype(np.float32)
         step = max(1, _RIGHT_VALUES // n)
         for a in range(0, len(flat), step):
             # row index a·m + b: (x·(H ⊗ R))[c·m + d] = Σ x[a, b]·H[a, c]·R[b, d] = (Hᵀ·X·R)[c, d]
             y = np.matmul(ht, (flat[a : a + step] * signs).reshape(-1, k, m))
-            out[a : a + step] = np.matmul(y, r).reshape(-1, n)
+            y = np.matmul(y, r).reshape(-1, n)
+            if v is not None:  # ·(I − 2·v·vᵀ)
+                y -= np.float32(2.0) * np.outer(y @ v, v)
+            out[a : a + step] = y
         return out.reshape(x.shape)
 
 
-def rotor(n: int, seed: int, salt: int = 0) -> Rotor:
+def rotor(n: int, seed: int, salt: int = 0, *, keep_mean: bool = False) -> Rotor:
     """A randomised Hadamard rotation of order ``n``: ``diag(±1)·(H_{2^k} ⊗ R_m)`` with ``n = 2^k·m``,
     ``m`` odd and ``R_m`` a seeded random orthogonal matrix (identity when ``m = 1``).
 
     Every entry of the Hadamard factor has the same magnitude, so one outlier channel is spread over
     ``2^k`` channels; the small odd factor only mixes within its ``m`` (576 = 64·9, 1536 = 512·3).
+    ``keep_mean`` adds the Householder step that makes ``Q·1 = 1`` (a rank-one change: the rest stays
+    spread), for LayerNorm, whose mean subtraction then commutes with ``Q``.
     """
     rng = np.random.default_rng([int(seed), int(salt), int(n)])
     k = (n & -n).bit_length() - 1  # largest power of two dividing n
     m = n >> k
     r = random_orthogonal(m, rng) if m > 1 else np.ones((1, 1))
     signs = rng.choice(np.array([-1.0, 1.0]), size=n)
-    return Rotor(signs, hadamard(1 << k), r)
+    base = Rotor(signs, hadamard(1 << k), r)
+    if not keep_mean:
+        return base
+    c = np.full(n, 1.0 / np.sqrt(n))
+    a = _right64(base, c)  # cᵀ·Q: where the rotation sends the all-ones direction
+    v = a - c  # the reflection across v's normal plane swaps a and c
+    norm = float(np.linalg.norm(v))
+    return base if norm < 1e-12 else Rotor(signs, base.h, r, v / norm)
 
 
-def rotation_matrix(n: int, seed: int, salt: int = 0) -> np.ndarray:
-    """``rotor(n, seed, salt)`` as a dense float64 matrix."""
-    return rotor(n, seed, salt).matrix()
+def _right64(rot: Rotor, x: np.ndarray) -> np.ndarray:
+    """``x·Q`` of one row in float64 (the Householder vector must be exact, not float32)."""
+    k, m = rot.h.shape[0], len(rot.r)
+    return (rot.h.T @ (x * rot.signs).reshape(k, m) @ rot.r).reshape(-1)
+
+
+def rotation_matrix(n: int, seed: int, salt: int = 0, *, keep_mean: bool = False) -> np.ndarray:
+    """``rotor(n, seed, salt, keep_mean=...)`` as a dense float64 matrix."""
+    return rotor(n, seed, salt, keep_mean=keep_mean).matrix()
 
 
 # ------------------------------------------------------------------------------------------ support
@@ -166,14 +206,12 @@ def refusal(info: ModelInfo) -> str | None:
             "Rotation is folded into a Hugging Face folder's float weights; open a GGUF original through its "
             "converted folder (gguf_source.hf_folder_for), as export --rotate and the Export dialog do."
         )
-    if mt in _REFUSED:
-        return f"Rotation is not available for {mt}: {_REFUSED[mt]}."
     if mt not in ROTATABLE:
         return f"Rotation does not cover model type {mt!r} yet (it covers {', '.join(ROTATABLE)})."
     for t in info.tensors:
         if t.role in _WRITERS + _ATTN_READERS + _FFN_READERS and len(t.shape) == 3:
             return f"Rotation does not cover fused 3-D expert tensors such as {t.name} yet."
-        if t.role is Role.NORM and t.name.endswith(".bias"):
+        if t.role is Role.NORM and t.name.endswith(".bias") and mt not in _LAYERNORM and mt not in R2_ONLY:
             return f"Rotation does not fold a norm with a bias ({t.name})."
     return None
 
@@ -186,9 +224,9 @@ def check_rotatable(info: ModelInfo) -> None:
 
 
 def dims(config: dict[str, Any]) -> tuple[int, int, int, int]:
-    """(hidden, heads, kv heads, head dim) of a decoder config."""
-    hidden = int(config["hidden_size"])
-    n_head = int(config.get("num_attention_heads") or 1)
+    """(hidden, heads, kv heads, head dim) of a decoder config (GPT-2's ``n_embd``/``n_head`` too)."""
+    hidden = int(config.get("hidden_size") or config["n_embd"])
+    n_head = int(config.get("num_attention_heads") or config.get("n_head") or 1)
     n_kv = int(config.get("num_key_value_heads") or n_head)
     head_dim = int(config.get("head_dim") or hidden // n_head)
     return hidden, n_head, n_kv, head_dim
@@ -201,18 +239,44 @@ class RotatedCheckpoint(Checkpoint):
     """``inner`` with R1 (and R2) folded in: every tensor is produced rotated, in float32, when read.
 
     A tied head becomes ``lm_head.weight`` of its own (``untied_bytes`` says what it adds as float32)
-    and the config says ``tie_word_embeddings: false``.
+    and the config says ``tie_word_embeddings: false``. On an ``R2_ONLY`` family the view folds R2 alone
+    (``notes`` says why) and leaves the head, the norms and the stream as they are.
     """
 
     def __init__(self, inner: Checkpoint, rotation: Rotation) -> None:
         info = inner.info
         check_rotatable(info)
+        mt = str(info.model_type).lower()
+        self.r1_refused = R2_ONLY.get(mt) if rotation.r1 else None
+        if self.r1_refused:
+            rotation = dataclasses.replace(rotation, r1=False)
         self.inner = inner
         self.rotation = rotation
+        self.layernorm = mt in _LAYERNORM
         cfg = dict(info.config)
         self.hidden, self.n_head, self.n_kv, self.head_dim = dims(cfg)
-        names = {t.name for t in info.tensors}
+        self.notes: tuple[str, ...] = (
+            (f"Only R2 (within each attention head) is folded into this {mt} model: {self.r1_refused}.",)
+            if self.r1_refused
+            else ()
+        )
         self._embed = next((t for t in info.tensors if t.role is Role.TOKEN_EMBD), None)
+        self._final_norm: str | None = None
+        self._norms: dict[tuple[int, str], str] = {}  # (layer, "attn"/"ffn") -> the norm its readers read
+        self.untied = False
+        self.head_name: str | None = None
+        tensors = [dataclasses.replace(t, dtype="F32", nbytes=4 * t.n_elements) for t in info.tensors]
+        if rotation.r1:
+            tensors += self._r1_setup(info)
+            cfg["tie_word_embeddings"] = False
+        cfg[ROTATION_CONFIG_KEY] = rotation.metadata(self.hidden, self.head_dim, keeps_mean=self.layernorm)
+        super().__init__(dataclasses.replace(info, config=cfg, tensors=tuple(tensors)))
+        self._q: Rotor | None = None
+        self._r2: dict[int, np.ndarray] = {}
+
+    def _r1_setup(self, info: ModelInfo) -> list[TensorInfo]:
+        """Find what R1 folds (embedding, norms, head) and refuse a tensor whose place is unknown; the
+        untied head's entry when the model had none."""
         if self._embed is None:
             raise RotationError(f"{info.path.name} has no token embedding to rotate.")
         self._final_norm = next(
@@ -220,39 +284,44 @@ class RotatedCheckpoint(Checkpoint):
         )
         if self._final_norm is None:
             raise RotationError(f"{info.path.name} has no final norm to fold.")
-        tensors = []
+        for t in info.tensors:
+            if t.layer is not None and t.role is Role.NORM:
+                for which, pattern in (("attn", _INPUT_NORM), ("ffn", _POST_NORM)):
+                    if pattern.search(t.name):
+                        self._norms[(t.layer, which)] = t.name
         for t in info.tensors:
             self._classify(t)  # refuse a block tensor whose place in the stream is unknown
-            tensors.append(dataclasses.replace(t, dtype="F32", nbytes=4 * t.n_elements))
+        bias = self._final_norm[: -len("weight")] + "bias"
+        if bias in self.inner:  # kept as (b/s)·Q: s must have no zero where b has a value
+            s, b = self.inner.read(self._final_norm), self.inner.read(bias)
+            if np.any((s == 0) & (b != 0)):
+                raise RotationError(
+                    f"{self._final_norm} scales a channel by zero that its bias moves, so it cannot be folded."
+                )
         self.untied = not any(t.role is Role.OUTPUT for t in info.tensors)
         self.head_name = "lm_head.weight"
-        if self.untied:
-            if self.head_name in names:
-                raise RotationError(f"{info.path.name} has an {self.head_name} that is not the head.")
-            e = self._embed
-            tensors.append(
-                dataclasses.replace(
-                    e, name=self.head_name, role=Role.OUTPUT, dtype="F32", nbytes=4 * e.n_elements
-                )
-            )
-        else:
+        if not self.untied:
             self.head_name = next(t.name for t in info.tensors if t.role is Role.OUTPUT)
-        cfg["tie_word_embeddings"] = False
-        cfg[ROTATION_CONFIG_KEY] = rotation.metadata(self.hidden, self.head_dim)
-        super().__init__(dataclasses.replace(info, config=cfg, tensors=tuple(tensors)))
-        self._q: Rotor | None = None
-        self._r2: dict[int, np.ndarray] = {}
+            return []
+        if self.head_name in self.inner:
+            raise RotationError(f"{info.path.name} has an {self.head_name} that is not the head.")
+        e = self._embed
+        return [
+            dataclasses.replace(
+                e, name=self.head_name, role=Role.OUTPUT, dtype="F32", nbytes=4 * e.n_elements
+            )
+        ]
 
     @property
     def untied_bytes(self) -> int:
         """Float32 bytes of the head this view adds by untying it (0 when the model had its own)."""
-        return 4 * self._embed.n_elements if self.untied else 0
+        return 4 * self._embed.n_elements if self.untied and self._embed is not None else 0
 
     # -- matrices (cached: R1 as its factors, R2 head_dim² per layer)
     def q(self) -> Rotor | None:
         """R1 (None when R1 is off)."""
         if self._q is None and self.rotation.r1:
-            self._q = rotor(self.hidden, self.rotation.seed)
+            self._q = rotor(self.hidden, self.rotation.seed, keep_mean=self.layernorm)
         return self._q
 
     def _right(self, x: np.ndarray) -> np.ndarray:
@@ -270,34 +339,45 @@ class RotatedCheckpoint(Checkpoint):
 
     # -- what each tensor is
     def _classify(self, t: TensorInfo) -> str:
-        if t.role is Role.TOKEN_EMBD:
+        if not self.rotation.r1:  # R2 alone: values and o_proj turn, everything else stays
+            if t.layer is not None and t.role in (Role.ATTN_V, Role.ATTN_QKV):
+                return "reader" if t.name.endswith(".weight") else "bias"
+            return (
+                "writer"
+                if t.layer is not None and t.role is Role.ATTN_OUT and t.name.endswith(".weight")
+                else "keep"
+            )
+        if t.role in (Role.TOKEN_EMBD, Role.POS_EMBD):
             return "embed"
         if t.role is Role.OUTPUT:
             return "head"
         if t.role is Role.NORM:
             if _HEAD_NORM.search(t.name):
                 return "keep"
+            if self.layernorm and _NORM_BIAS.search(t.name):
+                return "normbias"
             if _INPUT_NORM.search(t.name) or _POST_NORM.search(t.name) or t.name == self._final_norm:
                 return "norm"
         elif t.role in _ATTN_READERS or t.role in _FFN_READERS:
-            # a q/k/v bias is on the output side: R1 leaves it, R2 turns v's
+            # a q/k/v bias is on the output side: R1 leaves it (a LayerNorm's bias adds W·b), R2 turns v's
             return "reader" if t.name.endswith(".weight") else "bias"
         elif t.role in _WRITERS:
             return "writer"
         elif t.role is Role.OTHER and len(t.shape) <= 1 and t.layer is None:
             return "keep"  # a buffer (rotary inv_freq)
-        if t.role is Role.OTHER and t.name.endswith("rotary_emb.inv_freq"):
+        if t.role is Role.OTHER and _BUFFER.search(t.name):
             return "keep"
         raise RotationError(f"Rotation does not know where {t.name} sits in the residual stream.")
 
     def _norm_of(self, t: TensorInfo) -> str:
         """The norm whose output ``t`` reads."""
         if t.role is Role.OUTPUT:
+            assert self._final_norm is not None
             return self._final_norm
-        which = "input_layernorm" if t.role in _ATTN_READERS else "post_attention_layernorm"
-        name = f"model.layers.{t.layer}.{which}.weight"
-        if name not in self.inner:
-            raise RotationError(f"Rotation cannot find the norm {name} that {t.name} reads.")
+        which = "attn" if t.role in _ATTN_READERS else "ffn"
+        name = self._norms.get((t.layer, which)) if t.layer is not None else None
+        if name is None:
+            raise RotationError(f"Rotation cannot find the norm that {t.name} reads.")
         return name
 
     # -- reading
@@ -307,28 +387,52 @@ class RotatedCheckpoint(Checkpoint):
             return np.asarray(self.inner.read(t.name), dtype=np.float32)
         if kind == "norm":
             return np.ones(t.shape, dtype=np.float32)
-        if kind == "bias":
-            return self._r2_values(t, np.asarray(self.inner.read(t.name), dtype=np.float32)[:, None])[:, 0]
+        if kind == "normbias":
+            if t.layer is not None:  # folded into the readers' biases
+                return np.zeros(t.shape, dtype=np.float32)
+            # the final norm's: llama.cpp's GPT-2 head has no bias, so the norm keeps (b/s)·Q and the head s
+            s, b = self.inner.read(self._final_norm), self.inner.read(t.name)
+            return self._right(np.divide(b, s, out=np.zeros(t.shape, dtype=np.float32), where=s != 0))
         if kind == "embed":
             return self._right(self.inner.read(t.name))
+        info = self.inner.info.tensor(t.name) if t.name in self.inner else self._embed
+        if kind == "bias":
+            b = np.array(self.inner.read(t.name), dtype=np.float32)
+            w_name = t.name[: -len("bias")] + "weight"
+            if self.rotation.r1 and self.layernorm and w_name in self.inner:
+                w = self._linear(w_name)  # LayerNorm's bias through the reader: b + W·b_norm
+                b += w @ self.inner.read(
+                    self._norm_of(self.inner.info.tensor(w_name))[: -len("weight")] + "bias"
+                )
+            return self._r2_values(t, b[:, None])[:, 0]
         if kind == "head":
             w = _scaled(
-                self.inner.read(self._embed.name if self.untied else t.name), self.inner, self._final_norm
+                self.inner.read(self._embed.name if self.untied else t.name), self.inner, self._norm_of(t)
             )
             return self._right(w)
+        lin = self._linear(t.name) if t.name in self.inner else None
+        assert lin is not None and info is not None
         if kind == "reader":
-            return self._r2_values(
-                t, self._right(_scaled(self.inner.read(t.name), self.inner, self._norm_of(t)))
-            )
+            w = self._right(_scaled(lin, self.inner, self._norm_of(t))) if self.rotation.r1 else lin
+            return self._stored(info, self._r2_values(t, w))
         # writer: Qᵀ·W = (Wᵀ·Q)ᵀ (a bias b·Q); o_proj's input columns per head ·R2
-        w = self.inner.read(t.name)
-        if w.ndim == 1:
-            return self._right(w)
-        w = self._right(np.ascontiguousarray(w.T)).T
+        if lin.ndim == 1:
+            return self._right(lin)
+        w = self._right(np.ascontiguousarray(lin.T)).T if self.rotation.r1 else lin
         if t.role is Role.ATTN_OUT and t.layer is not None:
             d = self.head_dim
             w = (w.reshape(w.shape[0], -1, d) @ self.r2(t.layer)).reshape(w.shape)
-        return np.ascontiguousarray(w)
+        return self._stored(info, w)
+
+    def _linear(self, name: str) -> np.ndarray:
+        """The weight ``name`` as nn.Linear holds it, (out, in): GPT-2's Conv1D stores it (in, out)."""
+        w = self.inner.read(name)
+        return np.ascontiguousarray(w.T) if w.ndim == 2 and self.inner.info.tensor(name).transposed else w
+
+    @staticmethod
+    def _stored(info: TensorInfo, w: np.ndarray) -> np.ndarray:
+        """``w`` (out, in) back in the layout ``info`` is stored in."""
+        return np.ascontiguousarray(w.T if info.transposed and w.ndim == 2 else w)
 
     def _r2_values(self, t: TensorInfo, w: np.ndarray) -> np.ndarray:
         """v_proj's rows (or the v part of a fused qkv) per KV head: R2ᵀ·W_h."""
@@ -383,8 +487,7 @@ def rotation_from(rotate: bool, seed: int = 0) -> Rotation | None:
 
 def rotation_metadata(info: ModelInfo) -> dict[str, Any]:
     """The ``quantize.rotation.*`` keys to write for ``info`` (empty unless it is a rotated view)."""
-    meta = info.config.get(ROTATION_CONFIG_KEY)
-    return dict(meta) if isinstance(meta, dict) else {}
+    return rotation_config(info)
 
 
 def rotation_of(info: ModelInfo) -> Rotation | None:

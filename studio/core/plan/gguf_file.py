@@ -67,14 +67,19 @@ def write_metadata(
             w.kv.add_string(key, value)
         else:
             w.kv.add_uint32(key, int(value))
-    for key, value in rotation_metadata(info).items():  # a rotated view (studio.core.model.rotate)
-        if isinstance(value, bool):
-            w.kv.add_bool(key, value)
-        elif isinstance(value, int):
-            w.kv.add_uint32(key, value)
-        else:
-            w.kv.add_string(key, str(value))
+    add_rotation_metadata(w.kv, info)
     return tok
+
+
+def add_rotation_metadata(kv: Any, info: Any) -> None:
+    """Record a rotated view's ``quantize.rotation.*`` keys (``studio.core.model.rotate``) in ``kv``."""
+    for key, value in rotation_metadata(info).items():
+        if isinstance(value, bool):
+            kv.add_bool(key, value)
+        elif isinstance(value, int):
+            kv.add_uint32(key, value)
+        else:
+            kv.add_string(key, str(value))
 
 
 def export_file_bytes(

@@ -66,8 +66,9 @@ def rotation_effect(view: RotatedCheckpoint, name: str, *, bins: int = 48) -> Ro
     inner = view.inner
     if name not in inner or len(inner.info.tensor(name).shape) != 2:
         raise StudioError(f"{name} is not a matrix of this model, so rotation has no input channels to show.")
-    before = np.abs(inner.read(name)).max(axis=0)
-    after = np.abs(view.read(name)).max(axis=0)
+    axis = 1 if inner.info.tensor(name).transposed else 0  # GPT-2's Conv1D stores (in, out)
+    before = np.abs(inner.read(name)).max(axis=axis)
+    after = np.abs(view.read(name)).max(axis=axis)
     both = np.log10(np.maximum(np.concatenate([before, after]), 1e-30))
     edges = np.linspace(float(both.min()), float(both.max()) + 1e-9, bins + 1)
     hb, _ = np.histogram(np.log10(np.maximum(before, 1e-30)), edges)

@@ -458,12 +458,14 @@ class BudgetDialog(JobPanel, QDialog):
             self.show_error("Open a model first.")
             return
         rotate = self.rotate_check.isChecked()
+        rot_notes: tuple[str, ...] = ()
         if rotate:
             try:  # a family the rotation does not cover: its one sentence, nothing runs
-                info = RotatedCheckpoint(self.state.checkpoint, Rotation()).info
+                view = RotatedCheckpoint(self.state.checkpoint, Rotation())
             except StudioError as err:
                 self.show_error(str(err))
                 return
+            info, rot_notes = view.info, view.notes  # R2 alone on Gemma, Gemma 2, BERT: the status says why
         text = self._scan_text()
         run = None if rotate else self._reusable(text)
         # the default menu: no ternary or 1-2-bit types unless the model was trained for them
@@ -508,9 +510,14 @@ class BudgetDialog(JobPanel, QDialog):
         self._phase_start, self._samples = (0.0, 0), []
         set_status(
             self.status,
-            "Scanning with the Calibrate page's importance matrix (no calibration) …"
-            if reused is not None
-            else "Scanning …",
+            " ".join(
+                (
+                    "Scanning with the Calibrate page's importance matrix (no calibration) …"
+                    if reused is not None
+                    else "Scanning …",
+                    *rot_notes,
+                )
+            ),
         )
         self.task.start("Sensitivity scan", work)
         self.update_controls()

@@ -279,7 +279,7 @@ class ExportDialog(JobPanel, QDialog):
         self.rotate_check.setToolTip(
             "QuaRot's R1 and R2, written into the weights: the file computes the same function and any "
             "llama.cpp runs it; outlier channels are spread out before quantization (a tied head is untied). "
-            "Llama, Mistral, Qwen2/3 and Phi-3"
+            "Gemma 1-3, OLMo 2 and BERT get R2 (within each head) alone, since their norms cannot be folded"
         )
 
         form = QFormLayout()

@@ -473,7 +473,7 @@ class InspectorPanel(JobPanel, QWidget):
             if len(stats.shape) != 2:
                 return stats, "Rotated: this tensor is not a matrix.", None
             eff = rotation_effect(view, name)
-            return stats, eff.sentence(channel), eff
+            return stats, " ".join((eff.sentence(channel), *view.notes)), eff  # R2 alone: why
 
         self.task.start(f"Statistics of {name}", work)
 

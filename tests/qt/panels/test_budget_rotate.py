@@ -65,16 +65,23 @@ def test_a_rotated_budget_plan_is_scanned_planned_and_written_rotated(dialogs, q
     assert out.stat().st_size == a.file_bytes <= limit
 
 
-def test_a_family_the_rotation_does_not_cover_is_one_sentence(qtbot, tiny_models):
+def test_a_family_the_rotation_does_not_cover_is_one_sentence(qtbot, tiny_models, tmp_path):
+    import json
+    import shutil
+
+    model = tmp_path / "m"  # a Llama folder that calls itself StarCoder 2, which the rotation does not know
+    shutil.copytree(tiny_models("llama"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(cfg | {"model_type": "starcoder2"}))
     state, jobs = StudioState(), JobManager()
-    ckpt = open_model(tiny_models("gemma2"))
+    ckpt = open_model(model)
     state.set_checkpoint(ckpt)
     d = BudgetDialog(state, jobs)
     qtbot.addWidget(d)
     d.rotate_check.setChecked(True)
     with qtbot.waitSignal(d.errorShown) as sig:
         d.start_scan()
-    assert "post-norms" in sig.args[0] and not d.running and d.scan is None
+    assert "does not cover model type 'starcoder2'" in sig.args[0] and not d.running and d.scan is None
     jobs.shutdown(5000)
     ckpt.close()
 
@@ -100,3 +107,23 @@ def test_the_export_dialogs_job_rotates_a_gguf_original_through_its_folder(
     g = read_gguf(out)
     assert g.metadata["quantize.rotation.seed"] == 2 and "output.weight" in {t.name for t in g.tensors}
     assert len(list((user_cache_dir() / "gguf-hf").glob("qwen-q8-*"))) == 1  # converted once, cached
+
+
+def test_a_family_r1_cannot_fold_scans_with_r2_alone_and_says_why(qtbot, tiny_models, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANT_STUDIO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(budget_dialog, "default_types", lambda config: ("Q4_0", "Q8_0"))
+    state, jobs = StudioState(), JobManager()
+    ckpt = open_model(tiny_models("gemma2"))
+    state.set_checkpoint(ckpt)
+    d = BudgetDialog(state, jobs)
+    qtbot.addWidget(d)
+    d.rotate_check.setChecked(True)
+    d.start_scan()
+    try:
+        assert d.running and "Only R2" in d.status.text() and "post-norms" in d.status.text()
+        assert d._next_info.config["_quant_studio_rotation"]["quantize.rotation.r1"] is False
+    finally:
+        d.reject()
+        qtbot.waitUntil(lambda: not d.running, timeout=TIMEOUT_MS)
+        jobs.shutdown(5000)
+        ckpt.close()

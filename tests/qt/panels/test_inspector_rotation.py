@@ -68,3 +68,31 @@ def test_a_tensor_that_is_not_a_matrix_shows_no_histogram(qtbot, opened):
     with qtbot.waitSignal(panel.statsShown, timeout=20_000):
         state.select_tensor(norm)
     assert not panel.rot_plot.isVisible() and "not a matrix" in panel.status.text()
+
+
+@pytest.mark.parametrize(
+    ("arch", "matrix", "why"), [("gemma2", "self_attn.o_proj", "post-norms"), ("gpt2", "mlp.c_fc", "")]
+)
+def test_other_families_show_their_rotation_and_say_what_it_folds(qtbot, tiny_models, arch, matrix, why):
+    """Gemma 2 gets R2 alone and the status line says why; GPT-2's Conv1D matrices (stored in, out) show
+    their input channels, one per hidden unit."""
+    state, jobs = StudioState(), JobManager()
+    ckpt = open_model(tiny_models(arch))
+    panel = InspectorPanel(state, jobs)
+    qtbot.addWidget(panel)
+    panel.show()
+    try:
+        state.set_checkpoint(ckpt)
+        name = next(t.name for t in ckpt.info.tensors if matrix in t.name and t.name.endswith(".weight"))
+        with qtbot.waitSignal(panel.statsShown, timeout=20_000):
+            state.select_tensor(name)
+        _toggle(qtbot, panel, True)
+        assert panel.rot_plot.isVisible() and panel.effect is not None
+        assert ("Only R2" in panel.status.text()) is bool(why) and why in panel.status.text()
+        hidden = int(ckpt.info.config.get("hidden_size") or ckpt.info.config.get("n_embd"))
+        inputs = ckpt.info.tensor(name).shape[0 if arch == "gpt2" else 1]
+        assert len(panel.effect.before) == inputs and (arch != "gpt2" or inputs == hidden)
+        assert not np.allclose(panel.effect.before, panel.effect.after)
+    finally:
+        jobs.shutdown(5000)
+        ckpt.close()
