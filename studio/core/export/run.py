@@ -86,6 +86,7 @@ class ExportResult:
     notes: tuple[str, ...] = ()
 
     n_weights: int = 0  # weights in the checkpoint's exported tensors
+    rotation_notes: tuple[str, ...] = ()  # what a rotation could not fold, and why (also in ``notes``)
 
     @property
     def bpw(self) -> float:
@@ -284,6 +285,7 @@ def export_gguf(
         + tuple(f"{n} is not written: llama.cpp does not use it." for n in lay.skipped)
         + tuple(result.get("notes", ())),
         n_weights=n_weights,
+        rotation_notes=rotation_notes,
     )
 
 

@@ -21,6 +21,7 @@ What the studio changes, and why (each is also a documented exception of the con
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -134,8 +135,6 @@ def _tag_sources(model: Any, info: ModelInfo) -> None:
 def _read_from_view(model: Any, info: ModelInfo, values: Any) -> None:
     """Point the converter's tensors at a rotated view: its names and shapes, its float32 values read when
     a tensor is evaluated (lazily, one at a time), and its config's tied-or-not head."""
-    import importlib
-
     import torch
 
     lazy = importlib.import_module(type(model).__module__.rsplit(".", 1)[0] + ".base").LazyTorchTensor

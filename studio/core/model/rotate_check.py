@@ -8,6 +8,8 @@ blocks exercise every kind of tensor the rotation touches, at a bounded cost.
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,11 +82,8 @@ def _model(config: dict[str, Any], state: dict[str, Any]) -> Any:
 def _through_folder(config: dict[str, Any], state: dict[str, Any], auto: Any) -> Any:
     """The model loaded by ``from_pretrained`` from a temporary folder of ``state``: transformers' own
     checkpoint conversion maps the stored names (per-expert matrices) onto its modules."""
-    import json
-    import tempfile
-
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # safetensors.torch imports torch: only when a check needs it
 
     with tempfile.TemporaryDirectory(prefix="qs-rotcheck-") as tmp:
         save_file(

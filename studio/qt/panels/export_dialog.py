@@ -668,6 +668,7 @@ class ExportDialog(JobPanel, QDialog):
             ("KEPT ANYWAY (worse than promised): " if outcome.kept_anyway else "")
             + f"Wrote {r.path} ({human_bytes(r.file_bytes)}, {r.n_tensors} tensors, {r.bpw:.2f} bits per "
             f"weight) in {r.seconds:.1f} s."
+            + "".join(f" {n}" for n in r.rotation_notes)  # R2 alone on a family R1 cannot fold: why
         )
         text = self._verification_text(outcome)
         if outcome.last_word is not None:  # llama.cpp's own verdict on a budget plan's file first
