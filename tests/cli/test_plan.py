@@ -126,3 +126,31 @@ def test_a_budget_above_f16_is_answered_from_the_sizes_alone(
     else:
         types = {t.type_name for t in read_gguf(out).tensors}
         assert types <= {"F16", "F32"} and out.stat().st_size == got["file_bytes"]
+
+
+@pytest.mark.parametrize("verb", ["plan", "export"])
+def test_a_budget_for_a_converter_family_is_one_line_before_any_work(
+    tiny_model, text, cache, tmp_path, capsys, verb
+):
+    """Granite is written through llama.cpp's converter, whose files the planner cannot size: one sentence
+    that says so and what to do (it said "GGUF export does not support model type 'granite'", which export
+    --preset disproves), before any calibration."""
+    out = tmp_path / ("p.json" if verb == "plan" else "f.gguf")
+    argv = [
+        verb,
+        str(tiny_model("granite")),
+        "--budget",
+        "3MB",
+        "-o",
+        str(out),
+        "--calib-text",
+        str(text),
+        *SCAN,
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: Budget plans do not cover granite yet: llama.cpp's converter writes it, and the planner cannot "
+        "size its files exactly; export it with a preset or a plan file."
+    )
+    assert not out.exists() and not cache.parent.exists()

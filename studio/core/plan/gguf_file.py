@@ -15,6 +15,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from studio.core.errors import ExportError
 from studio.core.gguf.arch import Layout, TensorMap
 from studio.core.gguf.layout import layout
 from studio.core.gguf.metadata import _studio_version, add_arch_metadata, add_general_metadata, extra_tensors
@@ -91,6 +92,11 @@ def export_file_bytes(
     if getattr(info.format, "value", info.format) == "gguf":  # a GGUF original is requantized: its own header
         return requantized_file_bytes(read_gguf(info.path), plan)
     lay = layout(info)
+    if lay.converted:  # the converter's own metadata and vocabulary: not serialized here
+        raise ExportError(
+            f"Budget plans do not cover {info.model_type} yet: llama.cpp's converter writes it, and the planner "
+            "cannot size its files exactly; export it with a preset or a plan file."
+        )
     if source_repo is None:
         source_repo = hub_repo_id(info.path)
     kv = gguf.GGUFWriter(None, lay.arch)
