@@ -395,7 +395,6 @@ class RotatedCheckpoint(Checkpoint):
             return self._right(np.divide(b, s, out=np.zeros(t.shape, dtype=np.float32), where=s != 0))
         if kind == "embed":
             return self._right(self.inner.read(t.name))
-        info = self.inner.info.tensor(t.name) if t.name in self.inner else self._embed
         if kind == "bias":
             b = np.array(self.inner.read(t.name), dtype=np.float32)
             w_name = t.name[: -len("bias")] + "weight"
@@ -410,8 +409,7 @@ class RotatedCheckpoint(Checkpoint):
                 self.inner.read(self._embed.name if self.untied else t.name), self.inner, self._norm_of(t)
             )
             return self._right(w)
-        lin = self._linear(t.name) if t.name in self.inner else None
-        assert lin is not None and info is not None
+        info, lin = self.inner.info.tensor(t.name), self._linear(t.name)  # a reader or writer of the stream
         if kind == "reader":
             w = self._right(_scaled(lin, self.inner, self._norm_of(t))) if self.rotation.r1 else lin
             return self._stored(info, self._r2_values(t, w))
@@ -485,15 +483,10 @@ def rotation_from(rotate: bool, seed: int = 0) -> Rotation | None:
     return Rotation(seed=seed) if rotate else None
 
 
-def rotation_metadata(info: ModelInfo) -> dict[str, Any]:
-    """The ``quantize.rotation.*`` keys to write for ``info`` (empty unless it is a rotated view)."""
-    return rotation_config(info)
-
-
 def rotation_of(info: ModelInfo) -> Rotation | None:
     """The rotation a rotated view's ``info`` was made with (None for a model as it is): the scan, the
     imatrix and the held-out judgement of a rotated plan reopen the model through it."""
-    meta = rotation_metadata(info)
+    meta = rotation_config(info)
     if not meta:
         return None
     return Rotation(

@@ -24,7 +24,7 @@ from studio.core.gguf.vocab import TokenizerSummary, add_tokenizer
 from studio.core.gguf.writer import PlannedTensor, llama_order
 from studio.core.model import hub_repo_id
 from studio.core.model.gguf_source import copy_metadata
-from studio.core.model.rotate import rotation_metadata
+from studio.core.modelinfo import rotation_config
 from studio.core.plan.plan import Plan, check_plan
 from studio.core.quant.types import tensor_bytes
 
@@ -74,7 +74,7 @@ def write_metadata(
 
 def add_rotation_metadata(kv: Any, info: Any) -> None:
     """Record a rotated view's ``quantize.rotation.*`` keys (``studio.core.model.rotate``) in ``kv``."""
-    for key, value in rotation_metadata(info).items():
+    for key, value in rotation_config(info).items():
         if isinstance(value, bool):
             kv.add_bool(key, value)
         elif isinstance(value, int):
