@@ -434,6 +434,10 @@ class InspectorPanel(JobPanel, QWidget):
         self._rot_view = None
         self._rot_cache = StatsCache()
         self.clear()
+        if self.state.selected_tensor:
+            # chosen for this model by a slot that ran before this one (``quant-studio MODEL --select T``
+            # connects before the panel is built): the state forgets the old model's choice first
+            self.request(self.state.selected_tensor)
 
     @Slot(bool)
     def _rotate_toggled(self, _on: bool) -> None:

@@ -172,3 +172,28 @@ def test_rotated_box_shows_the_rotated_weights_and_says_what_they_did(qtbot, ope
         panel.rotate_box.setChecked(False)
     np.testing.assert_array_equal(panel.in_channels.curve.yData, plain)
     assert panel.status.text() == ""
+
+
+def test_a_tensor_chosen_as_the_model_opens_is_shown_whatever_slot_runs_first(qtbot, tiny_models):
+    """``quant-studio MODEL --select T`` selects T from a modelOpened slot connected before the panel was
+    built (panels are built lazily), so it ran before the panel's own reset, which used to wipe it: the
+    tree showed T selected and the Inspector "Select a tensor…" with empty plots."""
+    state, jobs = StudioState(), JobManager()
+    ckpt = open_model(tiny_models("gpt2"))
+    name = "transformer.h.0.mlp.c_fc.weight"
+
+    def select_once(_checkpoint) -> None:
+        state.modelOpened.disconnect(select_once)
+        state.select_tensor(name)
+
+    state.modelOpened.connect(select_once)  # before the panel exists, as in studio.app
+    panel = InspectorPanel(state, jobs)
+    qtbot.addWidget(panel)
+    try:
+        with qtbot.waitSignal(panel.statsShown, timeout=20_000):
+            state.set_checkpoint(ckpt)
+        assert panel.stats is not None and panel.stats.name == name
+        assert name in panel.title.text()
+    finally:
+        jobs.shutdown(5000)
+        ckpt.close()
