@@ -224,6 +224,12 @@ def export_gguf(
     out = Path(out_path).expanduser()
     ckpt = open_model(checkpoint_path, allow_pickle=allow_pickle)
     try:
+        # same-as-input, missing or read-only folder: refused now, before a rotation is even checked (a
+        # rotated view reads the same files)
+        inputs = tuple({t.file for t in ckpt.info.tensors}) + (ckpt.info.path,)
+        check_output_path(out, inputs=inputs)
+        if out.suffix.lower() != ".gguf":
+            raise ExportError(f"The output name {out.name} should end in .gguf.")
         if rotation is not None:
             ckpt = _rotate(ckpt, rotation, ctx)
         rotation_notes = ckpt.notes if isinstance(ckpt, RotatedCheckpoint) else ()  # R2 alone: why
@@ -231,10 +237,6 @@ def export_gguf(
         check_exportable(info)
         if source_repo is None:
             source_repo = hub_repo_id(info.path)  # a Hub download records where it came from
-        inputs = tuple({t.file for t in info.tensors}) + (info.path,)
-        check_output_path(out, inputs=inputs)  # same-as-input, missing or read-only folder: refuse now
-        if out.suffix.lower() != ".gguf":
-            raise ExportError(f"The output name {out.name} should end in .gguf.")
         plan = _resolve_plan(plan, info, bool(imatrix))
         # a type that needs an importance matrix and has none: refused before anything is written
         check_imatrix(plan, info, imatrix, exclude=precomputed if precomputed is not None else ())

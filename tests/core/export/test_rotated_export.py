@@ -142,3 +142,18 @@ def test_the_planner_counts_the_untied_head(tiny_model, tmp_path, arch):
         head = view.info.tensor("lm_head.weight")
     assert rotated == out.stat().st_size  # the size the planner predicts is the file's
     assert rotated - plain >= head.n_elements  # at least a byte per weight of the untied head
+
+
+@pytest.mark.parametrize("name", ["x.txt", "missing/x.gguf"])
+def test_a_bad_output_path_is_refused_before_the_rotation_is_checked(tiny_model, tmp_path, monkeypatch, name):
+    """The float32 check loads the model twice in transformers: a wrong name or folder costs none of it."""
+    from studio.core.errors import ExportError
+    from studio.core.export import run
+
+    def checked(*_a, **_k):
+        raise AssertionError("the rotation was checked before the output path")
+
+    monkeypatch.setattr(run, "check_rotation", checked)
+    with pytest.raises(ExportError):
+        export_gguf(tiny_model("gpt2"), tmp_path / name, "Q4_0", rotation=Rotation())
+    assert not list(tmp_path.iterdir())
