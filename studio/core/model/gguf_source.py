@@ -24,13 +24,15 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
+from filelock import FileLock, Timeout
 
 from studio.core.errors import ModelOpenError, StudioError
 from studio.core.gguf.arch import Transform, head_counts
@@ -455,6 +457,42 @@ def write_hf_folder(
     """
     ctx = ctx or null_context()
     src, dst = Path(src), Path(dst)
+    with _conversion_lock(dst, src, ctx):
+        if folder_is_complete(dst, sha256):  # another process converted it while this one waited
+            return dst
+        return _write_hf_folder(src, dst, ctx, sha256)
+
+
+@contextmanager
+def _conversion_lock(dst: Path, src: Path, ctx: JobContext) -> Iterator[None]:
+    """Hold the lock of the folder ``dst`` across processes, waiting (cancellable) while another holds it.
+
+    Two commands started together on one GGUF would otherwise each convert it (minutes and 7 GB of float32
+    for a 1.5B): the second now waits and reuses the first's folder. The lock file lives in the temporary
+    folder, named by ``dst``'s path, so the cache holds only folders; the kernel frees a lock whose process
+    died, so no stale lock can block a later run.
+    """
+    key = hashlib.sha256(str(dst.resolve()).encode()).hexdigest()[:24]
+    path = Path(tempfile.gettempdir()) / "quant-studio-locks" / f"gguf-hf-{key}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    waited = False
+    while True:
+        ctx.check_cancelled()
+        try:
+            lock.acquire(timeout=0.2)
+            break
+        except Timeout:
+            if not waited:
+                waited = True
+                ctx.report(0, 1, f"Waiting for another conversion of {src.name} to finish")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_hf_folder(src: Path, dst: Path, ctx: JobContext, sha256: str | None) -> Path:
     g = read_gguf(src)  # bounded: before gguf-py's reader (inside transformers) trusts any count
     check_tokenizer(g)
     check_decodable(g.tensors, src)

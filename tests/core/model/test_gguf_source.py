@@ -8,14 +8,16 @@ norm + 1, tied embeddings, fused Phi-3 projections).
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from studio.core.errors import ModelOpenError
-from studio.core.jobs import JobCancelled, JobContext
-from studio.core.model import open_model
+from studio.core.jobs import JobCancelled, JobContext, null_context
+from studio.core.model import gguf_source, open_model
 from studio.core.model.gguf_source import (
     SOURCE_MARKER,
     UnsupportedTensorTypeError,
@@ -187,6 +189,50 @@ def test_a_folder_another_process_finished_first_is_kept_not_replaced(f32_gguf, 
     assert (other / "model.safetensors").stat().st_ino == inode
     write_hf_folder(f32_gguf, target, sha256="ef" * 32)  # another file's folder is replaced
     assert (target / "model.safetensors").stat().st_ino != first and folder_is_complete(target, "ef" * 32)
+
+
+def test_a_second_conversion_waits_for_the_first_and_reuses_its_folder(f32_gguf, tmp_path, monkeypatch):
+    """Two commands convert one GGUF at once: the second waits on the first's lock and reuses its folder
+    (session 20's race converted it twice, minutes and 7 GB of float32 each for the 1.5B)."""
+    target, first = tmp_path / "hf", tmp_path / "first"
+    write_hf_folder(f32_gguf, first)  # what the first process is writing
+    inode = (first / "model.safetensors").stat().st_ino
+    writes: list[Path] = []
+    real = gguf_source._write_safetensors
+    monkeypatch.setattr(
+        gguf_source, "_write_safetensors", lambda path, *a: (writes.append(path), real(path, *a))
+    )
+    msgs: list[str] = []
+    waiting = threading.Event()
+    ctx = JobContext(on_progress=lambda d, t, m: (msgs.append(m), m.startswith("Waiting") and waiting.set()),
+                     min_interval=0)  # fmt: skip
+    got: dict[str, Path] = {}
+    with gguf_source._conversion_lock(target, f32_gguf, null_context()):  # the first process holds it
+        second = threading.Thread(
+            target=lambda: got.setdefault("dir", write_hf_folder(f32_gguf, target, ctx))
+        )
+        second.start()
+        assert waiting.wait(20), msgs
+        assert (
+            msgs == [f"Waiting for another conversion of {f32_gguf.name} to finish"] and not target.exists()
+        )
+        os.replace(first, target)  # the first process moves its finished folder into place
+    second.join(60)
+    assert got["dir"] == target and writes == [], writes  # reused, not converted again
+    assert (target / "model.safetensors").stat().st_ino == inode and folder_is_complete(target)
+
+
+def test_a_wait_for_another_conversion_can_be_cancelled(f32_gguf, tmp_path):
+    target = tmp_path / "hf"
+    ctx = JobContext(
+        on_progress=lambda d, t, m: ctx.cancel() if m.startswith("Waiting") else None, min_interval=0
+    )
+    with gguf_source._conversion_lock(target, f32_gguf, null_context()):
+        with pytest.raises(JobCancelled):
+            write_hf_folder(f32_gguf, target, ctx)
+    assert list(tmp_path.iterdir()) == []
+    write_hf_folder(f32_gguf, target)  # the lock was given back: a later conversion runs
+    assert folder_is_complete(target)
 
 
 def test_source_summary_warns_only_for_quantized_matrices(chat_model, gguf_of):
