@@ -12,7 +12,7 @@ from typing import Any
 from studio.commands._check import SCAN_KEYS
 from studio.commands._cluster import open_cluster
 from studio.core import hardware, safejson
-from studio.core.calib.budget_job import budget_job, check_budget_job
+from studio.core.calib.budget_job import budget_job, check_budget_job, same_size_types
 from studio.core.calib.data import BUILTIN, calibration_sources, guess_chunks
 from studio.core.calib.pipeline import calibrate_then_scan, scan_imatrix
 from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, corrected_scan, rounding_ratios
@@ -156,6 +156,12 @@ def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None,
     m = method or "imatrix"
     chunks = _chunks_hint(args, m)
     settings = settings_of(args, info=info)
+    # the export's GPTQ sweeps onto i-quant lattices cost per weight: guessed from the same-size preset
+    guess = (
+        same_size_types(info, parse_budget(args.budget, ctx_len=args.ctx))
+        if export and "gptq" in method_info(m).name
+        else None
+    )
 
     def job_at(calib_ctx: int, calib_chunks: int) -> Any:
         return budget_job(
@@ -167,6 +173,7 @@ def check_budget_memory(args: argparse.Namespace, info: Any, method: str | None,
             heldout=not getattr(args, "no_heldout", False),
             export=export,
             scan=not getattr(args, "scan", None),
+            plan_guess=guess,
         )
 
     job = job_at(int(args.calib_ctx), chunks)
@@ -188,11 +195,13 @@ def budget_preface(args: argparse.Namespace, job: Any, *, export: bool) -> str:
     return f"{'Budget export' if export else 'Budget plan'}: {job.describe()}."
 
 
-def calibration_preface(args: argparse.Namespace, info: Any, methods: Any) -> str:
+def calibration_preface(
+    args: argparse.Namespace, info: Any, methods: Any, lattice: dict[str, int] | None = None
+) -> str:
     """The line said before a calibrated export's first step: the Export dialog's estimate
     (``job_estimate.calibration_estimate_line``) for the heaviest of ``methods`` (a GPTQ or AWQ one holds
-    Hessians); "" on a GPU, for round-to-nearest, or when the estimate is above the free RAM (the job is
-    refused in one sentence instead)."""
+    Hessians), with ``lattice`` (the plan's weights GPTQ rounds onto i-quant lattices); "" on a GPU, for
+    round-to-nearest, or when the estimate is above the free RAM (the job is refused in one sentence instead)."""
     ms = sorted(set(methods), key=lambda m: ("gptq" not in m and "awq" not in m, m))
     if not ms or not method_info(ms[0]).calibrated or not _on_cpu(args):
         return ""
@@ -204,7 +213,7 @@ def calibration_preface(args: argparse.Namespace, info: Any, methods: Any) -> st
     if 0 < free < est.peak_bytes:
         return ""
     guessed = not args.calib_chunks  # from the text's size: the tokenizer decides the real count
-    return calibration_estimate_line(cfg, ms[0], ctx, n, "cpu", guessed=guessed)
+    return calibration_estimate_line(cfg, ms[0], ctx, n, "cpu", guessed=guessed, lattice=lattice)
 
 
 def warn_thin_calibration(args: argparse.Namespace, info: Any, method: str) -> None:

@@ -45,6 +45,7 @@ from studio.core.model import open_model
 from studio.core.model.gguf_source import source_summary
 from studio.core.model.rotate import RotatedCheckpoint, rotation_from
 from studio.core.plan.imatrix_need import check_imatrix
+from studio.core.plan.job_estimate import lattice_weights
 from studio.core.plan.plan import (
     Override,
     Plan,
@@ -293,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
         if not plan.calibrated:  # IQ2_XXS and the like without --imatrix: one sentence, before any work
             check_imatrix(plan, info, imatrix)
         elif imatrix is None:  # GPTQ on fewer tokens than the model is wide: said before it runs
-            preface = calibration_preface(args, info, map(plan.method_of, plan.types))
+            on_lattice = lattice_weights(info, plan.types, lambda name: "gptq" in plan.method_of(name))
+            preface = calibration_preface(args, info, map(plan.method_of, plan.types), on_lattice)
             gptq = next((m for m in map(plan.method_of, plan.types) if "gptq" in m), None)
             if gptq is not None:
                 warn_thin_calibration(args, info, gptq)

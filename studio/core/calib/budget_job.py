@@ -12,20 +12,23 @@ units its progress bar weighs (``scan_streams.scan_work``, GPTQ's and AWQ's swee
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from studio.core.calib.heldout import HELDOUT_CHUNKS, HELDOUT_CTX
+from studio.core.calib.heldout import HELDOUT_CHUNKS, HELDOUT_CTX, preset_plans, same_size_preset
 from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, PROBE_ROWS, probe_layers
 from studio.core.calib.scan_proxy import measure_sets
 from studio.core.calib.scan_settings import ScanSettings
 from studio.core.calib.scan_streams import MATMULS, ROUND, scan_work
-from studio.core.errors import CalibrationError
+from studio.core.errors import CalibrationError, StudioError
 from studio.core.plan.job_estimate import (
+    LATTICE_SECONDS,
     JobEstimate,
     estimate_calibrated,
     fit_remedy,
+    lattice_seconds,
+    lattice_weights,
     layer_shapes,
     smaller_calibration,
 )
@@ -33,7 +36,7 @@ from studio.core.plan.scan import scan_targets, stored_narrow_head
 from studio.core.quant.methods import method_info
 from studio.core.units import format_bytes
 
-__all__ = ["BudgetJob", "budget_job", "check_budget_job"]
+__all__ = ["BudgetJob", "budget_job", "check_budget_job", "same_size_types"]
 
 # rates on the 2-core machine (multiply-add equivalents per second), fitted on the 8B fixture's steps: the
 # rounding kernels (numba, one thread), torch's matrix products (all threads), GPTQ's sweeps of a whole matrix
@@ -89,9 +92,12 @@ def _write_seconds(config: dict[str, Any]) -> float:
     return (sh.layers * sh.layer_params + 2 * sh.vocab * sh.hidden) * _WRITE_COST / _RATES[ROUND]
 
 
-def _export_seconds(config: dict[str, Any], method: str, tokens: int) -> float:
+def _export_seconds(
+    config: dict[str, Any], method: str, tokens: int, lattice: Mapping[str, int] | None = None
+) -> float:
     """The export's time: writing the file, and for a calibrated method its passes, GPTQ's sweeps (rows ×
-    cols² and 0.3 cols³ per input, the head too) and AWQ's grid (α points × rows × cols × (cols + 64))."""
+    cols² and 0.3 cols³ per input, the head too; ``lattice``: the weights it rounds onto i-quant lattices,
+    which cost per weight) and AWQ's grid (α points × rows × cols × (cols + 64))."""
     sh = layer_shapes(config)
     mats, layers, vocab, hidden = sh.mats, sh.layers, sh.vocab, sh.hidden
     m = method_info(method)
@@ -101,18 +107,22 @@ def _export_seconds(config: dict[str, Any], method: str, tokens: int) -> float:
     if "gptq" in method:
         per_layer = sum(r * c * c for r, c in mats) + sum(0.3 * n**3 for n in sh.inputs)
         head = vocab * hidden * hidden + 0.3 * hidden**3
-        secs += (layers * per_layer + head) / _RATES["gptq"]
+        secs += (layers * per_layer + head) / _RATES["gptq"] + lattice_seconds(lattice or {})
     if "awq" in method:
         secs += layers * sum(_AWQ_GRID * r * c * (c + 64) for r, c in mats) / _RATES["awq"]
     return secs
 
 
-def _probe_seconds(config: dict[str, Any], n_types: int, tokens: int) -> float:
-    """GPTQ's rounding probe: each sampled layer's linears rounded to every type by GPTQ on 512 rows."""
+def _probe_seconds(config: dict[str, Any], types: Sequence[str], tokens: int) -> float:
+    """GPTQ's rounding probe: each sampled layer's linears rounded to every type by GPTQ on 512 rows (onto an
+    i-quant lattice at its per-weight cost)."""
     sh = layer_shapes(config)
     picked = len(probe_layers(sh.layers))
+    n_types = len(types)
     sweep = sum(n_types * min(r, PROBE_ROWS) * c * c for r, c in sh.mats) + sum(0.3 * n**3 for n in sh.inputs)
-    return picked * sweep / _RATES["probe"] + _passes(config, tokens, True) / _RATES[MATMULS]
+    sampled = sum(min(r, PROBE_ROWS) * c for r, c in sh.mats)
+    lattice = lattice_seconds(dict.fromkeys((q for q in types if q in LATTICE_SECONDS), sampled))
+    return picked * (sweep / _RATES["probe"] + lattice) + _passes(config, tokens, True) / _RATES[MATMULS]
 
 
 def _scan_seconds(info: Any, st: ScanSettings, tokens: int, plans: int = 0) -> float:
@@ -139,10 +149,12 @@ def budget_job(
     export: bool = True,
     scan: bool = True,
     device: str | None = None,
+    plan_guess: Mapping[str, str] | None = None,
 ) -> BudgetJob:
     """The estimate of ``export --budget`` (``export=False``: ``plan --budget``) with ``method`` on the model
     of ``info``, calibrated on ``calib_chunks`` chunks of ``calib_ctx`` tokens; ``scan=False``: the scan is
-    given (``--scan``); ``device`` defaults to the settings'."""
+    given (``--scan``); ``device`` defaults to the settings'; ``plan_guess`` (HF name → qtype): the types the
+    plan will likely have, before it is made (the same-size preset's), for GPTQ's per-weight lattice sweeps."""
     cfg = dict(info.config or {})
     st = settings or ScanSettings()
     device = device or st.device
@@ -165,7 +177,7 @@ def budget_job(
     if method in GPTQ_METHODS:
         n = min(calib_chunks or PROBE_CHUNKS, PROBE_CHUNKS)
         est = estimate_calibrated(cfg, calib_ctx, n, hessian=True, head=False, device=device)
-        secs = _probe_seconds(cfg, len(st.types), calib_ctx * n)
+        secs = _probe_seconds(cfg, st.types, calib_ctx * n)
         steps.append(("GPTQ's probe", JobEstimate(est.peak_bytes, secs, est.phase)))
     if heldout:
         # the plan and the same-size presets, each a stream through every layer to the head, on (at most)
@@ -181,13 +193,27 @@ def budget_job(
         est = estimate_calibrated(
             cfg, calib_ctx, calib_chunks, hessian=m.hessian, head=m.hessian, device=device
         )
-        secs = _export_seconds(cfg, method, tokens)
+        lattice = lattice_weights(info, plan_guess, lambda _name: True) if plan_guess else None
+        secs = _export_seconds(cfg, method, tokens, lattice)
         steps.append(("the export", JobEstimate(est.peak_bytes, secs, est.phase)))
         est = estimate_calibrated(cfg, 256, 1, hessian=False, head=True, device=device)
         # the original's logits layer by layer, the same-size preset written, llama.cpp on both files
         secs = 2 * _passes(cfg, 256, False) / _RATES[MATMULS] + _write_seconds(cfg)
         steps.append(("llama.cpp's last word", JobEstimate(est.peak_bytes, secs, est.phase)))
     return BudgetJob(tuple(steps))
+
+
+def same_size_types(info: Any, budget: Any) -> Mapping[str, str] | None:
+    """The types of llama.cpp's largest preset within a file ``budget`` (``allocate.Budget``): what a plan of
+    that size will likely hold before it is made (``budget_job(plan_guess=…)``); None for a bits-per-weight
+    or memory budget, when no preset fits, or for a model whose file size the studio cannot count."""
+    if getattr(getattr(budget, "kind", None), "value", None) != "file":
+        return None
+    try:
+        same = same_size_preset(preset_plans(info), int(budget.value))
+    except StudioError:  # a converter family: the export says why in its own sentence
+        return None
+    return None if same is None else same[2]
 
 
 def check_budget_job(

@@ -338,14 +338,17 @@ def rounding_ratios(
                 "layers": list(picked),
                 "n_ctx": n_ctx,
                 "n_chunks": n_chunks,
-                "method": method,
+                # gptq and awq+gptq probe the same rounding (AWQ's scales are not in the sample): one
+                # measurement serves both, so a plan made with one reuses the other's half hour
+                "rounding": "gptq",
                 **rotation_key(rotation),
             }
         )
         path = None if cache_dir is None else Path(cache_dir) / f"rounding-{key}.json"
         if path is not None and path.is_file():
             try:
-                return RoundingRatios.from_dict(json.loads(path.read_text(encoding="utf-8")))  # noqa: TID251 - a cache file the studio wrote (key-named, in its cache folder)
+                cached = RoundingRatios.from_dict(json.loads(path.read_text(encoding="utf-8")))  # noqa: TID251 - a cache file the studio wrote (key-named, in its cache folder)
+                return dataclasses.replace(cached, method=method)
             except (OSError, ValueError, KeyError, TypeError):
                 pass  # a damaged cache file: measure again
         chosen = {

@@ -11,7 +11,7 @@ above the free RAM into one sentence with what would fit, before anything starts
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,9 @@ __all__ = [
     "estimate_calibrated",
     "fit_remedy",
     "estimate_whole",
+    "LATTICE_SECONDS",
+    "lattice_seconds",
+    "lattice_weights",
     "layer_shapes",
     "smaller_calibration",
     "spool_states",
@@ -40,6 +43,24 @@ _F64 = 8  # Hessians are summed in float64
 _GPTQ_COPIES = 4  # a GPTQ slab's working copies (weights, codes, errors, scales)
 _SLAB_ROWS = 16384  # as studio.core.calib.quantize rounds tall matrices
 _CPU_MACS_PER_S = 2.0e10  # multiply-adds per second a desktop CPU sustains in float32 (rough)
+
+LATTICE_SECONDS: Mapping[str, float] = {
+    "IQ3_XXS": 1.5e-6,  # the IQ3_XXS preset: 1.30 G lattice weights, 47 min 36 s against Q3_K_M's ~15 min
+    "IQ2_S": 1.3e-6,  # the IQ2_M preset (IQ2_S 1.19 G, IQ3_S 0.11 G): 46 min 25 s, partly beside a test run
+    "IQ3_S": 1.0e-6,  # the IQ3_M preset (IQ3_S 1.19 G): 36 min 24 s beside another run, so at most this
+    "IQ2_XS": 1.3e-6,  # as IQ2_S (bench/gptq.py --lattice: within 5 % of it at both widths)
+    "IQ2_XXS": 1.3e-6,
+    "IQ1_S": 2.0e-6,  # bench/gptq.py --lattice: 1.1-1.7x IQ2_S's time, the most at 1536 inputs
+    "IQ1_M": 2.0e-6,
+}
+"""Seconds a weight of GPTQ's sweep onto each i-quant lattice (``studio.core.quant.gptq_lattice``) on the
+2-core machine, two threads. The sweep searches every 8-weight group's grid, so it costs per weight and per
+type, far above the block grids' rows × cols² products: the 1.5B bench model's IQ3_XXS preset took 47 min
+(`export BENCH --preset IQ3_XXS --method gptq`) where those products predict, and its Q3_K_M took, 15.
+Fitted to the bench model's whole GPTQ exports (README, "GPTQ at the i-quant presets"); the types no preset
+uses alone in proportion to ``python bench/gptq.py --lattice T`` (one thread, beside an export). Its keys are
+``gptq_lattice.LATTICE_TYPES`` (a test keeps them so; that module is not imported here: it is heavy).
+"""
 
 
 SPOOL_ABOVE = 256 * 1024**2
@@ -106,6 +127,25 @@ def layer_shapes(config: dict[str, Any]) -> LayerShapes:
     return LayerShapes(mats, int(c.get("num_hidden_layers") or 0), int(c.get("vocab_size") or 0), hidden, ffn)
 
 
+def lattice_weights(info: Any, types: Mapping[str, str], uses_gptq: Callable[[str], bool]) -> dict[str, int]:
+    """Weights GPTQ rounds onto each i-quant lattice in the plan ``types`` (HF name → qtype) of the model of
+    ``info``: the planned tensors whose method ``uses_gptq`` (by name), but the token embedding (no method
+    GPTQ-rounds it) and a tensor a GGUF original already stores in its planned type (copied)."""
+    out: dict[str, int] = {}
+    for t in info.tensors:
+        q = types.get(t.name)
+        if q not in LATTICE_SECONDS or t.dtype == q or str(getattr(t.role, "value", "")) == "token_embd":
+            continue
+        if uses_gptq(t.name):
+            out[q] = out.get(q, 0) + t.n_elements
+    return out
+
+
+def lattice_seconds(weights: Mapping[str, int]) -> float:
+    """CPU seconds of GPTQ's lattice sweeps for ``weights`` (lattice qtype → weights rounded onto it)."""
+    return sum(n * LATTICE_SECONDS.get(q, 0.0) for q, n in weights.items())
+
+
 def estimate_calibrated(
     config: dict[str, Any],
     n_ctx: int,
@@ -116,12 +156,15 @@ def estimate_calibrated(
     device: str = "cpu",
     outer: bool = False,
     narrow_head: bool = False,
+    lattice: Mapping[str, int] | None = None,
 ) -> JobEstimate:
     """The estimate for a layer-wise calibrated run of the model of ``config`` (a config.json dict) on
     ``n_chunks`` chunks of ``n_ctx`` tokens; ``hessian``: GPTQ/AWQ (Hessians and sweeps), else
     activation statistics only; ``head``: the output head is calibrated too; ``outer``: the sensitivity
     scan, whose streams reach the embeddings at its start and the head at its finish; ``narrow_head``: the
-    checkpoint stores the head in bfloat16 or float16, which the scan's finish holds instead of float32."""
+    checkpoint stores the head in bfloat16 or float16, which the scan's finish holds instead of float32;
+    ``lattice``: the weights GPTQ rounds onto each i-quant lattice (``lattice_weights``), whose sweeps cost
+    per weight."""
     sh = layer_shapes(config)
     hidden, ffn, layers, vocab, mats = sh.hidden, sh.ffn, sh.layers, sh.vocab, sh.mats
     tokens = max(1, n_ctx * n_chunks)
@@ -168,7 +211,8 @@ def estimate_calibrated(
     macs = passes * tokens * (layers * layer_params + (vocab * hidden if head else 0))
     if hessian:
         macs += layers * sum(r * c * c for r, c in mats) + (vocab * hidden * hidden if head else 0)
-    return JobEstimate(int(peak), macs / _CPU_MACS_PER_S, phase)
+    sweeps = lattice_seconds(lattice or {}) if hessian else 0.0
+    return JobEstimate(int(peak), macs / _CPU_MACS_PER_S + sweeps, phase)
 
 
 def smaller_calibration(
@@ -216,16 +260,26 @@ def check_fits(
 
 
 def calibration_estimate_line(
-    config: dict[str, Any], method: str, n_ctx: int, n_chunks: int, device: str, *, guessed: bool = False
+    config: dict[str, Any],
+    method: str,
+    n_ctx: int,
+    n_chunks: int,
+    device: str,
+    *,
+    guessed: bool = False,
+    lattice: Mapping[str, int] | None = None,
 ) -> str:
     """What the Export and budget dialogs show before a calibrated job: ``Calibrating: about 5.1 GB at its
     peak (a decoder layer), about 12 min on a CPU (64 chunks of 512 tokens).`` ("" for rtn); ``guessed``:
-    the chunk count is a guess from the text's size (``about 64 chunks``)."""
+    the chunk count is a guess from the text's size (``about 64 chunks``); ``lattice``: the plan's weights
+    on i-quant lattices (``lattice_weights``)."""
 
     m = method_info(method)
     if not m.calibrated:
         return ""
-    est = estimate_calibrated(config, n_ctx, n_chunks, hessian=m.hessian, head=m.hessian, device=device)
+    est = estimate_calibrated(
+        config, n_ctx, n_chunks, hessian=m.hessian, head=m.hessian, device=device, lattice=lattice
+    )
     return (
         f"Calibrating: {est.describe()} ({'about ' if guessed else ''}{n_chunks} chunks of {n_ctx} tokens)."
     )

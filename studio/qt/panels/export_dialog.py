@@ -44,7 +44,7 @@ from studio.core.jobs import JobContext
 from studio.core.model.gguf_source import hf_folder_cached, hf_folder_for, source_summary
 from studio.core.model.rotate import Rotation, rotation_of
 from studio.core.plan.imatrix_need import ImatrixRequiredError, check_imatrix
-from studio.core.plan.job_estimate import calibration_estimate_line, thin_calibration
+from studio.core.plan.job_estimate import calibration_estimate_line, lattice_weights, thin_calibration
 from studio.core.plan.plan import Plan, plan_from_preset, with_method
 from studio.core.plan.presets import PRESETS
 from studio.core.quant.methods import ALIASES, METHODS
@@ -817,7 +817,15 @@ class ExportDialog(JobPanel, QDialog):
             chunks = guess_chunks(src, 512)
         device = str(self.device_combo.currentData() or "cpu")
         guessed = not self.chunks_spin.value()
-        line = calibration_estimate_line(info.config, self.method, 512, chunks, device, guessed=guessed)
+        plan, planned = self.final_plan(), self.planned_info() or info
+        lattice = (
+            lattice_weights(planned, plan.types, lambda name: "gptq" in plan.method_of(name))
+            if isinstance(plan, Plan)
+            else None
+        )  # GPTQ onto i-quant lattices costs per weight: a 1.5B's IQ3_XXS takes three times its Q3_K_M
+        line = calibration_estimate_line(
+            info.config, self.method, 512, chunks, device, guessed=guessed, lattice=lattice
+        )
         thin = thin_calibration(info.config, self.method, 512, chunks)
         return f"{line}\n⚠ {thin}" if line and thin else line
 

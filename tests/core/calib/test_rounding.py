@@ -50,6 +50,14 @@ def test_gptq_lowers_the_output_error_and_the_scan_follows(llama_model, tmp_path
         llama_model, a, ("Q2_K", "Q4_0", "Q8_0"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path
     )
     assert again == r and len(list(tmp_path.glob("rounding-*.json"))) == 1
+    # awq+gptq (best) probes the same rounding: the measurement is shared, under its own method's name
+    best = rounding_ratios(
+        llama_model, a, ("Q2_K", "Q4_0", "Q8_0"), n_ctx=64, n_chunks=4, layers=(0,), cache_dir=tmp_path,
+        method="awq+gptq",
+    )  # fmt: skip
+    assert (
+        best == dataclasses.replace(r, method="awq+gptq") and len(list(tmp_path.glob("rounding-*.json"))) == 1
+    )
     with open_model(llama_model) as ck:
         scan = synthetic_scan(ck.info, {"Q4_0": 0.01, "Q8_0": 0.001})
     fixed = corrected_scan(scan, RoundingRatios("gptq", {"Q4_0": 0.5}, {}, (0,), 256))
