@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from studio.core.calib.heldout import HELDOUT_CHUNKS, HELDOUT_CTX, preset_plans, same_size_preset
+from studio.core.calib.heldout import HELDOUT_CHUNKS, HELDOUT_CTX, LLAMA_PRESETS
 from studio.core.calib.rounding import GPTQ_METHODS, PROBE_CHUNKS, PROBE_ROWS, probe_layers
 from studio.core.calib.scan_proxy import measure_sets
 from studio.core.calib.scan_settings import ScanSettings
 from studio.core.calib.scan_streams import MATMULS, ROUND, scan_work
-from studio.core.errors import CalibrationError, StudioError
+from studio.core.errors import CalibrationError
 from studio.core.plan.job_estimate import (
     LATTICE_SECONDS,
     JobEstimate,
@@ -32,6 +32,7 @@ from studio.core.plan.job_estimate import (
     layer_shapes,
     smaller_calibration,
 )
+from studio.core.plan.plan import plan_from_preset
 from studio.core.plan.scan import scan_targets, stored_narrow_head
 from studio.core.quant.methods import method_info
 from studio.core.units import format_bytes
@@ -204,16 +205,16 @@ def budget_job(
 
 
 def same_size_types(info: Any, budget: Any) -> Mapping[str, str] | None:
-    """The types of llama.cpp's largest preset within a file ``budget`` (``allocate.Budget``): what a plan of
-    that size will likely hold before it is made (``budget_job(plan_guess=…)``); None for a bits-per-weight
-    or memory budget, when no preset fits, or for a model whose file size the studio cannot count."""
+    """The types of llama.cpp's largest preset whose tensor data fits a file ``budget`` (``allocate.Budget``):
+    what a plan of that size will likely hold before it is made (``budget_job(plan_guess=…)``); None for a
+    bits-per-weight or memory budget, or when no preset fits. A guess for the time estimate: the tensor data
+    alone, since the exact file (its metadata, a 151,936-token vocabulary) takes seconds a preset to count."""
     if getattr(getattr(budget, "kind", None), "value", None) != "file":
         return None
-    try:
-        same = same_size_preset(preset_plans(info), int(budget.value))
-    except StudioError:  # a converter family: the export says why in its own sentence
-        return None
-    return None if same is None else same[2]
+    plans = [plan_from_preset(info, name, imatrix=True) for name in LLAMA_PRESETS]
+    fit = [(p.summary(info).total_bytes, p) for p in plans]
+    fit = [(n, p) for n, p in fit if n <= budget.value]
+    return dict(max(fit, key=lambda x: x[0])[1].types) if fit else None
 
 
 def check_budget_job(
