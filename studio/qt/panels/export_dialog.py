@@ -937,6 +937,7 @@ class ExportDialog(JobPanel, QDialog):
             default = self._default_path()
             self.path_edit.setText(str(default) if default else "")
         self._show_requirement()
+        self._show_estimate()  # GPTQ's lattice sweeps follow the plan's types
 
     @Slot()
     def _on_method_changed(self, *_args: Any) -> None:

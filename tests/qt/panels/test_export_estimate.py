@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from studio.core.calib.data import BUILTIN, guess_chunks
-from studio.core.plan.job_estimate import calibration_estimate_line
+from studio.core.plan import job_estimate
+from studio.core.plan.job_estimate import calibration_estimate_line, lattice_weights
+from studio.core.plan.plan import plan_from_preset
+from studio.core.quant.gptq_lattice import LATTICE_TYPES
 from tests.qt.panels.test_export_calibrated import _dialog
 
 
@@ -69,3 +72,24 @@ def test_export_dialog_warns_when_gptq_would_fit_fewer_tokens_than_the_model_is_
     dlg.chunks_spin.setValue(4)
     dlg.set_method("awq")  # AWQ alone fits no Hessian's inverse
     assert "⚠" not in dlg.estimate_label.text()
+
+
+def test_the_estimate_counts_gptqs_lattice_sweeps_of_the_chosen_preset(
+    qtbot, make_window, llama_model, monkeypatch
+):
+    """GPTQ onto an i-quant lattice costs per weight (the 1.5B's IQ3_XXS took 47 min where the line said 15):
+    choosing IQ2_M adds its sweeps to the line; the tiny model's take milliseconds, so a cost of 1 ms a
+    weight shows them."""
+    for q in LATTICE_TYPES:
+        monkeypatch.setitem(job_estimate.LATTICE_SECONDS, q, 1e-3)
+    dlg = _dialog(qtbot, make_window(), llama_model)
+    dlg.set_method("gptq")
+    dlg.chunks_spin.setValue(4)
+    k_quants = dlg.estimate_label.text()
+    dlg.set_plan_choice("IQ2_M")
+    info = dlg.state.info
+    lattice = lattice_weights(info, plan_from_preset(info, "IQ2_M", imatrix=True).types, lambda _name: True)
+    line = calibration_estimate_line(dict(info.config), "gptq", 512, 4, "cpu", lattice=lattice)
+    assert dlg.estimate_label.text() == line != k_quants
+    dlg.set_method("imatrix")  # the imatrix search: no sweep
+    assert dlg.estimate_label.text() == calibration_estimate_line(dict(info.config), "imatrix", 512, 4, "cpu")
